@@ -1,0 +1,1 @@
+"""Everything RocketMQ: local broker, ingest consumer, delivery sink, traffic shaping."""

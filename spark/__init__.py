@@ -1,0 +1,1 @@
+"""PySpark jobs over the segment files: data source, backfill, audit, replay, export."""

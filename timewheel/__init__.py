@@ -1,0 +1,1 @@
+"""timewheel: arbitrary-delay messages for Apache RocketMQ."""

@@ -1,0 +1,4 @@
+"""`python -m timewheel` runs the CLI."""
+from timewheel.cli import main
+
+main()
