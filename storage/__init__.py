@@ -1,1 +1,25 @@
-"""Bytes on disk: record codec, schedule-log segments, ingest log, dispatch log, meta store."""
+"""Bytes on disk: record codec, schedule-log segments, ingest log, dispatch log, meta store.
+
+Imports nothing of the project; every other package reads and writes these bytes through here.
+"""
+from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
+from storage.dispatch import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES, REPLAYED,
+                              TERMINAL, DispatchLogRead, dispatch_entries, encode_frame, read_dispatch_log)
+from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
+                            StoreClosedError)
+from storage.index import INDEX_DTYPE, read_index
+from storage.ingest_log import LOCATION_DTYPE
+from storage.layout import SegmentLayout, parse_segment_name, segment_name
+from storage.meta import Location, MetaStore
+from storage.record import MAX_BODY, Record, decode, encode
+from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, RecoveryReport, ScheduleStore, SegmentIndex
+
+__all__ = [
+    "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
+    "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
+    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MetaStore", "OUTCOME_NAMES", "REPLAYED",
+    "Record", "RecoveryReport", "ScheduleStore", "SegmentIndex", "SegmentLayout", "SegmentSummary", "StorageError",
+    "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "dispatch_entries", "encode", "encode_frame",
+    "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name", "summarize",
+    "summarize_segment",
+]

@@ -1,0 +1,217 @@
+"""Self-audit of a data directory: per-segment counters (`summarize`) and findings (`check`).
+
+Both read files only (index sidecars, part logs, dispatch logs), never the meta store, so they
+run beside a live engine. `check(fix=True)` applies the repairs recovery would.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from storage import dispatch as _dispatch
+from storage._files import size_of
+from storage.errors import CorruptRecordError
+from storage.index import INDEX_ENTRY_SIZE, read_index
+from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
+                            parse_segment_name, segment_name)
+from storage.part import repair_part
+from storage.record import header_fields
+
+
+@dataclass(slots=True)
+class SegmentSummary:
+    """Counters of one segment, as `timewheel inspect` prints them."""
+
+    segment: str
+    start_ms: int
+    parts: int = 0
+    records: int = 0
+    dispatched: int = 0
+    cancelled: int = 0
+    dead_lettered: int = 0
+    corrupt: int = 0
+    pending: int = 0
+    bytes: int = 0
+
+    def as_dict(self) -> dict[str, int | str]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+_COUNTED = ("parts", "records", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "bytes")
+
+
+def record_keys(part: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """part << 32 | offset as uint64: one sortable key per record of a segment."""
+    return (part.astype(np.uint64) << np.uint64(32)) | offset.astype(np.uint64)
+
+
+def done_keys(entries: np.ndarray) -> dict[int, np.ndarray]:
+    """Unique record keys per terminal outcome in dispatch entries."""
+    out = {}
+    for outcome in _dispatch.TERMINAL:
+        sel = entries[entries["outcome"] == outcome]
+        out[outcome] = np.unique(record_keys(sel["part"], sel["offset"]))
+    return out
+
+
+def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
+    """Counters of one segment from its index sidecars and dispatch log."""
+    s = SegmentSummary(segment_name(start_ms), start_ms)
+    keys = []
+    for part in layout.list_parts(start_ms):
+        log = layout.part_log(start_ms, part)
+        idx = read_index(layout.part_index(start_ms, part))
+        log_size = size_of(log)
+        if len(idx):
+            idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
+        s.parts += 1
+        s.records += len(idx)
+        s.bytes += log_size + size_of(layout.part_index(start_ms, part))
+        keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
+    dl = layout.dispatch_log(start_ms)
+    s.bytes += size_of(dl)
+    all_keys = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+    per = done_keys(_dispatch.read_dispatch_log(dl).entries)
+    # an outcome only counts for a record that exists; the first terminal outcome wins
+    remaining = all_keys
+    for outcome, attr in ((_dispatch.CANCELLED, "cancelled"), (_dispatch.DELIVERED, "dispatched"),
+                          (_dispatch.DEAD_LETTERED, "dead_lettered"), (_dispatch.CORRUPT, "corrupt")):
+        hit = np.isin(remaining, per[outcome], assume_unique=False)
+        setattr(s, attr, int(hit.sum()))
+        remaining = remaining[~hit]
+    s.pending = len(remaining)
+    return s
+
+
+def summarize(layout: SegmentLayout) -> dict[str, object]:
+    """Per-segment counters and their totals: {"segments": [...], "totals": {...}}."""
+    segs = [summarize_segment(layout, st) for st in layout.list_segments()]
+    totals = {k: sum(getattr(s, k) for s in segs) for k in _COUNTED}
+    totals["segments"] = len(segs)
+    return {"segments": [s.as_dict() for s in segs], "totals": totals}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing `check` found: a kind, where, and what."""
+
+    kind: str
+    path: str
+    detail: str
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """Findings and counters of a self-audit."""
+
+    findings: list[Finding] = field(default_factory=list)
+    segments: int = 0
+    parts: int = 0
+    records: int = 0
+    corrupt_records: int = 0
+    dispatch_entries: int = 0
+    fixed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not self.findings
+
+
+def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> CheckReport:
+    """Audit every segment: files, index against log, every record's CRC, dispatch logs.
+
+    With fix=True: repairs index/log tails, and marks corrupt records CORRUPT in the dispatch log
+    so they are never served.
+    """
+    rep = CheckReport()
+    root = layout.schedule_dir
+    if root.exists():
+        for e in os.scandir(root):
+            if not e.is_dir() or parse_segment_name(e.name) is None:
+                rep.findings.append(Finding("unknown_file", e.path, "not a segment directory"))
+    for start in layout.list_segments():
+        rep.segments += 1
+        seg_dir = layout.segment_dir(start)
+        parts = set(layout.list_parts(start))
+        for e in os.scandir(seg_dir):
+            stem, dot, suffix = e.name.partition(".")
+            if e.name == DISPATCH_LOG_NAME or e.name.startswith("_staging"):
+                continue
+            if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX) and stem.isdigit():
+                if "." + suffix == PART_INDEX_SUFFIX and int(stem) not in parts:
+                    rep.findings.append(Finding("orphan_index", e.path, "index sidecar without its part"))
+                continue
+            rep.findings.append(Finding("unknown_file", e.path, "not a part, index or dispatch log"))
+        existing_keys = []
+        corrupt_here = []
+        for part in sorted(parts):
+            rep.parts += 1
+            log, idx_path = layout.part_log(start, part), layout.part_index(start, part)
+            if not idx_path.exists():
+                rep.findings.append(Finding("missing_index", str(idx_path), "part has no index sidecar"))
+            elif size_of(idx_path) % INDEX_ENTRY_SIZE:
+                rep.findings.append(Finding("torn_index", str(idx_path), "index ends in a partial entry"))
+            tail = repair_part(log, idx_path, fix=fix)
+            if tail.changed:
+                rep.findings.append(Finding(
+                    "tail_mismatch", str(log),
+                    f"index entries past the log: {tail.index_dropped}; unindexed whole records: "
+                    f"{tail.index_added}; torn/corrupt tail bytes: {tail.log_bytes_cut}"
+                    + (f" ({tail.reason})" if tail.reason else "")))
+                rep.fixed += int(fix)
+            idx = read_index(idx_path)
+            data = log.read_bytes() if log.exists() else b""
+            for due, off, ln in zip(idx["due_ms"].tolist(), idx["offset"].tolist(), idx["length"].tolist()):
+                if off + ln > len(data):
+                    continue  # reported as a tail mismatch above
+                rep.records += 1
+                try:
+                    length, rec_due, crc_ok = header_fields(data, off)
+                    problem = ("CRC32C mismatch" if not crc_ok else
+                               f"length {length}, index says {ln}" if length != ln else
+                               f"due {rec_due}, index says {due}" if rec_due != due else None)
+                except CorruptRecordError as e:
+                    problem = e.reason
+                if problem:
+                    rep.corrupt_records += 1
+                    corrupt_here.append((part, off, due))
+                    rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {problem}"))
+            existing_keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
+        dl = layout.dispatch_log(start)
+        read = _dispatch.read_dispatch_log(dl)
+        rep.dispatch_entries += len(read.entries)
+        if read.corrupt_frames:
+            rep.findings.append(Finding("corrupt_dispatch_frame", str(dl),
+                                        f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
+        if read.torn_bytes:
+            rep.findings.append(Finding("torn_dispatch_log", str(dl), f"{read.torn_bytes} bytes after the last whole frame"))
+            if fix:
+                os.truncate(dl, read.valid_bytes)
+                rep.fixed += 1
+        if len(read.entries):
+            known = np.concatenate(existing_keys) if existing_keys else np.empty(0, np.uint64)
+            stray = ~np.isin(record_keys(read.entries["part"], read.entries["offset"]), known)
+            if stray.any():
+                rep.findings.append(Finding("unknown_dispatch_entry", str(dl),
+                                            f"{int(stray.sum())} entries name no record of this segment"))
+        if fix and corrupt_here:
+            already = done_keys(read.entries)[_dispatch.CORRUPT]
+            todo = [(p, o, d) for p, o, d in corrupt_here
+                    if not np.isin(record_keys(np.array([p]), np.array([o])), already).any()]
+            if todo:
+                arr = np.array(todo, dtype=np.int64)
+                entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
+                with open(dl, "ab") as f:
+                    f.write(_dispatch.encode_frame(entries, now_ms))
+                rep.fixed += len(todo)
+    return rep
+
+
+def data_dir_bytes(path: Path) -> int:
+    """Total bytes under a directory."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())

@@ -1,0 +1,42 @@
+"""Typed storage errors: each says what was expected, what was found, and where."""
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base class of every error raised by `storage`."""
+
+
+class CorruptRecordError(StorageError):
+    """Bytes that do not decode as a record: bad magic, version, length or CRC32C."""
+
+    def __init__(self, reason: str, *, offset: int | None = None, path: str | None = None) -> None:
+        where = ""
+        if path is not None:
+            where += f" in {path}"
+        if offset is not None:
+            where += f" at offset {offset}"
+        super().__init__(f"corrupt record{where}: {reason}")
+        self.reason = reason
+        self.offset = offset
+        self.path = path
+
+
+class InvalidRecordError(StorageError, ValueError):
+    """A record refused before it is written (too large, bad field, delay past the maximum)."""
+
+
+class DelayTooLongError(InvalidRecordError):
+    """The due time lies further ahead than the store's configured maximum delay."""
+
+    def __init__(self, due_ms: int, now_ms: int, max_delay_ms: int) -> None:
+        super().__init__(
+            f"due time {due_ms} is {due_ms - now_ms} ms ahead; the maximum delay is {max_delay_ms} ms "
+            f"({max_delay_ms / 3_600_000:.0f} h); raise max_delay_ms or send it later"
+        )
+        self.due_ms = due_ms
+        self.now_ms = now_ms
+        self.max_delay_ms = max_delay_ms
+
+
+class StoreClosedError(StorageError):
+    """The store was used after `close()`."""

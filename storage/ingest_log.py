@@ -1,0 +1,125 @@
+"""The ingest log: one frame per group commit, so a batch spanning many segments costs one write
+and, with `flush="sync"`, one fsync, whatever the number of segments it touches.
+
+Frames are replayed into the part files on recovery from the last checkpoint; older log files are
+deleted once a checkpoint has made the parts durable on their own.
+
+    frame header (24 bytes): magic uint32 (0x4C495754, "TWIL"), count uint32, payload_len uint32,
+                             crc uint32 (CRC32C of the payload), written_ms int64
+    payload:                 count location rows (LOCATION_DTYPE, 32 bytes each), then the
+                             count encoded records back to back
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from storage.record import crc32c
+
+FRAME_MAGIC = 0x4C495754
+FRAME_HEADER = struct.Struct("<IIIIq")
+LOCATION_DTYPE = np.dtype([("segment_ms", "<i8"), ("due_ms", "<i8"), ("offset", "<u4"), ("length", "<u4"),
+                           ("part", "<u2"), ("reserved", "<u2"), ("reserved2", "<u4")])
+_SUFFIX = ".wal"
+
+
+def _file_name(seq: int) -> str:
+    return f"{seq:012d}{_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestFrame:
+    """One replayed frame: where each record goes, and the record bytes."""
+
+    seq: int
+    end: int
+    locations: np.ndarray
+    records: memoryview
+
+
+class IngestLog:
+    """Append-only frames in numbered files under one directory."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+        self.seq = -1
+        self.position = 0
+
+    def sequences(self) -> list[int]:
+        """Numbers of the log files present, oldest first."""
+        return sorted(int(p.stem) for p in self.dir.glob("*" + _SUFFIX) if p.stem.isdigit())
+
+    def open_new(self, seq: int) -> None:
+        """Start appending to a fresh file number `seq`."""
+        self.close()
+        self._fd = os.open(self.dir / _file_name(seq), os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.seq = seq
+        self.position = 0
+
+    def append(self, locations: np.ndarray, records: list[bytes], written_ms: int, sync: bool) -> None:
+        """Write one frame with a single write; fsync it when `sync`."""
+        if self._fd is None:
+            raise RuntimeError("ingest log is not open")
+        payload = b"".join([np.ascontiguousarray(locations, LOCATION_DTYPE).tobytes(), *records])
+        frame = FRAME_HEADER.pack(FRAME_MAGIC, len(records), len(payload), crc32c(payload), written_ms) + payload
+        view = memoryview(frame)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        if sync:
+            os.fdatasync(self._fd)
+        self.position += len(frame)
+
+    def sync(self) -> None:
+        """fsync the current file."""
+        if self._fd is not None:
+            os.fdatasync(self._fd)
+
+    def frames(self, from_seq: int, from_pos: int) -> Iterator[IngestFrame]:
+        """Frames from (from_seq, from_pos) on; a torn or corrupt tail ends a file's frames."""
+        for seq in self.sequences():
+            if seq < from_seq:
+                continue
+            data = (self.dir / _file_name(seq)).read_bytes()
+            pos = from_pos if seq == from_seq else 0
+            mv = memoryview(data)
+            while pos + FRAME_HEADER.size <= len(data):
+                magic, count, plen, crc, _written = FRAME_HEADER.unpack_from(data, pos)
+                end = pos + FRAME_HEADER.size + plen
+                if magic != FRAME_MAGIC or end > len(data):
+                    break
+                payload = mv[pos + FRAME_HEADER.size:end]
+                if crc32c(payload) != crc:
+                    break
+                loc_bytes = count * LOCATION_DTYPE.itemsize
+                locs = np.frombuffer(payload[:loc_bytes], dtype=LOCATION_DTYPE)
+                yield IngestFrame(seq, end, locs, payload[loc_bytes:])
+                pos = end
+
+    def valid_length(self, seq: int) -> int:
+        """Bytes of file `seq` that hold whole, valid frames."""
+        end = 0
+        for frame in self.frames(seq, 0):
+            if frame.seq != seq:
+                break
+            end = frame.end
+        return end
+
+    def remove_before(self, seq: int) -> None:
+        """Delete files older than `seq` (their frames are durable in the parts)."""
+        for s in self.sequences():
+            if s < seq:
+                (self.dir / _file_name(s)).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Close the current file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

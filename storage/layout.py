@@ -1,0 +1,176 @@
+"""Where bytes live: segment directories named by their UTC start, part files, sidecars.
+
+    <data_dir>/
+      timewheel.json                 format version and segment length, checked on open
+      schedule/<YYYYMMDDHHMM>/       one segment, named by its UTC start
+        00000.log  00000.idx         part 0: records and their fixed-width index
+        00001.log  00001.idx         another writer's part (engine after a restart, Spark backfill)
+        dispatch.log                 what was delivered, cancelled or dead-lettered
+      ingest/<seq>.wal               ingest log: one frame per group commit
+      meta/                          rocksdict meta store
+      archive/                       retired segments, when retention archives instead of deleting
+"""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from storage.errors import StorageError
+
+FORMAT_VERSION = 1
+_NAME_FORMAT = "%Y%m%d%H%M"
+PART_LOG_SUFFIX = ".log"
+PART_INDEX_SUFFIX = ".idx"
+DISPATCH_LOG_NAME = "dispatch.log"
+MAX_PART = 0xFFFF
+
+
+def segment_name(start_ms: int) -> str:
+    """Directory name of the segment starting at `start_ms` (UTC, minute precision)."""
+    return datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc).strftime(_NAME_FORMAT)
+
+
+def parse_segment_name(name: str) -> int | None:
+    """UTC start in epoch ms of a segment directory name, or None if it is not one."""
+    if len(name) != 12 or not name.isdigit():
+        return None
+    try:
+        dt = datetime.strptime(name, _NAME_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return int(dt.timestamp()) * 1000
+
+
+def part_name(part: int) -> str:
+    """File stem of part number `part` inside a segment."""
+    return f"{part:05d}"
+
+
+class SegmentLayout:
+    """The directory tree of one data directory, and the arithmetic of segment boundaries."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], segment_minutes: int = 60, *, create: bool = True) -> None:
+        if segment_minutes <= 0 or 1440 % segment_minutes:
+            raise StorageError(f"segment_minutes={segment_minutes} must divide a day (1440 minutes)")
+        self.root = Path(data_dir)
+        self.segment_minutes = segment_minutes
+        self.segment_ms = segment_minutes * 60_000
+        self.schedule_dir = self.root / "schedule"
+        self.ingest_dir = self.root / "ingest"
+        self.meta_dir = self.root / "meta"
+        self.archive_dir = self.root / "archive"
+        self._check_format(create)
+
+    def _check_format(self, create: bool) -> None:
+        marker = self.root / "timewheel.json"
+        if marker.exists():
+            info = json.loads(marker.read_text())
+            if info.get("format") != FORMAT_VERSION:
+                raise StorageError(f"{self.root} holds format {info.get('format')}, this build reads {FORMAT_VERSION}")
+            if info.get("segment_minutes") != self.segment_minutes:
+                raise StorageError(
+                    f"{self.root} was written with segment_minutes={info.get('segment_minutes')}, "
+                    f"not {self.segment_minutes}; open it with the same value")
+            return
+        if not create:
+            raise StorageError(f"{self.root} is not a timewheel data directory (no timewheel.json)")
+        for d in (self.schedule_dir, self.ingest_dir, self.meta_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"format": FORMAT_VERSION, "segment_minutes": self.segment_minutes}) + "\n")
+        os.replace(tmp, marker)
+
+    @classmethod
+    def open_existing(cls, data_dir: str | os.PathLike[str]) -> "SegmentLayout":
+        """Open a data directory with the segment length it was written with."""
+        marker = Path(data_dir) / "timewheel.json"
+        if not marker.exists():
+            raise StorageError(f"{data_dir} is not a timewheel data directory (no timewheel.json)")
+        return cls(data_dir, json.loads(marker.read_text())["segment_minutes"], create=False)
+
+    def segment_start(self, due_ms: int) -> int:
+        """Start (epoch ms) of the segment holding a message due at `due_ms`."""
+        return due_ms - due_ms % self.segment_ms
+
+    def segment_starts(self, due_ms: np.ndarray) -> np.ndarray:
+        """Vectorised `segment_start`."""
+        return due_ms - due_ms % self.segment_ms
+
+    def segment_dir(self, start_ms: int) -> Path:
+        """Directory of the segment starting at `start_ms`."""
+        return self.schedule_dir / segment_name(start_ms)
+
+    def part_log(self, start_ms: int, part: int) -> Path:
+        """Record file of a part."""
+        return self.segment_dir(start_ms) / (part_name(part) + PART_LOG_SUFFIX)
+
+    def part_index(self, start_ms: int, part: int) -> Path:
+        """Index sidecar of a part."""
+        return self.segment_dir(start_ms) / (part_name(part) + PART_INDEX_SUFFIX)
+
+    def dispatch_log(self, start_ms: int) -> Path:
+        """Dispatch log of a segment."""
+        return self.segment_dir(start_ms) / DISPATCH_LOG_NAME
+
+    def list_segments(self) -> list[int]:
+        """Starts of every segment directory on disk, oldest first."""
+        if not self.schedule_dir.exists():
+            return []
+        starts = (parse_segment_name(e.name) for e in os.scandir(self.schedule_dir) if e.is_dir())
+        return sorted(s for s in starts if s is not None)
+
+    def list_parts(self, start_ms: int) -> list[int]:
+        """Part numbers of a segment that have a record file, in order."""
+        d = self.segment_dir(start_ms)
+        if not d.exists():
+            return []
+        parts = []
+        for e in os.scandir(d):
+            stem, _, suffix = e.name.partition(".")
+            if "." + suffix == PART_LOG_SUFFIX and stem.isdigit() and len(stem) == 5:
+                parts.append(int(stem))
+        return sorted(parts)
+
+    def claim_part(self, start_ms: int) -> int:
+        """Create a new, empty part in a segment and return its number; safe against other writers."""
+        d = self.segment_dir(start_ms)
+        d.mkdir(parents=True, exist_ok=True)
+        existing = self.list_parts(start_ms)
+        part = existing[-1] + 1 if existing else 0
+        while part <= MAX_PART:
+            try:
+                fd = os.open(self.part_log(start_ms, part), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                part += 1
+                continue
+            os.close(fd)
+            return part
+        raise StorageError(f"segment {segment_name(start_ms)} has no free part number left (max {MAX_PART})")
+
+    def publish_part(self, start_ms: int, staged_log: Path, staged_index: Path) -> int:
+        """Move a finished part (staged elsewhere on the same filesystem) into a segment atomically."""
+        d = self.segment_dir(start_ms)
+        d.mkdir(parents=True, exist_ok=True)
+        existing = self.list_parts(start_ms)
+        part = existing[-1] + 1 if existing else 0
+        while part <= MAX_PART:
+            try:
+                # the index goes first: a .log without .idx would be taken for a torn live part
+                os.link(staged_index, self.part_index(start_ms, part))
+            except FileExistsError:
+                part += 1
+                continue
+            try:
+                os.link(staged_log, self.part_log(start_ms, part))
+            except FileExistsError:
+                os.unlink(self.part_index(start_ms, part))
+                part += 1
+                continue
+            os.unlink(staged_log)
+            os.unlink(staged_index)
+            return part
+        raise StorageError(f"segment {segment_name(start_ms)} has no free part number left (max {MAX_PART})")

@@ -1,0 +1,133 @@
+"""The meta store (rocksdict): what must be found by key. Segment files stay the source of truth.
+
+Keys (bytes):
+    i<msg_id>                 -> location: segment_ms int64, part uint16, offset uint32 (14 bytes)
+    k<key>\\x00<msg_id>        -> b""  (business key -> ids, by prefix scan)
+    c<msg_id>                 -> cancel time, int64
+    s<segment_ms big-endian>  -> segment state: b"done" when every record is dispatched or cancelled
+    m<name>                   -> JSON documents: checkpoints, traffic rules
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import rocksdict
+
+LOCATION = struct.Struct("<qHI")
+_I64 = struct.Struct("<q")
+_BE64 = struct.Struct(">q")
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a record lives: its segment, part and byte offset."""
+
+    segment_ms: int
+    part: int
+    offset: int
+
+
+def _id_key(msg_id: str) -> bytes:
+    return b"i" + msg_id.encode()
+
+
+class MetaStore:
+    """Key lookups for ingest dedup, business keys, cancellations, segment states and documents."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(10, False)  # most ingest lookups are misses (new ids): answer them from the filter
+        opts.set_block_based_table_factory(table)
+        self._db = rocksdict.Rdict(str(path), opts)
+        # Record locations are replayed from the ingest log after a crash, and a checkpoint flushes
+        # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
+        self._unlogged = rocksdict.WriteOptions()
+        self._unlogged.disable_wal = True
+
+    def locations(self, msg_ids: Sequence[str]) -> list[Location | None]:
+        """Locations of ids (None where unknown), in one multi-get."""
+        if not msg_ids:
+            return []
+        raw = self._db.get([_id_key(m) for m in msg_ids])
+        return [None if v is None else Location(*LOCATION.unpack(v)) for v in raw]
+
+    def known(self, msg_ids: Sequence[str]) -> list[bool]:
+        """Which ids are already stored."""
+        if not msg_ids:
+            return []
+        return [v is not None for v in self._db.get([_id_key(m) for m in msg_ids])]
+
+    def put_records(self, msg_ids: Sequence[str], segment_ms: Sequence[int], parts: Sequence[int],
+                    offsets: Sequence[int], keys: Sequence[Sequence[str]]) -> None:
+        """Record ids' locations and their business keys in one write batch."""
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        pack = LOCATION.pack
+        put = wb.put
+        for mid, seg, part, off, ks in zip(msg_ids, segment_ms, parts, offsets, keys):
+            mb = mid.encode()
+            put(b"i" + mb, pack(seg, part, off))
+            for k in ks:
+                put(b"k" + k.encode() + b"\x00" + mb, b"")
+        self._db.write(wb, self._unlogged)
+
+    def ids_for_key(self, key: str) -> list[str]:
+        """Message ids stored under a business key."""
+        prefix = b"k" + key.encode() + b"\x00"
+        out = []
+        for k in self._db.keys(from_key=prefix):
+            if not k.startswith(prefix):
+                break
+            out.append(k[len(prefix):].decode())
+        return out
+
+    def mark_cancelled(self, msg_ids: Iterable[str], at_ms: int) -> None:
+        """Remember that ids were cancelled."""
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for m in msg_ids:
+            wb.put(b"c" + m.encode(), _I64.pack(at_ms))
+        self._db.write(wb)
+
+    def is_cancelled(self, msg_id: str) -> bool:
+        """Whether an id was cancelled."""
+        return self._db.get(b"c" + msg_id.encode()) is not None
+
+    def mark_segment_done(self, segment_ms: int) -> None:
+        """Remember that a segment has nothing left to dispatch."""
+        self._db.put(b"s" + _BE64.pack(segment_ms), b"done")
+
+    def done_segments(self) -> set[int]:
+        """Segments known to have nothing left to dispatch."""
+        out = set()
+        for k in self._db.keys(from_key=b"s"):
+            if not k.startswith(b"s"):
+                break
+            out.add(_BE64.unpack(k[1:9])[0])
+        return out
+
+    def forget_segment(self, segment_ms: int) -> None:
+        """Drop a retired segment's state."""
+        self._db.delete(b"s" + _BE64.pack(segment_ms))
+
+    def get_document(self, name: str) -> Any | None:
+        """A JSON document stored under `name`, or None."""
+        raw = self._db.get(b"m" + name.encode())
+        return None if raw is None else json.loads(raw)
+
+    def put_document(self, name: str, value: Any) -> None:
+        """Store a JSON document under `name`."""
+        self._db.put(b"m" + name.encode(), json.dumps(value).encode())
+
+    def flush(self) -> None:
+        """Flush memtables and the store's own log to disk."""
+        self._db.flush()
+        self._db.flush_wal(True)
+
+    def close(self) -> None:
+        """Close the store."""
+        self._db.close()

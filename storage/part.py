@@ -1,0 +1,148 @@
+"""Reading and repairing one part: its records (.log) against its index sidecar (.idx)."""
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from storage.errors import CorruptRecordError
+from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, read_index
+from storage.record import header_fields
+from storage._files import size_of, write_all
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What a scan of a .log from some offset found: whole valid records, then where it stopped."""
+
+    entries: np.ndarray
+    end: int
+    stopped_because: str | None
+
+
+def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
+    """Walk records from `start`, validating each CRC, until the end or the first bad record."""
+    dues, offs, lens = [], [], []
+    pos, n = start, len(buf)
+    reason = None
+    while pos < n:
+        try:
+            length, due, ok = header_fields(buf, pos)
+        except CorruptRecordError as e:
+            reason = e.reason
+            break
+        if not ok:
+            reason = "CRC32C mismatch"
+            break
+        dues.append(due)
+        offs.append(pos)
+        lens.append(length)
+        pos += length
+    entries = np.empty(len(dues), INDEX_DTYPE)
+    entries["due_ms"] = dues
+    entries["offset"] = offs
+    entries["length"] = lens
+    return ScanResult(entries, pos, reason)
+
+
+@dataclass(slots=True)
+class PartRepair:
+    """What `repair_part` changed."""
+
+    index_rebuilt: bool = False
+    index_added: int = 0
+    index_dropped: int = 0
+    log_bytes_cut: int = 0
+    reason: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was repaired."""
+        return self.index_rebuilt or bool(self.index_added or self.index_dropped or self.log_bytes_cut)
+
+
+def _read_log(path: Path, start: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read()
+
+
+def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepair:
+    """Make a part's index and log agree, looking only at the part's tail when the index exists.
+
+    A missing index is rebuilt by scanning the log. Index entries past the end of the log are
+    dropped. Log bytes past the last indexed record are scanned: whole valid records are indexed,
+    and the first torn or corrupt byte onwards is cut.
+    """
+    rep = PartRepair()
+    log_size = size_of(log_path)
+    if not idx_path.exists():
+        scan = scan_log(_read_log(log_path, 0), 0) if log_size else ScanResult(np.empty(0, INDEX_DTYPE), 0, None)
+        rep.index_rebuilt = True
+        rep.index_added = len(scan.entries)
+        rep.log_bytes_cut = log_size - scan.end
+        rep.reason = scan.stopped_because
+        if fix:
+            with open(idx_path, "wb") as f:
+                f.write(scan.entries.tobytes())
+            if rep.log_bytes_cut:
+                os.truncate(log_path, scan.end)
+        return rep
+    idx_size = size_of(idx_path)
+    idx = read_index(idx_path)
+    keep = len(idx)
+    if keep and int(idx["offset"][-1]) + int(idx["length"][-1]) > log_size:
+        ends = idx["offset"].astype(np.int64) + idx["length"]
+        keep = int(np.searchsorted(ends, log_size, side="right"))
+        rep.index_dropped = len(idx) - keep
+    indexed_end = int(idx["offset"][keep - 1]) + int(idx["length"][keep - 1]) if keep else 0
+    scan = None
+    if log_size > indexed_end:
+        buf = _read_log(log_path, 0)
+        scan = scan_log(buf, indexed_end)
+        rep.index_added = len(scan.entries)
+        rep.log_bytes_cut = log_size - scan.end
+        rep.reason = scan.stopped_because
+    if fix and (rep.index_dropped or rep.index_added or idx_size != keep * INDEX_ENTRY_SIZE):
+        os.truncate(idx_path, keep * INDEX_ENTRY_SIZE)
+        if scan is not None and len(scan.entries):
+            fd = os.open(idx_path, os.O_WRONLY | os.O_APPEND)
+            try:
+                write_all(fd, scan.entries.tobytes())
+            finally:
+                os.close(fd)
+    if fix and rep.log_bytes_cut and scan is not None:
+        os.truncate(log_path, scan.end)
+    return rep
+
+
+class PartReader:
+    """Random access to the records of one part through a read-only mmap that follows growth."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = open(path, "rb")
+        self._map: mmap.mmap | None = None
+        self._size = 0
+
+    def view(self, need_end: int) -> mmap.mmap:
+        """A map covering at least `need_end` bytes (remapped when the live part has grown)."""
+        if self._map is None or need_end > self._size:
+            size = os.fstat(self._f.fileno()).st_size
+            if size < need_end or size == 0:
+                raise CorruptRecordError(f"part is {size} bytes, a record needs {need_end}", path=str(self.path))
+            if self._map is not None:
+                self._map.close()
+            self._map = mmap.mmap(self._f.fileno(), size, access=mmap.ACCESS_READ)
+            self._size = size
+        return self._map
+
+    def close(self) -> None:
+        """Unmap and close."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        self._f.close()

@@ -1,0 +1,202 @@
+"""The record codec: one delayed message as bytes, with a CRC32C.
+
+Layout (little-endian), written down for every reader in docs/FORMAT.md::
+
+    offset size field
+    0      1    magic       0xA7
+    1      1    version     1
+    2      2    flags       reserved, 0
+    4      4    length      whole record in bytes, header included
+    8      4    crc         CRC32C (Castagnoli) of bytes [12, length)
+    12     8    due_ms      int64, UTC epoch ms the message is due
+    20     8    enqueue_ms  int64, UTC epoch ms it was accepted
+    28     2    id_len      bytes of the message id (UTF-8)
+    30     2    topic_len   bytes of the target topic (UTF-8)
+    32     2    tags_len    bytes of the tags (UTF-8, may be 0)
+    34     2    keys_len    bytes of the encoded keys list
+    36     4    props_len   bytes of the encoded properties
+    40     4    body_len    bytes of the body
+    44     ...  id, topic, tags, keys, properties, body, in that order
+
+keys: repeated (uint16 length, UTF-8 bytes). properties: repeated (uint16 key length, key bytes,
+uint16 value length, value bytes), UTF-8.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import crc32c as _crc32c
+
+from storage.errors import CorruptRecordError, InvalidRecordError
+
+MAGIC = 0xA7
+VERSION = 1
+HEADER = struct.Struct("<BBHIIqqHHHHII")
+HEADER_SIZE = HEADER.size
+_CRC_FROM = struct.calcsize("<BBHII")  # CRC covers everything after the crc field
+_LENGTH_AT = struct.calcsize("<BBH")
+_PREFIX = struct.Struct("<BBHI")  # magic, version, flags, length: enough to find the record's end
+_U16 = struct.Struct("<H")
+_PREFIX_CRC = struct.Struct("<BBHII")
+_FIELDS = struct.Struct("<qqHHHHII")
+MAX_FIELD = 0xFFFF
+MAX_BODY = 64 * 1024 * 1024
+MAX_RECORD = HEADER_SIZE + 5 * MAX_FIELD + MAX_BODY
+
+crc32c = _crc32c.crc32c
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One delayed message as stored: what is due, when, and where it goes."""
+
+    msg_id: str
+    topic: str
+    body: bytes
+    due_ms: int
+    enqueue_ms: int = 0
+    tags: str = ""
+    keys: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+def _encode_keys(keys: Sequence[str]) -> bytes:
+    if len(keys) == 1:
+        b = keys[0].encode()
+        if len(b) <= MAX_FIELD:
+            return _U16.pack(len(b)) + b
+    out = []
+    for k in keys:
+        b = k.encode()
+        if len(b) > MAX_FIELD:
+            raise InvalidRecordError(f"key of {len(b)} bytes exceeds {MAX_FIELD}")
+        out.append(_U16.pack(len(b)))
+        out.append(b)
+    return b"".join(out)
+
+
+def _encode_properties(props: Mapping[str, str]) -> bytes:
+    out = []
+    for k, v in props.items():
+        kb = k.encode()
+        vb = v.encode()
+        if len(kb) > MAX_FIELD or len(vb) > MAX_FIELD:
+            raise InvalidRecordError(f"property {k!r} exceeds {MAX_FIELD} bytes")
+        out.append(_U16.pack(len(kb)))
+        out.append(kb)
+        out.append(_U16.pack(len(vb)))
+        out.append(vb)
+    return b"".join(out)
+
+
+def encode(rec: Record, enqueue_ms: int | None = None) -> bytes:
+    """Encode a record (with `enqueue_ms` instead of its own when given).
+
+    Raises InvalidRecordError when a field does not fit the layout.
+    """
+    idb = rec.msg_id.encode()
+    tb = rec.topic.encode()
+    tagb = rec.tags.encode() if rec.tags else b""
+    kb = _encode_keys(rec.keys) if rec.keys else b""
+    pb = _encode_properties(rec.properties) if rec.properties else b""
+    body = rec.body
+    li, lt, lg, lk, lp, lb = len(idb), len(tb), len(tagb), len(kb), len(pb), len(body)
+    if not li or not lt:
+        raise InvalidRecordError("a record needs a message id and a target topic")
+    if li > MAX_FIELD or lt > MAX_FIELD or lg > MAX_FIELD or lk > MAX_FIELD:
+        raise InvalidRecordError(f"id, topic, tags or keys of record {rec.msg_id!r} exceed {MAX_FIELD} bytes")
+    if lb > MAX_BODY or lp > MAX_BODY:
+        raise InvalidRecordError(f"body of {lb} bytes exceeds the maximum of {MAX_BODY}")
+    length = HEADER_SIZE + li + lt + lg + lk + lp + lb
+    tail = b"".join((_FIELDS.pack(rec.due_ms, rec.enqueue_ms if enqueue_ms is None else enqueue_ms, li, lt, lg, lk, lp, lb), idb, tb, tagb, kb, pb, body))
+    return _PREFIX_CRC.pack(MAGIC, VERSION, 0, length, crc32c(tail)) + tail
+
+
+def record_length(buf: bytes | memoryview, offset: int = 0) -> int:
+    """The total length a record at `offset` claims, after checking magic and version."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise CorruptRecordError(f"{len(buf) - offset} bytes left, a header needs {HEADER_SIZE}", offset=offset)
+    magic, version, _flags, length = _PREFIX.unpack_from(buf, offset)
+    if magic != MAGIC:
+        raise CorruptRecordError(f"magic 0x{magic:02x}, expected 0x{MAGIC:02x}", offset=offset)
+    if version != VERSION:
+        raise CorruptRecordError(f"version {version}, expected {VERSION}", offset=offset)
+    if length < HEADER_SIZE or length > MAX_RECORD:
+        raise CorruptRecordError(f"length {length} outside [{HEADER_SIZE}, {MAX_RECORD}]", offset=offset)
+    return length
+
+
+def decode(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
+    """Decode the record at `offset`; returns it and its length. Raises CorruptRecordError."""
+    length = record_length(buf, offset)
+    end = offset + length
+    if end > len(buf):
+        raise CorruptRecordError(f"record of {length} bytes runs past the end ({len(buf) - offset} left)",
+                                 offset=offset)
+    (_m, _v, _f, _l, crc, due_ms, enqueue_ms, id_len, topic_len, tags_len, keys_len, props_len,
+     body_len) = HEADER.unpack_from(buf, offset)
+    found = crc32c(buf[offset + _CRC_FROM:end])
+    if found != crc:
+        raise CorruptRecordError(f"CRC32C 0x{found:08x}, header says 0x{crc:08x}", offset=offset)
+    if HEADER_SIZE + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
+        raise CorruptRecordError("field lengths do not add up to the record length", offset=offset)
+    mv = memoryview(buf)
+    p = offset + HEADER_SIZE
+    try:
+        msg_id = str(mv[p:p + id_len], "utf-8"); p += id_len
+        topic = str(mv[p:p + topic_len], "utf-8"); p += topic_len
+        tags = str(mv[p:p + tags_len], "utf-8"); p += tags_len
+        keys = _decode_keys(mv[p:p + keys_len], offset); p += keys_len
+        props = _decode_properties(mv[p:p + props_len], offset); p += props_len
+    except UnicodeDecodeError as e:
+        raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from e
+    body = bytes(mv[p:p + body_len])
+    return Record(msg_id, topic, body, due_ms, enqueue_ms, tags, keys, props), length
+
+
+def _decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:
+    keys = []
+    p, n = 0, len(mv)
+    while p < n:
+        if p + 2 > n:
+            raise CorruptRecordError("truncated key length", offset=at)
+        (ln,) = _U16.unpack_from(mv, p)
+        p += 2
+        if p + ln > n:
+            raise CorruptRecordError("key runs past its field", offset=at)
+        keys.append(str(mv[p:p + ln], "utf-8"))
+        p += ln
+    return tuple(keys)
+
+
+def _decode_properties(mv: memoryview, at: int) -> dict[str, str]:
+    props: dict[str, str] = {}
+    p, n = 0, len(mv)
+    while p < n:
+        if p + 2 > n:
+            raise CorruptRecordError("truncated property key length", offset=at)
+        (kl,) = _U16.unpack_from(mv, p)
+        p += 2
+        if p + kl + 2 > n:
+            raise CorruptRecordError("property runs past its field", offset=at)
+        k = str(mv[p:p + kl], "utf-8")
+        p += kl
+        (vl,) = _U16.unpack_from(mv, p)
+        p += 2
+        if p + vl > n:
+            raise CorruptRecordError("property value runs past its field", offset=at)
+        props[k] = str(mv[p:p + vl], "utf-8")
+        p += vl
+    return props
+
+
+def header_fields(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int, int]:
+    """(length, due_ms, crc_ok) of the record at offset, without decoding its fields."""
+    length = record_length(buf, offset)
+    if offset + length > len(buf):
+        raise CorruptRecordError(f"record of {length} bytes runs past the end", offset=offset)
+    crc = struct.unpack_from("<I", buf, offset + 8)[0]
+    (due_ms,) = struct.unpack_from("<q", buf, offset + 12)
+    return length, due_ms, int(crc32c(memoryview(buf)[offset + _CRC_FROM:offset + length]) == crc)

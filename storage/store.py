@@ -1,0 +1,486 @@
+"""The schedule store: appends with group commit, recovery on open, reads, dispatch records.
+
+Write path of one group commit (many callers' batches merged into one):
+  1. dedup: ids already stored (meta store) or repeated in the batch are not written again;
+  2. the whole batch goes to the ingest log as one frame (one write; one fsync with flush="sync");
+  3. each touched segment's live part gets one write of records and one of index entries;
+  4. ids and business keys go to the meta store in one write batch.
+A crash anywhere in 2-4 is repaired on open by replaying the ingest log from the last checkpoint.
+A checkpoint fsyncs the parts written since the previous one and lets older log files go, so a
+restart replays at most `checkpoint_bytes` of frames, whatever the backlog.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from storage import dispatch as _dispatch
+from storage._files import fsync_path, size_of, write_all
+from storage.errors import CorruptRecordError, DelayTooLongError, StoreClosedError
+from storage.index import INDEX_DTYPE, MAX_PART_BYTES, read_index
+from storage.ingest_log import LOCATION_DTYPE, IngestLog
+from storage.layout import SegmentLayout
+from storage.meta import MetaStore
+from storage.part import PartReader, repair_part
+from storage.record import Record, decode, encode
+
+FlushPolicy = Literal["async", "sync"]
+TWO_YEARS_MS = 17_568 * 3_600_000
+_MAX_OPEN_FDS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Outcome of an append: per input record, its location and whether it was newly stored."""
+
+    msg_ids: list[str]
+    locations: np.ndarray  # LOCATION_DTYPE; for duplicates, where the first copy lives (due_ms/length 0)
+    new: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return len(self.msg_ids)
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the store found and repaired."""
+
+    replayed_frames: int = 0
+    replayed_records: int = 0
+    ingest_bytes_cut: int = 0
+    parts_checked: int = 0
+    parts_repaired: int = 0
+    index_entries_added: int = 0
+    index_entries_dropped: int = 0
+    log_bytes_cut: int = 0
+    findings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentIndex:
+    """A segment's index over all its parts, concatenated in (part, offset) order."""
+
+    segment_ms: int
+    due_ms: np.ndarray
+    part: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.due_ms)
+
+    def keys(self) -> np.ndarray:
+        """part << 32 | offset: sorted ascending, unique per record."""
+        return (self.part.astype(np.uint64) << np.uint64(32)) | self.offset.astype(np.uint64)
+
+
+@dataclass(slots=True)
+class _LivePart:
+    segment_ms: int
+    part: int
+    size: int
+    entries: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    records: Sequence[Record]
+    done: bool = False
+    result: AppendResult | None = None
+    error: BaseException | None = None
+
+
+class ScheduleStore:
+    """Hourly (configurable) schedule-log segments with an ingest log, dispatch logs and a meta store."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, segment_minutes: int = 60,
+                 flush: FlushPolicy = "async", max_delay_ms: int = TWO_YEARS_MS,
+                 max_part_bytes: int = 1 << 30, checkpoint_bytes: int = 64 << 20) -> None:
+        if flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', not {flush!r}")
+        if not 0 < max_part_bytes <= MAX_PART_BYTES:
+            raise ValueError(f"max_part_bytes must be in (0, {MAX_PART_BYTES}]")
+        self.layout = SegmentLayout(data_dir, segment_minutes)
+        self.flush = flush
+        self.max_delay_ms = max_delay_ms
+        self.max_part_bytes = max_part_bytes
+        self.checkpoint_bytes = checkpoint_bytes
+        self.meta = MetaStore(self.layout.meta_dir)
+        self._wal = IngestLog(self.layout.ingest_dir)
+        self._live: dict[int, _LivePart] = {}
+        self._fds: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
+        self._dirty: set[tuple[int, int]] = set()
+        self._dispatch_fds: dict[int, int] = {}
+        self._dispatch_dirty: set[int] = set()
+        self._readers: dict[tuple[int, int], PartReader] = {}
+        self._write_lock = threading.Lock()
+        self._dispatch_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._committing = False
+        self._closed = False
+        self.corrupt_records_found = 0
+        from storage.recovery import recover  # recovery needs the layout and meta built above
+
+        self.recovery: RecoveryReport = recover(self)
+        self._checkpoint_locked()
+
+    # ---- append with group commit -------------------------------------------------------------
+
+    def append(self, records: Sequence[Record], now_ms: int) -> AppendResult:
+        """Store records durably under the flush policy; repeated ids are stored once.
+
+        Raises DelayTooLongError (nothing written) if any record is due past the maximum delay.
+        Concurrent callers are merged into one commit.
+        """
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        for r in records:
+            if r.due_ms - now_ms > self.max_delay_ms:
+                raise DelayTooLongError(r.due_ms, now_ms, self.max_delay_ms)
+        req = _Pending(records)
+        with self._cv:
+            self._queue.append(req)
+            while not req.done:
+                if self._committing:
+                    self._cv.wait()
+                    continue
+                self._committing = True
+                batch, self._queue = self._queue, []
+                self._cv.release()
+                try:
+                    self._commit(batch, now_ms)
+                finally:
+                    self._cv.acquire()
+                    self._committing = False
+                    self._cv.notify_all()
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    def _commit(self, batch: list[_Pending], now_ms: int) -> None:
+        try:
+            with self._write_lock:
+                self._commit_locked(batch, now_ms)
+        except BaseException as e:  # every waiter learns of the failure
+            for req in batch:
+                if not req.done:
+                    req.error = e
+                    req.done = True
+            raise
+
+    def _commit_locked(self, batch: list[_Pending], now_ms: int) -> None:
+        records = [r for req in batch for r in req.records]
+        ids = [r.msg_id for r in records]
+        existing = self.meta.locations(ids)
+        n = len(records)
+        locs = np.zeros(n, LOCATION_DTYPE)
+        new = np.zeros(n, bool)
+        first_seen: dict[str, int] = {}
+        blobs: list[bytes] = []
+        new_pos: list[int] = []
+        dups: list[tuple[int, int]] = []
+        for i, r in enumerate(records):
+            loc = existing[i]
+            if loc is not None:
+                locs[i] = (loc.segment_ms, 0, loc.offset, 0, loc.part, 0, 0)
+                continue
+            j = first_seen.get(r.msg_id)
+            if j is not None:
+                dups.append((i, j))
+                continue
+            first_seen[r.msg_id] = i
+            blobs.append(encode(r, r.enqueue_ms or now_ms))
+            new_pos.append(i)
+        if blobs:
+            pos = np.asarray(new_pos)
+            new[pos] = True
+            written = np.zeros(len(blobs), LOCATION_DTYPE)
+            written["due_ms"] = [records[i].due_ms for i in new_pos]
+            written["length"] = [len(b) for b in blobs]
+            written["segment_ms"] = self.layout.segment_starts(written["due_ms"])
+            self._assign_offsets(written)
+            locs[pos] = written
+            for i, j in dups:
+                locs[i] = locs[j]
+            self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
+            self._write_parts(written, blobs)
+            self.meta.put_records([ids[i] for i in new_pos], written["segment_ms"].tolist(),
+                                  written["part"].tolist(), written["offset"].tolist(),
+                                  [records[i].keys for i in new_pos])
+        start = 0
+        for req in batch:
+            end = start + len(req.records)
+            req.result = AppendResult(ids[start:end], locs[start:end], new[start:end])
+            req.done = True
+            start = end
+        if self._wal.position >= self.checkpoint_bytes:
+            self._checkpoint_locked()
+
+    def _assign_offsets(self, written: np.ndarray) -> None:
+        """Give each new record its part and offset: records of a segment go to its live part in order."""
+        segs = written["segment_ms"]
+        order = np.argsort(segs, kind="stable")
+        bounds = np.flatnonzero(np.diff(segs[order])) + 1
+        for grp in np.split(order, bounds):
+            seg = int(segs[grp[0]])
+            lengths = written["length"][grp].astype(np.int64)
+            live = self._live_part(seg, 0)
+            if live.size + int(lengths.sum()) <= self.max_part_bytes:
+                written["part"][grp] = live.part
+                written["offset"][grp] = live.size + np.cumsum(lengths) - lengths
+                live.size += int(lengths.sum())
+                live.entries += len(grp)
+                continue
+            for i, ln in zip(grp.tolist(), lengths.tolist()):  # crosses a part boundary: rare
+                live = self._live_part(seg, ln)
+                written["part"][i] = live.part
+                written["offset"][i] = live.size
+                live.size += ln
+                live.entries += 1
+
+    def _live_part(self, segment_ms: int, need: int) -> _LivePart:
+        live = self._live.get(segment_ms)
+        if live is None or live.size + need > self.max_part_bytes:
+            part = self.layout.claim_part(segment_ms)
+            open(self.layout.part_index(segment_ms, part), "wb").close()
+            live = _LivePart(segment_ms, part, 0, 0)
+            self._live[segment_ms] = live
+        return live
+
+    def _part_fds(self, segment_ms: int, part: int) -> tuple[int, int]:
+        key = (segment_ms, part)
+        fds = self._fds.get(key)
+        if fds is not None:
+            self._fds.move_to_end(key)
+            return fds
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fds = (os.open(self.layout.part_log(segment_ms, part), flags, 0o644),
+               os.open(self.layout.part_index(segment_ms, part), flags, 0o644))
+        self._fds[key] = fds
+        if len(self._fds) > _MAX_OPEN_FDS:
+            _, (a, b) = self._fds.popitem(last=False)
+            os.close(a)
+            os.close(b)
+        return fds
+
+    def _write_parts(self, locs: np.ndarray, blobs: list[bytes]) -> None:
+        keys = (locs["segment_ms"], locs["part"])
+        order = np.lexsort((np.arange(len(locs)), locs["part"], locs["segment_ms"]))
+        seg_sorted = keys[0][order]
+        part_sorted = keys[1][order]
+        bounds = np.flatnonzero((np.diff(seg_sorted) != 0) | (np.diff(part_sorted) != 0)) + 1
+        for grp in np.split(order, bounds):
+            seg = int(locs["segment_ms"][grp[0]])
+            part = int(locs["part"][grp[0]])
+            log_fd, idx_fd = self._part_fds(seg, part)
+            write_all(log_fd, b"".join([blobs[i] for i in grp]))
+            idx = np.empty(len(grp), INDEX_DTYPE)
+            idx["due_ms"] = locs["due_ms"][grp]
+            idx["offset"] = locs["offset"][grp]
+            idx["length"] = locs["length"][grp]
+            write_all(idx_fd, idx.tobytes())
+            self._dirty.add((seg, part))
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Make everything written so far durable in the parts and start a fresh ingest log file."""
+        with self._write_lock:
+            self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> None:
+        for seg, part in self._dirty:
+            fds = self._fds.get((seg, part))
+            if fds is not None:
+                os.fsync(fds[0])
+                os.fsync(fds[1])
+            else:
+                fsync_path(self.layout.part_log(seg, part))
+                fsync_path(self.layout.part_index(seg, part))
+        self._dirty.clear()
+        with self._dispatch_lock:
+            for seg in self._dispatch_dirty:
+                fd = self._dispatch_fds.get(seg)
+                if fd is not None:
+                    os.fsync(fd)
+            self._dispatch_dirty.clear()
+        self.meta.flush()
+        seqs = self._wal.sequences()
+        new_seq = max([self._wal.seq, *seqs], default=-1) + 1
+        self._wal.open_new(new_seq)
+        fsync_path(self.layout.ingest_dir)
+        self.meta.put_document("checkpoint", {"seq": new_seq, "pos": 0})
+        self.meta.flush()
+        self._wal.remove_before(new_seq)
+
+    # ---- dispatch log ---------------------------------------------------------------------------
+
+    def record_dispatch(self, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
+        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame."""
+        if len(entries) == 0:
+            return
+        frame = _dispatch.encode_frame(entries, now_ms)
+        with self._dispatch_lock:
+            fd = self._dispatch_fds.get(segment_ms)
+            if fd is None:
+                path = self.layout.dispatch_log(segment_ms)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                read = _dispatch.read_dispatch_log(path)
+                if read.torn_bytes:  # a torn frame would hide every frame written after it
+                    os.truncate(path, read.valid_bytes)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._dispatch_fds[segment_ms] = fd
+            write_all(fd, frame)
+            if self.flush == "sync":
+                os.fdatasync(fd)
+            else:
+                self._dispatch_dirty.add(segment_ms)
+
+    def dispatch_log(self, segment_ms: int) -> _dispatch.DispatchLogRead:
+        """A segment's dispatch log as read now."""
+        return _dispatch.read_dispatch_log(self.layout.dispatch_log(segment_ms))
+
+    # ---- reads ----------------------------------------------------------------------------------
+
+    def segment_index(self, segment_ms: int, parts: Sequence[int] | None = None) -> SegmentIndex:
+        """The index of a segment (or of some of its parts), entries past a part's log dropped."""
+        chunks, part_ids = [], []
+        for part in (self.layout.list_parts(segment_ms) if parts is None else parts):
+            idx_path = self.layout.part_index(segment_ms, part)
+            if not idx_path.exists():
+                continue  # a part being published, or one recovery has not indexed yet
+            idx = read_index(idx_path)
+            if len(idx):
+                log_size = size_of(self.layout.part_log(segment_ms, part))
+                if int(idx["offset"][-1]) + int(idx["length"][-1]) > log_size:
+                    idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
+            chunks.append(idx)
+            part_ids.append(np.full(len(idx), part, np.uint16))
+        if not chunks:
+            e = np.empty(0, INDEX_DTYPE)
+            return SegmentIndex(segment_ms, e["due_ms"], np.empty(0, np.uint16), e["offset"], e["length"])
+        idx = np.concatenate(chunks)
+        return SegmentIndex(segment_ms, idx["due_ms"].copy(), np.concatenate(part_ids), idx["offset"].copy(),
+                            idx["length"].copy())
+
+    def read_record(self, segment_ms: int, part: int, offset: int) -> Record:
+        """Decode one record; raises CorruptRecordError (and counts it) when its bytes are bad."""
+        key = (segment_ms, part)
+        with self._read_lock:
+            reader = self._readers.get(key)
+            if reader is None:
+                reader = self._readers[key] = PartReader(self.layout.part_log(segment_ms, part))
+            try:
+                view = reader.view(offset + 44)
+                from storage.record import record_length
+
+                length = record_length(view, offset)
+                view = reader.view(offset + length)
+                rec, _ = decode(view, offset)
+                return rec
+            except CorruptRecordError as e:
+                self.corrupt_records_found += 1
+                raise CorruptRecordError(e.reason, offset=offset, path=str(reader.path)) from e
+
+    def release_segment(self, segment_ms: int) -> None:
+        """Drop read maps and the dispatch-log handle of a segment no longer in memory."""
+        with self._read_lock:
+            for key in [k for k in self._readers if k[0] == segment_ms]:
+                self._readers.pop(key).close()
+
+    # ---- retention ------------------------------------------------------------------------------
+
+    def retire(self, now_ms: int, min_age_ms: int, *, archive: bool = False) -> list[int]:
+        """Remove (or move to archive/) segments that ended at least `min_age_ms` ago and whose
+        every record was dispatched, dead-lettered, cancelled or found corrupt; never others."""
+        from storage.audit import summarize_segment
+
+        retired = []
+        for seg in self.layout.list_segments():
+            if seg + self.layout.segment_ms + min_age_ms > now_ms:
+                break
+            if seg in self._live:
+                continue
+            if summarize_segment(self.layout, seg).pending:
+                continue
+            self.release_segment(seg)
+            with self._dispatch_lock:
+                fd = self._dispatch_fds.pop(seg, None)
+                if fd is not None:
+                    os.close(fd)
+                self._dispatch_dirty.discard(seg)
+            src = self.layout.segment_dir(seg)
+            if archive:
+                self.layout.archive_dir.mkdir(parents=True, exist_ok=True)
+                os.replace(src, self.layout.archive_dir / src.name)
+            else:
+                shutil.rmtree(src)
+            self.meta.forget_segment(seg)
+            retired.append(seg)
+        return retired
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def seal_live_parts(self, before_ms: int) -> None:
+        """Stop appending to live parts of segments that end at or before `before_ms`."""
+        with self._write_lock:
+            for seg in [s for s in self._live if s + self.layout.segment_ms <= before_ms]:
+                del self._live[seg]
+
+    def close(self) -> None:
+        """Checkpoint and close every file."""
+        if self._closed:
+            return
+        with self._write_lock:
+            self._checkpoint_locked()
+            self._closed = True
+            for a, b in self._fds.values():
+                os.close(a)
+                os.close(b)
+            self._fds.clear()
+            self._wal.close()
+        with self._dispatch_lock:
+            for fd in self._dispatch_fds.values():
+                os.close(fd)
+            self._dispatch_fds.clear()
+        with self._read_lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()
+        self.meta.close()
+
+    def __enter__(self) -> "ScheduleStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def repair_all_parts(store: ScheduleStore, segments: Sequence[int] | None = None) -> RecoveryReport:
+    """Check every part's tail against its index (cost: one stat per part, a scan only of tails)."""
+    rep = RecoveryReport()
+    for seg in store.layout.list_segments() if segments is None else segments:
+        for part in store.layout.list_parts(seg):
+            rep.parts_checked += 1
+            pr = repair_part(store.layout.part_log(seg, part), store.layout.part_index(seg, part))
+            if pr.changed:
+                rep.parts_repaired += 1
+                rep.index_entries_added += pr.index_added
+                rep.index_entries_dropped += pr.index_dropped
+                rep.log_bytes_cut += pr.log_bytes_cut
+                what = [f"{k}={v}" for k, v in (("rebuilt", pr.index_rebuilt), ("indexed", pr.index_added),
+                                                  ("dropped", pr.index_dropped), ("cut_bytes", pr.log_bytes_cut))
+                        if v]
+                rep.findings.append(f"part {store.layout.part_log(seg, part)}: repaired ({', '.join(what)})"
+                                    + (f": {pr.reason}" if pr.reason else ""))
+    return rep
