@@ -17,6 +17,8 @@ from typing import Any, Iterable, Sequence
 
 import rocksdict
 
+from storage.errors import StorageError
+
 LOCATION = struct.Struct("<qHI")
 _I64 = struct.Struct("<q")
 _BE64 = struct.Struct(">q")
@@ -44,7 +46,13 @@ class MetaStore:
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(10, False)  # most ingest lookups are misses (new ids): answer them from the filter
         opts.set_block_based_table_factory(table)
-        self._db = rocksdict.Rdict(str(path), opts)
+        try:
+            self._db = rocksdict.Rdict(str(path), opts)
+        except Exception as e:  # rocksdict raises plain Exception
+            if "lock" in str(e).lower():
+                raise StorageError(f"{path} is in use by another engine (its meta store is locked); "
+                                   "stop it or use another data directory") from e
+            raise StorageError(f"cannot open the meta store at {path}: {e}") from e
         # Record locations are replayed from the ingest log after a crash, and a checkpoint flushes
         # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
         self._unlogged = rocksdict.WriteOptions()

@@ -118,11 +118,13 @@ def record_length(buf: bytes | memoryview, offset: int = 0) -> int:
     """The total length a record at `offset` claims, after checking magic and version."""
     if len(buf) - offset < HEADER_SIZE:
         raise CorruptRecordError(f"{len(buf) - offset} bytes left, a header needs {HEADER_SIZE}", offset=offset)
-    magic, version, _flags, length = _PREFIX.unpack_from(buf, offset)
+    magic, version, flags, length = _PREFIX.unpack_from(buf, offset)
     if magic != MAGIC:
         raise CorruptRecordError(f"magic 0x{magic:02x}, expected 0x{MAGIC:02x}", offset=offset)
     if version != VERSION:
         raise CorruptRecordError(f"version {version}, expected {VERSION}", offset=offset)
+    if flags != 0:  # reserved: the CRC does not cover it, so it must hold its one known value
+        raise CorruptRecordError(f"flags 0x{flags:04x}, expected 0", offset=offset)
     if length < HEADER_SIZE or length > MAX_RECORD:
         raise CorruptRecordError(f"length {length} outside [{HEADER_SIZE}, {MAX_RECORD}]", offset=offset)
     return length

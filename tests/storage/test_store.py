@@ -1,0 +1,265 @@
+"""The schedule store: appends, dedup, group commit, recovery, dispatch log, retention, check."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
+                     ScheduleStore, SegmentLayout, StorageError, check, dispatch_entries, read_dispatch_log,
+                     summarize)
+
+NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+HOUR = 3_600_000
+
+
+def crash(s: ScheduleStore) -> None:
+    """Drop a store as a killed process would: no checkpoint, no flush."""
+    s._wal.close()
+    for a, b in s._fds.values():
+        os.close(a)
+        os.close(b)
+    s.meta._db.close()
+
+
+def recs(n: int, prefix: str = "m", start: int = NOW, step: int = 1000, **kw: object) -> list[Record]:
+    return [Record(f"{prefix}{i}", "ORDERS", f"body-{i}".encode(), start + i * step, **kw) for i in range(n)]
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = ScheduleStore(tmp_path / "data")
+    yield s
+    s.close()
+
+
+def test_append_and_read_back(store: ScheduleStore) -> None:
+    r = store.append(recs(10, keys=("order-1",), properties={"p": "v"}, tags="t"), NOW)
+    assert r.new.all()
+    seg = store.layout.segment_start(NOW)
+    idx = store.segment_index(seg)
+    assert len(idx) == 10
+    back = store.read_record(seg, int(idx.part[3]), int(idx.offset[3]))
+    assert back.msg_id == "m3" and back.body == b"body-3" and back.keys == ("order-1",)
+    assert back.properties == {"p": "v"} and back.tags == "t" and back.enqueue_ms == NOW
+    assert sorted(store.meta.ids_for_key("order-1")) == sorted(f"m{i}" for i in range(10))
+
+
+def test_repeated_ids_are_stored_once(store: ScheduleStore) -> None:
+    store.append(recs(5), NOW)
+    again = store.append(recs(5) + recs(2, prefix="n") + recs(2, prefix="n"), NOW)
+    assert again.new.tolist() == [False] * 5 + [True, True, False, False]
+    assert len(store.segment_index(store.layout.segment_start(NOW))) == 7
+    # a duplicate reports where the first copy lives
+    assert again.locations["offset"][7] == again.locations["offset"][5]
+
+
+def test_batch_spanning_segments_is_one_ingest_frame(store: ScheduleStore) -> None:
+    before = store._wal.position
+    store.append(recs(48, step=HOUR), NOW)
+    frames = list(store._wal.frames(store._wal.seq, before))
+    assert len(frames) == 1 and len(frames[0].locations) == 48
+    assert len(store.layout.list_segments()) == 48
+
+
+def test_delay_past_maximum_is_refused_whole(tmp_path: Path) -> None:
+    with ScheduleStore(tmp_path / "d", max_delay_ms=10 * HOUR) as s:
+        with pytest.raises(DelayTooLongError, match="maximum delay"):
+            s.append(recs(1) + [Record("late", "T", b"", NOW + 11 * HOUR)], NOW)
+        assert s.layout.list_segments() == []
+
+
+def test_concurrent_appends_group_commit(tmp_path: Path) -> None:
+    with ScheduleStore(tmp_path / "d", flush="sync") as s:
+        def worker(w: int) -> None:
+            for b in range(20):
+                s.append(recs(10, prefix=f"w{w}-{b}-"), NOW)
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(s.segment_index(s.layout.segment_start(NOW))) == 8 * 20 * 10
+        frames = list(s._wal.frames(s._wal.seq, 0))
+    assert sum(len(f.locations) for f in frames) == 1600
+    assert len(frames) < 160  # concurrent callers shared commits
+
+
+def test_segment_minutes_must_match(tmp_path: Path) -> None:
+    ScheduleStore(tmp_path / "d", segment_minutes=30).close()
+    with pytest.raises(StorageError, match="segment_minutes=30"):
+        ScheduleStore(tmp_path / "d", segment_minutes=60)
+
+
+def test_recovery_replays_ingest_log_after_lost_part_writes(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(100), NOW)
+    seg = s.layout.segment_start(NOW)
+    log, idx = s.layout.part_log(seg, 0), s.layout.part_index(seg, 0)
+    crash(s)
+    os.truncate(log, 500)  # the part lost its tail, the ingest log still has the frame
+    os.truncate(idx, 0)
+    s2 = ScheduleStore(tmp_path / "d")
+    assert s2.recovery.replayed_records == 100
+    ix = s2.segment_index(seg)
+    assert len(ix) == 100
+    assert s2.read_record(seg, 0, int(ix.offset[99])).msg_id == "m99"
+    assert check(s2.layout).ok
+    s2.close()
+
+
+def test_torn_part_tail_without_ingest_log_is_cut_and_reported(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(10), NOW)
+    s.close()  # checkpointed: the ingest log no longer covers these records
+    seg = s.layout.segment_start(NOW)
+    log = s.layout.part_log(seg, 0)
+    with open(log, "ab") as f:
+        f.write(b"\xa7\x01\x00\x00garbage")
+    s2 = ScheduleStore(tmp_path / "d")
+    assert s2.recovery.log_bytes_cut == 11
+    assert any("repaired" in f for f in s2.recovery.findings)
+    assert len(s2.segment_index(seg)) == 10
+    s2.close()
+
+
+def test_missing_index_is_rebuilt(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(25), NOW)
+    s.close()
+    seg = s.layout.segment_start(NOW)
+    s.layout.part_index(seg, 0).unlink()
+    assert any(f.kind == "missing_index" for f in check(SegmentLayout.open_existing(tmp_path / "d")).findings)
+    s2 = ScheduleStore(tmp_path / "d")
+    assert s2.recovery.index_entries_added == 25
+    assert len(s2.segment_index(seg)) == 25
+    s2.close()
+
+
+def test_flipped_byte_is_detected_and_never_served(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(5), NOW)
+    seg = s.layout.segment_start(NOW)
+    ix = s.segment_index(seg)
+    s.close()
+    log = s.layout.part_log(seg, 0)
+    data = bytearray(log.read_bytes())
+    data[int(ix.offset[2]) + 50] ^= 0xFF
+    log.write_bytes(bytes(data))
+    s2 = ScheduleStore(tmp_path / "d")
+    with pytest.raises(CorruptRecordError, match="CRC32C"):
+        s2.read_record(seg, 0, int(ix.offset[2]))
+    assert s2.read_record(seg, 0, int(ix.offset[3])).msg_id == "m3"
+    assert s2.corrupt_records_found == 1
+    s2.close()
+    rep = check(s2.layout)
+    assert [f.kind for f in rep.findings] == ["corrupt_record"]
+    fixed = check(s2.layout, fix=True, now_ms=NOW)
+    assert fixed.fixed == 1
+    assert summarize(s2.layout)["totals"]["corrupt"] == 1
+
+
+def test_dispatch_log_round_trip_and_torn_tail(store: ScheduleStore) -> None:
+    store.append(recs(4), NOW)
+    seg = store.layout.segment_start(NOW)
+    ix = store.segment_index(seg)
+    store.record_dispatch(seg, dispatch_entries(ix.part[:2], ix.offset[:2], ix.due_ms[:2], NOW + 5, DELIVERED, 1), NOW)
+    path = store.layout.dispatch_log(seg)
+    with open(path, "ab") as f:
+        f.write(b"\x01" * 30)  # a torn frame
+    read = read_dispatch_log(path)
+    assert len(read.entries) == 2 and read.torn_bytes == 30
+    store.release_segment(seg)
+    store._dispatch_fds.pop(seg)  # reopen as after a restart: the torn frame is cut before appending
+    store.record_dispatch(seg, dispatch_entries(ix.part[2:3], ix.offset[2:3], ix.due_ms[2:3], NOW, CANCELLED, 0), NOW)
+    read = read_dispatch_log(path)
+    assert read.torn_bytes == 0 and read.entries["outcome"].tolist() == [DELIVERED, DELIVERED, CANCELLED]
+
+
+def test_inspect_json_reports_exactly_what_was_written(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(30, step=HOUR // 10), NOW)  # 10 per segment over 3 segments
+    seg0 = s.layout.segment_start(NOW)
+    ix = s.segment_index(seg0)
+    s.record_dispatch(seg0, dispatch_entries(ix.part[:4], ix.offset[:4], ix.due_ms[:4], NOW, DELIVERED), NOW)
+    s.record_dispatch(seg0, dispatch_entries(ix.part[:1], ix.offset[:1], ix.due_ms[:1], NOW, DELIVERED), NOW)
+    s.record_dispatch(seg0, dispatch_entries(ix.part[4:6], ix.offset[4:6], ix.due_ms[4:6], NOW, CANCELLED), NOW)
+    s.record_dispatch(seg0, dispatch_entries(ix.part[6:7], ix.offset[6:7], ix.due_ms[6:7], NOW, DEAD_LETTERED), NOW)
+    s.close()
+    out = subprocess.run([sys.executable, "-m", "timewheel", "inspect", "--data-dir", str(tmp_path / "d"), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    report = json.loads(out)
+    first = report["segments"][0]
+    assert (first["records"], first["dispatched"], first["cancelled"], first["dead_lettered"], first["pending"]) == (
+        10, 4, 2, 1, 3)
+    assert report["totals"]["records"] == 30 and report["totals"]["pending"] == 23
+    assert report["totals"]["bytes"] > 0 and report["totals"]["corrupt"] == 0
+    assert len(report["segments"]) == 3
+
+
+def test_inspect_refuses_a_directory_that_is_not_a_store(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "timewheel", "inspect", "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "not a timewheel data directory" in res.stderr
+
+
+def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(4, step=HOUR), NOW)
+    segs = s.layout.list_segments()
+    s.seal_live_parts(NOW + 10 * HOUR)
+    for seg in segs[:2]:
+        ix = s.segment_index(seg)
+        s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    assert s.retire(NOW + 2 * HOUR, min_age_ms=HOUR) == [segs[0]]  # seg 1 is too young
+    assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR, archive=True) == [segs[1]]  # 2, 3 pending
+    assert s.layout.list_segments() == segs[2:]
+    assert (s.layout.archive_dir / s.layout.segment_dir(segs[1]).name).is_dir()
+    s.close()
+
+
+def test_check_reports_unknown_files(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(1), NOW)
+    s.close()
+    (s.layout.segment_dir(s.layout.segment_start(NOW)) / "stray.bin").write_bytes(b"x")
+    (s.layout.schedule_dir / "notasegment").mkdir()
+    kinds = sorted(f.kind for f in check(s.layout).findings)
+    assert kinds == ["unknown_file", "unknown_file"]
+
+
+def test_restart_cost_does_not_scan_checkpointed_parts(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(2000, step=HOUR // 100), NOW)
+    s.close()
+    s2 = ScheduleStore(tmp_path / "d")
+    assert s2.recovery.replayed_records == 0 and s2.recovery.parts_repaired == 0
+    assert s2.recovery.parts_checked == len(s2.layout.list_segments())
+    s2.close()
+
+
+def test_parts_from_two_writers_share_a_segment(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(3), NOW)
+    seg = s.layout.segment_start(NOW)
+    staged = tmp_path / "d" / "schedule" / "stage"
+    staged.mkdir()
+    other = ScheduleStore(tmp_path / "other")
+    other.append(recs(2, prefix="b"), NOW)
+    other.close()
+    import shutil
+    shutil.copy(other.layout.part_log(seg, 0), staged / "x.log")
+    shutil.copy(other.layout.part_index(seg, 0), staged / "x.idx")
+    part = s.layout.publish_part(seg, staged / "x.log", staged / "x.idx")
+    assert part == 1
+    ix = s.segment_index(seg)
+    assert len(ix) == 5 and ix.part.tolist() == [0, 0, 0, 1, 1]
+    assert s.read_record(seg, 1, int(ix.offset[4])).msg_id == "b1"
+    s.close()
