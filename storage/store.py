@@ -202,13 +202,10 @@ class ScheduleStore:
             blobs.append(encode(r, r.enqueue_ms or now_ms))
             new_pos.append(i)
         if blobs:
+            dues = [records[i].due_ms for i in new_pos]
+            written = self._place(dues, blobs)
             pos = np.asarray(new_pos)
             new[pos] = True
-            written = np.zeros(len(blobs), LOCATION_DTYPE)
-            written["due_ms"] = [records[i].due_ms for i in new_pos]
-            written["length"] = [len(b) for b in blobs]
-            written["segment_ms"] = self.layout.segment_starts(written["due_ms"])
-            self._assign_offsets(written)
             locs[pos] = written
             for i, j in dups:
                 locs[i] = locs[j]
@@ -226,27 +223,32 @@ class ScheduleStore:
         if self._wal.position >= self.checkpoint_bytes:
             self._checkpoint_locked()
 
-    def _assign_offsets(self, written: np.ndarray) -> None:
-        """Give each new record its part and offset: records of a segment go to its live part in order."""
-        segs = written["segment_ms"]
-        order = np.argsort(segs, kind="stable")
-        bounds = np.flatnonzero(np.diff(segs[order])) + 1
-        for grp in np.split(order, bounds):
-            seg = int(segs[grp[0]])
-            lengths = written["length"][grp].astype(np.int64)
-            live = self._live_part(seg, 0)
-            if live.size + int(lengths.sum()) <= self.max_part_bytes:
-                written["part"][grp] = live.part
-                written["offset"][grp] = live.size + np.cumsum(lengths) - lengths
-                live.size += int(lengths.sum())
-                live.entries += len(grp)
-                continue
-            for i, ln in zip(grp.tolist(), lengths.tolist()):  # crosses a part boundary: rare
-                live = self._live_part(seg, ln)
-                written["part"][i] = live.part
-                written["offset"][i] = live.size
-                live.size += ln
-                live.entries += 1
+    def _place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
+        """Give each new record its segment, part and offset: a segment's records go to its live
+        part in order. Plain Python: batches touch many segments with few records each, where
+        per-group numpy calls would cost more than they save."""
+        seg_size = self.layout.segment_ms
+        segs, parts, offs, lens = [], [], [], []
+        live_of: dict[int, _LivePart] = {}
+        for due, blob in zip(dues, blobs):
+            seg = due - due % seg_size
+            ln = len(blob)
+            live = live_of.get(seg)
+            if live is None or live.size + ln > self.max_part_bytes:
+                live = live_of[seg] = self._live_part(seg, ln)
+            segs.append(seg)
+            parts.append(live.part)
+            offs.append(live.size)
+            lens.append(ln)
+            live.size += ln
+            live.entries += 1
+        written = np.zeros(len(blobs), LOCATION_DTYPE)
+        written["segment_ms"] = segs
+        written["due_ms"] = dues
+        written["part"] = parts
+        written["offset"] = offs
+        written["length"] = lens
+        return written
 
     def _live_part(self, segment_ms: int, need: int) -> _LivePart:
         live = self._live.get(segment_ms)
@@ -274,21 +276,20 @@ class ScheduleStore:
         return fds
 
     def _write_parts(self, locs: np.ndarray, blobs: list[bytes]) -> None:
-        keys = (locs["segment_ms"], locs["part"])
-        order = np.lexsort((np.arange(len(locs)), locs["part"], locs["segment_ms"]))
-        seg_sorted = keys[0][order]
-        part_sorted = keys[1][order]
-        bounds = np.flatnonzero((np.diff(seg_sorted) != 0) | (np.diff(part_sorted) != 0)) + 1
-        for grp in np.split(order, bounds):
-            seg = int(locs["segment_ms"][grp[0]])
-            part = int(locs["part"][grp[0]])
+        """One write of records and one of index entries per touched part."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist())):
+            groups.setdefault(key, []).append(i)
+        idx_bytes = np.empty(len(locs), INDEX_DTYPE)
+        idx_bytes["due_ms"] = locs["due_ms"]
+        idx_bytes["offset"] = locs["offset"]
+        idx_bytes["length"] = locs["length"]
+        raw = idx_bytes.tobytes()
+        w = INDEX_DTYPE.itemsize
+        for (seg, part), grp in groups.items():
             log_fd, idx_fd = self._part_fds(seg, part)
             write_all(log_fd, b"".join([blobs[i] for i in grp]))
-            idx = np.empty(len(grp), INDEX_DTYPE)
-            idx["due_ms"] = locs["due_ms"][grp]
-            idx["offset"] = locs["offset"][grp]
-            idx["length"] = locs["length"][grp]
-            write_all(idx_fd, idx.tobytes())
+            write_all(idx_fd, b"".join([raw[i * w:(i + 1) * w] for i in grp]))
             self._dirty.add((seg, part))
 
     # ---- checkpoints ----------------------------------------------------------------------------

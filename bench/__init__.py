@@ -1,0 +1,1 @@
+"""Benchmarks: pytest-benchmark micro benchmarks and the end-to-end latency harness."""
