@@ -1,0 +1,50 @@
+"""Injected clocks: all time is UTC epoch milliseconds; tests drive a ManualClock."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Anything that tells the time in UTC epoch milliseconds."""
+
+    def now_ms(self) -> int:
+        """Current UTC epoch milliseconds."""
+        ...
+
+
+class SystemClock:
+    """The machine's wall clock."""
+
+    def now_ms(self) -> int:
+        """Current UTC epoch milliseconds."""
+        return time.time_ns() // 1_000_000
+
+
+class ManualClock:
+    """A clock that moves only when told to; thread-safe."""
+
+    def __init__(self, start_ms: int = 0) -> None:
+        self._now = start_ms
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        """The time it was last set to."""
+        with self._lock:
+            return self._now
+
+    def set(self, now_ms: int) -> None:
+        """Move to `now_ms`; refuses to go back."""
+        with self._lock:
+            if now_ms < self._now:
+                raise ValueError(f"a ManualClock does not go back ({now_ms} < {self._now})")
+            self._now = now_ms
+
+    def advance(self, ms: int) -> int:
+        """Move forward by `ms`; returns the new time."""
+        with self._lock:
+            if ms < 0:
+                raise ValueError("a ManualClock does not go back")
+            self._now += ms
+            return self._now

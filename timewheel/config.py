@@ -1,0 +1,64 @@
+"""The engine's typed configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+from storage import TWO_YEARS_MS
+from timewheel.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to know; field names are the TOML keys of `[engine]`."""
+
+    data_dir: Path
+    tick_ms: int = 500
+    segment_minutes: int = 60
+    preload_seconds: int = 120
+    flush: Literal["async", "sync"] = "async"
+    max_delay_ms: int = TWO_YEARS_MS
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_attempts: int = 16
+    retry_base_ms: int = 1_000
+    retry_max_ms: int = 60_000
+    send_batch_size: int = 256
+    checkpoint_seconds: float = 10.0
+    rescan_seconds: float = 2.0
+    catch_up_chunk: int = 20_000
+    retention_hours: float = 0.0  # 0 keeps every segment; >0 retires fully dispatched ones this old
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        checks = [
+            ("tick_ms", 1 <= self.tick_ms <= 60_000, "between 1 and 60000"),
+            ("segment_minutes", self.segment_minutes > 0 and 1440 % self.segment_minutes == 0,
+             "a divisor of 1440 (minutes in a day)"),
+            ("preload_seconds", 0 <= self.preload_seconds * 1000 < self.segment_minutes * 60_000,
+             "at least 0 and shorter than a segment"),
+            ("flush", self.flush in ("async", "sync"), '"async" or "sync"'),
+            ("max_delay_ms", self.max_delay_ms > 0, "positive"),
+            ("max_body_bytes", 0 < self.max_body_bytes <= 64 * 1024 * 1024, "between 1 and 67108864"),
+            ("max_attempts", self.max_attempts >= 1, "at least 1"),
+            ("retry_base_ms", self.retry_base_ms >= 0, "at least 0"),
+            ("retry_max_ms", self.retry_max_ms >= self.retry_base_ms, "at least retry_base_ms"),
+            ("send_batch_size", self.send_batch_size >= 1, "at least 1"),
+            ("checkpoint_seconds", self.checkpoint_seconds > 0, "positive"),
+            ("rescan_seconds", self.rescan_seconds > 0, "positive"),
+            ("catch_up_chunk", self.catch_up_chunk >= 1, "at least 1"),
+            ("retention_hours", self.retention_hours >= 0, "at least 0"),
+        ]
+        for name, ok, want in checks:
+            if not ok:
+                raise ConfigError(f"engine.{name} = {getattr(self, name)!r} is invalid: it must be {want}")
+
+    @property
+    def segment_ms(self) -> int:
+        """Segment length in ms."""
+        return self.segment_minutes * 60_000
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names of the fields, as accepted in the config file."""
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,575 @@
+"""The engine: wires the store, the disk tier, the wheel and a Sink.
+
+Two threads when started in the background:
+- the timer thread owns the wheel and the loader: it takes newly stored records, loads the current
+  segment and preloads the next one, drains past segments (catch-up), and pops what is due at the
+  exact millisecond into the ready queue;
+- the dispatch thread reads due records, sends them through the Sink in batches, records outcomes
+  in the dispatch log, and retries failures with backoff until they go to the dead-letter path.
+`step()` runs one pass of both on the caller's thread, for tests driven by a ManualClock.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Iterable, Sequence
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError,
+                     InvalidRecordError, ScheduleStore, dispatch_entries)
+from timewheel.clock import Clock, SystemClock
+from timewheel.config import EngineConfig
+from timewheel.errors import EngineStateError, InvalidMessageError
+from timewheel.loader import SegmentLoader
+from timewheel.message import DeadLetterSink, Message, Sink
+from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
+
+log = logging.getLogger("timewheel.engine")
+_EMPTY_I64 = np.empty(0, np.int64)
+_EMPTY_U64 = np.empty(0, np.uint64)
+
+
+class _Due:
+    """Due entries waiting for dispatch, as chunks of (due, refs, attempts) arrays."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self.size = 0
+
+    def push(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray | None = None) -> None:
+        if len(due):
+            self.chunks.append((due, refs, np.zeros(len(due), np.int16) if attempts is None else attempts))
+            self.size += len(due)
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if not self.chunks:
+            return None
+        due, refs, att = self.chunks.popleft()
+        if len(due) > n:
+            self.chunks.appendleft((due[n:], refs[n:], att[n:]))
+            due, refs, att = due[:n], refs[:n], att[:n]
+        self.size -= len(due)
+        return due, refs, att
+
+
+class _Retries:
+    """Failed sends waiting for their next attempt: parallel arrays, no object per message."""
+
+    def __init__(self) -> None:
+        self.next_ms = _EMPTY_I64
+        self.due = _EMPTY_I64
+        self.refs = _EMPTY_U64
+        self.attempts = np.empty(0, np.int16)
+
+    def __len__(self) -> int:
+        return len(self.due)
+
+    def add(self, next_ms: np.ndarray, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+        self.next_ms = np.concatenate((self.next_ms, next_ms))
+        self.due = np.concatenate((self.due, due))
+        self.refs = np.concatenate((self.refs, refs))
+        self.attempts = np.concatenate((self.attempts, attempts))
+
+    def pop_ready(self, now_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        sel = self.next_ms <= now_ms
+        if not sel.any():
+            return _EMPTY_I64, _EMPTY_U64, np.empty(0, np.int16)
+        out = self.due[sel], self.refs[sel], self.attempts[sel]
+        keep = ~sel
+        self.next_ms, self.due, self.refs, self.attempts = (self.next_ms[keep], self.due[keep], self.refs[keep],
+                                                            self.attempts[keep])
+        return out
+
+    def next_ms_min(self) -> int | None:
+        return int(self.next_ms.min()) if len(self.next_ms) else None
+
+
+class Engine:
+    """Stores delayed messages and sends each to its Sink at its due millisecond."""
+
+    def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
+                 dead_letter_sink: DeadLetterSink | None = None, *, seed: int | None = None) -> None:
+        self.config = config
+        self.sink = sink
+        self.dead_letter_sink = dead_letter_sink
+        self.clock: Clock = clock or SystemClock()
+        self._rng = random.Random(seed)
+        self.store: ScheduleStore | None = None
+        self._loader: SegmentLoader | None = None
+        self._wheel: TimeWheel | None = None
+        self._lock = threading.Lock()  # guards inbound, ready/backlog, cancels, counters
+        self._timer_cv = threading.Condition(self._lock)
+        self._dispatch_cv = threading.Condition(self._lock)
+        self._inbound: list[np.ndarray] = []
+        self._ready = _Due()
+        self._backlog = _Due()
+        self._retries = _Retries()
+        self._catch_up: deque[int] = deque()
+        self._cancelled_refs = np.empty(0, np.uint64)
+        self._pending_removals: list[np.ndarray] = []
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._started = False
+        self._next_checkpoint = 0.0
+        self._next_rescan = 0
+        self.lateness = HdrHistogram(1, 3_600_000_000, 3)
+        self.counters = {k: 0 for k in ("scheduled", "duplicates", "delivered", "cancelled", "dead_lettered",
+                                        "retries", "corrupt", "send_failures", "catch_up_segments")}
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, *, background: bool = True) -> "Engine":
+        """Open the store (recovering it), queue past segments for catch-up, and start the threads.
+
+        With background=False no thread is started: the caller drives the engine with `step()`.
+        """
+        if self._started:
+            raise EngineStateError("the engine is already started")
+        cfg = self.config
+        self.store = ScheduleStore(cfg.data_dir, segment_minutes=cfg.segment_minutes, flush=cfg.flush,
+                                   max_delay_ms=cfg.max_delay_ms)
+        for f in self.store.recovery.findings:
+            log.warning("recovery: %s", f)
+        self._loader = SegmentLoader(self.store)
+        now = self.clock.now_ms()
+        slots = -(-(2 * cfg.segment_ms + cfg.preload_seconds * 1000) // cfg.tick_ms) + 2
+        self._wheel = TimeWheel(cfg.tick_ms, slots, now)
+        current = self.store.layout.segment_start(now)
+        done = self.store.meta.done_segments()
+        self._catch_up.extend(s for s in self.store.layout.list_segments() if s < current and s not in done)
+        self._started = True
+        self._running = True
+        if background:
+            self._threads = [threading.Thread(target=self._timer_loop, name="timewheel-timer", daemon=True),
+                             threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True)]
+            for t in self._threads:
+                t.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the threads, record what was sent, checkpoint and close the store."""
+        if not self._started:
+            return
+        with self._lock:
+            self._running = False
+            self._timer_cv.notify_all()
+            self._dispatch_cv.notify_all()
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        assert self.store is not None
+        self.store.close()
+        self._started = False
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the API --------------------------------------------------------------------------------
+
+    def schedule(self, messages: Sequence[Message]) -> list[str]:
+        """Store messages durably (under the flush policy) and return their ids.
+
+        Ids are generated where a message has none; a repeated id is stored once. Raises
+        InvalidMessageError (nothing stored) if any message breaks the contract.
+        """
+        store = self._require_started()
+        now = self.clock.now_ms()
+        ids = []
+        records = []
+        for i, m in enumerate(messages):
+            self._validate(m, i, now)
+            mid = m.msg_id or uuid.uuid4().hex
+            ids.append(mid)
+            records.append(m.to_record(mid))
+        try:
+            result = store.append(records, now)
+        except DelayTooLongError as e:
+            raise InvalidMessageError(str(e)) from e
+        except InvalidRecordError as e:
+            raise InvalidMessageError(str(e)) from e
+        fresh = result.locations[result.new]
+        with self._lock:
+            self.counters["scheduled"] += len(fresh)
+            self.counters["duplicates"] += len(records) - len(fresh)
+            if len(fresh):
+                self._inbound.append(fresh)
+                self._timer_cv.notify()
+        return ids
+
+    def _validate(self, m: Message, i: int, now: int) -> None:
+        if not isinstance(m, Message):
+            raise InvalidMessageError(f"expected a timewheel.Message, got {type(m).__name__}", index=i)
+        if not m.topic or not isinstance(m.topic, str):
+            raise InvalidMessageError("a message needs a target topic", index=i)
+        if not isinstance(m.deliver_at_ms, int) or isinstance(m.deliver_at_ms, bool) or m.deliver_at_ms < 0:
+            raise InvalidMessageError(f"deliver_at_ms must be a non-negative int of epoch ms, not "
+                                      f"{m.deliver_at_ms!r}", index=i)
+        if m.deliver_at_ms - now > self.config.max_delay_ms:
+            raise InvalidMessageError(f"due in {m.deliver_at_ms - now} ms, past the maximum delay of "
+                                      f"{self.config.max_delay_ms} ms", index=i)
+        if not isinstance(m.body, (bytes, bytearray)):
+            raise InvalidMessageError(f"body must be bytes, not {type(m.body).__name__}", index=i)
+        if len(m.body) > self.config.max_body_bytes:
+            raise InvalidMessageError(f"body of {len(m.body)} bytes exceeds max_body_bytes="
+                                      f"{self.config.max_body_bytes}", index=i)
+
+    def cancel(self, msg_id: str | None = None, key: str | None = None) -> int:
+        """Cancel a message by id, or every message under a business key; returns how many.
+
+        Honoured for messages not yet due (at least one tick ahead is guaranteed); a message already
+        due, delivered or cancelled is not counted.
+        """
+        store = self._require_started()
+        if (msg_id is None) == (key is None):
+            raise ValueError("give exactly one of msg_id or key")
+        ids = [msg_id] if msg_id is not None else store.meta.ids_for_key(key)  # type: ignore[list-item]
+        ids = [i for i in ids if not store.meta.is_cancelled(i)]
+        if not ids:
+            return 0
+        now = self.clock.now_ms()
+        count = 0
+        by_seg: dict[int, list[tuple[int, int, int]]] = {}
+        taken: list[str] = []
+        with self._lock:
+            for mid, loc in zip(ids, store.meta.locations(ids)):
+                if loc is None:
+                    continue
+                try:
+                    rec = store.read_record(loc.segment_ms, loc.part, loc.offset)
+                except CorruptRecordError:
+                    continue
+                if rec.due_ms <= now:
+                    continue  # already due: it is being, or has been, delivered
+                by_seg.setdefault(loc.segment_ms, []).append((loc.part, loc.offset, rec.due_ms))
+                taken.append(mid)
+            assert self._loader is not None and self._wheel is not None
+            for seg, items in by_seg.items():
+                arr = np.array(items, dtype=np.int64)
+                store.record_dispatch(seg, dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now, CANCELLED, 0), now)
+                count += len(items)
+                if seg in self._loader.loaded:
+                    refs = self._loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
+                    self._cancelled_refs = np.union1d(self._cancelled_refs, refs)
+                    self._pending_removals.append(refs)
+                    self._loader.note_done(np.full(len(items), seg))
+            self.counters["cancelled"] += count
+            self._timer_cv.notify()
+        store.meta.mark_cancelled(taken, now)
+        return count
+
+    def stats(self) -> dict[str, object]:
+        """Counters, sizes and lateness percentiles (ms) of this engine since it started."""
+        with self._lock:
+            out: dict[str, object] = dict(self.counters)
+            out["ready"] = self._ready.size
+            out["backlog"] = self._backlog.size
+            out["retrying"] = len(self._retries)
+            out["catch_up_pending_segments"] = len(self._catch_up)
+        if self._wheel is not None:
+            out["wheel_entries"] = len(self._wheel)
+            out["wheel_bytes"] = self._wheel.nbytes
+        if self._loader is not None:
+            out["loaded_segments"] = {str(k): v.outstanding for k, v in self._loader.loaded.items()}
+        h = self.lateness
+        out["lateness_ms"] = {"p50": h.get_value_at_percentile(50) / 1000,
+                              "p99": h.get_value_at_percentile(99) / 1000,
+                              "p999": h.get_value_at_percentile(99.9) / 1000,
+                              "max": h.get_max_value() / 1000, "count": h.get_total_count()}
+        return out
+
+    # ---- driving --------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """One pass at the clock's current time: timer work, then dispatch everything due.
+
+        For tests driven by a ManualClock (start(background=False)); returns messages sent.
+        """
+        self._require_started()
+        now = self.clock.now_ms()
+        with self._lock:
+            self._timer_pass(now)
+        sent = 0
+        while True:
+            n = self._dispatch_pass()
+            if n == 0:
+                return sent
+            sent += n
+
+    def next_wakeup_ms(self) -> int | None:
+        """The next time something is due (wheel, retries, preload, segment end), or None."""
+        with self._lock:
+            return self._next_wakeup(self.clock.now_ms())
+
+    # ---- timer side -----------------------------------------------------------------------------
+
+    def _timer_loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._running:
+                    return
+                now = self.clock.now_ms()
+                try:
+                    self._timer_pass(now)
+                except Exception:  # keep serving; the next pass retries what failed
+                    log.exception("timer pass failed")
+                wake = self._next_wakeup(self.clock.now_ms())
+                if self._ready.size or self._backlog.size:
+                    self._dispatch_cv.notify()
+                if not self._running:
+                    return
+                if not self._inbound:
+                    timeout = 0.05 if wake is None else min(0.05, max(0.0, (wake - self.clock.now_ms()) / 1000))
+                    if timeout > 0:
+                        self._timer_cv.wait(timeout)
+            t = time.monotonic()
+            if t >= self._next_checkpoint:
+                self._next_checkpoint = t + self.config.checkpoint_seconds
+                try:
+                    assert self.store is not None
+                    self.store.checkpoint()
+                except Exception:
+                    log.exception("checkpoint failed")
+
+    def _timer_pass(self, now: int) -> None:
+        loader, wheel, store = self._loader, self._wheel, self.store
+        assert loader is not None and wheel is not None and store is not None
+        seg_ms = self.config.segment_ms
+        current = now - now % seg_ms
+        for seg in (current, current + seg_ms):
+            if seg not in loader.loaded and (seg == current or now >= seg - self.config.preload_seconds * 1000):
+                if seg in self._catch_up:
+                    self._catch_up.remove(seg)
+                self._add(*loader.load(seg), now)
+        if self._inbound:
+            self._take_inbound(now)
+        if now >= self._next_rescan:
+            self._next_rescan = now + int(self.config.rescan_seconds * 1000)
+            for seg in list(loader.loaded):
+                self._add(*loader.refresh(seg), now)
+        if self._pending_removals:
+            refs = np.concatenate(self._pending_removals)
+            self._pending_removals = []
+            wheel.remove(refs)
+        due, refs = wheel.pop_due(now)
+        self._ready.push(due, refs)
+        if self._catch_up and self._backlog.size < self.config.catch_up_chunk:
+            seg = self._catch_up.popleft()
+            if seg not in loader.loaded:
+                due, refs = loader.load(seg)
+                order = np.argsort(due, kind="stable")
+                self._backlog.push(due[order], refs[order])
+                self.counters["catch_up_segments"] += 1
+        self._finish_segments(now)
+
+    def _add(self, due: np.ndarray, refs: np.ndarray, now: int) -> None:
+        """Put loaded entries in the wheel; those already due go straight to the ready queue."""
+        if not len(due):
+            return
+        assert self._wheel is not None
+        status = self._wheel.add(due, refs)
+        late = status == EXPIRED
+        if late.any():
+            order = np.argsort(due[late], kind="stable")
+            self._ready.push(due[late][order], refs[late][order])
+        if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
+            raise AssertionError("a loaded entry lies beyond the wheel's horizon")
+
+    def _take_inbound(self, now: int) -> None:
+        loader = self._loader
+        assert loader is not None
+        locs = np.concatenate(self._inbound)
+        self._inbound = []
+        current = now - now % self.config.segment_ms
+        for seg in np.unique(locs["segment_ms"]).tolist():
+            mine = locs[locs["segment_ms"] == seg]
+            if seg not in loader.loaded:
+                if seg <= current:  # due already, in a past segment: load it (this record included)
+                    if seg in self._catch_up:
+                        self._catch_up.remove(seg)
+                    self._add(*loader.load(seg), now)
+                continue  # a future segment stays on disk until its preload
+            fresh = [i for i, (p, o) in enumerate(zip(mine["part"].tolist(), mine["offset"].tolist()))
+                     if not loader.covers(seg, p, o)]
+            if not fresh:
+                continue
+            mine = mine[fresh]
+            for p, o, ln in zip(mine["part"].tolist(), mine["offset"].tolist(), mine["length"].tolist()):
+                loader.note_added(seg, p, o + ln)
+            self._add(mine["due_ms"].astype(np.int64), loader.refs(seg, mine["part"], mine["offset"]), now)
+
+    def _finish_segments(self, now: int) -> None:
+        """Mark segments that are over and fully dispatched as done, and let them go."""
+        loader, store = self._loader, self.store
+        assert loader is not None and store is not None
+        seg_ms = self.config.segment_ms
+        current = now - now % seg_ms
+        for seg, state in list(loader.loaded.items()):
+            if seg < current and state.outstanding <= 0 and not self._ready.size and not self._backlog.size \
+                    and not len(self._retries):
+                store.meta.mark_segment_done(seg)
+                loader.unload(seg)
+        store.seal_live_parts(current)
+
+    def _next_wakeup(self, now: int) -> int | None:
+        assert self._wheel is not None
+        seg_ms = self.config.segment_ms
+        candidates = [now - now % seg_ms + seg_ms - self.config.preload_seconds * 1000]
+        if candidates[0] <= now:
+            candidates[0] = now - now % seg_ms + seg_ms
+        nd = self._wheel.next_due_ms()
+        if nd is not None:
+            candidates.append(nd)
+        nr = self._retries.next_ms_min()
+        if nr is not None:
+            candidates.append(nr)
+        if self._inbound or self._ready.size or self._backlog.size or self._pending_removals:
+            candidates.append(now)
+        return max(now, min(candidates))
+
+    # ---- dispatch side --------------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._running:
+                    return
+                if not (self._ready.size or self._backlog.size):
+                    nr = self._retries.next_ms_min()
+                    timeout = 0.05 if nr is None else min(0.05, max(0.0, (nr - self.clock.now_ms()) / 1000))
+                    if timeout > 0 and not self._retry_ready():
+                        self._dispatch_cv.wait(timeout)
+            try:
+                self._dispatch_pass()
+            except Exception:
+                log.exception("dispatch pass failed")
+                time.sleep(0.1)
+
+    def _retry_ready(self) -> bool:
+        nr = self._retries.next_ms_min()
+        return nr is not None and nr <= self.clock.now_ms()
+
+    def _dispatch_pass(self) -> int:
+        """Send one batch: ready first, then retries that are due, then catch-up backlog."""
+        n = self.config.send_batch_size
+        with self._lock:
+            batch = self._ready.take(n)
+            if batch is None:
+                due, refs, att = self._retries.pop_ready(self.clock.now_ms())
+                if len(due):
+                    self._ready.push(due, refs, att)
+                    batch = self._ready.take(n)
+            if batch is None:
+                batch = self._backlog.take(n)
+            if batch is None:
+                return 0
+            due, refs, attempts = batch
+            if len(self._cancelled_refs):
+                keep = ~np.isin(refs, self._cancelled_refs)
+                due, refs, attempts = due[keep], refs[keep], attempts[keep]
+        if len(due):
+            self._send(due, refs, attempts)
+        return len(batch[0])
+
+    def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+        loader, store = self._loader, self.store
+        assert loader is not None and store is not None
+        segs, parts, offsets = loader.locate(refs)
+        messages: list[Message] = []
+        ok_idx: list[int] = []
+        corrupt: list[int] = []
+        for i, (s, p, o) in enumerate(zip(segs.tolist(), parts.tolist(), offsets.tolist())):
+            try:
+                rec = store.read_record(s, p, o)
+            except CorruptRecordError as e:
+                log.error("corrupt record skipped, never served: %s", e)
+                corrupt.append(i)
+                continue
+            messages.append(Message.from_record(rec, int(attempts[i]) + 1))
+            ok_idx.append(i)
+        now = self.clock.now_ms()
+        if corrupt:
+            bad_idx = np.asarray(corrupt)
+            self._record(segs, parts, offsets, due, bad_idx, now, CORRUPT, attempts[bad_idx])
+        if not messages:
+            return
+        try:
+            results = self.sink.send_batch(messages)
+            if len(results) != len(messages):
+                raise RuntimeError(f"sink answered {len(results)} results for {len(messages)} messages")
+            delivered = np.asarray(results, bool)
+        except Exception:
+            log.exception("sink failed a batch of %d", len(messages))
+            delivered = np.zeros(len(messages), bool)
+        sent_at = self.clock.now_ms()
+        idx = np.asarray(ok_idx)
+        good = idx[delivered]
+        bad = idx[~delivered]
+        if len(good):
+            self._record(segs, parts, offsets, due, good, sent_at, DELIVERED, attempts[good] + 1)
+            late = np.maximum(sent_at - due[good], 0)
+            for v in late.tolist():
+                self.lateness.record_value(v * 1000 + 1)
+        if len(bad):
+            self._fail(segs, parts, offsets, due, refs, attempts, bad, [messages[i] for i in np.flatnonzero(~delivered)],
+                       sent_at)
+        with self._lock:
+            self.counters["delivered"] += len(good)
+            self.counters["corrupt"] += len(corrupt)
+
+    def _fail(self, segs: np.ndarray, parts: np.ndarray, offsets: np.ndarray, due: np.ndarray, refs: np.ndarray,
+              attempts: np.ndarray, bad: np.ndarray, bad_messages: list[Message], now: int) -> None:
+        tries = attempts[bad] + 1
+        final = tries >= self.config.max_attempts
+        with self._lock:
+            self.counters["send_failures"] += len(bad)
+        if final.any():
+            dead = bad[final]
+            if self.dead_letter_sink is not None:
+                try:
+                    self.dead_letter_sink.dead_letter([m for m, f in zip(bad_messages, final) if f],
+                                                      f"not delivered after {self.config.max_attempts} attempts")
+                except Exception:  # the dead-letter path is down too: keep retrying instead of losing it
+                    log.exception("dead-letter sink failed; the messages stay in the retry queue")
+                    final[:] = False
+                    dead = bad[:0]
+            if len(dead):
+                self._record(segs, parts, offsets, due, dead, now, DEAD_LETTERED, tries[final])
+                with self._lock:
+                    self.counters["dead_lettered"] += len(dead)
+        retry = bad[~final]
+        if len(retry):
+            t = tries[~final].astype(np.int64)
+            backoff = np.minimum(self.config.retry_base_ms * (2 ** np.minimum(t - 1, 30)), self.config.retry_max_ms)
+            jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
+            with self._lock:
+                self._retries.add(now + (backoff * jitter).astype(np.int64), due[retry], refs[retry],
+                                  tries[~final].astype(np.int16))
+                self.counters["retries"] += len(retry)
+
+    def _record(self, segs: np.ndarray, parts: np.ndarray, offsets: np.ndarray, due: np.ndarray, sel: np.ndarray,
+                now: int, outcome: int, attempts: np.ndarray) -> None:
+        """Write outcomes of records `sel` (attempts aligned with sel) to each segment's dispatch
+        log, then count them off the loader."""
+        store, loader = self.store, self._loader
+        assert store is not None and loader is not None
+        s = segs[sel]
+        for seg in np.unique(s).tolist():
+            m = s == seg
+            store.record_dispatch(seg, dispatch_entries(parts[sel][m], offsets[sel][m], due[sel][m], now, outcome,
+                                                        attempts[m]), now)
+        with self._lock:
+            loader.note_done(s)
+
+    def _require_started(self) -> ScheduleStore:
+        if not self._started or self.store is None:
+            raise EngineStateError("the engine is not started: call start() first")
+        return self.store

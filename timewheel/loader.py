@@ -1,0 +1,126 @@
+"""The disk tier: turns segments' pending records into wheel entries, and wheel refs back into
+locations.
+
+A wheel ref is `part_key << 32 | offset`, where `part_key` numbers every (segment, part) pair the
+loader has seen. Loading a segment reads its index sidecars (one `numpy.fromfile` per part) and its
+dispatch log, and drops records that already have a terminal outcome (delivered, dead-lettered,
+cancelled, corrupt). The loader remembers, per part, how far it has loaded, so a record that
+arrives after the load is added once and a part published by another writer is picked up by
+`refresh`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from storage import TERMINAL, ScheduleStore, record_keys
+
+_OFFSET_MASK = np.uint64(0xFFFFFFFF)
+_SHIFT = np.uint64(32)
+
+
+@dataclass(slots=True)
+class LoadedSegment:
+    """What the engine holds of one segment: how far each part is loaded, and what is left."""
+
+    segment_ms: int
+    loaded_end: dict[int, int] = field(default_factory=dict)  # part -> first offset not loaded
+    outstanding: int = 0  # loaded or added, without a terminal outcome yet
+
+
+class SegmentLoader:
+    """Loads segments from a store and translates between refs and (segment, part, offset)."""
+
+    def __init__(self, store: ScheduleStore) -> None:
+        self.store = store
+        self._key_of: dict[tuple[int, int], int] = {}
+        self._seg_of_key = np.empty(0, np.int64)
+        self._part_of_key = np.empty(0, np.uint16)
+        self.loaded: dict[int, LoadedSegment] = {}
+
+    def part_key(self, segment_ms: int, part: int) -> int:
+        """The key of a (segment, part) pair, assigned on first sight."""
+        key = self._key_of.get((segment_ms, part))
+        if key is None:
+            key = self._key_of[(segment_ms, part)] = len(self._key_of)
+            self._seg_of_key = np.append(self._seg_of_key, segment_ms)
+            self._part_of_key = np.append(self._part_of_key, np.uint16(part))
+        return key
+
+    def refs(self, segment_ms: int, parts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Refs of records of one segment."""
+        uniq = np.unique(parts)
+        table = np.zeros(int(uniq.max()) + 1 if len(uniq) else 1, np.uint64)
+        for p in uniq.tolist():
+            table[p] = self.part_key(segment_ms, p)
+        return (table[parts] << _SHIFT) | offsets.astype(np.uint64)
+
+    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment_ms, part, offset) arrays of refs."""
+        keys = (refs >> _SHIFT).astype(np.int64)
+        return self._seg_of_key[keys], self._part_of_key[keys], (refs & _OFFSET_MASK).astype(np.uint32)
+
+    def load(self, segment_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pending (due, refs) of a segment not loaded yet; marks it loaded."""
+        if segment_ms in self.loaded:
+            raise ValueError(f"segment {segment_ms} is already loaded")
+        seg = self.loaded[segment_ms] = LoadedSegment(segment_ms)
+        return self._load_parts(seg, None)
+
+    def refresh(self, segment_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pending (due, refs) of parts that appeared in a loaded segment since it was loaded."""
+        seg = self.loaded[segment_ms]
+        new_parts = [p for p in self.store.layout.list_parts(segment_ms) if p not in seg.loaded_end]
+        if not new_parts:
+            return np.empty(0, np.int64), np.empty(0, np.uint64)
+        return self._load_parts(seg, new_parts)
+
+    def _load_parts(self, seg: LoadedSegment, parts: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        ix = self.store.segment_index(seg.segment_ms, parts)
+        for p in (self.store.layout.list_parts(seg.segment_ms) if parts is None else parts):
+            sel = ix.offset[ix.part == p]
+            seg.loaded_end[p] = int(sel[-1]) + int(ix.length[ix.part == p][-1]) if len(sel) else 0
+        if len(ix) == 0:
+            return np.empty(0, np.int64), np.empty(0, np.uint64)
+        entries = self.store.dispatch_log(seg.segment_ms).entries
+        keep = np.ones(len(ix), bool)
+        if len(entries):
+            done = entries[np.isin(entries["outcome"], TERMINAL)]
+            done_keys = np.unique(record_keys(done["part"], done["offset"]))
+            all_keys = ix.keys()  # ascending: parts in order, offsets ascending within a part
+            pos = np.searchsorted(all_keys, done_keys)
+            hit = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == done_keys)
+            keep[pos[hit]] = False
+        due = ix.due_ms[keep]
+        refs = self.refs(seg.segment_ms, ix.part[keep], ix.offset[keep])
+        seg.outstanding += len(due)
+        return due, refs
+
+    def covers(self, segment_ms: int, part: int, offset: int) -> bool:
+        """Whether a record is already part of what was loaded for its segment."""
+        seg = self.loaded.get(segment_ms)
+        if seg is None:
+            return False
+        end = seg.loaded_end.get(part)
+        return end is not None and offset < end
+
+    def note_added(self, segment_ms: int, part: int, end_offset: int) -> None:
+        """A record of a loaded segment was added to the wheel after the load."""
+        seg = self.loaded[segment_ms]
+        seg.outstanding += 1
+        if end_offset > seg.loaded_end.get(part, 0):
+            seg.loaded_end[part] = end_offset
+
+    def note_done(self, segment_ms: np.ndarray) -> None:
+        """Terminal outcomes were recorded for records of these segments (one entry each)."""
+        segs, counts = np.unique(segment_ms, return_counts=True)
+        for s, c in zip(segs.tolist(), counts.tolist()):
+            seg = self.loaded.get(s)
+            if seg is not None:
+                seg.outstanding -= c
+
+    def unload(self, segment_ms: int) -> None:
+        """Forget a segment (its refs stay decodable)."""
+        self.loaded.pop(segment_ms, None)
+        self.store.release_segment(segment_ms)

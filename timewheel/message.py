@@ -1,0 +1,48 @@
+"""The public message type and the protocols the engine talks to its outside through."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from storage import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to deliver to `topic` at `deliver_at_ms` (UTC epoch ms)."""
+
+    topic: str
+    body: bytes
+    deliver_at_ms: int
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] | None = None
+    msg_id: str | None = None
+    attempts: int = field(default=0, compare=False)
+
+    def to_record(self, msg_id: str) -> Record:
+        """The storage record of this message under `msg_id`."""
+        return Record(msg_id, self.topic, self.body, self.deliver_at_ms, 0, self.tags or "",
+                      tuple(self.keys), dict(self.properties) if self.properties else {})
+
+    @classmethod
+    def from_record(cls, rec: Record, attempts: int = 0) -> "Message":
+        """The message a stored record describes."""
+        return cls(rec.topic, rec.body, rec.due_ms, rec.tags or None, rec.keys, rec.properties or None,
+                   rec.msg_id, attempts)
+
+
+class Sink(Protocol):
+    """Where due messages go: True per delivered message; raising means the whole batch failed."""
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        """Send messages; one bool per message."""
+        ...
+
+
+class DeadLetterSink(Protocol):
+    """Where messages go that failed every attempt or break the contract."""
+
+    def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+        """Park messages with the reason they could not be delivered."""
+        ...
