@@ -109,6 +109,7 @@ class Engine:
         self._inbound: list[np.ndarray] = []
         self._ready = _Due()
         self._backlog = _Due()
+        self._deferred = _Due()  # overdue entries of segments loaded while older ones still wait
         self._retries = _Retries()
         self._catch_up: deque[int] = deque()
         self._cancelled_refs = np.empty(0, np.uint64)
@@ -368,10 +369,14 @@ class Engine:
                 order = np.argsort(due, kind="stable")
                 self._backlog.push(due[order], refs[order])
                 self.counters["catch_up_segments"] += 1
+        if not self._catch_up and self._deferred.size:
+            while (chunk := self._deferred.take(1 << 62)) is not None:
+                self._backlog.push(*chunk)
         self._finish_segments(now)
 
-    def _add(self, due: np.ndarray, refs: np.ndarray, now: int) -> None:
-        """Put loaded entries in the wheel; those already due go straight to the ready queue."""
+    def _add(self, due: np.ndarray, refs: np.ndarray, now: int, *, overdue_to_backlog: bool = True) -> None:
+        """Put loaded entries in the wheel. Those already due go to the catch-up backlog, behind
+        older segments still waiting (oldest first), or to the ready queue for late arrivals."""
         if not len(due):
             return
         assert self._wheel is not None
@@ -379,7 +384,8 @@ class Engine:
         late = status == EXPIRED
         if late.any():
             order = np.argsort(due[late], kind="stable")
-            self._ready.push(due[late][order], refs[late][order])
+            target = self._ready if not overdue_to_backlog else self._deferred if self._catch_up else self._backlog
+            target.push(due[late][order], refs[late][order])
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
 
@@ -404,7 +410,8 @@ class Engine:
             mine = mine[fresh]
             for p, o, ln in zip(mine["part"].tolist(), mine["offset"].tolist(), mine["length"].tolist()):
                 loader.note_added(seg, p, o + ln)
-            self._add(mine["due_ms"].astype(np.int64), loader.refs(seg, mine["part"], mine["offset"]), now)
+            self._add(mine["due_ms"].astype(np.int64), loader.refs(seg, mine["part"], mine["offset"]), now,
+                      overdue_to_backlog=False)
 
     def _finish_segments(self, now: int) -> None:
         """Mark segments that are over and fully dispatched as done, and let them go."""
@@ -414,7 +421,7 @@ class Engine:
         current = now - now % seg_ms
         for seg, state in list(loader.loaded.items()):
             if seg < current and state.outstanding <= 0 and not self._ready.size and not self._backlog.size \
-                    and not len(self._retries):
+                    and not self._deferred.size and not len(self._retries):
                 store.meta.mark_segment_done(seg)
                 loader.unload(seg)
         store.seal_live_parts(current)
@@ -431,7 +438,9 @@ class Engine:
         nr = self._retries.next_ms_min()
         if nr is not None:
             candidates.append(nr)
-        if self._inbound or self._ready.size or self._backlog.size or self._pending_removals:
+        assert self._loader is not None
+        if (self._inbound or self._ready.size or self._backlog.size or self._deferred.size or self._pending_removals
+                or self._catch_up or now - now % seg_ms not in self._loader.loaded):
             candidates.append(now)
         return max(now, min(candidates))
 
