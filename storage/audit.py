@@ -49,12 +49,18 @@ def record_keys(part: np.ndarray, offset: np.ndarray) -> np.ndarray:
     return (part.astype(np.uint64) << np.uint64(32)) | offset.astype(np.uint64)
 
 
+def sorted_unique(keys: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (numpy's hash-based np.unique is several times slower on 1M keys)."""
+    s = np.sort(keys)
+    return s[np.concatenate(([True], s[1:] != s[:-1]))] if len(s) else s
+
+
 def done_keys(entries: np.ndarray) -> dict[int, np.ndarray]:
-    """Unique record keys per terminal outcome in dispatch entries."""
+    """Sorted distinct record keys per terminal outcome in dispatch entries."""
     out = {}
     for outcome in _dispatch.TERMINAL:
         sel = entries[entries["outcome"] == outcome]
-        out[outcome] = np.unique(record_keys(sel["part"], sel["offset"]))
+        out[outcome] = sorted_unique(record_keys(sel["part"], sel["offset"]))
     return out
 
 

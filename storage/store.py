@@ -72,6 +72,7 @@ class SegmentIndex:
     part: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    part_ranges: list[tuple[int, int, int]]  # (part, start, end) rows of each part, in order
 
     def __len__(self) -> int:
         return len(self.due_ms)
@@ -355,7 +356,8 @@ class ScheduleStore:
 
     def segment_index(self, segment_ms: int, parts: Sequence[int] | None = None) -> SegmentIndex:
         """The index of a segment (or of some of its parts), entries past a part's log dropped."""
-        chunks, part_ids = [], []
+        chunks, part_ids, bounds = [], [], []
+        n = 0
         for part in (self.layout.list_parts(segment_ms) if parts is None else parts):
             idx_path = self.layout.part_index(segment_ms, part)
             if not idx_path.exists():
@@ -367,12 +369,14 @@ class ScheduleStore:
                     idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
             chunks.append(idx)
             part_ids.append(np.full(len(idx), part, np.uint16))
+            bounds.append((part, n, n + len(idx)))
+            n += len(idx)
         if not chunks:
             e = np.empty(0, INDEX_DTYPE)
-            return SegmentIndex(segment_ms, e["due_ms"], np.empty(0, np.uint16), e["offset"], e["length"])
-        idx = np.concatenate(chunks)
-        return SegmentIndex(segment_ms, idx["due_ms"].copy(), np.concatenate(part_ids), idx["offset"].copy(),
-                            idx["length"].copy())
+            return SegmentIndex(segment_ms, e["due_ms"], np.empty(0, np.uint16), e["offset"], e["length"], [])
+        idx = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        part = part_ids[0] if len(part_ids) == 1 else np.concatenate(part_ids)
+        return SegmentIndex(segment_ms, idx["due_ms"], part, idx["offset"], idx["length"], bounds)
 
     def read_record(self, segment_ms: int, part: int, offset: int) -> Record:
         """Decode one record; raises CorruptRecordError (and counts it) when its bytes are bad."""

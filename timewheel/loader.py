@@ -50,9 +50,13 @@ class SegmentLoader:
 
     def refs(self, segment_ms: int, parts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Refs of records of one segment."""
-        uniq = np.unique(parts)
-        table = np.zeros(int(uniq.max()) + 1 if len(uniq) else 1, np.uint64)
-        for p in uniq.tolist():
+        if len(parts) == 0:
+            return np.empty(0, np.uint64)
+        lo, hi = int(parts.min()), int(parts.max())
+        if lo == hi:
+            return np.uint64(self.part_key(segment_ms, lo)) << _SHIFT | offsets.astype(np.uint64)
+        table = np.zeros(hi + 1, np.uint64)
+        for p in np.flatnonzero(np.bincount(parts, minlength=hi + 1)).tolist():
             table[p] = self.part_key(segment_ms, p)
         return (table[parts] << _SHIFT) | offsets.astype(np.uint64)
 
@@ -78,16 +82,15 @@ class SegmentLoader:
 
     def _load_parts(self, seg: LoadedSegment, parts: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
         ix = self.store.segment_index(seg.segment_ms, parts)
-        for p in (self.store.layout.list_parts(seg.segment_ms) if parts is None else parts):
-            sel = ix.offset[ix.part == p]
-            seg.loaded_end[p] = int(sel[-1]) + int(ix.length[ix.part == p][-1]) if len(sel) else 0
+        for p, start, end in ix.part_ranges:
+            seg.loaded_end[p] = int(ix.offset[end - 1]) + int(ix.length[end - 1]) if end > start else 0
         if len(ix) == 0:
             return np.empty(0, np.int64), np.empty(0, np.uint64)
         entries = self.store.dispatch_log(seg.segment_ms).entries
         keep = np.ones(len(ix), bool)
         if len(entries):
             done = entries[np.isin(entries["outcome"], TERMINAL)]
-            done_keys = np.unique(record_keys(done["part"], done["offset"]))
+            done_keys = record_keys(done["part"], done["offset"])  # repeats are harmless below
             all_keys = ix.keys()  # ascending: parts in order, offsets ascending within a part
             pos = np.searchsorted(all_keys, done_keys)
             hit = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == done_keys)
