@@ -137,25 +137,25 @@ def decode(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
     if end > len(buf):
         raise CorruptRecordError(f"record of {length} bytes runs past the end ({len(buf) - offset} left)",
                                  offset=offset)
+    raw = bytes(buf[offset:end])  # one copy; every field below is sliced from it
     (_m, _v, _f, _l, crc, due_ms, enqueue_ms, id_len, topic_len, tags_len, keys_len, props_len,
-     body_len) = HEADER.unpack_from(buf, offset)
-    found = crc32c(buf[offset + _CRC_FROM:end])
+     body_len) = HEADER.unpack_from(raw)
+    found = crc32c(memoryview(raw)[_CRC_FROM:])
     if found != crc:
         raise CorruptRecordError(f"CRC32C 0x{found:08x}, header says 0x{crc:08x}", offset=offset)
     if HEADER_SIZE + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
         raise CorruptRecordError("field lengths do not add up to the record length", offset=offset)
-    mv = memoryview(buf)
-    p = offset + HEADER_SIZE
+    p = HEADER_SIZE
     try:
-        msg_id = str(mv[p:p + id_len], "utf-8"); p += id_len
-        topic = str(mv[p:p + topic_len], "utf-8"); p += topic_len
-        tags = str(mv[p:p + tags_len], "utf-8"); p += tags_len
-        keys = _decode_keys(mv[p:p + keys_len], offset); p += keys_len
-        props = _decode_properties(mv[p:p + props_len], offset); p += props_len
+        msg_id = raw[p:p + id_len].decode(); p += id_len
+        topic = raw[p:p + topic_len].decode(); p += topic_len
+        tags = raw[p:p + tags_len].decode() if tags_len else ""; p += tags_len
+        keys = _decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
+        props = _decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
+        p += props_len
     except UnicodeDecodeError as e:
         raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from e
-    body = bytes(mv[p:p + body_len])
-    return Record(msg_id, topic, body, due_ms, enqueue_ms, tags, keys, props), length
+    return Record(msg_id, topic, raw[p:p + body_len], due_ms, enqueue_ms, tags, keys, props), length
 
 
 def _decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:

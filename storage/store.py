@@ -29,7 +29,7 @@ from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout
 from storage.meta import MetaStore
 from storage.part import PartReader, repair_part
-from storage.record import Record, decode, encode
+from storage.record import HEADER_SIZE, Record, decode, encode, record_length
 
 FlushPolicy = Literal["async", "sync"]
 TWO_YEARS_MS = 17_568 * 3_600_000
@@ -122,12 +122,14 @@ class ScheduleStore:
         self._dispatch_dirty: set[int] = set()
         self._readers: dict[tuple[int, int], PartReader] = {}
         self._write_lock = threading.Lock()
+        self._checkpoint_lock = threading.Lock()
         self._dispatch_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: list[_Pending] = []
         self._committing = False
         self._closed = False
+        self._due_checkpoint: tuple[int, list[int], list[Path]] | None = None
         self.corrupt_records_found = 0
         from storage.recovery import recover  # recovery needs the layout and meta built above
 
@@ -172,6 +174,9 @@ class ScheduleStore:
         try:
             with self._write_lock:
                 self._commit_locked(batch, now_ms)
+                snapshot, self._due_checkpoint = self._due_checkpoint, None
+            if snapshot is not None:  # the fsyncs run outside the write lock
+                self._finish_checkpoint(snapshot)
         except BaseException as e:  # every waiter learns of the failure
             for req in batch:
                 if not req.done:
@@ -222,7 +227,7 @@ class ScheduleStore:
             req.done = True
             start = end
         if self._wal.position >= self.checkpoint_bytes:
-            self._checkpoint_locked()
+            self._due_checkpoint = self._rotate_locked()
 
     def _place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
         """Give each new record its segment, part and offset: a segment's records go to its live
@@ -296,34 +301,57 @@ class ScheduleStore:
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Make everything written so far durable in the parts and start a fresh ingest log file."""
+        """Make everything written so far durable in the parts and start a fresh ingest log file.
+
+        Writers are held only while the ingest log rolls to a new file; the fsyncs run after, on
+        duplicated descriptors, so appends and dispatch records go on meanwhile.
+        """
         with self._write_lock:
-            self._checkpoint_locked()
+            snapshot = self._rotate_locked()
+        self._finish_checkpoint(snapshot)
 
     def _checkpoint_locked(self) -> None:
+        self._finish_checkpoint(self._rotate_locked())
+
+    def _rotate_locked(self) -> tuple[int, list[int], list[Path]]:
+        """Under the write lock: take the dirty parts and roll the ingest log to a new file."""
+        fds: list[int] = []
+        paths: list[Path] = []
         for seg, part in self._dirty:
-            fds = self._fds.get((seg, part))
-            if fds is not None:
-                os.fsync(fds[0])
-                os.fsync(fds[1])
+            open_fds = self._fds.get((seg, part))
+            if open_fds is not None:
+                fds.extend(os.dup(fd) for fd in open_fds)
             else:
-                fsync_path(self.layout.part_log(seg, part))
-                fsync_path(self.layout.part_index(seg, part))
-        self._dirty.clear()
+                paths += [self.layout.part_log(seg, part), self.layout.part_index(seg, part)]
+        self._dirty = set()
         with self._dispatch_lock:
             for seg in self._dispatch_dirty:
                 fd = self._dispatch_fds.get(seg)
                 if fd is not None:
-                    os.fsync(fd)
-            self._dispatch_dirty.clear()
-        self.meta.flush()
-        seqs = self._wal.sequences()
-        new_seq = max([self._wal.seq, *seqs], default=-1) + 1
+                    fds.append(os.dup(fd))
+            self._dispatch_dirty = set()
+        new_seq = max([self._wal.seq, *self._wal.sequences()], default=-1) + 1
         self._wal.open_new(new_seq)
-        fsync_path(self.layout.ingest_dir)
-        self.meta.put_document("checkpoint", {"seq": new_seq, "pos": 0})
-        self.meta.flush()
-        self._wal.remove_before(new_seq)
+        return new_seq, fds, paths
+
+    def _finish_checkpoint(self, snapshot: tuple[int, list[int], list[Path]]) -> None:
+        """fsync what the rotation took, then move the checkpoint to the new ingest log file."""
+        new_seq, fds, paths = snapshot
+        with self._checkpoint_lock:
+            for fd in fds:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            for path in paths:
+                fsync_path(path)
+            self.meta.flush()
+            fsync_path(self.layout.ingest_dir)
+            current = self.meta.get_document("checkpoint")
+            if current is None or current["seq"] < new_seq:
+                self.meta.put_document("checkpoint", {"seq": new_seq, "pos": 0})
+                self.meta.flush()
+                self._wal.remove_before(new_seq)
 
     # ---- dispatch log ---------------------------------------------------------------------------
 
@@ -380,22 +408,39 @@ class ScheduleStore:
 
     def read_record(self, segment_ms: int, part: int, offset: int) -> Record:
         """Decode one record; raises CorruptRecordError (and counts it) when its bytes are bad."""
-        key = (segment_ms, part)
-        with self._read_lock:
-            reader = self._readers.get(key)
-            if reader is None:
-                reader = self._readers[key] = PartReader(self.layout.part_log(segment_ms, part))
-            try:
-                view = reader.view(offset + 44)
-                from storage.record import record_length
+        out = self.read_records([segment_ms], [part], [offset])[0]
+        if isinstance(out, CorruptRecordError):
+            raise out
+        return out
 
-                length = record_length(view, offset)
-                view = reader.view(offset + length)
-                rec, _ = decode(view, offset)
-                return rec
-            except CorruptRecordError as e:
-                self.corrupt_records_found += 1
-                raise CorruptRecordError(e.reason, offset=offset, path=str(reader.path)) from e
+    def read_records(self, segment_ms: Sequence[int], parts: Sequence[int],
+                     offsets: Sequence[int]) -> list[Record | CorruptRecordError]:
+        """Decode many records; a corrupt one yields its error in its place (and is counted)."""
+        out: list[Record | CorruptRecordError] = []
+        with self._read_lock:
+            reader = None
+            last_key = None
+            for seg, part, off in zip(segment_ms, parts, offsets):
+                key = (seg, part)
+                try:
+                    if key != last_key:
+                        reader = self._readers.get(key)
+                        if reader is None:
+                            reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
+                        last_key = key
+                    assert reader is not None
+                    view = reader.view(off + HEADER_SIZE)
+                    length = record_length(view, off)
+                    if off + length > len(view):
+                        view = reader.view(off + length)
+                    out.append(decode(view, off)[0])
+                except (CorruptRecordError, OSError) as e:
+                    self.corrupt_records_found += 1
+                    reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
+                    err = CorruptRecordError(reason, offset=off, path=str(self.layout.part_log(seg, part)))
+                    err.__cause__ = e
+                    out.append(err)
+        return out
 
     def release_segment(self, segment_ms: int) -> None:
         """Drop read maps and the dispatch-log handle of a segment no longer in memory."""

@@ -117,7 +117,6 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._running = False
         self._started = False
-        self._next_checkpoint = 0.0
         self._next_rescan = 0
         self.lateness = HdrHistogram(1, 3_600_000_000, 3)
         self.counters = {k: 0 for k in ("scheduled", "duplicates", "delivered", "cancelled", "dead_lettered",
@@ -148,7 +147,9 @@ class Engine:
         self._running = True
         if background:
             self._threads = [threading.Thread(target=self._timer_loop, name="timewheel-timer", daemon=True),
-                             threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True)]
+                             threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True),
+                             threading.Thread(target=self._housekeeping_loop, name="timewheel-housekeeping",
+                                              daemon=True)]
             for t in self._threads:
                 t.start()
         return self
@@ -328,17 +329,38 @@ class Engine:
                 if not self._running:
                     return
                 if not self._inbound:
-                    timeout = 0.05 if wake is None else min(0.05, max(0.0, (wake - self.clock.now_ms()) / 1000))
+                    timeout = self._seconds_until(wake)
                     if timeout > 0:
                         self._timer_cv.wait(timeout)
-            t = time.monotonic()
-            if t >= self._next_checkpoint:
-                self._next_checkpoint = t + self.config.checkpoint_seconds
-                try:
-                    assert self.store is not None
-                    self.store.checkpoint()
-                except Exception:
-                    log.exception("checkpoint failed")
+
+    def _seconds_until(self, wake_ms: int | None) -> float:
+        """How long to wait for `wake_ms`, at most 50 ms (new work wakes the thread earlier)."""
+        if wake_ms is None:
+            return 0.05
+        if isinstance(self.clock, SystemClock):  # aim at the millisecond's first nanosecond
+            return min(0.05, max(0.0, (wake_ms * 1_000_000 - time.time_ns()) / 1e9))
+        return min(0.05, max(0.0, (wake_ms - self.clock.now_ms()) / 1000))
+
+    def _housekeeping_loop(self) -> None:
+        """Checkpoints and retention, off the timer and dispatch threads so they never stall them."""
+        assert self.store is not None
+        next_checkpoint = time.monotonic() + self.config.checkpoint_seconds
+        while True:
+            with self._lock:
+                if not self._running:
+                    return
+                self._timer_cv.wait(max(0.0, min(1.0, next_checkpoint - time.monotonic())))
+                if not self._running:
+                    return
+            if time.monotonic() < next_checkpoint:
+                continue
+            next_checkpoint = time.monotonic() + self.config.checkpoint_seconds
+            try:
+                self.store.checkpoint()
+                if self.config.retention_hours > 0:
+                    self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000))
+            except Exception:
+                log.exception("checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
 
     def _timer_pass(self, now: int) -> None:
         loader, wheel, store = self._loader, self._wheel, self.store
@@ -403,13 +425,9 @@ class Engine:
                         self._catch_up.remove(seg)
                     self._add(*loader.load(seg), now)
                 continue  # a future segment stays on disk until its preload
-            fresh = [i for i, (p, o) in enumerate(zip(mine["part"].tolist(), mine["offset"].tolist()))
-                     if not loader.covers(seg, p, o)]
-            if not fresh:
+            mine = loader.not_covered(seg, mine)
+            if not len(mine):
                 continue
-            mine = mine[fresh]
-            for p, o, ln in zip(mine["part"].tolist(), mine["offset"].tolist(), mine["length"].tolist()):
-                loader.note_added(seg, p, o + ln)
             self._add(mine["due_ms"].astype(np.int64), loader.refs(seg, mine["part"], mine["offset"]), now,
                       overdue_to_backlog=False)
 
@@ -452,8 +470,7 @@ class Engine:
                 if not self._running:
                     return
                 if not (self._ready.size or self._backlog.size):
-                    nr = self._retries.next_ms_min()
-                    timeout = 0.05 if nr is None else min(0.05, max(0.0, (nr - self.clock.now_ms()) / 1000))
+                    timeout = self._seconds_until(self._retries.next_ms_min())
                     if timeout > 0 and not self._retry_ready():
                         self._dispatch_cv.wait(timeout)
             try:
@@ -495,14 +512,14 @@ class Engine:
         messages: list[Message] = []
         ok_idx: list[int] = []
         corrupt: list[int] = []
-        for i, (s, p, o) in enumerate(zip(segs.tolist(), parts.tolist(), offsets.tolist())):
-            try:
-                rec = store.read_record(s, p, o)
-            except CorruptRecordError as e:
-                log.error("corrupt record skipped, never served: %s", e)
+        from_record = Message.from_record
+        for i, (rec, att) in enumerate(zip(store.read_records(segs.tolist(), parts.tolist(), offsets.tolist()),
+                                           attempts.tolist())):
+            if isinstance(rec, CorruptRecordError):
+                log.error("corrupt record skipped, never served: %s", rec)
                 corrupt.append(i)
                 continue
-            messages.append(Message.from_record(rec, int(attempts[i]) + 1))
+            messages.append(from_record(rec, att + 1))
             ok_idx.append(i)
         now = self.clock.now_ms()
         if corrupt:
@@ -524,9 +541,10 @@ class Engine:
         bad = idx[~delivered]
         if len(good):
             self._record(segs, parts, offsets, due, good, sent_at, DELIVERED, attempts[good] + 1)
-            late = np.maximum(sent_at - due[good], 0)
-            for v in late.tolist():
-                self.lateness.record_value(v * 1000 + 1)
+            values, counts = np.unique(np.maximum(sent_at - due[good], 0), return_counts=True)
+            with self._lock:
+                for v, c in zip(values.tolist(), counts.tolist()):
+                    self.lateness.record_value(v * 1000, c)  # microseconds; ms resolution
         if len(bad):
             self._fail(segs, parts, offsets, due, refs, attempts, bad, [messages[i] for i in np.flatnonzero(~delivered)],
                        sent_at)

@@ -100,20 +100,22 @@ class SegmentLoader:
         seg.outstanding += len(due)
         return due, refs
 
-    def covers(self, segment_ms: int, part: int, offset: int) -> bool:
-        """Whether a record is already part of what was loaded for its segment."""
-        seg = self.loaded.get(segment_ms)
-        if seg is None:
-            return False
-        end = seg.loaded_end.get(part)
-        return end is not None and offset < end
-
-    def note_added(self, segment_ms: int, part: int, end_offset: int) -> None:
-        """A record of a loaded segment was added to the wheel after the load."""
+    def not_covered(self, segment_ms: int, locations: np.ndarray) -> np.ndarray:
+        """Of newly stored records (LOCATION_DTYPE) of a loaded segment, those its load did not
+        include; counts them as outstanding and moves the loaded ends past them."""
         seg = self.loaded[segment_ms]
-        seg.outstanding += 1
-        if end_offset > seg.loaded_end.get(part, 0):
-            seg.loaded_end[part] = end_offset
+        keep = np.ones(len(locations), bool)
+        parts = locations["part"]
+        for p in np.flatnonzero(np.bincount(parts)).tolist():
+            m = parts == p
+            end = seg.loaded_end.get(p, 0)
+            keep[m] = locations["offset"][m] >= end
+            if keep[m].any():
+                sel = locations[m & keep]
+                seg.loaded_end[p] = max(end, int((sel["offset"].astype(np.int64) + sel["length"]).max()))
+        fresh = locations[keep]
+        seg.outstanding += len(fresh)
+        return fresh
 
     def note_done(self, segment_ms: np.ndarray) -> None:
         """Terminal outcomes were recorded for records of these segments (one entry each)."""
