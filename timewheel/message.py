@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from storage import Record
 
@@ -46,3 +46,19 @@ class DeadLetterSink(Protocol):
     def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
         """Park messages with the reason they could not be delivered."""
         ...
+
+
+class Source(Protocol):
+    """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
+    and acknowledges upstream only once `schedule` returned (the messages are stored)."""
+
+    def start(self, schedule: "ScheduleFn") -> None:
+        """Begin feeding messages to `schedule`."""
+        ...
+
+    def stop(self) -> None:
+        """Stop feeding; return once no call to `schedule` is in progress."""
+        ...
+
+
+ScheduleFn = Callable[[Sequence[Message]], list[str]]

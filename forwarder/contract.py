@@ -1,0 +1,119 @@
+"""The producer contract of the delay topic: what a delay message must carry, and how it maps to a
+`timewheel.Message` (ingest) and back to a RocketMQ message (delivery).
+
+Properties of a delay message:
+    TW_TARGET_TOPIC    required: the topic to deliver to
+    TW_DELIVER_AT_MS   epoch ms to deliver at, or
+    TW_DELAY_MS        ms after the message was born (producer's timestamp), or
+    __STARTDELIVERTIME epoch ms (Aliyun RocketMQ's convention)
+Tags, keys, body and every other user property pass through; the delivered message also carries
+TW_ORIGINAL_MSG_ID, the delay message's id, so consumers can dedupe.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from forwarder._rmq_native import OutgoingMessage, ReceivedMessage
+from timewheel.message import Message
+
+TARGET_TOPIC = "TW_TARGET_TOPIC"
+DELIVER_AT_MS = "TW_DELIVER_AT_MS"
+DELAY_MS = "TW_DELAY_MS"
+START_DELIVER_TIME = "__STARTDELIVERTIME"
+ORIGINAL_MSG_ID = "TW_ORIGINAL_MSG_ID"
+DEAD_LETTER_REASON = "TW_DEAD_LETTER_REASON"
+CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME})
+
+# Properties the broker or the client set for themselves: they describe the delay message's own
+# trip and must not leak into the delivered message (some would even change how it is delivered).
+SYSTEM_PROPERTIES = frozenset({
+    "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",
+    "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
+    "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY", "MAX_RECONSUME_TIMES",
+    "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
+    "DUP_INFO", "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
+    "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
+    "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
+    "TIMER_DEL_UNIQKEY", "__SHARDINGKEY", "INNER_NUM", "INNER_BASE", "TRACE_CONTEXT", "bname",
+})
+_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+_FORBIDDEN = re.compile(r"[\x00-\x02]")
+
+
+class ContractViolation(ValueError):
+    """A delay message that cannot be scheduled; `reason` goes into the dead letter."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ContractLimits:
+    """What the contract allows, from the engine's configuration."""
+
+    max_delay_ms: int
+    max_body_bytes: int
+
+
+def _int_property(props: Mapping[str, str], name: str) -> int:
+    raw = props[name].strip()
+    if not re.fullmatch(r"-?\d{1,19}", raw):
+        raise ContractViolation(f"{name}={props[name]!r} is not an integer number of milliseconds")
+    return int(raw)
+
+
+def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Message:
+    """The engine message a delay message asks for; raises ContractViolation with the reason."""
+    props = msg.properties
+    if any("\ufffd" in k or "\ufffd" in v for k, v in props.items()):
+        raise ContractViolation("a property is not valid UTF-8")
+    if any(_FORBIDDEN.search(k) or _FORBIDDEN.search(v) for k, v in props.items()):
+        raise ContractViolation("a property contains a control character RocketMQ uses as a separator")
+    target = props.get(TARGET_TOPIC)
+    if target is None or not target.strip():
+        raise ContractViolation(f"no {TARGET_TOPIC} property: the target topic is required")
+    if not _TOPIC.match(target):
+        raise ContractViolation(f"{TARGET_TOPIC}={target!r} is not a valid topic name")
+    if DELIVER_AT_MS in props:
+        due = _int_property(props, DELIVER_AT_MS)
+    elif DELAY_MS in props:
+        delay = _int_property(props, DELAY_MS)
+        if delay < 0:
+            raise ContractViolation(f"{DELAY_MS}={delay} is negative")
+        born = msg.born_timestamp if msg.born_timestamp > 0 else now_ms
+        due = born + delay
+    elif START_DELIVER_TIME in props:
+        due = _int_property(props, START_DELIVER_TIME)
+    else:
+        raise ContractViolation(f"no due time: set {DELIVER_AT_MS}, {DELAY_MS} or {START_DELIVER_TIME}")
+    if due < 0:
+        raise ContractViolation(f"due time {due} is negative")
+    if due - now_ms > limits.max_delay_ms:
+        raise ContractViolation(f"due in {due - now_ms} ms, past the maximum delay of {limits.max_delay_ms} ms")
+    if len(msg.body) > limits.max_body_bytes:
+        raise ContractViolation(f"body of {len(msg.body)} bytes exceeds the maximum of {limits.max_body_bytes}")
+    if "\ufffd" in msg.tags or "\ufffd" in msg.keys:
+        raise ContractViolation("tags or keys are not valid UTF-8")
+    passthrough = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k not in CONTRACT_PROPERTIES}
+    keys = tuple(k for k in msg.keys.split(" ") if k)
+    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, msg.msg_id)
+
+
+def to_outgoing(m: Message) -> OutgoingMessage:
+    """The RocketMQ message that delivers `m` to its target topic."""
+    props = dict(m.properties or {})
+    if m.msg_id:
+        props[ORIGINAL_MSG_ID] = m.msg_id
+    return OutgoingMessage(m.topic, m.body, m.tags or None, " ".join(m.keys) or None, props)
+
+
+def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, properties: Mapping[str, str],
+                   reason: str) -> OutgoingMessage:
+    """A dead letter on `topic` carrying the original message and the reason."""
+    props = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES and not _FORBIDDEN.search(k + v)
+             and "\ufffd" not in k + v}
+    props[DEAD_LETTER_REASON] = _FORBIDDEN.sub(" ", reason)[:1000]
+    return OutgoingMessage(topic, body, tags or None, keys or None, props)
