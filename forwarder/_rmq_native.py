@@ -50,9 +50,11 @@ __all__ = [
     "SendCallback",
     "SendResult",
     "SendStatus",
+    "SYSTEM_PROPERTIES",
     "message_body",
     "message_properties",
     "read_message",
+    "user_properties",
 ]
 
 _log = logging.getLogger(__name__)
@@ -336,6 +338,30 @@ def message_properties(msg: int | _HasHandle) -> dict[str, str]:
     """Return every property of a received message, system ones (UNIQ_KEY, KEYS, TAGS...) included."""
     handle = _handle_of(msg)
     return _properties_at(_LAYOUT.properties_address(handle))
+
+
+#: Property names RocketMQ reserves (org.apache.rocketmq.common.message.MessageConst, 5.3.3).
+#: A received message carries several (UNIQ_KEY, KEYS, TAGS, WAIT, CLUSTER, MSG_REGION, TRACE_ON...);
+#: copying them onto a new message would be wrong, and TIMER_* or DELAY would delay it again.
+SYSTEM_PROPERTIES: frozenset[str] = frozenset(
+    "KEYS TAGS WAIT DELAY RETRY_TOPIC REAL_TOPIC REAL_QID TRAN_MSG PGROUP MIN_OFFSET MAX_OFFSET BUYER_ID "
+    "ORIGIN_MESSAGE_ID TRANSFER_FLAG CORRECTION_FLAG MQ2_FLAG RECONSUME_TIME MSG_REGION TRACE_ON UNIQ_KEY "
+    "EXTEND_UNIQ_INFO MAX_RECONSUME_TIMES CONSUME_START_TIME INNER_NUM INNER_BASE "
+    "CHECK_IMMUNITY_TIME_IN_SECONDS TRAN_PREPARED_QUEUE_OFFSET __transactionId__ TRANSACTION_CHECK_TIMES "
+    "INSTANCE_ID CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE POP_CK "
+    "POP_CK_OFFSET 1ST_POP_TIME __SHARDINGKEY PROPERTY_FORWARD_QUEUE_ID REDIRECT INNER_MULTI_DISPATCH "
+    "INNER_MULTI_QUEUE_OFFSET TRACE_CONTEXT TIMER_DELAY_SEC TIMER_DELIVER_MS __BORNHOST BORN_TIMESTAMP "
+    "TIMER_ENQUEUE_MS TIMER_DEQUEUE_MS TIMER_ROLL_TIMES TIMER_OUT_MS TIMER_DEL_UNIQKEY TIMER_DELAY_LEVEL "
+    "TIMER_DELAY_MS __CRC32# DLQ_ORIGIN_TOPIC DLQ_ORIGIN_MESSAGE_ID".split()
+)
+_TRANSIENT_PREFIX = "__RMQ.TRANSIENT."
+
+
+def user_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """Return the properties a producer set itself: everything but RocketMQ's reserved names."""
+    return {
+        k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES and not k.startswith(_TRANSIENT_PREFIX)
+    }
 
 
 def _decode(raw: bytes | None) -> str:

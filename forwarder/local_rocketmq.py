@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 from forwarder.errors import LocalRocketMQError
 
@@ -37,6 +38,7 @@ __all__ = [
     "default_cache_dir",
     "ensure_distribution",
     "run_foreground",
+    "topic_route",
 ]
 
 #: The Apache RocketMQ release every local broker runs (its jars are cached per version).
@@ -294,7 +296,9 @@ def _pick_ports(rng: random.Random) -> tuple[int, int, int]:
 # Remoting protocol (just enough to create topics and read routes)
 
 
-def _remoting_call(addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float) -> tuple[dict, bytes]:
+def _remoting_call(
+    addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float
+) -> tuple[dict[str, Any], bytes]:
     """Send one request command to `addr` and return (response header, response body)."""
     header = json.dumps(
         {
@@ -316,6 +320,18 @@ def _remoting_call(addr: str, code: int, ext: Mapping[str, str], body: bytes, ti
         data = _recv_exact(sock, length)
     header_len = struct.unpack(">i", data[:4])[0] & 0xFFFFFF
     return json.loads(data[4 : 4 + header_len]), data[4 + header_len :]
+
+
+def topic_route(namesrv_addr: str, topic: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """Return the NameServer's route of `topic` (brokerDatas, queueDatas), or None if it has none."""
+    try:
+        header, body = _remoting_call(namesrv_addr, _GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, b"", timeout)
+    except OSError as e:
+        raise LocalRocketMQError(f"cannot reach the NameServer at {namesrv_addr}: {e}") from e
+    if header.get("code") != _SUCCESS:
+        return None
+    route: dict[str, Any] = json.loads(body)
+    return route
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -532,15 +548,7 @@ class LocalRocketMQ:
         # visible, since a client that looks a topic up too early caches "no route" for a while.
         deadline = time.monotonic() + timeout
         for topic in topics:
-            while True:
-                try:
-                    header, _ = _remoting_call(
-                        self.namesrv_addr, _GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, b"", timeout
-                    )
-                except OSError as e:
-                    raise LocalRocketMQError(f"cannot reach the NameServer at {self.namesrv_addr}: {e}") from e
-                if header.get("code") == _SUCCESS:
-                    break
+            while topic_route(self.namesrv_addr, topic, timeout) is None:
                 if time.monotonic() > deadline:
                     raise LocalRocketMQError(f"topic {topic} has no route on the NameServer after {timeout} s")
                 time.sleep(0.05)

@@ -16,7 +16,7 @@ from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer, Recv
 from rocketmq.exceptions import ProducerSendSyncFailed
 
 from forwarder.errors import LocalRocketMQError
-from forwarder.local_rocketmq import LocalRocketMQ, _remoting_call
+from forwarder.local_rocketmq import LocalRocketMQ, topic_route
 
 
 def _unique(prefix: str) -> str:
@@ -112,9 +112,11 @@ def test_create_topics_makes_routes_in_one_go(rocketmq: LocalRocketMQ) -> None:
     rocketmq.create_topics(topics, queues=2)
     assert time.monotonic() - start < 10
     for topic in topics:
-        header, body = _remoting_call(rocketmq.namesrv_addr, 105, {"topic": topic}, b"", 5.0)
-        assert header["code"] == 0
-        assert b'"writeQueueNums":2' in body
+        route = topic_route(rocketmq.namesrv_addr, topic)
+        assert route is not None
+        assert [q["writeQueueNums"] for q in route["queueDatas"]] == [2]
+        assert route["brokerDatas"][0]["brokerAddrs"]["0"] == rocketmq.broker_addr
+    assert topic_route(rocketmq.namesrv_addr, _unique("never_created")) is None
 
 
 def test_round_trip_keeps_body_tags_keys_properties(rocketmq: LocalRocketMQ, producer: Producer) -> None:
@@ -210,8 +212,7 @@ def test_run_foreground_prints_the_address_and_stops_on_sigterm(tmp_path: Path) 
         line = proc.stdout.readline().decode()
         assert line.startswith("namesrv 127.0.0.1:"), line
         addr = line.split()[1]
-        header, _ = _remoting_call(addr, 105, {"topic": "TBW102"}, b"", 5.0)
-        assert header["code"] == 0
+        assert topic_route(addr, "TBW102") is not None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

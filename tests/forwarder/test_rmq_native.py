@@ -18,6 +18,7 @@ from forwarder._rmq_native import (
     SendResult,
     SendStatus,
     read_message,
+    user_properties,
 )
 from forwarder.errors import SendError
 from forwarder.local_rocketmq import LocalRocketMQ
@@ -108,6 +109,7 @@ def test_binary_body_and_every_property_round_trip(
     # System properties travel in the same map: the forwarder must filter them when copying.
     assert got.properties["KEYS"] == "k1 k2" and got.properties["TAGS"] == "tag-a"
     assert {"WAIT", "MSG_REGION", "TRACE_ON", "CLUSTER"} <= got.properties.keys()
+    assert user_properties(got.properties) == {k: v for k, v in props.items() if k != "empty"}
     assert got.reconsume_times == 0
     assert abs(got.store_timestamp - time.time() * 1000) < 60_000
     assert got.born_timestamp <= got.store_timestamp + 1000
