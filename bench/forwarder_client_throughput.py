@@ -6,8 +6,10 @@ Run from the repository root (starts and stops its own LocalRocketMQ):
 
 Send cases send `--messages` bodies of `--body-size` bytes each; consume cases read `--consume`
 messages pre-filled into an 8-queue topic, each case with a fresh consumer group, timed from the
-first message received to the last (start-up and rebalance excluded). Results of a run are kept in
-bench/forwarder_client_throughput_results.md.
+first message received to the last (start-up and rebalance excluded). Each case also reports the
+CPU time per message of this process and of the broker JVM, which a busy machine skews less than
+the rates. Results of a run are kept in bench/forwarder_client_throughput_results.md
+(`--out bench/forwarder_client_throughput_results.md`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +49,41 @@ class Row:
     messages: int
     seconds: float
     note: str = ""
+    client_cpu_us: float = float("nan")  # CPU time of this process per message
+    broker_cpu_us: float = float("nan")  # CPU time of the broker JVM per message
 
     @property
     def rate(self) -> float:
         """Messages per second."""
         return self.messages / self.seconds if self.seconds > 0 else float("inf")
+
+
+class CpuMeter:
+    """CPU seconds used by this process and by the broker: less sensitive to a busy machine than rates."""
+
+    def __init__(self, broker_pid: int | None) -> None:
+        self._stat = Path(f"/proc/{broker_pid}/stat") if broker_pid else None
+
+    def sample(self) -> tuple[float, float]:
+        """(this process, broker) CPU seconds so far; broker NaN where /proc is not available."""
+        times = os.times()
+        own = times.user + times.system
+        try:
+            assert self._stat is not None
+            fields = self._stat.read_text().rsplit(")", 1)[1].split()
+            broker = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (AssertionError, OSError, IndexError, ValueError):
+            broker = float("nan")
+        return own, broker
+
+    def measure(self, case: Callable[[], Row]) -> Row:
+        """Run one case and attach the CPU time per message it cost on both sides."""
+        own0, broker0 = self.sample()
+        row = case()
+        own1, broker1 = self.sample()
+        n = max(1, row.messages)
+        print(f"{row.case}: {row.rate:,.0f} msg/s {row.note}", flush=True)
+        return dataclasses.replace(row, client_cpu_us=(own1 - own0) / n * 1e6, broker_cpu_us=(broker1 - broker0) / n * 1e6)
 
 
 def _threads(n_threads: int, total: int, work: Callable[[int], None]) -> float:
@@ -401,30 +434,24 @@ def main(argv: list[str] | None = None) -> None:
     with LocalRocketMQ() as mq:
         mq.create_topics([WARMUP_TOPIC, SEND_TOPIC, CONSUME_TOPIC], queues=QUEUES)
         ns = mq.namesrv_addr
+        meter = CpuMeter(mq.broker_pid)
         with NativeProducer("bench_warmup", ns) as warmup:
             print("warm-up", bench_native_async(warmup, args.warmup, body, WARMUP_TOPIC))
         for n in (1, 4, 8):
-            rows.append(bench_wrapper_send_sync(ns, args.messages, body, n))
-            print(rows[-1])
+            rows.append(meter.measure(lambda n=n: bench_wrapper_send_sync(ns, args.messages, body, n)))
         with NativeProducer("bench_native", ns) as producer:
             producer.send(OutgoingMessage(SEND_TOPIC, body))  # warm-up
             for n in (1, 4, 8):
-                rows.append(bench_native_send(producer, args.messages, body, n))
-                print(rows[-1])
-            rows.append(bench_native_async(producer, args.messages, body))
-            print(rows[-1])
+                rows.append(meter.measure(lambda n=n: bench_native_send(producer, args.messages, body, n)))
+            rows.append(meter.measure(lambda: bench_native_async(producer, args.messages, body)))
             for size in (32, 128):
-                rows.append(bench_batch(producer, args.messages, body, size))
-                print(rows[-1])
+                rows.append(meter.measure(lambda size=size: bench_batch(producer, args.messages, body, size)))
             for size in (32, 128):
-                rows.append(bench_wire_batch(ns, args.messages, body, size))
-                print(rows[-1])
+                rows.append(meter.measure(lambda size=size: bench_wire_batch(ns, args.messages, body, size)))
             print(check_wire_batch(mq))
             # Fill the consume topic (async: the fastest correct path of the bundled client).
-            fill = bench_native_async(producer, args.consume, body, CONSUME_TOPIC)
-            print("filled", fill)
-        rows.append(bench_wrapper_consume(ns, args.consume, "bench_c_wrapper"))
-        print(rows[-1])
+            print("filled", bench_native_async(producer, args.consume, body, CONSUME_TOPIC))
+        rows.append(meter.measure(lambda: bench_wrapper_consume(ns, args.consume, "bench_c_wrapper")))
         native_cases: list[tuple[str, dict[str, int]]] = [
             ("native PushConsumer, defaults (threads = CPUs)", {}),
             ("native PushConsumer, 4 threads", {"thread_count": 4}),
@@ -432,8 +459,13 @@ def main(argv: list[str] | None = None) -> None:
             ("native PushConsumer, batch_max_size 32", {"batch_max_size": 32}),
         ]
         for i, (label, options) in enumerate(native_cases):
-            rows.append(bench_native_consume(ns, args.consume, f"bench_c_native_{i}", label, **options))
-            print(rows[-1])
+            rows.append(
+                meter.measure(
+                    lambda i=i, label=label, options=options: bench_native_consume(
+                        ns, args.consume, f"bench_c_native_{i}", label, **options
+                    )
+                )
+            )
 
     table = _table(rows, args, load)
     print(table)
@@ -452,10 +484,17 @@ def _table(rows: list[Row], args: argparse.Namespace, load: float) -> str:
         f"broker: local Apache RocketMQ 5.3.3 on loopback, {QUEUES} queues per topic; "
         f"1-minute load average before the run: {load:.1f} (other work on the machine skews the figures).",
         "",
-        "| case | messages | seconds | msg/s | note |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "CPU columns: CPU time per message of this Python process and of the broker JVM during the case",
+        "(consume cases include the consumer's start-up), steadier than msg/s when the machine is shared.",
+        "",
+        "| case | messages | seconds | msg/s | client CPU µs/msg | broker CPU µs/msg | note |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    lines += [f"| {r.case} | {r.messages} | {r.seconds:.2f} | {r.rate:,.0f} | {r.note} |" for r in rows]
+    lines += [
+        f"| {r.case} | {r.messages} | {r.seconds:.2f} | {r.rate:,.0f} | {r.client_cpu_us:.0f} | "
+        f"{r.broker_cpu_us:.0f} | {r.note} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 

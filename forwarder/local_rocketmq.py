@@ -415,6 +415,11 @@ class LocalRocketMQ:
         return self._run_dir
 
     @property
+    def broker_pid(self) -> int | None:
+        """The broker's process id while it runs (benchmarks sample its CPU time), else None."""
+        return self._broker.pid if self.broker_running and self._broker is not None else None
+
+    @property
     def broker_running(self) -> bool:
         """True while the broker process is alive."""
         return self._broker is not None and self._broker.poll() is None
