@@ -7,7 +7,7 @@ Properties of a delay message:
     TW_DELAY_MS        ms after the message was born (producer's timestamp), or
     __STARTDELIVERTIME epoch ms (Aliyun RocketMQ's convention)
 Tags, keys, body and every other user property pass through; the delivered message also carries
-TW_ORIGINAL_MSG_ID, the delay message's id, so consumers can dedupe.
+TW_ORIGINAL_MSG_ID, the delay message's id, so consumers can dedupe, and TW_DUE_MS, its due time.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ DELIVER_AT_MS = "TW_DELIVER_AT_MS"
 DELAY_MS = "TW_DELAY_MS"
 START_DELIVER_TIME = "__STARTDELIVERTIME"
 ORIGINAL_MSG_ID = "TW_ORIGINAL_MSG_ID"
+DUE_MS = "TW_DUE_MS"  # on the delivered message: when it was due, so consumers can measure lateness
 DEAD_LETTER_REASON = "TW_DEAD_LETTER_REASON"
-CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME})
+CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS})
 
 # Properties the broker or the client set for themselves: they describe the delay message's own
 # trip and must not leak into the delivered message (some would even change how it is delivered).
@@ -107,6 +108,7 @@ def to_outgoing(m: Message) -> OutgoingMessage:
     props = dict(m.properties or {})
     if m.msg_id:
         props[ORIGINAL_MSG_ID] = m.msg_id
+    props[DUE_MS] = str(m.deliver_at_ms)
     return OutgoingMessage(m.topic, m.body, m.tags or None, " ".join(m.keys) or None, props)
 
 

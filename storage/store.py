@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -129,6 +129,9 @@ class ScheduleStore:
         self._queue: list[_Pending] = []
         self._committing = False
         self._closed = False
+        #: called under the write lock with each commit's new records (LOCATION_DTYPE), in commit
+        #: order; a listener must be quick and must not call back into the store's writers
+        self.commit_listeners: list[Callable[[np.ndarray], None]] = []
         self._due_checkpoint: tuple[int, list[int], list[Path]] | None = None
         self.corrupt_records_found = 0
         from storage.recovery import recover  # recovery needs the layout and meta built above
@@ -217,6 +220,8 @@ class ScheduleStore:
                 locs[i] = locs[j]
             self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
             self._write_parts(written, blobs)
+            for listener in self.commit_listeners:
+                listener(written)
             self.meta.put_records([ids[i] for i in new_pos], written["segment_ms"].tolist(),
                                   written["part"].tolist(), written["offset"].tolist(),
                                   [records[i].keys for i in new_pos])

@@ -104,7 +104,11 @@ class Engine:
         self._loader: SegmentLoader | None = None
         self._wheel: TimeWheel | None = None
         self._lock = threading.Lock()  # guards inbound, ready/backlog, cancels, counters
-        self._timer_cv = threading.Condition(self._lock)
+        self._wake_timer = threading.Event()
+        self._stopping = threading.Event()
+        # New records arrive from the store's commit (under its write lock, so in offset order):
+        # this lock guards only the inbound list and is never held while taking another lock.
+        self._inbound_lock = threading.Lock()
         self._dispatch_cv = threading.Condition(self._lock)
         self._inbound: list[np.ndarray] = []
         self._ready = _Due()
@@ -137,6 +141,7 @@ class Engine:
         for f in self.store.recovery.findings:
             log.warning("recovery: %s", f)
         self._loader = SegmentLoader(self.store)
+        self.store.commit_listeners.append(self._on_commit)
         now = self.clock.now_ms()
         slots = -(-(2 * cfg.segment_ms + cfg.preload_seconds * 1000) // cfg.tick_ms) + 2
         self._wheel = TimeWheel(cfg.tick_ms, slots, now)
@@ -145,6 +150,7 @@ class Engine:
         self._catch_up.extend(s for s in self.store.layout.list_segments() if s < current and s not in done)
         self._started = True
         self._running = True
+        self._stopping.clear()
         if background:
             self._threads = [threading.Thread(target=self._timer_loop, name="timewheel-timer", daemon=True),
                              threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True),
@@ -160,7 +166,8 @@ class Engine:
             return
         with self._lock:
             self._running = False
-            self._timer_cv.notify_all()
+            self._stopping.set()
+            self._wake_timer.set()
             self._dispatch_cv.notify_all()
         for t in self._threads:
             t.join()
@@ -198,14 +205,17 @@ class Engine:
             raise InvalidMessageError(str(e)) from e
         except InvalidRecordError as e:
             raise InvalidMessageError(str(e)) from e
-        fresh = result.locations[result.new]
+        fresh = int(result.new.sum())
         with self._lock:
-            self.counters["scheduled"] += len(fresh)
-            self.counters["duplicates"] += len(records) - len(fresh)
-            if len(fresh):
-                self._inbound.append(fresh)
-                self._timer_cv.notify()
+            self.counters["scheduled"] += fresh
+            self.counters["duplicates"] += len(records) - fresh
         return ids
+
+    def _on_commit(self, locations: np.ndarray) -> None:
+        """Store callback, under its write lock: newly stored records, in commit order."""
+        with self._inbound_lock:
+            self._inbound.append(locations)
+        self._wake_timer.set()
 
     def _validate(self, m: Message, i: int, now: int) -> None:
         if not isinstance(m, Message):
@@ -264,7 +274,7 @@ class Engine:
                     self._pending_removals.append(refs)
                     self._loader.note_done(np.full(len(items), seg))
             self.counters["cancelled"] += count
-            self._timer_cv.notify()
+        self._wake_timer.set()
         store.meta.mark_cancelled(taken, now)
         return count
 
@@ -315,6 +325,7 @@ class Engine:
 
     def _timer_loop(self) -> None:
         while True:
+            self._wake_timer.clear()
             with self._lock:
                 if not self._running:
                     return
@@ -328,10 +339,9 @@ class Engine:
                     self._dispatch_cv.notify()
                 if not self._running:
                     return
-                if not self._inbound:
-                    timeout = self._seconds_until(wake)
-                    if timeout > 0:
-                        self._timer_cv.wait(timeout)
+            timeout = self._seconds_until(wake)
+            if timeout > 0:
+                self._wake_timer.wait(timeout)
 
     def _seconds_until(self, wake_ms: int | None) -> float:
         """How long to wait for `wake_ms`, at most 50 ms (new work wakes the thread earlier)."""
@@ -345,13 +355,10 @@ class Engine:
         """Checkpoints and retention, off the timer and dispatch threads so they never stall them."""
         assert self.store is not None
         next_checkpoint = time.monotonic() + self.config.checkpoint_seconds
-        while True:
-            with self._lock:
-                if not self._running:
-                    return
-                self._timer_cv.wait(max(0.0, min(1.0, next_checkpoint - time.monotonic())))
-                if not self._running:
-                    return
+        while not self._stopping.is_set():
+            self._stopping.wait(max(0.0, min(1.0, next_checkpoint - time.monotonic())))
+            if self._stopping.is_set():
+                return
             if time.monotonic() < next_checkpoint:
                 continue
             next_checkpoint = time.monotonic() + self.config.checkpoint_seconds
@@ -372,8 +379,10 @@ class Engine:
                 if seg in self._catch_up:
                     self._catch_up.remove(seg)
                 self._add(*loader.load(seg), now)
-        if self._inbound:
-            self._take_inbound(now)
+        with self._inbound_lock:
+            inbound, self._inbound = self._inbound, []
+        if inbound:
+            self._take_inbound(inbound, now)
         if now >= self._next_rescan:
             self._next_rescan = now + int(self.config.rescan_seconds * 1000)
             for seg in list(loader.loaded):
@@ -411,11 +420,10 @@ class Engine:
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
 
-    def _take_inbound(self, now: int) -> None:
+    def _take_inbound(self, inbound: list[np.ndarray], now: int) -> None:
         loader = self._loader
         assert loader is not None
-        locs = np.concatenate(self._inbound)
-        self._inbound = []
+        locs = np.concatenate(inbound)
         current = now - now % self.config.segment_ms
         for seg in np.unique(locs["segment_ms"]).tolist():
             mine = locs[locs["segment_ms"] == seg]

@@ -1,0 +1,80 @@
+"""The long-running service: the engine fed by the delay topic and delivering to RocketMQ.
+
+This is the composition root: the only module of `timewheel` that reaches into `forwarder`, and
+only through `forwarder.connect_rocketmq`, which hands back a Source and a Sink.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from timewheel.clock import Clock, SystemClock
+from timewheel.engine import Engine
+from timewheel.settings import Settings
+
+log = logging.getLogger("timewheel.service")
+
+
+class Service:
+    """An engine, its delay-topic ingest and its RocketMQ delivery, started and stopped together."""
+
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.engine: Engine | None = None
+        self._endpoints = None
+        self._stop = threading.Event()
+
+    def start(self) -> "Service":
+        """Open the store, connect to RocketMQ, start delivering, then start consuming."""
+        from forwarder import ContractLimits, connect_rocketmq
+
+        cfg = self.settings.engine
+        self._endpoints = connect_rocketmq(self.settings.rocketmq,
+                                           ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes), self.clock.now_ms)
+        sink = self._endpoints.sink
+        self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink).start()
+        self._endpoints.source.start(self.engine.schedule)
+        log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
+                 self.settings.rocketmq.namesrv, cfg.data_dir)
+        return self
+
+    def stop(self) -> None:
+        """Stop taking messages, finish in-flight sends, checkpoint and close."""
+        if self._endpoints is not None:
+            self._endpoints.source.stop()
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+        if self._endpoints is not None:
+            self._endpoints.producer.shutdown()
+            self._endpoints = None
+
+    def stats(self) -> dict[str, object]:
+        """Engine and RocketMQ counters."""
+        out = dict(self.engine.stats()) if self.engine else {}
+        if self._endpoints is not None:
+            out["ingest"] = dict(self._endpoints.source.counters)
+            out["delivery"] = dict(self._endpoints.sink.counters)
+            out["circuit_open"] = self._endpoints.sink.breaker.is_open
+        return out
+
+    def run_until_signalled(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully; a second signal exits at once."""
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if self._stop.is_set():
+                log.warning("second signal: exiting now (acknowledged messages are already stored)")
+                raise SystemExit(1)
+            log.info("signal %s: stopping gracefully", signal.Signals(signum).name)
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
