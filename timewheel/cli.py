@@ -67,6 +67,124 @@ def inspect(data_dir: DataDir,
         console.print(f"[red]{f['kind']}[/red] {f['path']}: {f['detail']}")
 
 
+def _parse_delay(text: str) -> int:
+    """'30s', '5m', '2h', '1d', '250ms' or plain milliseconds -> milliseconds."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a delay: use e.g. 250ms, 30s, 5m, 2h, 1d")
+    unit = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
+    return int(float(m.group(1)) * unit)
+
+
+def _parse_at(text: str) -> int:
+    """ISO-8601 (UTC unless an offset is given) or epoch ms -> epoch ms."""
+    from datetime import datetime, timezone
+
+    if text.isdigit():
+        return int(text)
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise typer.BadParameter(f"{text!r} is not ISO-8601 (e.g. 2027-01-15T08:00:00Z) nor epoch ms") from e
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+@app.command()
+def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the store and logs here "
+                                                       "(default: a temporary directory).")] = None) -> None:
+    """Run a local RocketMQ (NameServer + Broker from Maven Central jars) in the foreground.
+
+    Prints `namesrv 127.0.0.1:PORT` once it is ready; Ctrl-C stops it.
+    """
+    from forwarder import LocalRocketMQError
+    from forwarder.local_rocketmq import run_foreground
+
+    try:
+        run_foreground(dir)
+    except LocalRocketMQError as e:
+        _fail(str(e))
+
+
+@app.command()
+def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:PORT.")],
+         topic: Annotated[str, typer.Option(help="The target topic the message is delivered to.")],
+         body: Annotated[str, typer.Option(help="Message body (UTF-8 text).")],
+         delay: Annotated[Optional[str], typer.Option(help="Deliver after this long: 250ms, 30s, 5m, 2h.")] = None,
+         at: Annotated[Optional[str], typer.Option(help="Deliver at this time: ISO-8601 or epoch ms.")] = None,
+         keys: Annotated[Optional[str], typer.Option(help="Business key(s), space-separated.")] = None,
+         tags: Annotated[Optional[str], typer.Option(help="Tags.")] = None,
+         delay_topic: Annotated[str, typer.Option(help="The engine's delay topic.")] = "TW_DELAY") -> None:
+    """Send one delayed message through the delay topic, as a producer would."""
+    from forwarder import ForwarderError
+    from forwarder._rmq_native import LogLevel, NativeProducer, OutgoingMessage
+
+    if (delay is None) == (at is None):
+        _fail("give exactly one of --delay or --at")
+    props = {"TW_TARGET_TOPIC": topic}
+    if delay is not None:
+        props["TW_DELAY_MS"] = str(_parse_delay(delay))
+    else:
+        props["TW_DELIVER_AT_MS"] = str(_parse_at(at))  # type: ignore[arg-type]
+    producer = NativeProducer("timewheel-cli", namesrv, log_level=LogLevel.ERROR)
+    try:
+        producer.start()
+        res = producer.send(OutgoingMessage(delay_topic, body.encode(), tags, keys, props))
+    except ForwarderError as e:
+        _fail(f"send failed: {e}")
+    finally:
+        producer.shutdown()
+    typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
+
+
+@app.command()
+def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Data directory (engine.data_dir).")] = None,
+          namesrv: Annotated[Optional[str], typer.Option(help="NameServer address (rocketmq.namesrv).")] = None,
+          config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
+          print_config: Annotated[bool, typer.Option("--print-config", help="Print the effective config "
+                                                     "(secrets redacted) and exit.")] = False,
+          log_format: Annotated[Optional[str], typer.Option("--log-format", help="text or json.")] = None) -> None:
+    """Run the engine: consume the delay topic, store, and deliver each message when due.
+
+    Configuration: the TOML file, then TIMEWHEEL_* environment variables, then these flags.
+    """
+    from timewheel.errors import ConfigError
+    from timewheel.logs import setup_logging
+    from timewheel.service import Service
+    from timewheel.settings import load_settings
+
+    overrides = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}, "log": {"format": log_format}}
+    try:
+        settings = load_settings(config, None, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    if print_config:
+        typer.echo(json.dumps(settings.redacted(), indent=2))
+        return
+    setup_logging(settings.log.format, settings.log.level)
+    Service(settings).run_until_signalled()
+
+
+@app.command()
+def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] = 30.0,
+         rate: Annotated[int, typer.Option(help="Messages per second.")] = 200,
+         as_json: Annotated[bool, typer.Option("--json", help="End with the summary as one JSON line on stdout.")]
+         = False) -> None:
+    """Start a local RocketMQ, the engine, a producer and a consumer; show live lateness; summarize."""
+    from forwarder import LocalRocketMQError
+    from timewheel.demo import run_demo
+
+    try:
+        summary = run_demo(duration, rate, as_json)
+    except LocalRocketMQError as e:
+        _fail(str(e))
+    if summary["lost"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Entry point of the console script."""
     app()

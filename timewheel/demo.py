@@ -1,0 +1,232 @@
+"""`timewheel demo`: a local RocketMQ, the engine, a producer and a consumer, with live lateness.
+
+The producer sends a realistic mix to the delay topic (several target topics, delays from 1 s to
+a few minutes, keys and tags, a few messages that break the contract); some messages are cancelled
+by business key before they are due. A consumer on the target topics measures lateness (receive
+time minus due time). At the end every message that was sent is accounted for: delivered,
+cancelled, dead-lettered, or lost.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hdrh.histogram import HdrHistogram
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from timewheel.config import EngineConfig, RocketMQConfig
+from timewheel.service import Service
+from timewheel.settings import Settings
+
+if TYPE_CHECKING:
+    from forwarder._rmq_native import NativeProducer, OutgoingMessage, SendResult
+
+TOPICS = ("ORDERS", "PAYMENTS", "REMINDERS")
+
+
+@dataclass
+class DemoState:
+    """What the demo's producer and consumer saw, shared between their threads."""
+
+    sent: int = 0
+    sent_bad: int = 0
+    send_errors: int = 0
+    cancel_requested: int = 0
+    cancelled: int = 0
+    delivered_ids: set[str] = field(default_factory=set)
+    dead_lettered_ids: set[str] = field(default_factory=set)
+    duplicates: int = 0
+    valid_ids: set[str] = field(default_factory=set)
+    last_due_ms: int = 0
+    lateness: HdrHistogram = field(default_factory=lambda: HdrHistogram(1, 3_600_000_000, 3))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def lateness_ms(self) -> dict[str, float]:
+        """p50/p99/max lateness so far, ms."""
+        h = self.lateness
+        if not h.get_total_count():
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+        return {"p50": h.get_value_at_percentile(50) / 1000, "p99": h.get_value_at_percentile(99) / 1000,
+                "max": h.get_max_value() / 1000}
+
+
+def _view(state: DemoState, service: Service, phase: str) -> Group:
+    st = service.stats()
+    lat = state.lateness_ms()
+    t = Table(title=f"timewheel demo: {phase}", show_header=True)
+    for c in ("sent", "delivered", "cancelled", "dead-lettered", "in wheel", "retrying", "p50 ms", "p99 ms",
+              "max ms"):
+        t.add_column(c, justify="right")
+    with state.lock:
+        t.add_row(f"{state.sent + state.sent_bad:,}", f"{len(state.delivered_ids):,}", f"{state.cancelled:,}",
+                  f"{len(state.dead_lettered_ids):,}", f"{st.get('wheel_entries', 0):,}", f"{st.get('retrying', 0):,}",
+                  f"{lat['p50']:.1f}", f"{lat['p99']:.1f}", f"{lat['max']:.1f}")
+    seg = Table(title="pending by segment (UTC start ms)")
+    seg.add_column("segment")
+    seg.add_column("pending", justify="right")
+    for k, v in sorted((st.get("loaded_segments") or {}).items()):  # type: ignore[union-attr]
+        seg.add_row(k, f"{v:,}")
+    return Group(t, seg)
+
+
+def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) -> "SendResult | None":
+    """Send, counting a refused send instead of dying: a producer's failures are the producer's."""
+    from forwarder import ForwarderError
+
+    try:
+        return producer.send(msg)
+    except ForwarderError:
+        with state.lock:
+            state.send_errors += 1
+        return None
+
+
+def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console) -> None:
+    """Wait until a probe went producer -> engine -> consumer: consumer groups take seconds to rebalance."""
+    from forwarder._rmq_native import OutgoingMessage
+
+    console.print("waiting for the consumers to join their groups ...")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        res = _send(producer, OutgoingMessage(cfg.delay_topic, b"probe", None, None,
+                                              {"TW_TARGET_TOPIC": TOPICS[0], "TW_DELAY_MS": "0"}), state)
+        for _ in range(20):
+            with state.lock:
+                if res is not None and res.msg_id in state.delivered_ids:
+                    state.delivered_ids.clear()
+                    state.lateness.reset()
+                    state.send_errors = 0
+                    return
+            time.sleep(0.1)
+    raise RuntimeError("the pipeline did not come up within 120 s: see the broker logs")
+
+
+def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max_delay_s: float | None = None,
+             console: Console | None = None) -> dict[str, object]:
+    """Run the whole demo; returns (and with as_json prints last) the summary."""
+    from forwarder import LocalRocketMQ
+    from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+
+    console = console or Console(stderr=as_json)
+    logging.basicConfig(level=logging.WARNING)
+    max_delay_s = max_delay_s if max_delay_s is not None else min(180.0, max(2.0, 2 * duration))
+    state = DemoState()
+    rng = random.Random(7)
+    work = Path(tempfile.mkdtemp(prefix="timewheel-demo-"))
+    console.print("starting a local RocketMQ (the first run downloads it from Maven Central) ...")
+    mq = LocalRocketMQ(work / "rocketmq", stop_timeout=5.0)
+    mq.start()
+    cfg = RocketMQConfig(namesrv=mq.namesrv_addr)
+    mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, *TOPICS])
+    settings = Settings(engine=EngineConfig(work / "data", max_delay_ms=int(max_delay_s * 2000)), rocketmq=cfg)
+    service = Service(settings).start()
+
+    def on_message(msg: ReceivedMessage) -> bool:
+        now = time.time_ns() // 1_000_000
+        orig = msg.properties.get("TW_ORIGINAL_MSG_ID", msg.msg_id)
+        with state.lock:
+            if msg.topic == cfg.dead_letter_topic:
+                state.dead_lettered_ids.add(orig)
+                return True
+            if orig in state.delivered_ids:
+                state.duplicates += 1
+                return True
+            state.delivered_ids.add(orig)
+            due = int(msg.properties.get("TW_DUE_MS", now))
+            state.lateness.record_value(max(0, now - due) * 1000)
+        return True
+
+    consumer = NativePushConsumer("timewheel-demo-consumer", mq.namesrv_addr, on_message, log_level=LogLevel.ERROR)
+    for t in (*TOPICS, cfg.dead_letter_topic):
+        consumer.subscribe(t)
+    consumer.start()
+    producer = NativeProducer("timewheel-demo-producer", mq.namesrv_addr, log_level=LogLevel.ERROR)
+    producer.start()
+    stop_producing = threading.Event()
+    _warm_up(producer, cfg, state, console)
+
+    def produce() -> None:
+        n = 0
+        start = time.monotonic()
+        while not stop_producing.is_set() and time.monotonic() - start < duration:
+            n += 1
+            now = time.time_ns() // 1_000_000
+            if n % 97 == 0:  # breaks the contract: no target topic
+                if _send(producer, OutgoingMessage(cfg.delay_topic, b"no target", None, None,
+                                                   {"TW_DELAY_MS": "1000"}), state) is not None:
+                    with state.lock:
+                        state.sent_bad += 1
+            else:
+                topic = rng.choice(TOPICS)
+                delay = int(rng.choice([rng.uniform(1, 10), rng.uniform(1, max_delay_s)]) * 1000)
+                order = f"order-{n}"
+                res = _send(producer, OutgoingMessage(cfg.delay_topic, f"{topic} {order}".encode(), f"t{n % 3}",
+                                                      order, {"TW_TARGET_TOPIC": topic,
+                                                              "TW_DELIVER_AT_MS": str(now + delay)}), state)
+                if res is None:
+                    continue
+                with state.lock:
+                    state.sent += 1
+                    state.valid_ids.add(res.msg_id)
+                    state.last_due_ms = max(state.last_due_ms, now + delay)
+                if n % 20 == 0 and delay > 3000:  # the customer paid: cancel the timeout by its key
+                    time.sleep(0.2)  # let ingest store it first
+                    assert service.engine is not None
+                    c = service.engine.cancel(key=order)
+                    with state.lock:
+                        state.cancel_requested += 1
+                        state.cancelled += c
+            time.sleep(max(0.0, start + n / rate - time.monotonic()))
+
+    threading.Thread(target=produce, name="demo-producer", daemon=True).start()
+    summary: dict[str, object]
+    try:
+        with Live(_view(state, service, "producing"), console=console, refresh_per_second=4,
+                  transient=as_json) as live:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < duration:
+                live.update(_view(state, service, f"producing ({time.monotonic() - t0:.0f}/{duration:.0f} s)"))
+                time.sleep(0.25)
+            stop_producing.set()
+            # drain: wait for the last due message, then for stragglers
+            while True:
+                with state.lock:
+                    outstanding = state.sent - state.cancelled - len(state.delivered_ids & state.valid_ids)
+                    last_due = state.last_due_ms
+                now = time.time_ns() // 1_000_000
+                if outstanding <= 0 or now > last_due + 30_000:
+                    break
+                live.update(_view(state, service, f"draining: {outstanding} still due, last due in "
+                                                  f"{max(0, last_due - now) / 1000:.0f} s"))
+                time.sleep(0.25)
+            time.sleep(1.0)  # a late duplicate would show here
+            live.update(_view(state, service, "done"))
+        with state.lock:
+            delivered = len(state.delivered_ids & state.valid_ids)
+            lost = state.sent - state.cancelled - delivered
+            summary = {"sent": state.sent + state.sent_bad, "sent_valid": state.sent, "delivered": delivered,
+                       "cancelled": state.cancelled, "dead_lettered": len(state.dead_lettered_ids),
+                       "contract_breaking_sent": state.sent_bad, "duplicates": state.duplicates, "lost": lost,
+                       "producer_send_errors": state.send_errors,
+                       "lateness_ms": state.lateness_ms(), "engine": {k: v for k, v in service.stats().items()
+                                                                       if isinstance(v, (int, float))}}
+    finally:
+        stop_producing.set()
+        producer.shutdown()
+        consumer.shutdown()
+        service.stop()
+        mq.stop()
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        console.print_json(json.dumps(summary))
+    return summary
