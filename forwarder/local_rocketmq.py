@@ -104,6 +104,7 @@ _BROKER_JVM = (
 # Remoting protocol: request codes and the one response code we accept.
 _UPDATE_AND_CREATE_TOPIC_LIST = 18
 _GET_ROUTEINFO_BY_TOPIC = 105
+_GET_BROKER_CLUSTER_INFO = 106
 _SUCCESS = 0
 # The version a request claims (5.3.3's own): older claims get answers in non-standard JSON.
 _REMOTING_VERSION = 479
@@ -455,6 +456,7 @@ class LocalRocketMQ:
                             "broker", _BROKER_READY, deadline, "org.apache.rocketmq.broker.BrokerStartup",
                             _BROKER_JVM, ["-c", str(self._run_dir / "broker.conf"), "-n", self.namesrv_addr],
                         )
+                        self._wait_registered(deadline)
                         return
                     except _PortTaken:
                         _terminate([p for p in (self._namesrv, self._broker) if p is not None], 10.0)
@@ -486,6 +488,11 @@ class LocalRocketMQ:
                 broker.wait()
             else:
                 _terminate([broker], self._stop_timeout if timeout is None else timeout)
+            # The NameServer drops the broker when its connection closes; wait for that, so that
+            # start_broker() can tell the new registration from the old one.
+            deadline = time.monotonic() + 10.0
+            while self._broker_registered() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def start_broker(self, timeout: float = 120.0) -> None:
         """Start the broker again on the same ports and store, after stop_broker()."""
@@ -504,6 +511,7 @@ class LocalRocketMQ:
                     f"the broker could not bind its old ports {self._broker_port - 2}, {self._broker_port}, "
                     f"{self._ha_port} again: another process took one (see {self.run_dir / 'broker.out'})"
                 ) from e
+            self._wait_registered(deadline)
 
     def __enter__(self) -> LocalRocketMQ:
         """Start and return self."""
@@ -564,6 +572,30 @@ class LocalRocketMQ:
         """Raise unless start() succeeded."""
         if self._namesrv is None or self._run_dir is None:
             raise LocalRocketMQError("the local RocketMQ has not been started: call start() first")
+
+    def _broker_registered(self) -> bool:
+        """Tell whether the NameServer lists our broker (its answer is not strict JSON: match bytes)."""
+        try:
+            header, body = _remoting_call(self.namesrv_addr, _GET_BROKER_CLUSTER_INFO, {}, b"", 5.0)
+        except OSError:
+            return False
+        return header.get("code") == _SUCCESS and f'"{self.broker_addr}"'.encode() in body
+
+    def _wait_registered(self, deadline: float) -> None:
+        """Wait until the NameServer routes to the broker.
+
+        "boot success" is printed once the broker's own start returns, but its first registration
+        with the NameServer runs on another thread and, on a busy machine, can come seconds later;
+        until then clients find no route.
+        """
+        while not self._broker_registered():
+            if self._broker is None or self._broker.poll() is not None or time.monotonic() > deadline:
+                raise LocalRocketMQError(
+                    f"the local RocketMQ broker started but did not register with the NameServer; "
+                    f"log tail of {self.run_dir / 'logs' / 'rocketmqlogs' / 'broker.log'}:\n"
+                    f"{_tail(self.run_dir / 'logs' / 'rocketmqlogs' / 'broker.log', 15)}"
+                )
+            time.sleep(0.05)
 
     def _write_configs(self) -> None:
         """Write namesrv.conf and broker.conf for the current ports into the run directory."""

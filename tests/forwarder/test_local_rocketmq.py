@@ -162,7 +162,7 @@ def test_broker_crash_and_restart_keep_working(rocketmq: LocalRocketMQ, producer
     received = _Received()
     consumer = _consumer(rocketmq, topic, received)
     try:
-        assert _wait_for(lambda: {b"before", b"after"} <= set(received.bodies()))
+        assert _wait_for(lambda: {b"before", b"after"} <= set(received.bodies()), 60), received.bodies()
     finally:
         consumer.shutdown()
 
