@@ -1,7 +1,7 @@
 """Delivery: a Sink that sends due messages to their target topics, and the dead-letter path.
 
-Sends are asynchronous (one batch in flight together), so throughput does not wait on one
-round trip per message. A circuit breaker stops hammering a broker that keeps failing: while it is
+A batch is sent by a pool of threads, so throughput does not wait on one round trip per
+message. A circuit breaker stops hammering a broker that keeps failing: while it is
 open every batch fails at once and the engine retries later with backoff; after the open period
 one batch probes the broker.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from forwarder._rmq_native import NativeProducer, SendResult
+from forwarder._rmq_native import NativeProducer
 from forwarder.contract import ORIGINAL_MSG_ID, to_dead_letter, to_outgoing
-from forwarder.errors import ForwarderError, SendError
+from forwarder.errors import ForwarderError
 from timewheel.config import RocketMQConfig
 from timewheel.message import Message
 
@@ -64,38 +65,44 @@ class RocketMQSink:
         self.producer = producer
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_seconds)
         self.counters = {"sent": 0, "failed": 0, "refused": 0, "dead_lettered": 0}
+        self._pool = ThreadPoolExecutor(cfg.send_threads, thread_name_prefix="timewheel-send")
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
-        """Send every message asynchronously and wait for all answers; True per stored message."""
+        """Send every message and wait for all answers; True per stored message.
+
+        Sync sends from a pool of threads: the client's sync send answers in well under a
+        millisecond on loopback, while its async send waits ~8 ms for the answer, so a pool of
+        sync senders is both faster per message and parallel (ctypes releases the GIL).
+        """
         if not self.breaker.allow():
             self.counters["refused"] += len(messages)
             return [False] * len(messages)
-        results: list[bool] = [False] * len(messages)
-        remaining = [len(messages)]
-        done = threading.Event()
-        lock = threading.Lock()
-
-        def finish(i: int, ok: bool) -> None:
-            with lock:
-                results[i] = ok
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    done.set()
-
-        for i, m in enumerate(messages):
-            def cb(res: SendResult | None, err: SendError | None, i: int = i) -> None:
-                finish(i, err is None and res is not None)  # FLUSH_*_TIMEOUT: stored, not yet flushed
-            try:
-                self.producer.send_async(to_outgoing(m), cb)
-            except (ForwarderError, ValueError) as e:
-                log.warning("send of %s to %s failed: %s", m.msg_id, m.topic, e)
-                finish(i, False)
-        done.wait(self.cfg.send_timeout_ms / 1000 * 3 + 5)
+        if len(messages) <= 2:
+            results = [self._send_one(m) for m in messages]
+        else:
+            n = min(self.cfg.send_threads, len(messages))
+            chunks = [messages[i::n] for i in range(n)]
+            parts = list(self._pool.map(lambda ms: [self._send_one(m) for m in ms], chunks))
+            results = [False] * len(messages)
+            for i, part in enumerate(parts):
+                results[i::n] = part
         ok = sum(results)
         self.breaker.record(ok, len(messages) - ok)
         self.counters["sent"] += ok
         self.counters["failed"] += len(messages) - ok
         return results
+
+    def _send_one(self, m: Message) -> bool:
+        try:
+            self.producer.send(to_outgoing(m))
+            return True
+        except (ForwarderError, ValueError) as e:
+            log.debug("send of %s to %s failed: %s", m.msg_id, m.topic, e)
+            return False
+
+    def close(self) -> None:
+        """Stop the sender threads."""
+        self._pool.shutdown(wait=True)
 
     def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
         """Park messages on the dead-letter topic with the reason; raises if the broker refuses."""

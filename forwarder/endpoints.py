@@ -22,6 +22,7 @@ class RocketMQEndpoints:
     def close(self) -> None:
         """Stop the consumer and shut the producer down (after its sends in flight)."""
         self.source.stop()
+        self.sink.close()
         self.producer.shutdown()
 
 

@@ -49,6 +49,7 @@ class Service:
             self.engine.stop()
             self.engine = None
         if self._endpoints is not None:
+            self._endpoints.sink.close()
             self._endpoints.producer.shutdown()
             self._endpoints = None
 
