@@ -146,6 +146,8 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
           config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
           print_config: Annotated[bool, typer.Option("--print-config", help="Print the effective config "
                                                      "(secrets redacted) and exit.")] = False,
+          admin: Annotated[Optional[str], typer.Option("--admin", help="Admin HTTP HOST:PORT "
+                                                       "(default 127.0.0.1:9321).")] = None,
           log_format: Annotated[Optional[str], typer.Option("--log-format", help="text or json.")] = None) -> None:
     """Run the engine: consume the delay topic, store, and deliver each message when due.
 
@@ -156,7 +158,8 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
     from timewheel.service import Service
     from timewheel.settings import load_settings
 
-    overrides = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}, "log": {"format": log_format}}
+    overrides = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}, "log": {"format": log_format},
+                 "admin": {"listen": admin}}
     try:
         settings = load_settings(config, None, overrides)
     except ConfigError as e:
@@ -166,6 +169,33 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
         return
     setup_logging(settings.log.format, settings.log.level)
     Service(settings).run_until_signalled()
+
+
+@app.command()
+def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message id to cancel.")] = None,
+           key: Annotated[Optional[str], typer.Option("--key", help="Cancel every message under this business key.")]
+           = None,
+           admin: Annotated[str, typer.Option("--admin", help="The engine's admin HOST:PORT.")] = "127.0.0.1:9321",
+           token: Annotated[Optional[str], typer.Option("--token", envvar="TIMEWHEEL_ADMIN_TOKEN",
+                                                        help="Admin token (or TIMEWHEEL_ADMIN_TOKEN).")] = None
+           ) -> None:
+    """Cancel a delayed message by id, or all under a business key, through the admin API."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if (msg_id is None) == (key is None):
+        _fail("give exactly one of --id or --key")
+    q = urllib.parse.urlencode({"id": msg_id} if msg_id is not None else {"key": key})
+    req = urllib.request.Request(f"http://{admin}/cancel?{q}", method="POST",
+                                 headers={"Authorization": f"Bearer {token or ''}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']}")
+    except urllib.error.HTTPError as e:
+        _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
+    except urllib.error.URLError as e:
+        _fail(f"cannot reach the admin endpoint at {admin}: {e.reason}")
 
 
 @app.command()

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from timewheel.config import EngineConfig, RocketMQConfig
 from timewheel.service import Service
-from timewheel.settings import Settings
+from timewheel.settings import AdminConfig, Settings
 
 if TYPE_CHECKING:
     from forwarder._rmq_native import NativeProducer, OutgoingMessage, SendResult
@@ -127,8 +127,11 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
     mq.start()
     cfg = RocketMQConfig(namesrv=mq.namesrv_addr)
     mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, *TOPICS])
-    settings = Settings(engine=EngineConfig(work / "data", max_delay_ms=int(max_delay_s * 2000)), rocketmq=cfg)
+    settings = Settings(engine=EngineConfig(work / "data", max_delay_ms=int(max_delay_s * 2000)), rocketmq=cfg,
+                        admin=AdminConfig(listen="127.0.0.1:0"))
     service = Service(settings).start()
+    assert service.admin is not None
+    console.print(f"engine up; metrics at http://{service.admin.address}/metrics")
 
     def on_message(msg: ReceivedMessage) -> bool:
         now = time.time_ns() // 1_000_000

@@ -28,6 +28,7 @@ from timewheel.config import EngineConfig
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.loader import SegmentLoader
 from timewheel.message import DeadLetterSink, Message, Sink
+from timewheel.metrics import LatenessBuckets
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 
 log = logging.getLogger("timewheel.engine")
@@ -123,6 +124,7 @@ class Engine:
         self._started = False
         self._next_rescan = 0
         self.lateness = HdrHistogram(1, 3_600_000_000, 3)
+        self.lateness_buckets = LatenessBuckets()
         self.counters = {k: 0 for k in ("scheduled", "duplicates", "delivered", "cancelled", "dead_lettered",
                                         "retries", "corrupt", "send_failures", "catch_up_segments")}
 
@@ -286,6 +288,8 @@ class Engine:
             out["backlog"] = self._backlog.size
             out["retrying"] = len(self._retries)
             out["catch_up_pending_segments"] = len(self._catch_up)
+        if self.store is not None:
+            out["storage_corrupt_records"] = self.store.corrupt_records_found
         if self._wheel is not None:
             out["wheel_entries"] = len(self._wheel)
             out["wheel_bytes"] = self._wheel.nbytes
@@ -549,8 +553,10 @@ class Engine:
         bad = idx[~delivered]
         if len(good):
             self._record(segs, parts, offsets, due, good, sent_at, DELIVERED, attempts[good] + 1)
-            values, counts = np.unique(np.maximum(sent_at - due[good], 0), return_counts=True)
+            late = np.maximum(sent_at - due[good], 0)
+            values, counts = np.unique(late, return_counts=True)
             with self._lock:
+                self.lateness_buckets.observe(late)
                 for v, c in zip(values.tolist(), counts.tolist()):
                     self.lateness.record_value(v * 1000, c)  # microseconds; ms resolution
         if len(bad):

@@ -10,8 +10,13 @@ import signal
 import threading
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
+from timewheel.admin import AdminServer
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
+from timewheel.errors import ConfigError
+from timewheel.metrics import EngineCollector
 from timewheel.settings import Settings
 
 log = logging.getLogger("timewheel.service")
@@ -20,12 +25,15 @@ log = logging.getLogger("timewheel.service")
 class Service:
     """An engine, its delay-topic ingest and its RocketMQ delivery, started and stopped together."""
 
-    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None, *, admin: bool = True) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
+        self.admin: AdminServer | None = None
         self._endpoints = None
         self._stop = threading.Event()
+        self._consuming = False
+        self._want_admin = admin
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
@@ -37,12 +45,19 @@ class Service:
         sink = self._endpoints.sink
         self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink).start()
         self._endpoints.source.start(self.engine.schedule)
+        self._consuming = True
+        if self._want_admin:
+            registry = CollectorRegistry()
+            engine = self.engine
+            registry.register(EngineCollector(self.stats, lambda: engine.lateness_buckets))
+            self.admin = AdminServer(self.settings.admin.listen, self.settings.admin.token, self, registry).start()
         log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
                  self.settings.rocketmq.namesrv, cfg.data_dir)
         return self
 
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
+        self._consuming = False
         if self._endpoints is not None:
             self._endpoints.source.stop()
         if self.engine is not None:
@@ -52,6 +67,29 @@ class Service:
             self._endpoints.sink.close()
             self._endpoints.producer.shutdown()
             self._endpoints = None
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
+
+    # ---- what the admin endpoint drives ----------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the engine runs and the delay topic is being consumed."""
+        return self.engine is not None and self._consuming
+
+    def cancel(self, msg_id: str | None, key: str | None) -> int:
+        """Cancel by id or business key."""
+        if self.engine is None:
+            return 0
+        return self.engine.cancel(msg_id=msg_id, key=key)
+
+    def shaping_rules(self) -> dict[str, object]:
+        """The traffic rules in force."""
+        return dict(self.settings.shaping)
+
+    def replace_shaping_rules(self, rules: dict[str, object]) -> dict[str, object]:
+        """Replace the traffic rules (validated whole)."""
+        raise ConfigError("traffic shaping rules cannot be changed by this build")
 
     def stats(self) -> dict[str, object]:
         """Engine and RocketMQ counters."""

@@ -14,7 +14,7 @@ from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMe
 from forwarder.local_rocketmq import LocalRocketMQ
 from timewheel.config import EngineConfig, RocketMQConfig
 from timewheel.service import Service
-from timewheel.settings import Settings
+from timewheel.settings import AdminConfig, Settings
 
 pytestmark = pytest.mark.rocketmq
 
@@ -77,7 +77,7 @@ def world(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> 
     consumer.start()
     settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("e2e"), max_delay_ms=3_600_000,
                                             retry_base_ms=200, retry_max_ms=2000, max_attempts=100),
-                        rocketmq=cfg)
+                        rocketmq=cfg, admin=AdminConfig(listen="127.0.0.1:0", token="s3cret"))
     service = Service(settings).start()
     producer = NativeProducer(f"tw_test_producer_{run}", rocketmq.namesrv_addr)
     producer.start()
@@ -158,3 +158,33 @@ def test_broker_restart_mid_dispatch_loses_nothing(world: World) -> None:
     st = world.service.stats()
     print(f"broker restart: delivered 200, duplicates {dups}, retries {st['retries']}, send failures "
           f"{st['send_failures']}")
+
+
+def test_admin_metrics_move_and_mutations_need_the_token(world: World) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    assert world.service.admin is not None
+    base = f"http://{world.service.admin.address}"
+
+    def metrics() -> dict[str, float]:
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    before = metrics()
+    world.send_delayed(world.targets[0], b"metrics-probe", TW_DELAY_MS="100")
+    assert _wait_for(lambda: metrics()["timewheel_delivered_total"] > before["timewheel_delivered_total"], 30)
+    after = metrics()
+    assert after['timewheel_lateness_seconds_count'] > before['timewheel_lateness_seconds_count']
+    assert after['timewheel_lateness_seconds_bucket{le="+Inf"}'] == after["timewheel_lateness_seconds_count"]
+    assert after["timewheel_scheduled_total"] > before["timewheel_scheduled_total"]
+    assert json.loads(urllib.request.urlopen(base + "/readyz", timeout=5).read())["ready"] is True
+    for headers, status in (({}, 401), ({"Authorization": "Bearer wrong"}, 401)):
+        req = urllib.request.Request(base + "/cancel?id=x", method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == status
+    ok = urllib.request.Request(base + "/cancel?id=unknown", method="POST", headers={"Authorization": "Bearer s3cret"})
+    assert json.loads(urllib.request.urlopen(ok, timeout=5).read()) == {"cancelled": 0}
