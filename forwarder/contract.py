@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from forwarder._rmq_native import OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import OutgoingMessage, ReceivedMessage, user_properties
 from timewheel.message import Message
 
 TARGET_TOPIC = "TW_TARGET_TOPIC"
@@ -27,18 +27,6 @@ DUE_MS = "TW_DUE_MS"  # on the delivered message: when it was due, so consumers 
 DEAD_LETTER_REASON = "TW_DEAD_LETTER_REASON"
 CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS})
 
-# Properties the broker or the client set for themselves: they describe the delay message's own
-# trip and must not leak into the delivered message (some would even change how it is delivered).
-SYSTEM_PROPERTIES = frozenset({
-    "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",
-    "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
-    "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY", "MAX_RECONSUME_TIMES",
-    "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET",
-    "DUP_INFO", "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
-    "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
-    "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
-    "TIMER_DEL_UNIQKEY", "__SHARDINGKEY", "INNER_NUM", "INNER_BASE", "TRACE_CONTEXT", "bname",
-})
 _TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 _FORBIDDEN = re.compile(r"[\x00-\x02]")
 
@@ -98,7 +86,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
         raise ContractViolation(f"body of {len(msg.body)} bytes exceeds the maximum of {limits.max_body_bytes}")
     if "\ufffd" in msg.tags or "\ufffd" in msg.keys:
         raise ContractViolation("tags or keys are not valid UTF-8")
-    passthrough = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES and k not in CONTRACT_PROPERTIES}
+    passthrough = {k: v for k, v in user_properties(props).items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
     return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, msg.msg_id)
 
@@ -115,7 +103,7 @@ def to_outgoing(m: Message) -> OutgoingMessage:
 def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, properties: Mapping[str, str],
                    reason: str) -> OutgoingMessage:
     """A dead letter on `topic` carrying the original message and the reason."""
-    props = {k: v for k, v in properties.items() if k not in SYSTEM_PROPERTIES and not _FORBIDDEN.search(k + v)
+    props = {k: v for k, v in user_properties(properties).items() if not _FORBIDDEN.search(k + v)
              and "\ufffd" not in k + v}
     props[DEAD_LETTER_REASON] = _FORBIDDEN.sub(" ", reason)[:1000]
     return OutgoingMessage(topic, body, tags or None, keys or None, props)

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -27,13 +28,14 @@ from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.loader import SegmentLoader
-from timewheel.message import DeadLetterSink, Message, Sink
+from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 from timewheel.metrics import LatenessBuckets
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 
 log = logging.getLogger("timewheel.engine")
 _EMPTY_I64 = np.empty(0, np.int64)
 _EMPTY_U64 = np.empty(0, np.uint64)
+_MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
 
 
 class _Due:
@@ -91,13 +93,73 @@ class _Retries:
         return int(self.next_ms.min()) if len(self.next_ms) else None
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Due messages read for sending, with their arrays aligned: where each lives and its tries."""
+
+    messages: list[Message]
+    due: np.ndarray
+    refs: np.ndarray
+    attempts: np.ndarray
+    segs: np.ndarray
+    parts: np.ndarray
+    offsets: np.ndarray
+
+    def select(self, mask: np.ndarray) -> "_Batch":
+        """The sub-batch where mask is True."""
+        idx = np.flatnonzero(mask)
+        return _Batch([self.messages[i] for i in idx.tolist()] if self.messages else [], self.due[idx],
+                      self.refs[idx], self.attempts[idx], self.segs[idx], self.parts[idx], self.offsets[idx])
+
+
+class _Held:
+    """Due messages the shaper holds back: a FIFO per topic (they are due, so already read)."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[tuple[_Batch, int, int]]] = {}  # topic -> (batch, row, held since)
+        self.size = 0
+
+    def add(self, b: _Batch, now: int) -> None:
+        for i, m in enumerate(b.messages):
+            self.queues.setdefault(m.topic, deque()).append((b, i, now))
+        self.size += len(b.messages)
+
+    def sizes(self) -> dict[str, int]:
+        return {t: len(q) for t, q in self.queues.items() if q}
+
+    def take(self, grants: dict[str, int], limit: int) -> tuple[_Batch | None, np.ndarray]:
+        """Up to `limit` messages as granted per topic, oldest first; and how long each waited."""
+        rows: list[tuple[_Batch, int, int]] = []
+        for topic, n in grants.items():
+            q = self.queues.get(topic)
+            while q and n > 0 and len(rows) < limit:
+                rows.append(q.popleft())
+                n -= 1
+        if not rows:
+            return None, np.empty(0)
+        self.size -= len(rows)
+        idx = [r[1] for r in rows]
+        src = [r[0] for r in rows]
+        out = _Batch([b.messages[i] for b, i in zip(src, idx)],
+                     np.array([b.due[i] for b, i in zip(src, idx)], np.int64),
+                     np.array([b.refs[i] for b, i in zip(src, idx)], np.uint64),
+                     np.array([b.attempts[i] for b, i in zip(src, idx)], np.int16),
+                     np.array([b.segs[i] for b, i in zip(src, idx)], np.int64),
+                     np.array([b.parts[i] for b, i in zip(src, idx)], np.uint16),
+                     np.array([b.offsets[i] for b, i in zip(src, idx)], np.uint32))
+        return out, np.array([r[2] for r in rows], np.int64)
+
+
 class Engine:
     """Stores delayed messages and sends each to its Sink at its due millisecond."""
 
     def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
-                 dead_letter_sink: DeadLetterSink | None = None, *, seed: int | None = None) -> None:
+                 dead_letter_sink: DeadLetterSink | None = None, *, shaper: Shaper | None = None,
+                 seed: int | None = None) -> None:
         self.config = config
         self.sink = sink
+        self.shaper = shaper
+        self._held = _Held()
         self.dead_letter_sink = dead_letter_sink
         self.clock: Clock = clock or SystemClock()
         self._rng = random.Random(seed)
@@ -288,8 +350,11 @@ class Engine:
             out["backlog"] = self._backlog.size
             out["retrying"] = len(self._retries)
             out["catch_up_pending_segments"] = len(self._catch_up)
+            out["held_by_shaping"] = self._held.size
         if self.store is not None:
             out["storage_corrupt_records"] = self.store.corrupt_records_found
+        if self.shaper is not None:
+            out["shaping"] = self.shaper.stats()
         if self._wheel is not None:
             out["wheel_entries"] = len(self._wheel)
             out["wheel_bytes"] = self._wheel.nbytes
@@ -468,8 +533,12 @@ class Engine:
         nr = self._retries.next_ms_min()
         if nr is not None:
             candidates.append(nr)
+        if self.shaper is not None and self._held.size:
+            ng = self.shaper.next_grant_ms(now)
+            candidates.append(now + 1 if ng is None else ng)
         assert self._loader is not None
-        if (self._inbound or self._ready.size or self._backlog.size or self._deferred.size or self._pending_removals
+        if (self._inbound or ((self._ready.size or self._backlog.size) and not self._held_full())
+                or self._deferred.size or self._pending_removals
                 or self._catch_up or now - now % seg_ms not in self._loader.loaded):
             candidates.append(now)
         return max(now, min(candidates))
@@ -481,8 +550,13 @@ class Engine:
             with self._lock:
                 if not self._running:
                     return
-                if not (self._ready.size or self._backlog.size):
-                    timeout = self._seconds_until(self._retries.next_ms_min())
+                if not (self._ready.size or self._backlog.size) or self._held_full():
+                    wake = self._retries.next_ms_min()
+                    if self.shaper is not None and self._held.size:
+                        ng = self.shaper.next_grant_ms(self.clock.now_ms())
+                        ng = self.clock.now_ms() + 1 if ng is None else ng
+                        wake = ng if wake is None else min(wake, ng)
+                    timeout = self._seconds_until(wake)
                     if timeout > 0 and not self._retry_ready():
                         self._dispatch_cv.wait(timeout)
             try:
@@ -490,6 +564,9 @@ class Engine:
             except Exception:
                 log.exception("dispatch pass failed")
                 time.sleep(0.1)
+
+    def _held_full(self) -> bool:
+        return self.shaper is not None and self._held.size >= _MAX_HELD
 
     def _retry_ready(self) -> bool:
         nr = self._retries.next_ms_min()
@@ -507,8 +584,16 @@ class Engine:
                     batch = self._ready.take(n)
             if batch is None:
                 batch = self._backlog.take(n)
+            if batch is None or self._held_full():
+                if batch is not None:  # the shaper holds plenty: leave these as arrays for now
+                    self._ready.chunks.appendleft(batch)
+                    self._ready.size += len(batch[0])
+                batch = None
             if batch is None:
-                return 0
+                held = self.shaper is not None and self._held.size
+        if batch is None:
+            return self._deliver_granted() if held else 0
+        with self._lock:
             due, refs, attempts = batch
             if len(self._cancelled_refs):
                 keep = ~np.isin(refs, self._cancelled_refs)
@@ -518,6 +603,7 @@ class Engine:
         return len(batch[0])
 
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+        """Read the due records and send them (through the shaper's queues when there is one)."""
         loader, store = self._loader, self.store
         assert loader is not None and store is not None
         segs, parts, offsets = loader.locate(refs)
@@ -535,80 +621,110 @@ class Engine:
             ok_idx.append(i)
         now = self.clock.now_ms()
         if corrupt:
-            bad_idx = np.asarray(corrupt)
-            self._record(segs, parts, offsets, due, bad_idx, now, CORRUPT, attempts[bad_idx])
+            c = np.asarray(corrupt)
+            self._record(_Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
+                         attempts[c])
+            with self._lock:
+                self.counters["corrupt"] += len(corrupt)
         if not messages:
             return
+        k = np.asarray(ok_idx)
+        batch = _Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k])
+        if self.shaper is None:
+            self._deliver(batch)
+            return
+        with self._lock:
+            self._held.add(batch, now)
+        self._deliver_granted()
+
+    def _deliver_granted(self) -> int:
+        """Send what the shaper grants now from the held queues, highest share first."""
+        assert self.shaper is not None
+        sent = 0
+        while True:
+            now = self.clock.now_ms()
+            with self._lock:
+                backlog = self._held.sizes()
+                if not backlog:
+                    return sent
+                grants = self.shaper.grant(backlog, now)
+                batch, held_since = self._held.take(grants, self.config.send_batch_size)
+            if batch is None:
+                return sent
+            self._deliver(batch, held_since)
+            sent += len(batch.messages)
+
+    def _deliver(self, b: _Batch, held_since: np.ndarray | None = None) -> None:
+        """Send one batch through the sink and record every outcome."""
         try:
-            results = self.sink.send_batch(messages)
-            if len(results) != len(messages):
-                raise RuntimeError(f"sink answered {len(results)} results for {len(messages)} messages")
+            results = self.sink.send_batch(b.messages)
+            if len(results) != len(b.messages):
+                raise RuntimeError(f"sink answered {len(results)} results for {len(b.messages)} messages")
             delivered = np.asarray(results, bool)
         except Exception:
-            log.exception("sink failed a batch of %d", len(messages))
-            delivered = np.zeros(len(messages), bool)
+            log.exception("sink failed a batch of %d", len(b.messages))
+            delivered = np.zeros(len(b.messages), bool)
         sent_at = self.clock.now_ms()
-        idx = np.asarray(ok_idx)
-        good = idx[delivered]
-        bad = idx[~delivered]
-        if len(good):
-            self._record(segs, parts, offsets, due, good, sent_at, DELIVERED, attempts[good] + 1)
-            late = np.maximum(sent_at - due[good], 0)
+        if self.shaper is not None:
+            topics: dict[str, list[int]] = {}
+            for i, m in enumerate(b.messages):
+                topics.setdefault(m.topic, []).append(i)
+            for topic, idx in topics.items():
+                ok = int(delivered[idx].sum())
+                waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
+                self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
+        good = b.select(delivered)
+        if len(good.due):
+            self._record(good, sent_at, DELIVERED, good.attempts + 1)
+            late = np.maximum(sent_at - good.due, 0)
             values, counts = np.unique(late, return_counts=True)
             with self._lock:
                 self.lateness_buckets.observe(late)
                 for v, c in zip(values.tolist(), counts.tolist()):
                     self.lateness.record_value(v * 1000, c)  # microseconds; ms resolution
-        if len(bad):
-            self._fail(segs, parts, offsets, due, refs, attempts, bad, [messages[i] for i in np.flatnonzero(~delivered)],
-                       sent_at)
-        with self._lock:
-            self.counters["delivered"] += len(good)
-            self.counters["corrupt"] += len(corrupt)
+                self.counters["delivered"] += len(good.due)
+        if not delivered.all():
+            self._fail(b.select(~delivered), sent_at)
 
-    def _fail(self, segs: np.ndarray, parts: np.ndarray, offsets: np.ndarray, due: np.ndarray, refs: np.ndarray,
-              attempts: np.ndarray, bad: np.ndarray, bad_messages: list[Message], now: int) -> None:
-        tries = attempts[bad] + 1
+    def _fail(self, bad: _Batch, now: int) -> None:
+        tries = bad.attempts + 1
         final = tries >= self.config.max_attempts
         with self._lock:
-            self.counters["send_failures"] += len(bad)
+            self.counters["send_failures"] += len(bad.due)
         if final.any():
-            dead = bad[final]
+            dead = bad.select(final)
             if self.dead_letter_sink is not None:
                 try:
-                    self.dead_letter_sink.dead_letter([m for m, f in zip(bad_messages, final) if f],
+                    self.dead_letter_sink.dead_letter(dead.messages,
                                                       f"not delivered after {self.config.max_attempts} attempts")
                 except Exception:  # the dead-letter path is down too: keep retrying instead of losing it
                     log.exception("dead-letter sink failed; the messages stay in the retry queue")
                     final[:] = False
-                    dead = bad[:0]
-            if len(dead):
-                self._record(segs, parts, offsets, due, dead, now, DEAD_LETTERED, tries[final])
+            if final.any():
+                self._record(dead, now, DEAD_LETTERED, tries[final])
                 with self._lock:
-                    self.counters["dead_lettered"] += len(dead)
-        retry = bad[~final]
-        if len(retry):
-            t = tries[~final].astype(np.int64)
+                    self.counters["dead_lettered"] += int(final.sum())
+        retry = ~final
+        if retry.any():
+            t = tries[retry].astype(np.int64)
             backoff = np.minimum(self.config.retry_base_ms * (2 ** np.minimum(t - 1, 30)), self.config.retry_max_ms)
             jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
             with self._lock:
-                self._retries.add(now + (backoff * jitter).astype(np.int64), due[retry], refs[retry],
-                                  tries[~final].astype(np.int16))
-                self.counters["retries"] += len(retry)
+                self._retries.add(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
+                                  tries[retry].astype(np.int16))
+                self.counters["retries"] += int(retry.sum())
 
-    def _record(self, segs: np.ndarray, parts: np.ndarray, offsets: np.ndarray, due: np.ndarray, sel: np.ndarray,
-                now: int, outcome: int, attempts: np.ndarray) -> None:
-        """Write outcomes of records `sel` (attempts aligned with sel) to each segment's dispatch
-        log, then count them off the loader."""
+    def _record(self, b: _Batch, now: int, outcome: int, attempts: np.ndarray) -> None:
+        """Write outcomes (attempts aligned with the batch) to each segment's dispatch log, then
+        count them off the loader."""
         store, loader = self.store, self._loader
         assert store is not None and loader is not None
-        s = segs[sel]
-        for seg in np.unique(s).tolist():
-            m = s == seg
-            store.record_dispatch(seg, dispatch_entries(parts[sel][m], offsets[sel][m], due[sel][m], now, outcome,
-                                                        attempts[m]), now)
+        for seg in np.unique(b.segs).tolist():
+            m = b.segs == seg
+            store.record_dispatch(seg, dispatch_entries(b.parts[m], b.offsets[m], b.due[m], now, outcome, attempts[m]),
+                                  now)
         with self._lock:
-            loader.note_done(s)
+            loader.note_done(b.segs)
 
     def _require_started(self) -> ScheduleStore:
         if not self._started or self.store is None:

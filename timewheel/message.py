@@ -48,6 +48,26 @@ class DeadLetterSink(Protocol):
         ...
 
 
+class Shaper(Protocol):
+    """Traffic shaping: how many due messages of each topic may go now (rates, priorities, backoff)."""
+
+    def grant(self, backlog: Mapping[str, int], now_ms: int) -> dict[str, int]:
+        """Given how many are waiting per topic, how many of each may be sent now (tokens taken)."""
+        ...
+
+    def next_grant_ms(self, now_ms: int) -> int | None:
+        """When more could be granted to the topics that wait (None: as soon as asked)."""
+        ...
+
+    def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
+        """Outcome of a send: successes, failures (for backoff), and the total time held back."""
+        ...
+
+    def stats(self) -> dict[str, object]:
+        """Counters per topic and class: throttled, held time."""
+        ...
+
+
 class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
