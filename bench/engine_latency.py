@@ -69,7 +69,7 @@ def run_lateness(rate: int, seconds: float, data_root: Path) -> dict[str, object
     engine = Engine(EngineConfig(data_dir, send_batch_size=512), sink).start()
     try:
         clock = SystemClock()
-        lead_ms = 2000 + n // 100  # time to schedule everything before the first is due
+        lead_ms = 3000 + n // 20  # time to schedule everything (at 20k/s, a loaded machine) before the first is due
         start = clock.now_ms() + lead_ms
         dues = start + (np.arange(n) * 1000 // rate)
         t0 = time.perf_counter()

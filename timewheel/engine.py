@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 import uuid
@@ -216,6 +217,11 @@ class Engine:
         self._running = True
         self._stopping.clear()
         if background:
+            # Releasing at the due millisecond needs the timer thread to get the GIL within a
+            # millisecond; Python's default switch interval (5 ms) would make it wait behind the
+            # dispatch thread and the RocketMQ client's callbacks. This is process-wide.
+            if sys.getswitchinterval() > 0.001:
+                sys.setswitchinterval(0.0005)
             self._threads = [threading.Thread(target=self._timer_loop, name="timewheel-timer", daemon=True),
                              threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True),
                              threading.Thread(target=self._housekeeping_loop, name="timewheel-housekeeping",

@@ -1,16 +1,19 @@
 """The long-running service: the engine fed by the delay topic and delivering to RocketMQ.
 
 This is the composition root: the only module of `timewheel` that reaches into `forwarder`, and
-only through `forwarder.connect_rocketmq`, which hands back a Source and a Sink.
+only through `forwarder.connect_rocketmq`, which hands back a Source and a Sink, and
+`forwarder.shaping_control.ShapingControl`, which owns the engine's Shaper and its rules (config
+file watched, admin API, persisted in the meta store; precedence in that module).
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
-import sys
 import threading
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -21,14 +24,21 @@ from timewheel.errors import ConfigError
 from timewheel.metrics import EngineCollector
 from timewheel.settings import Settings
 
+if TYPE_CHECKING:
+    from forwarder.shaping_control import ShapingControl
+
 log = logging.getLogger("timewheel.service")
 
 
 class Service:
     """An engine, its delay-topic ingest and its RocketMQ delivery, started and stopped together."""
 
-    def __init__(self, settings: Settings, clock: Clock | None = None, *, admin: bool = True) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None, *, admin: bool = True,
+                 config_path: Path | None = None) -> None:
+        """`config_path`: the TOML file the settings came from; its `[shaping]` section is watched."""
         self.settings = settings
+        self.config_path = config_path
+        self.shaping: ShapingControl | None = None
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
         self.admin: AdminServer | None = None
@@ -40,15 +50,19 @@ class Service:
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
         from forwarder import ContractLimits, connect_rocketmq
+        from forwarder.shaping_control import ShapingControl
 
         cfg = self.settings.engine
-        # The client library calls back into Python from its own threads; a short GIL switch
-        # interval keeps those callbacks, and the timer thread's wake-ups, from waiting 5 ms.
-        sys.setswitchinterval(0.0005)
+        # invalid traffic rules stop the start here, before anything connects
+        shaping = ShapingControl(self.settings.shaping, config_path=self.config_path, max_grant=cfg.send_batch_size,
+                                 now_ms=self.clock.now_ms)
         self._endpoints = connect_rocketmq(self.settings.rocketmq,
                                            ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes), self.clock.now_ms)
         sink = self._endpoints.sink
-        self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink).start()
+        # the shaper grants nothing until the rules in force are settled from the meta store
+        self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink, shaper=shaping.shaper).start()
+        assert self.engine.store is not None
+        self.shaping = shaping.start(self.engine.store.meta)
         self._endpoints.source.start(self.engine.schedule)
         self._consuming = True
         if self._want_admin:
@@ -63,6 +77,8 @@ class Service:
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
         self._consuming = False
+        if self.shaping is not None:
+            self.shaping.stop()
         if self._endpoints is not None:
             self._endpoints.source.stop()
         if self.engine is not None:
@@ -88,13 +104,15 @@ class Service:
             return 0
         return self.engine.cancel(msg_id=msg_id, key=key)
 
-    def shaping_rules(self) -> dict[str, object]:
+    def shaping_rules(self) -> dict[str, Any]:
         """The traffic rules in force."""
-        return dict(self.settings.shaping)
+        return self.shaping.rules if self.shaping is not None else dict(self.settings.shaping)
 
-    def replace_shaping_rules(self, rules: dict[str, object]) -> dict[str, object]:
-        """Replace the traffic rules (validated whole)."""
-        raise ConfigError("traffic shaping rules cannot be changed by this build")
+    def replace_shaping_rules(self, rules: dict[str, Any]) -> dict[str, Any]:
+        """Replace the traffic rules (validated whole; refused rules leave the old ones in force)."""
+        if self.shaping is None or self.engine is None:
+            raise ConfigError("the service is not running: traffic rules cannot be changed now")
+        return self.shaping.replace(rules)
 
     def stats(self) -> dict[str, object]:
         """Engine and RocketMQ counters."""
@@ -103,6 +121,8 @@ class Service:
             out["ingest"] = dict(self._endpoints.source.counters)
             out["delivery"] = dict(self._endpoints.sink.counters)
             out["circuit_open"] = self._endpoints.sink.breaker.is_open
+        if self.shaping is not None and isinstance(out.get("shaping"), dict):
+            out["shaping"] = {**out["shaping"], "rules": self.shaping.status()}  # type: ignore[dict-item]
         return out
 
     def run_until_signalled(self) -> None:
