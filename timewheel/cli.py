@@ -168,7 +168,7 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
         typer.echo(json.dumps(settings.redacted(), indent=2))
         return
     setup_logging(settings.log.format, settings.log.level)
-    Service(settings).run_until_signalled()
+    Service(settings, config_path=config).run_until_signalled()
 
 
 @app.command()

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+                                   SummaryMetricFamily)
 from prometheus_client.registry import Collector
 
 #: upper bounds (seconds) of the lateness histogram's buckets
@@ -60,8 +61,8 @@ class EngineCollector(Collector):
         for key, doc in _COUNTERS.items():
             if key in st:
                 yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(st[key]))  # type: ignore[arg-type]
-        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"),
-                            ("shaping", "timewheel_shaping")):
+        yield from _shaping_families(st.get("shaping") or {})  # type: ignore[arg-type]
+        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery")):
             for key, value in (st.get(sub) or {}).items():  # type: ignore[union-attr]
                 if isinstance(value, (int, float)):
                     yield CounterMetricFamily(f"{prefix}_{key}", f"{sub}: {key}", value=float(value))
@@ -82,3 +83,58 @@ class EngineCollector(Collector):
             pending.add_metric([str(seg)], float(n))
         yield pending
         yield self._lateness().family("timewheel_lateness_seconds", "Send time minus due time.")
+
+
+_SHAPING_COUNTERS = {
+    "granted": "Messages the traffic shaper let go.",
+    "sent": "Messages sent after shaping.",
+    "failed": "Sends that failed after shaping (they back their topic off).",
+    "throttled": "Messages held back at least once by a rate limit, the global cap or a backoff.",
+    "backoffs": "Times a topic's rate was cut after failed sends.",
+}
+_SHAPING_GAUGES = {
+    "backed_off_topics": "Topics sending below their normal rate after failed sends.",
+    "waiting": "Due messages waiting for the traffic shaper.",
+    "global_rate": "Global cap in messages per second (0: none).",
+}
+
+
+def _shaping_families(sh: Mapping[str, object]) -> Iterable[Metric]:
+    """Traffic shaping: totals, and per topic and per class (lateness it caused, throttling)."""
+    if not sh:
+        return
+    for key, doc in _SHAPING_COUNTERS.items():
+        if isinstance(sh.get(key), (int, float)):
+            yield CounterMetricFamily(f"timewheel_shaping_{key}", doc, value=float(sh[key]))  # type: ignore[arg-type]
+    for key, doc in _SHAPING_GAUGES.items():
+        if isinstance(sh.get(key), (int, float)):
+            yield GaugeMetricFamily(f"timewheel_shaping_{key}", doc, value=float(sh[key]))  # type: ignore[arg-type]
+    for key, value in sh.items():  # anything else numeric, as before
+        if key not in _SHAPING_COUNTERS and key not in _SHAPING_GAUGES and key not in ("held_ms_sum", "held_count") \
+                and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield CounterMetricFamily(f"timewheel_shaping_{key}", f"shaping: {key}", value=float(value))
+    held = SummaryMetricFamily("timewheel_shaping_held_seconds", "Time due messages waited for the traffic shaper.")
+    held.add_metric([], count_value=float(sh.get("held_count", 0)),  # type: ignore[arg-type]
+                    sum_value=float(sh.get("held_ms_sum", 0.0)) / 1000)  # type: ignore[arg-type]
+    yield held
+    for level, key, labels in (("topic", "topics", ["topic", "class"]), ("class", "classes", ["class"])):
+        rows: Mapping[str, Mapping[str, object]] = sh.get(key) or {}  # type: ignore[assignment]
+        held = SummaryMetricFamily(f"timewheel_shaping_{level}_held_seconds",
+                                   f"Time due messages waited for the traffic shaper, per {level}.", labels=labels)
+        counters = {key: CounterMetricFamily(f"timewheel_shaping_{level}_{key}", f"{doc} Per {level}.", labels=labels)
+                    for key, doc in _SHAPING_COUNTERS.items()}
+        rate = GaugeMetricFamily("timewheel_shaping_topic_rate",
+                                 "A topic's effective rate limit in messages per second (0: none), "
+                                 "lowered while it is backed off.", labels=labels) if level == "topic" else None
+        for name, row in rows.items():
+            values = [name, str(row.get("class", ""))] if level == "topic" else [name]
+            held.add_metric(values, count_value=float(row.get("held_count", 0)),  # type: ignore[arg-type]
+                            sum_value=float(row.get("held_ms_sum", 0.0)) / 1000)  # type: ignore[arg-type]
+            for key, fam in counters.items():
+                fam.add_metric(values, float(row.get(key, 0)))  # type: ignore[arg-type]
+            if rate is not None:
+                rate.add_metric(values, float(row.get("effective_rate", 0.0)))  # type: ignore[arg-type]
+        yield held
+        yield from counters.values()
+        if rate is not None:
+            yield rate

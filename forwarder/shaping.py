@@ -1,0 +1,454 @@
+"""Traffic shaping for dispatch: the engine's Shaper, from per-topic buckets to priority classes.
+
+The engine holds due messages in a FIFO queue per topic and asks `grant(backlog, now)` how many of
+each may go now; this shaper answers with tokens it takes at once:
+
+1. Per topic, a token bucket (`rate`, `burst`) caps what the topic may send: its *demand* is
+   `min(waiting, whole tokens)`. A topic without a rule, not backed off, has no bucket: its demand is
+   all it has waiting (pass-through).
+2. A global bucket (`global_rate`, 0 = none) caps the sum. When the demand fits, all of it is granted.
+   Otherwise (overload) the global tokens are shared among the classes that have demand: each busy
+   class gets its `min_share` of the global rate first (never starves), the rest goes by `weight`;
+   what a class cannot use (its topics' buckets are empty) goes to the others. Inside a class, topics
+   share equally, each within its own bucket (max-min fair). Shares are worked out as a fluid
+   water-filling, rounded to whole messages with a carried remainder per class and per topic, so the
+   long-run split is exact even when a pass grants one message at a time.
+3. Adaptive backoff (AIMD): a failed send (`record(..., failed > 0)`: broker busy, timeout, down)
+   multiplies the topic's rate by `backoff.decrease` (from its limit, or from its observed rate if it
+   has none), down to `backoff.min_rate`; each successful send then adds back `backoff.recover` of its
+   normal rate per second elapsed, until it is normal again and the backoff ends.
+
+No pass grants more than `max_grant` messages (the engine's send batch), so every grant is taken;
+tokens granted and never recorded are refunded at the next pass, which keeps the accounting right if
+a caller takes fewer. `next_grant_ms` answers when the first waiting topic can next get a message.
+
+New rules (`apply`) take effect at the next call, with buckets refilled up to then under the old ones.
+Thread-safe: one lock around everything (the dispatch thread calls it; admin and config threads
+apply rules and read stats).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass
+from typing import Hashable, Mapping, TypeVar
+
+from forwarder.shaping_rules import DEFAULT_CLASS, ShapingRules, parse_rules
+
+_EPS = 1e-6  # float slack: a bucket at 0.9999999 tokens holds one
+_CREDIT_BOUND = 2.0
+_PAUSED_RECHECK_MS = 10
+K = TypeVar("K", bound=Hashable)
+
+
+class _Bucket:
+    """Tokens refilled lazily at a rate (per second) up to a burst."""
+
+    __slots__ = ("tokens", "stamp")
+
+    def __init__(self, tokens: float, stamp: int) -> None:
+        self.tokens = tokens
+        self.stamp = stamp
+
+    def refill(self, now: int, rate: float, burst: float) -> None:
+        """Add what `rate` earned since the last refill, up to `burst`."""
+        if now > self.stamp:
+            self.tokens = min(burst, self.tokens + rate * (now - self.stamp) / 1000)
+            self.stamp = now
+        else:
+            self.tokens = min(burst, self.tokens)
+
+    def whole(self) -> int:
+        """Whole tokens available."""
+        return max(0, math.floor(self.tokens + _EPS))
+
+    def ms_until_one(self, rate: float) -> int:
+        """Milliseconds from the last refill until one whole token is there."""
+        missing = 1 - _EPS - self.tokens
+        return 0 if missing <= 0 else max(1, math.ceil(missing * 1000 / rate))
+
+
+@dataclass(slots=True)
+class _Counters:
+    """What shaping did to a topic or a class."""
+
+    granted: int = 0
+    sent: int = 0
+    failed: int = 0
+    throttled: int = 0  # messages held back at least once by a limit (a retried message counts again)
+    held_ms_sum: float = 0.0  # time messages waited in the dispatch queues before their send
+    held_count: int = 0
+    backoffs: int = 0  # multiplicative decreases after failed sends
+
+
+class _Topic:
+    """Per-topic state: bucket, backoff, observed rate, fair-share remainder, counters."""
+
+    __slots__ = ("bucket", "backoff_rate", "backoff_base", "backoff_stamp", "observed", "observed_stamp", "credit",
+                 "denied", "outstanding", "counters")
+
+    def __init__(self) -> None:
+        self.bucket: _Bucket | None = None  # None while the topic has no limit (pass-through)
+        self.backoff_rate: float | None = None  # None while not backed off
+        self.backoff_base = 0.0  # the rate recovery aims at when the topic has no limit of its own
+        self.backoff_stamp = 0
+        self.observed = 0.0  # messages per second, exponentially decayed over about a second
+        self.observed_stamp = 0
+        self.credit = 0.0
+        self.denied = 0  # messages at the head of its queue already held back once
+        self.outstanding = 0  # granted, not yet recorded as sent or failed
+        self.counters = _Counters()
+
+
+def _water_fill(total: float, caps: Mapping[K, int], weights: Mapping[K, float]) -> dict[K, float]:
+    """Share `total` (<= sum of caps) by weight, none above its cap, the excess to the others."""
+    out: dict[K, float] = {}
+    order = sorted(caps, key=lambda k: caps[k] / weights[k])
+    remaining, wsum = float(total), sum(weights[k] for k in caps)
+    for i, k in enumerate(order):
+        level = remaining / wsum if wsum > 0 else 0.0
+        if caps[k] <= level * weights[k] + 1e-12:
+            out[k] = float(caps[k])
+            remaining -= caps[k]
+            wsum -= weights[k]
+            continue
+        for rest in order[i:]:
+            out[rest] = level * weights[rest]
+        break
+    return out
+
+
+def fair_split(total: int, caps: Mapping[K, int], weights: Mapping[K, float], credit: dict[K, float]) -> dict[K, int]:
+    """Whole shares of `total` by weight within caps; `credit` carries each key's rounding remainder
+    between calls (updated in place) so that repeated small splits add up to the exact shares."""
+    fluid = _water_fill(total, caps, weights)
+    want = {k: fluid[k] + credit.get(k, 0.0) for k in caps}
+    got = {k: max(0, min(caps[k], math.floor(want[k] + _EPS))) for k in caps}
+    rest = total - sum(got.values())
+    if rest > 0:  # the largest remainders get one more each, round after round
+        while rest > 0:
+            open_keys = sorted((k for k in caps if got[k] < caps[k]), key=lambda k: got[k] - want[k])
+            if not open_keys:
+                break
+            for k in open_keys:
+                got[k] += 1
+                rest -= 1
+                if not rest:
+                    break
+    elif rest < 0:  # carried credit over-asked: the smallest remainders give one back
+        while rest < 0:
+            for k in sorted((k for k in caps if got[k] > 0), key=lambda k: want[k] - got[k]):
+                got[k] -= 1
+                rest += 1
+                if not rest:
+                    break
+    for k in caps:
+        credit[k] = max(-_CREDIT_BOUND, min(_CREDIT_BOUND, want[k] - got[k]))
+    return got
+
+
+def class_shares(weights: Mapping[str, float], min_shares: Mapping[str, float]) -> dict[str, float]:
+    """Each busy class's share of the global rate: by weight, raised to its min_share where the
+    weight gives less (the others then share what is left by weight)."""
+    fixed: dict[str, float] = {}
+    free = [c for c in weights]
+    while free:
+        room = max(0.0, 1.0 - sum(fixed.values()))
+        wsum = sum(weights[c] for c in free)
+        low = [c for c in free if room * weights[c] / wsum < min_shares.get(c, 0.0) - 1e-12]
+        if not low:
+            return {**fixed, **{c: room * weights[c] / wsum for c in free}}
+        for c in low:
+            fixed[c] = min_shares[c]
+        free = [c for c in free if c not in fixed]
+    return fixed
+
+
+class TrafficShaper:
+    """Per-topic token buckets, a global cap, weighted priority classes with guaranteed minimum
+    shares, and AIMD backoff of topics whose sends fail. Implements `timewheel.Shaper`."""
+
+    def __init__(self, rules: ShapingRules | None = None, *, max_grant: int = 256, paused: bool = False) -> None:
+        if max_grant < 1:
+            raise ValueError("max_grant must be at least 1")
+        self.max_grant = max_grant
+        self._rules = rules or parse_rules({})
+        self._pending: ShapingRules | None = None
+        self._lock = threading.Lock()
+        self._topics: dict[str, _Topic] = {}
+        self._classes: dict[str, _Counters] = {}
+        self._class_credit: dict[str, float] = {}
+        self._global: _Bucket | None = None
+        self._global_started = False
+        self._waiting: dict[str, int] = {}
+        self._paused = paused
+        self._now = 0
+
+    # ---- rules ------------------------------------------------------------------------------------
+
+    @property
+    def rules(self) -> ShapingRules:
+        """The rules in force (or about to be, at the next call)."""
+        with self._lock:
+            return self._pending or self._rules
+
+    def apply(self, rules: ShapingRules) -> None:
+        """Replace the rules; they take effect at the next grant, record or next_grant_ms."""
+        with self._lock:
+            self._pending = rules
+
+    def pause(self) -> None:
+        """Grant nothing until `resume` (while the rules in force are being settled)."""
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Grant again."""
+        with self._lock:
+            self._paused = False
+
+    # ---- the Shaper protocol ------------------------------------------------------------------------
+
+    def grant(self, backlog: Mapping[str, int], now_ms: int) -> dict[str, int]:
+        """How many of each waiting topic may be sent now; the tokens are taken."""
+        with self._lock:
+            self._sync(now_ms)
+            self._refund()
+            waiting = {t: n for t, n in backlog.items() if n > 0}
+            if self._paused or not waiting:
+                self._waiting = waiting
+                return {}
+            rules = self._rules
+            demand: dict[str, int] = {}
+            bucket_limited: set[str] = set()
+            for topic, n in waiting.items():
+                st = self._topic(topic)
+                rate, _ = self._refresh(topic, st, now_ms)
+                if rate is None or st.bucket is None:
+                    demand[topic] = n
+                else:
+                    demand[topic] = min(n, st.bucket.whole())
+                    if demand[topic] < n:
+                        bucket_limited.add(topic)
+            total_demand = sum(demand.values())
+            available = total_demand
+            if self._global is not None:
+                self._global.refill(now_ms, rules.global_rate, rules.global_burst)
+                available = self._global.whole()
+            globally_limited = available < total_demand
+            total = min(total_demand, available, self.max_grant)
+            grants = demand if total >= total_demand else self._share(total, demand, rules)
+            for topic, n in waiting.items():
+                self._account(topic, n, grants.get(topic, 0),
+                              globally_limited or topic in bucket_limited, rules.class_of(topic))
+            if self._global is not None:
+                self._global.tokens -= sum(grants.values())
+            self._waiting = {t: n - grants.get(t, 0) for t, n in waiting.items() if n > grants.get(t, 0)}
+            return {t: g for t, g in grants.items() if g > 0}
+
+    def next_grant_ms(self, now_ms: int) -> int | None:
+        """When the first waiting topic can next be granted a message (None: nothing waits)."""
+        with self._lock:
+            self._sync(now_ms)
+            if self._paused:
+                return now_ms + _PAUSED_RECHECK_MS
+            if not self._waiting:
+                return None
+            wait = math.inf
+            for topic in self._waiting:
+                st = self._topic(topic)
+                rate, _ = self._refresh(topic, st, now_ms)
+                wait = min(wait, 0 if rate is None or st.bucket is None else st.bucket.ms_until_one(rate))
+                if wait == 0:
+                    break
+            if self._global is not None:
+                self._global.refill(now_ms, self._rules.global_rate, self._rules.global_burst)
+                wait = max(wait, self._global.ms_until_one(self._rules.global_rate))
+            return now_ms + int(wait)
+
+    def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
+        """Account a send's outcome; failures back the topic off, successes let it recover."""
+        with self._lock:
+            self._sync(now_ms)
+            rules = self._rules
+            st = self._topic(topic)
+            n = sent + failed
+            st.outstanding = max(0, st.outstanding - n)
+            decay = math.exp(-max(0, now_ms - st.observed_stamp) / 1000) if st.observed_stamp else 0.0
+            st.observed = st.observed * decay + n
+            st.observed_stamp = now_ms
+            for c in (st.counters, self._class(rules.class_of(topic))):
+                c.sent += sent
+                c.failed += failed
+                c.held_ms_sum += held_ms
+                c.held_count += n
+            rate, _ = self._refresh(topic, st, now_ms)  # earn tokens at the old rate up to now
+            rule = rules.topics.get(topic)
+            limit = rule.rate if rule is not None and rule.rate > 0 else 0.0
+            if failed:
+                b = rules.backoff
+                current = rate if rate is not None else max(st.observed, b.min_rate)
+                if st.backoff_rate is None:
+                    st.backoff_base = limit or max(st.observed, b.min_rate)
+                st.backoff_rate = max(b.min_rate, current * b.decrease)
+                st.backoff_stamp = now_ms
+                st.counters.backoffs += 1
+                self._class(rules.class_of(topic)).backoffs += 1
+                if st.bucket is None:
+                    st.bucket = _Bucket(0.0, now_ms)  # it just failed: it waits for its first token
+                self._refresh(topic, st, now_ms)
+            elif sent and st.backoff_rate is not None:
+                target = limit or st.backoff_base
+                st.backoff_rate += rules.backoff.recover * target * max(0, now_ms - st.backoff_stamp) / 1000
+                st.backoff_stamp = now_ms
+                if st.backoff_rate >= target:
+                    st.backoff_rate = None
+                    if not limit:
+                        st.bucket = None
+
+    def stats(self) -> dict[str, object]:
+        """Totals, and per topic and per class: granted, sent, failed, throttled, held time, backoffs."""
+        with self._lock:
+            rules = self._pending or self._rules
+            total = _Counters()
+            topics: dict[str, object] = {}
+            for name, st in sorted(self._topics.items()):
+                c = st.counters
+                for f in ("granted", "sent", "failed", "throttled", "held_count", "backoffs"):
+                    setattr(total, f, getattr(total, f) + getattr(c, f))
+                total.held_ms_sum += c.held_ms_sum
+                rate, _ = self._limit(name, st, rules)
+                rule = rules.topics.get(name)
+                topics[name] = {"class": rules.class_of(name), "rate_limit": rule.rate if rule else 0.0,
+                                "effective_rate": rate or 0.0, "backed_off": st.backoff_rate is not None,
+                                "waiting": self._waiting.get(name, 0), **asdict(c)}
+            classes = {name: {"weight": rules.classes[name].weight if name in rules.classes else 0.0,
+                              "min_share": rules.classes[name].min_share if name in rules.classes else 0.0,
+                              **asdict(c)}
+                       for name, c in sorted(self._classes.items())}
+            return {**asdict(total), "backed_off_topics": sum(st.backoff_rate is not None for st in self._topics.values()),
+                    "waiting": sum(self._waiting.values()), "global_rate": rules.global_rate,
+                    "paused": self._paused, "rules_digest": rules.digest, "topics": topics, "classes": classes}
+
+    # ---- inside -------------------------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> _Topic:
+        st = self._topics.get(topic)
+        if st is None:
+            st = self._topics[topic] = _Topic()
+        return st
+
+    def _class(self, name: str) -> _Counters:
+        c = self._classes.get(name)
+        if c is None:
+            c = self._classes[name] = _Counters()
+        return c
+
+    def _limit(self, topic: str, st: _Topic, rules: ShapingRules) -> tuple[float | None, float]:
+        """The topic's effective (rate, burst): its rule, lowered while backed off; None = no limit."""
+        rule = rules.topics.get(topic)
+        limit = rule.rate if rule is not None and rule.rate > 0 else 0.0
+        if st.backoff_rate is not None:
+            rate = min(limit, st.backoff_rate) if limit else st.backoff_rate
+            burst = max(1.0, rule.burst * rate / limit) if limit and rule is not None else max(1.0, rate / 10)
+            return rate, burst
+        if limit and rule is not None:
+            return limit, rule.burst
+        return None, 0.0
+
+    def _refresh(self, topic: str, st: _Topic, now: int) -> tuple[float | None, float]:
+        """The topic's limit, with its bucket created, dropped or refilled to `now` to match."""
+        rate, burst = self._limit(topic, st, self._rules)
+        if rate is None:
+            st.bucket = None
+        elif st.bucket is None:
+            st.bucket = _Bucket(burst, now)  # a new limit starts with a full bucket
+        else:
+            st.bucket.refill(now, rate, burst)
+        return rate, burst
+
+    def _sync(self, now: int) -> None:
+        """Switch to pending rules: refill every bucket up to `now` under the old ones first."""
+        self._now = max(self._now, now)
+        if self._pending is None:
+            if not self._global_started:
+                self._set_global(now)
+            return
+        for topic, st in self._topics.items():
+            self._refresh(topic, st, now)
+        if self._global is not None:
+            self._global.refill(now, self._rules.global_rate, self._rules.global_burst)
+        self._rules, self._pending = self._pending, None
+        for topic, st in self._topics.items():
+            self._refresh(topic, st, now)
+            st.credit = 0.0
+        self._class_credit.clear()
+        self._set_global(now)
+
+    def _set_global(self, now: int) -> None:
+        self._global_started = True
+        rules = self._rules
+        if rules.global_rate <= 0:
+            self._global = None
+        elif self._global is None:
+            self._global = _Bucket(rules.global_burst, now)
+        else:
+            self._global.tokens = min(self._global.tokens, rules.global_burst)
+
+    def _refund(self) -> None:
+        """Tokens granted at the last pass that were never taken go back to their buckets."""
+        for topic, st in self._topics.items():
+            if st.outstanding:
+                if st.bucket is not None:
+                    st.bucket.tokens += st.outstanding
+                if self._global is not None:
+                    self._global.tokens += st.outstanding
+                st.counters.granted -= st.outstanding
+                self._class(self._rules.class_of(topic)).granted -= st.outstanding
+                st.outstanding = 0
+
+    def _share(self, total: int, demand: Mapping[str, int], rules: ShapingRules) -> dict[str, int]:
+        """Split `total` (< the sum of demand) among classes, then among each class's topics."""
+        by_class: dict[str, dict[str, int]] = {}
+        for topic, d in demand.items():
+            if d > 0:
+                by_class.setdefault(rules.class_of(topic), {})[topic] = d
+        for name in list(self._class_credit):
+            if name not in by_class:
+                del self._class_credit[name]
+        shares = class_shares({c: rules.classes[c].weight for c in by_class},
+                              {c: rules.classes[c].min_share for c in by_class})
+        per_class = fair_split(total, {c: sum(ts.values()) for c, ts in by_class.items()},
+                               {c: max(s, 1e-9) for c, s in shares.items()},
+                               self._class_credit)
+        grants: dict[str, int] = {}
+        for name, topics in by_class.items():
+            credit = {t: self._topics[t].credit for t in topics}
+            grants.update(fair_split(per_class[name], topics, {t: 1.0 for t in topics}, credit))
+            for t, c in credit.items():
+                self._topics[t].credit = c
+        for topic, d in demand.items():
+            if d <= 0:
+                self._topics[topic].credit = 0.0
+        return grants
+
+    def _account(self, topic: str, waiting: int, granted: int, limited: bool, cls: str) -> None:
+        """Take the topic's tokens and count what was held back by a limit (not by batch size)."""
+        st = self._topics[topic]
+        if granted:
+            if st.bucket is not None:
+                st.bucket.tokens -= granted
+            st.outstanding += granted
+            st.counters.granted += granted
+            self._class(cls).granted += granted
+        still_denied = max(0, st.denied - granted)  # the head of the queue goes first
+        if limited:
+            newly = max(0, waiting - granted - still_denied)
+            st.counters.throttled += newly
+            self._class(cls).throttled += newly
+            st.denied = waiting - granted
+        else:
+            st.denied = still_denied
+
+
+__all__ = ["DEFAULT_CLASS", "TrafficShaper", "class_shares", "fair_split"]
