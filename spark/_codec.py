@@ -1,0 +1,491 @@
+"""Part files to Arrow and back, in bulk: the Spark sources' numpy/pyarrow side, without Spark.
+
+Reading a part: its index sidecar gives every record's offset and length, so the fixed header of
+every record is gathered at once by numpy fancy indexing over a read-only map of the .log and
+viewed through `HEADER_DTYPE` (derived from `storage.record.HEADER`, never written out here).
+Header checks (magic, version, flags, length against the index, due time against the index, field
+lengths adding up) are vectorised; the CRC32C is one C call per record. Variable fields are cut
+out by their lengths: small text fields by gathering byte positions, the body by masking the
+byte range it covers. Keys and properties, whose encoding is nested, go through storage's own
+decoders for the records that have any. A record that fails any check yields a row with `crc_ok = false`
+and null fields, never an exception.
+
+Writing a part: rows are encoded by `storage.encode` into a staged .log and .idx, which the driver
+later moves into place with `SegmentLayout.publish_part`.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, INDEX_DTYPE, REPLAYED, CorruptRecordError, Record,
+                     decode, encode, read_dispatch_log, read_index)
+from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
+from storage.record import _decode_keys, _decode_properties  # the one definition of the nested fields
+
+_HEADER_NAMES = ("magic", "version", "flags", "length", "crc", "due_ms", "enqueue_ms",
+                 "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
+
+
+def _header_dtype() -> np.dtype:
+    """A numpy view of `storage.record.HEADER`: same codes, same order, packed little-endian."""
+    fmt = HEADER.format
+    if fmt[0] != "<":
+        raise AssertionError(f"storage.record.HEADER is {fmt!r}; a packed little-endian layout was expected")
+    dt = np.dtype([(name, "<" + code) for name, code in zip(_HEADER_NAMES, fmt[1:], strict=True)])
+    if dt.itemsize != HEADER_SIZE:
+        raise AssertionError(f"header view is {dt.itemsize} bytes, storage says {HEADER_SIZE}")
+    return dt
+
+
+HEADER_DTYPE = _header_dtype()
+_CRC_FROM = HEADER_DTYPE.fields["crc"][1] + HEADER_DTYPE["crc"].itemsize  # the CRC covers what follows it
+# the variable fields follow the header in the order of their length fields
+_VAR_FIELDS = tuple(n for n in _HEADER_NAMES if n.endswith("_len"))
+
+#: every column the record source can produce, with its Arrow type
+RECORD_COLUMNS: dict[str, pa.DataType] = {
+    "segment_ms": pa.int64(), "segment": pa.string(), "part": pa.int32(), "offset": pa.int64(),
+    "length": pa.int32(), "msg_id": pa.string(), "topic": pa.string(), "tags": pa.string(),
+    "keys": pa.list_(pa.string()), "properties": pa.map_(pa.string(), pa.string()), "body": pa.binary(),
+    "due_ms": pa.int64(), "enqueue_ms": pa.int64(), "crc_ok": pa.bool_(),
+    "delivered": pa.int32(), "dead_lettered": pa.int32(), "cancelled": pa.int32(), "marked_corrupt": pa.int32(),
+    "replayed": pa.int32(), "first_delivered_ms": pa.int64(),
+}
+#: outcome columns: how many dispatch entries of that outcome name the record
+OUTCOME_COLUMNS = {"delivered": DELIVERED, "dead_lettered": DEAD_LETTERED, "cancelled": CANCELLED,
+                   "marked_corrupt": CORRUPT, "replayed": REPLAYED}
+_NO_TIME = np.iinfo(np.int64).max
+_TEXT_FIELD = {"msg_id": "id_len", "topic": "topic_len", "tags": "tags_len"}
+
+
+@dataclass(frozen=True, slots=True)
+class PartFiles:
+    """Where one part lives: its segment, number and two files."""
+
+    segment_ms: int
+    segment: str
+    part: int
+    log: str
+    index: str
+    dispatch: str | None = None  # the segment's dispatch log, for the outcome columns
+
+
+def _field_starts(offsets: np.ndarray, hdr: np.ndarray) -> dict[str, np.ndarray]:
+    """Absolute start of every variable field of each record."""
+    pos = offsets + HEADER_SIZE
+    out = {}
+    for name in _VAR_FIELDS:
+        out[name] = pos
+        pos = pos + hdr[name].astype(np.int64)
+    return out
+
+
+def _gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Arrow offsets (int32) and the bytes of ranges [start, start + length), concatenated."""
+    lens = lengths.astype(np.int64)
+    offs = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    total = int(offs[-1])
+    if total == 0:
+        return offs.astype(np.int32), np.empty(0, np.uint8)
+    if total * 4 > int(starts[-1] + lens[-1] - starts[0]) and bool(np.all(starts[1:] >= starts[:-1] + lens[:-1])):
+        # large, ordered ranges (bodies): mark the covered bytes and compress, ~2 ns a byte
+        lo, hi = int(starts[0]), int(starts[-1] + lens[-1])
+        mark = np.zeros(hi - lo + 1, np.int8)
+        mark[starts - lo] += 1
+        np.subtract.at(mark, starts + lens - lo, 1)
+        data = buf[lo:hi][np.cumsum(mark[:-1], dtype=np.int8).view(bool)]
+    else:  # short fields: gather their byte positions
+        data = buf[np.repeat(starts - offs[:-1], lens) + np.arange(total)]
+    return offs.astype(np.int32), data
+
+
+def _binary_array(typ: pa.DataType, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                  valid: np.ndarray, null_if_empty: bool = False) -> pa.Array:
+    """A string or binary Arrow array of byte ranges; invalid (or, optionally, empty) ones null."""
+    n = len(starts)
+    lens = np.where(valid, lengths, 0)
+    offs, data = _gather(buf, starts, lens)
+    mask = ~valid | (lens == 0) if null_if_empty else ~valid
+    validity = None if not mask.any() else pa.py_buffer(np.packbits(~mask, bitorder="little"))
+    return pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offs), pa.py_buffer(data)],
+                                 null_count=int(mask.sum()))
+
+
+def _utf8_ok(arr: pa.Array) -> bool:
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def check_headers(buf: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Headers of the records an index points to, and which of them pass every header check.
+
+    The caller has dropped entries whose record runs past the end of the log.
+    """
+    offsets = idx["offset"].astype(np.int64)
+    pos = offsets[:, None] + np.arange(HEADER_SIZE)
+    if int(offsets.max(initial=0)) + HEADER_SIZE > len(buf):
+        # a short record at the end of the log: bytes past the end read as zeros (and fail below)
+        padded = np.zeros(len(buf) + HEADER_SIZE, np.uint8)
+        padded[:len(buf)] = buf
+        raw = padded[pos]
+    else:
+        raw = buf[pos]
+    hdr = raw.view(HEADER_DTYPE).ravel()
+    sizes = np.full(len(idx), HEADER_SIZE, np.int64)
+    for name in _VAR_FIELDS:
+        sizes += hdr[name]
+    ok = ((hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["flags"] == 0)
+          & (hdr["length"] == idx["length"]) & (hdr["due_ms"] == idx["due_ms"]) & (sizes == idx["length"])
+          & (idx["length"].astype(np.int64) >= HEADER_SIZE))
+    return hdr, ok
+
+
+def check_crcs(mv: memoryview, idx: np.ndarray, hdr: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """`ok` narrowed to the records whose CRC32C matches their header."""
+    out = ok.copy()
+    sel = np.flatnonzero(ok)
+    if not len(sel):
+        return out
+    offs = idx["offset"][sel].astype(np.int64).tolist()
+    ends = (idx["offset"][sel].astype(np.int64) + idx["length"][sel]).tolist()
+    want = hdr["crc"][sel].tolist()
+    f = _CRC_FROM
+    found = [crc32c(mv[o + f:e]) for o, e in zip(offs, ends)]
+    out[sel] = np.asarray(found, np.uint32) == np.asarray(want, np.uint32)
+    return out
+
+
+def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str, np.ndarray], ok: np.ndarray,
+            want_keys: bool, want_props: bool) -> tuple[pa.Array | None, pa.Array | None, np.ndarray]:
+    """Keys (list<string>) and properties (map<string,string>) arrays, decoded by storage's own
+    field decoders for the records that have any; `ok` narrowed to the records that decode."""
+    n = len(idx)
+    ok = ok.copy()
+    key_counts = np.zeros(n, np.int32)
+    prop_counts = np.zeros(n, np.int32)
+    flat_keys: list[str] = []
+    prop_names: list[str] = []
+    prop_values: list[str] = []
+    sel = np.zeros(n, bool)
+    if want_keys:
+        sel |= hdr["keys_len"] > 0
+    if want_props:
+        sel |= hdr["props_len"] > 0
+    rows = np.flatnonzero(sel & ok)
+    ks, kl = starts["keys_len"][rows].tolist(), hdr["keys_len"][rows].tolist()
+    ps, pl = starts["props_len"][rows].tolist(), hdr["props_len"][rows].tolist()
+    mv = memoryview(buf)
+    for i, k0, kn, p0, pn in zip(rows.tolist(), ks, kl, ps, pl):
+        try:
+            keys = _decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()
+            props = _decode_properties(mv[p0:p0 + pn], p0) if want_props and pn else {}
+        except (CorruptRecordError, UnicodeDecodeError):
+            ok[i] = False
+            continue
+        if keys:
+            key_counts[i] = len(keys)
+            flat_keys.extend(keys)
+        if props:
+            prop_counts[i] = len(props)
+            prop_names.extend(props)
+            prop_values.extend(props.values())
+    mv.release()
+    keys_arr = props_arr = None
+    if want_keys:
+        key_counts[~ok] = 0
+        offs = np.zeros(n + 1, np.int32)
+        np.cumsum(key_counts, out=offs[1:])
+        keys_arr = pa.ListArray.from_arrays(pa.array(offs), pa.array(flat_keys, pa.string()),
+                                            type=RECORD_COLUMNS["keys"], mask=pa.array(~ok))
+    if want_props:
+        prop_counts[~ok] = 0
+        offs = np.zeros(n + 1, np.int32)
+        np.cumsum(prop_counts, out=offs[1:])
+        props_arr = pa.MapArray.from_arrays(pa.array(offs), pa.array(prop_names, pa.string()),
+                                            pa.array(prop_values, pa.string()), type=RECORD_COLUMNS["properties"],
+                                            mask=pa.array(~ok))
+    return keys_arr, props_arr, ok
+
+
+def record_outcomes(dispatch_log: str | None, part: int, offsets: np.ndarray,
+                    columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per record (offsets of one part, ascending): counts of each outcome among the segment's
+    dispatch entries, and the first delivery's dispatch time (int64 max when none)."""
+    n = len(offsets)
+    entries = read_dispatch_log(dispatch_log).entries if dispatch_log else np.empty(0)
+    if len(entries):
+        entries = entries[entries["part"] == part]
+    out: dict[str, np.ndarray] = {}
+    if len(entries) and n:
+        eo = entries["offset"].astype(np.int64)
+        pos = np.searchsorted(offsets, eo)
+        pos_c = np.minimum(pos, n - 1)
+        hit = (pos < n) & (offsets[pos_c] == eo)
+        pos, outcome = pos_c[hit], entries["outcome"][hit]
+        dispatch_ms = entries["dispatch_ms"][hit]
+    else:
+        pos, outcome, dispatch_ms = np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64)
+    for col, code in OUTCOME_COLUMNS.items():
+        if col in columns:
+            out[col] = np.bincount(pos[outcome == code], minlength=n).astype(np.int32)
+    if "first_delivered_ms" in columns:
+        first = np.full(n, _NO_TIME, np.int64)
+        sel = outcome == DELIVERED
+        np.minimum.at(first, pos[sel], dispatch_ms[sel].astype(np.int64))
+        out["first_delivered_ms"] = first
+    return out
+
+
+def decode_batch(buf: np.ndarray, mv: memoryview, idx: np.ndarray, pf: PartFiles, columns: Sequence[str],
+                 verify: bool = True, outcomes: Mapping[str, np.ndarray] | None = None) -> dict[str, pa.Array]:
+    """Arrow columns (those named) of the records an index slice points to; outcome columns come
+    from `outcomes` (aligned with the slice)."""
+    n = len(idx)
+    hdr, ok = check_headers(buf, idx)
+    if verify:
+        ok = check_crcs(mv, idx, hdr, ok)
+    want = set(columns)
+    offsets = idx["offset"].astype(np.int64)
+    starts = _field_starts(offsets, hdr)
+    while True:  # only narrows `ok`; a second round happens only for records found bad late
+        text: dict[str, pa.Array] = {}
+        for col in want & set(_TEXT_FIELD):
+            lf = _TEXT_FIELD[col]
+            text[col] = _binary_array(pa.string(), buf, starts[lf], hdr[lf], ok, null_if_empty=col == "tags")
+        if not all(_utf8_ok(a) for a in text.values()):  # rare: find the records whose text is not UTF-8
+            for i in np.flatnonzero(ok).tolist():
+                try:
+                    decode(mv, int(offsets[i]))
+                except CorruptRecordError:
+                    ok[i] = False
+            continue
+        keys = props = None
+        if want & {"keys", "properties"}:
+            keys, props, narrowed = _nested(buf, idx, hdr, starts, ok, "keys" in want, "properties" in want)
+            if (narrowed != ok).any():
+                ok = narrowed
+                continue
+        break
+    out: dict[str, pa.Array] = {}
+    bad = ~ok
+    for col in columns:
+        if col == "segment_ms":
+            out[col] = pa.array(np.full(n, pf.segment_ms, np.int64))
+        elif col == "segment":
+            out[col] = pa.repeat(pa.scalar(pf.segment, pa.string()), n)
+        elif col == "part":
+            out[col] = pa.array(np.full(n, pf.part, np.int32))
+        elif col == "offset":
+            out[col] = pa.array(offsets)
+        elif col == "length":
+            out[col] = pa.array(idx["length"].astype(np.int32))
+        elif col == "due_ms":
+            out[col] = pa.array(idx["due_ms"].astype(np.int64))
+        elif col == "enqueue_ms":
+            out[col] = pa.array(hdr["enqueue_ms"].astype(np.int64), mask=bad)
+        elif col == "crc_ok":
+            out[col] = pa.array(ok)
+        elif col in text:
+            out[col] = text[col]
+        elif col == "body":
+            out[col] = _binary_array(pa.binary(), buf, starts["body_len"], hdr["body_len"], ok)
+        elif col == "keys":
+            assert keys is not None
+            out[col] = keys
+        elif col == "properties":
+            assert props is not None
+            out[col] = props
+        elif col == "first_delivered_ms":
+            assert outcomes is not None
+            t = outcomes[col]
+            out[col] = pa.array(t, mask=t == _NO_TIME)
+        elif col in OUTCOME_COLUMNS:
+            assert outcomes is not None
+            out[col] = pa.array(outcomes[col])
+        else:
+            raise KeyError(f"unknown record column {col!r}")
+    return out
+
+
+def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = None, until_ms: int | None = None,
+              verify: bool = True, batch_bytes: int = 32 << 20,
+              max_rows: int = 1 << 16) -> Iterator[dict[str, pa.Array]]:
+    """Arrow columns of a part's records due in [since_ms, until_ms), in batches.
+
+    Index entries past the end of the log (a torn write not yet repaired) are skipped, as the
+    engine skips them.
+    """
+    idx = read_index(pf.index)
+    if not len(idx):
+        return
+    try:
+        f = open(pf.log, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= size]
+        if since_ms is not None:
+            idx = idx[idx["due_ms"] >= since_ms]
+        if until_ms is not None:
+            idx = idx[idx["due_ms"] < until_ms]
+        if not len(idx) or size == 0:
+            return
+        wanted = [c for c in columns if c in OUTCOME_COLUMNS or c == "first_delivered_ms"]
+        outcomes = record_outcomes(pf.dispatch, pf.part, idx["offset"].astype(np.int64), wanted) if wanted else {}
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        try:
+            buf = np.frombuffer(mm, np.uint8)
+            mv = memoryview(mm)
+            try:
+                avg = max(1, int(idx["length"].mean()))
+                rows = int(max(1024, min(max_rows, batch_bytes // avg)))
+                for start in range(0, len(idx), rows):
+                    stop = start + rows
+                    yield decode_batch(buf, mv, idx[start:stop], pf, columns, verify,
+                                       {k: v[start:stop] for k, v in outcomes.items()})
+            finally:
+                mv.release()
+                del buf
+        finally:
+            mm.close()
+
+
+# ---- writing --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StagedPart:
+    """One part being written in the staging directory."""
+
+    segment_ms: int
+    log: Path
+    index: Path
+    records: int = 0
+    size: int = 0
+    _blobs: list[bytes] = field(default_factory=list)
+    _entries: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def add(self, blob: bytes, due_ms: int) -> None:
+        """Append one encoded record (buffered until `flush`)."""
+        self._blobs.append(blob)
+        self._entries.append((due_ms, self.size, len(blob)))
+        self.size += len(blob)
+        self.records += 1
+
+    def flush(self) -> None:
+        """Write what is buffered to the staged files."""
+        if not self._blobs:
+            return
+        with open(self.log, "ab") as f:
+            f.write(b"".join(self._blobs))
+        idx = np.array(self._entries, dtype=np.int64)
+        entries = np.empty(len(idx), INDEX_DTYPE)
+        entries["due_ms"] = idx[:, 0]
+        entries["offset"] = idx[:, 1]
+        entries["length"] = idx[:, 2]
+        with open(self.index, "ab") as f:
+            f.write(entries.tobytes())
+        self._blobs, self._entries = [], []
+
+    def finish(self) -> None:
+        """Flush and fsync both files."""
+        self.flush()
+        for p in (self.log, self.index):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+class PartStager:
+    """Encodes records into staged parts, one open part per segment, rolled at `max_part_bytes`."""
+
+    def __init__(self, staging_dir: Path, prefix: str, segment_ms: int, enqueue_ms: int,
+                 max_part_bytes: int = 1 << 30, buffer_bytes: int = 64 << 20) -> None:
+        self.dir = staging_dir
+        self.prefix = prefix
+        self.segment_len = segment_ms
+        self.enqueue_ms = enqueue_ms
+        self.max_part_bytes = max_part_bytes
+        self.buffer_bytes = buffer_bytes
+        self.open: dict[int, StagedPart] = {}
+        self.done: list[StagedPart] = []
+        self.counts = {"written": 0, "existing": 0, "duplicates": 0}
+        self._n = 0
+        self._buffered = 0
+
+    def _new(self, seg: int) -> StagedPart:
+        self._n += 1
+        stem = self.dir / f"{self.prefix}-{seg}-{self._n:05d}"
+        part = StagedPart(seg, stem.with_suffix(".log"), stem.with_suffix(".idx"))
+        part.log.touch(exist_ok=False)
+        part.index.touch(exist_ok=False)
+        self.open[seg] = part
+        return part
+
+    def add(self, rec: Record) -> None:
+        """Encode and stage one record in its segment's part."""
+        blob = encode(rec, self.enqueue_ms)
+        seg = rec.due_ms - rec.due_ms % self.segment_len
+        part = self.open.get(seg)
+        if part is None:
+            part = self._new(seg)
+        elif part.size + len(blob) > self.max_part_bytes:
+            part.finish()
+            self.done.append(self.open.pop(seg))
+            part = self._new(seg)
+        part.add(blob, rec.due_ms)
+        self.counts["written"] += 1
+        self._buffered += len(blob)
+        if self._buffered >= self.buffer_bytes:  # bounded memory however many segments are open
+            for p in self.open.values():
+                p.flush()
+            self._buffered = 0
+
+    def add_batch(self, batch: pa.RecordBatch) -> None:
+        """Stage the rows of an Arrow batch (columns of `spark.schema.BACKFILL_PLAN`); rows whose
+        status is "existing" are only counted."""
+        names = set(batch.schema.names)
+        cols = {name: batch.column(name).to_pylist() for name in
+                ("msg_id", "topic", "body", "due_ms", "tags", "keys", "properties")}
+        n = batch.num_rows
+        status = batch.column("status").to_pylist() if "status" in names else [None] * n
+        copies = batch.column("copies").to_pylist() if "copies" in names else [1] * n
+        for mid, topic, body, due, tags, keys, props, st, cp in zip(
+                cols["msg_id"], cols["topic"], cols["body"], cols["due_ms"], cols["tags"], cols["keys"],
+                cols["properties"], status, copies):
+            if st == "existing":
+                self.counts["existing"] += cp or 1
+                continue
+            self.counts["duplicates"] += (cp or 1) - 1
+            self.add(Record(mid, topic, body, due, 0, tags or "", tuple(keys or ()), dict(props or ())))
+
+    def finish(self) -> list[StagedPart]:
+        """Close every part; returns all staged parts."""
+        for part in self.open.values():
+            part.finish()
+            self.done.append(part)
+        self.open = {}
+        return self.done
+
+
+def arrow_batch(columns: Mapping[str, pa.Array], schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch in exactly `schema` (Spark checks types, names and nullability)."""
+    arrays = []
+    for f in schema:
+        a = columns[f.name]
+        arrays.append(a if a.type == f.type else a.cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

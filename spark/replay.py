@@ -1,0 +1,272 @@
+"""Replay: re-send the records of a time range to RocketMQ from the Spark executors.
+
+Each task (one per part file) opens one producer, sends its records in due order at most
+`rate / task slots per executor` messages a second (so an executor stays under `rate`), and
+appends a REPLAYED entry for every message sent to its segment's dispatch log (one frame per
+batch), so the audit tells replays from duplicates. A replayed message carries what the engine's
+delivery carries: body, tags, keys, properties, the original id in `TW_ORIGINAL_MSG_ID`, and
+`TW_REPLAY=1`. Records that fail their checks are counted and skipped. A dry run sends nothing and
+writes nothing: it says what would be sent.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType, StringType
+
+ORIGINAL_ID_PROPERTY = "TW_ORIGINAL_MSG_ID"
+REPLAY_PROPERTY = "TW_REPLAY"
+COLUMNS = ("segment_ms long, part int, offset long, msg_id string, topic string, tags string, keys array<string>, "
+           "properties map<string,string>, body binary, due_ms long, crc_ok boolean")
+RESULT_SCHEMA = "segment_ms long, sent long, failed long, skipped_corrupt long, error string"
+_SEND_ATTEMPTS = 3
+
+
+class Sender(Protocol):
+    """Sends one message; raises when it was not accepted."""
+
+    def send(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str], properties: Mapping[str, str]) -> None:
+        """Send one message."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+class RocketMQSender:
+    """A `rocketmq.client.Producer`, sending synchronously (binary-safe bodies)."""
+
+    def __init__(self, namesrv: str, group: str, timeout_ms: int = 3000) -> None:
+        from rocketmq.client import Producer
+
+        self._producer = Producer(group, timeout=timeout_ms)
+        self._producer.set_namesrv_addr(namesrv)
+        self._producer.start()
+
+    def send(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str], properties: Mapping[str, str]) -> None:
+        """Send one message; raises on any failure the client reports."""
+        from rocketmq.client import Message
+        from rocketmq.exceptions import ffi_check
+        from rocketmq.ffi import dll
+
+        msg = Message(topic)
+        try:
+            if tags:
+                msg.set_tags(tags)
+            if keys:
+                msg.set_keys(" ".join(keys))  # RocketMQ's key separator
+            for k, v in properties.items():
+                msg.set_property(k, v)
+            ffi_check(dll.SetByteMessageBody(msg._handle, body, len(body)))  # set_body stops at a NUL byte
+            self._producer.send_sync(msg)
+        finally:
+            msg.destroy()
+
+    def close(self) -> None:
+        """Shut the producer down."""
+        self._producer.shutdown()
+
+
+def rocketmq_sender(namesrv: str, group: str, timeout_ms: int = 3000) -> Callable[[], Sender]:
+    """A picklable factory of RocketMQ senders, one per task."""
+    return functools.partial(RocketMQSender, namesrv, group, timeout_ms)
+
+
+def select(records: DataFrame, *, since_ms: int, until_ms: int, topic: str | None = None) -> DataFrame:
+    """Records due in [since_ms, until_ms), of one topic when given (records that fail their checks
+    stay, to be counted: their topic is unknown)."""
+    out = records.where((F.col("due_ms") >= since_ms) & (F.col("due_ms") < until_ms))
+    if topic is not None:
+        out = out.where((F.col("topic") == topic) | ~F.col("crc_ok"))
+    return out
+
+
+def delivery_properties(records: DataFrame) -> DataFrame:
+    """Records with `properties` as the replayed message carries them."""
+    extra = F.create_map(F.lit(ORIGINAL_ID_PROPERTY), F.col("msg_id"), F.lit(REPLAY_PROPERTY), F.lit("1"))
+    props = F.coalesce(F.col("properties"), F.create_map().cast(MapType(StringType(), StringType())))
+    merged = F.map_concat(F.map_filter(props, lambda k, v: ~k.isin(ORIGINAL_ID_PROPERTY, REPLAY_PROPERTY)), extra)
+    return records.withColumn("properties", merged)
+
+
+class _Pace:
+    """At most `rate` calls a second (0: unlimited), without drift."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next = time.monotonic()
+
+    def wait(self) -> None:
+        if not self.interval:
+            return
+        now = time.monotonic()
+        if self.next > now:
+            time.sleep(self.next - now)
+        self.next = max(self.next, now - 1.0) + self.interval  # at most a second of burst after a stall
+
+
+def _record_replays(data_dir: str, segment_ms: int, part: int, offsets: list[int], dues: list[int]) -> None:
+    """Append one frame of REPLAYED entries to a segment's dispatch log (a single O_APPEND write)."""
+    import numpy as np
+
+    from storage import REPLAYED, SegmentLayout, dispatch_entries, encode_frame
+
+    now = time.time_ns() // 1_000_000
+    layout = SegmentLayout.open_existing(data_dir)
+    frame = encode_frame(dispatch_entries(part, np.asarray(offsets, np.uint32), np.asarray(dues, np.int64), now,
+                                          REPLAYED, 1), now)
+    fd = os.open(layout.dispatch_log(segment_ms), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def send_partition(batches: Iterator, *, data_dir: str, sender_factory: Callable[[], Sender],
+                   rate_per_task: float) -> Iterator:
+    """mapInArrow body: send one partition's records, record the replays, yield one summary row."""
+    import pyarrow as pa
+
+    sent = failed = skipped = 0
+    segment = -1
+    error: str | None = None
+    sender: Sender | None = None
+    pace = _Pace(rate_per_task)
+    try:
+        for batch in batches:
+            cols = batch.to_pydict()
+            done: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+            for i in range(batch.num_rows):
+                segment = cols["segment_ms"][i]
+                if not cols["crc_ok"][i]:
+                    skipped += 1
+                    continue
+                if sender is None:
+                    sender = sender_factory()
+                pace.wait()
+                for attempt in range(_SEND_ATTEMPTS):
+                    try:
+                        sender.send(cols["topic"][i], cols["body"][i], cols["tags"][i], cols["keys"][i] or [],
+                                    dict(cols["properties"][i] or ()))
+                    except Exception as e:  # the client raises plain exceptions: retry, then count
+                        if attempt + 1 == _SEND_ATTEMPTS:
+                            failed += 1
+                            error = error or f"{type(e).__name__}: {e}"
+                        else:
+                            time.sleep(0.2 * (attempt + 1))
+                        continue
+                    sent += 1
+                    offs, dues = done.setdefault((segment, cols["part"][i]), ([], []))
+                    offs.append(cols["offset"][i])
+                    dues.append(cols["due_ms"][i])
+                    break
+            for (seg, part), (offs, dues) in done.items():
+                _record_replays(data_dir, seg, part, offs, dues)
+    finally:
+        if sender is not None:
+            sender.close()
+    yield pa.RecordBatch.from_pydict({"segment_ms": [segment], "sent": [sent], "failed": [failed],
+                                      "skipped_corrupt": [skipped], "error": [error]},
+                                     schema=pa.schema([("segment_ms", pa.int64()), ("sent", pa.int64()),
+                                                       ("failed", pa.int64()), ("skipped_corrupt", pa.int64()),
+                                                       ("error", pa.string())]))
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did (or, dry, would do)."""
+
+    since_ms: int
+    until_ms: int
+    topic: str | None
+    dry_run: bool
+    matched: int = 0
+    sent: int = 0
+    failed: int = 0
+    skipped_corrupt: int = 0
+    by_topic: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    sample: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def task_slots(spark: SparkSession) -> int:
+    """Tasks one executor runs at once (for the per-executor rate limit)."""
+    from spark.session import _local_cores
+
+    conf = spark.sparkContext.getConf()
+    master = conf.get("spark.master", "local[*]")
+    cores = _local_cores(master) if master.startswith("local") else int(conf.get("spark.executor.cores", "1"))
+    return max(1, cores // max(1, int(conf.get("spark.task.cpus", "1"))))
+
+
+def check_dispatch_logs(data_dir: str, since_ms: int, until_ms: int) -> None:
+    """Refuse to replay into a segment whose dispatch log ends in a torn frame: a REPLAYED frame
+    appended after it would be hidden (and cut by the engine's repair)."""
+    from storage import SegmentLayout, StorageError, read_dispatch_log
+
+    layout = SegmentLayout.open_existing(data_dir)
+    for seg in layout.list_segments():
+        if seg + layout.segment_ms <= since_ms or seg >= until_ms:
+            continue
+        path = layout.dispatch_log(seg)
+        read = read_dispatch_log(path)
+        if read.torn_bytes:
+            time.sleep(0.1)  # a frame being written this instant looks torn: look again
+            read = read_dispatch_log(path)
+        if read.torn_bytes:
+            raise StorageError(f"{path} ends in {read.torn_bytes} bytes of a torn frame; start the engine on this "
+                               "data directory once (it repairs dispatch logs), then replay")
+
+
+def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms: int, topic: str | None = None,
+           dry_run: bool = False, sender_factory: Callable[[], Sender] | None = None, rate: float = 1000.0,
+           sample: int = 20) -> ReplayResult:
+    """Re-send (or, with dry_run, list) the records due in [since_ms, until_ms) of `topic` (all when
+    None); `rate` is messages a second per executor (0: unlimited)."""
+    if until_ms <= since_ms:
+        raise ValueError(f"--until ({until_ms}) must be after --since ({since_ms})")
+    data_dir = str(data_dir)
+    result = ReplayResult(since_ms, until_ms, topic, dry_run)
+    records = (spark.read.format("timewheel").schema(COLUMNS)
+               .option("since_ms", str(since_ms)).option("until_ms", str(until_ms)).load(data_dir))
+    chosen = delivery_properties(select(records, since_ms=since_ms, until_ms=until_ms, topic=topic))
+    if dry_run:
+        chosen = chosen.persist()
+        try:
+            rows = chosen.groupBy("crc_ok", "topic").count().collect()
+            result.by_topic = {r["topic"]: r["count"] for r in rows if r["crc_ok"]}
+            result.skipped_corrupt = sum(r["count"] for r in rows if not r["crc_ok"])
+            result.matched = sum(result.by_topic.values()) + result.skipped_corrupt
+            result.sample = [r.asDict(recursive=True) | {"body_bytes": len(r["body"])} for r in
+                             chosen.where(F.col("crc_ok")).orderBy("due_ms", "segment_ms", "part", "offset")
+                             .drop("body", "crc_ok").limit(sample).collect()]
+        finally:
+            chosen.unpersist()
+        return result
+    if sender_factory is None:
+        raise ValueError("give a sender factory (e.g. rocketmq_sender(namesrv, group)) or dry_run=True")
+    check_dispatch_logs(data_dir, since_ms, until_ms)
+    fn = functools.partial(send_partition, data_dir=data_dir, sender_factory=sender_factory,
+                           rate_per_task=rate / task_slots(spark) if rate > 0 else 0.0)
+    out = chosen.sortWithinPartitions("due_ms").mapInArrow(fn, RESULT_SCHEMA).collect()
+    result.sent = sum(r["sent"] for r in out)
+    result.failed = sum(r["failed"] for r in out)
+    result.skipped_corrupt = sum(r["skipped_corrupt"] for r in out)
+    result.matched = result.sent + result.failed + result.skipped_corrupt
+    result.errors = sorted({r["error"] for r in out if r["error"]})
+    return result

@@ -1,0 +1,52 @@
+"""The SparkSession the jobs run in, with both timewheel sources registered."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+
+
+def register_sources(spark: SparkSession) -> None:
+    """Make `format("timewheel")` and `format("timewheel_dispatch")` available in a session."""
+    from spark.dispatch_source import TimewheelDispatchDataSource
+    from spark.source import TimewheelDataSource
+
+    spark.dataSource.register(TimewheelDataSource)
+    spark.dataSource.register(TimewheelDispatchDataSource)
+
+
+def _local_cores(master: str) -> int:
+    """Cores a local master runs tasks on: local, local[N], local[*], local[N,F]."""
+    inside = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+    first = inside.split(",")[0].strip()
+    return os.cpu_count() or 1 if first == "*" else max(1, int(first))
+
+
+def get_session(master: str = DEFAULT_MASTER, app_name: str = "timewheel",
+                conf: Mapping[str, str] | None = None) -> SparkSession:
+    """The active session (sources registered), or a new one on `master`.
+
+    Workers run this interpreter (so they import `storage` and `spark` as the driver does), and
+    times are UTC. On a cluster, install the project on every node (or ship it with
+    `spark.submit.pyFiles`) and keep the data directory on a filesystem every node sees.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.showConsoleProgress", "false"))
+    conf = dict(conf or {})
+    if master.startswith("local") and "spark.sql.shuffle.partitions" not in conf:
+        # a few tasks per core: the default 200 makes every small stage cost seconds on one machine
+        conf["spark.sql.shuffle.partitions"] = str(2 * _local_cores(master))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    register_sources(spark)
+    return spark

@@ -1,0 +1,387 @@
+"""The Spark commands of the `timewheel` CLI: backfill, audit, replay, export.
+
+`register(app)` adds them to the main Typer app. Each parses its arguments, opens a SparkSession on
+`--master` (`local[*]` by default) and calls one function of the `spark` package.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+
+import typer
+
+from timewheel.config import EngineConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_ENGINE_DEFAULTS = {f: EngineConfig.__dataclass_fields__[f].default for f in ("max_delay_ms", "max_body_bytes")}
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory (holds timewheel.json).",
+                                       exists=True, file_okay=False, dir_okay=True)]
+Master = Annotated[str, typer.Option("--master", help="Spark master URL: local[*], local[4], spark://host:7077, "
+                                                      "yarn, ...")]
+Conf = Annotated[Optional[list[str]], typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable).",
+                                                   metavar="KEY=VALUE")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Keep Spark's own log lines (warnings) on stderr.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+
+
+class InputFormat(str, Enum):
+    """Backfill input formats."""
+
+    parquet = "parquet"
+    json = "json"
+    csv = "csv"
+
+
+class PastDue(str, Enum):
+    """What a backfill does with rows due in a segment already past."""
+
+    reject = "reject"
+    now = "now"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"timewheel: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _time_ms(value: str, flag: str) -> int:
+    from spark._util import parse_time_ms
+
+    try:
+        return parse_time_ms(value)
+    except ValueError as e:
+        _fail(f"{flag}: {e}")
+        raise  # unreachable: _fail exits
+
+
+@contextmanager
+def _spark(master: str, conf: list[str] | None, verbose: bool) -> Iterator["SparkSession"]:
+    """A session on `master` (or the one already active in this process), stopped after the
+    command when the command started it."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    from pyspark.sql import SparkSession
+
+    from spark.session import get_session
+
+    extra: dict[str, str] = {}
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--conf {item!r}: expected KEY=VALUE")
+        extra[key.strip()] = value.strip()
+    if not verbose:
+        log4j = Path(__file__).resolve().parent.parent / "spark" / "log4j2-quiet.properties"
+        if log4j.exists():
+            opt = f"-Dlog4j2.configurationFile=file:{log4j}"
+            extra.setdefault("spark.driver.extraJavaOptions", opt)
+            extra.setdefault("spark.executor.extraJavaOptions", opt)
+    started = SparkSession.getActiveSession() is None
+    spark = get_session(master, "timewheel-cli", extra)
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        if started:
+            spark.stop()
+
+
+def _open_layout(data_dir: Path) -> None:
+    from storage import SegmentLayout, StorageError
+
+    try:
+        SegmentLayout.open_existing(data_dir)
+    except StorageError as e:
+        _fail(str(e))
+
+
+def _print_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def backfill(
+    inputs: Annotated[list[str], typer.Argument(help="Input files or directories (Parquet, JSON lines or CSV).",
+                                                metavar="INPUT")],
+    data_dir: DataDir,
+    fmt: Annotated[Optional[InputFormat], typer.Option("--format", help="Input format (default: from the first "
+                                                                       "input's suffix, else parquet).")] = None,
+    rejects: Annotated[Path, typer.Option("--rejects", help="Where rejected rows go, with their reason: a Parquet "
+                                                            "directory, or JSON when it ends in .json. Replaced "
+                                                            "on each run.")] = Path("timewheel-rejects"),
+    past_due: Annotated[PastDue, typer.Option("--past-due", help="Rows due in a segment already past: reject "
+                                                                 "them, or schedule them for now.")] = PastDue.reject,
+    max_delay_ms: Annotated[int, typer.Option("--max-delay-ms", help="Refuse rows due further ahead.")]
+    = _ENGINE_DEFAULTS["max_delay_ms"],
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Refuse larger bodies.")]
+    = _ENGINE_DEFAULTS["max_body_bytes"],
+    body_encoding: Annotated[str, typer.Option("--body-encoding", help="How text bodies are turned into bytes: "
+                                                                       "utf-8 or base64.")] = "utf-8",
+    partitions: Annotated[Optional[int], typer.Option("--partitions", help="Write tasks (default: sized by "
+                                                                           "Spark's adaptive execution).")] = None,
+    master: Master = "local[*]",
+    conf: Conf = None,
+    as_json: AsJson = False,
+    verbose: Verbose = False,
+) -> None:
+    """Bulk-schedule messages into sealed parts of a data directory.
+
+    Input columns are named like timewheel.Message's fields: topic, body, deliver_at_ms (epoch ms)
+    or deliver_at (timestamp or ISO-8601 text), and optionally keys, tags, properties, msg_id.
+    Rows without msg_id get one derived from their content, so running the same backfill twice
+    schedules nothing twice. Rows that break the contract (no topic, unparsable time, delay past
+    the maximum, body too large, ...) are written to --rejects with their reason. A running engine
+    picks the new parts up (it rescans loaded segments every few seconds).
+
+    Exits 1 when rows were rejected (the others are scheduled), 2 on a usage error.
+    """
+    _open_layout(data_dir)
+    if body_encoding not in ("utf-8", "base64"):
+        _fail("--body-encoding must be utf-8 or base64")
+    from spark.backfill import backfill as run
+    from spark.backfill import read_input
+    from spark.progress import stage_progress
+
+    with _spark(master, conf, verbose) as spark:
+        with stage_progress(spark, "backfill", enabled=not as_json):
+            try:
+                source = read_input(spark, inputs, fmt.value if fmt else None)
+                result = run(spark, data_dir, source, rejects_path=rejects, max_delay_ms=max_delay_ms,
+                             max_body_bytes=max_body_bytes, past_due=past_due.value, body_encoding=body_encoding,
+                             partitions=partitions)
+            except ValueError as e:
+                _fail(str(e))
+    out = result.as_dict()
+    if as_json:
+        _print_json(out)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        from spark.backfill import REASONS
+
+        console = Console()
+        table = Table(title=f"backfill {result.job}", show_header=False)
+        for k in ("input_rows", "scheduled", "already_scheduled", "duplicates", "rejected", "segments"):
+            table.add_row(k.replace("_", " "), f"{out[k]:,}")
+        console.print(table)
+        for reason, n in sorted(result.rejected_by_reason.items()):
+            console.print(f"[red]rejected[/red] {n:,}: {REASONS.get(reason, reason)}")
+        if result.rejected:
+            console.print(f"rejected rows with their reason: {result.rejects_path}")
+    if result.rejected:
+        raise typer.Exit(1)
+
+
+def audit(
+    data_dir: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="Where report.json, findings/ (Parquet) and lateness.png "
+                                                    "go.")] = Path("timewheel-audit"),
+    grace_seconds: Annotated[float, typer.Option("--grace-seconds", help="A record due less than this long ago "
+                                                                         "is not lost yet.")] = 300.0,
+    now: Annotated[Optional[str], typer.Option("--now", help="Audit as of this time (ISO-8601 or epoch ms; "
+                                                             "default: the wall clock).")] = None,
+    master: Master = "local[*]",
+    conf: Conf = None,
+    as_json: AsJson = False,
+    verbose: Verbose = False,
+) -> None:
+    """Reconcile what was scheduled with what was dispatched; find lost, duplicated, corrupt records.
+
+    Per segment and topic: scheduled = dispatched + cancelled + dead-lettered + corrupt + pending,
+    and delivery lateness p50/p99/max. Findings: lost records (past due by more than the grace, no
+    terminal outcome), duplicates (delivered more than once; replays are not duplicates), corrupt
+    records, dispatch entries naming no record. Writes report.json, findings/ and lateness.png to
+    --out; --json prints the report.
+
+    Reads files only, so it is safe beside a running engine. Exits 1 when it finds lost, duplicated
+    or corrupt records.
+    """
+    _open_layout(data_dir)
+    now_ms = _time_ms(now, "--now") if now else time.time_ns() // 1_000_000
+    from spark.audit import run_audit
+    from spark.progress import stage_progress
+
+    with _spark(master, conf, verbose) as spark:
+        with stage_progress(spark, "audit", enabled=not as_json):
+            rep = run_audit(spark, data_dir, now_ms=now_ms, grace_ms=int(grace_seconds * 1000), out_dir=out)
+    if as_json:
+        _print_json(rep.as_dict())
+    else:
+        _print_audit(rep)
+    if rep.failed:
+        raise typer.Exit(1)
+
+
+def _print_audit(rep: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from spark.audit import AuditReport
+
+    assert isinstance(rep, AuditReport)
+    console = Console()
+    cols = ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "replayed", "duplicates")
+    table = Table(title="timewheel audit")
+    table.add_column("segment")
+    table.add_column("topic")
+    for c in cols:
+        table.add_column(c.replace("_", " "), justify="right")
+    for s in rep.segments:
+        table.add_row(s["segment"], s["topic"] or "(corrupt)", *(f"{s[c]:,}" for c in cols))
+    totals = rep.as_dict()
+    table.add_row("total", "", *(f"{totals[c]:,}" for c in cols), style="bold")
+    console.print(table)
+    late = rep.lateness_ms
+    if late.get("delivered"):
+        console.print(f"lateness (ms): p50 {late['p50_ms']}, p99 {late['p99_ms']}, max {late['max_ms']} "
+                      f"over {late['delivered']:,} deliveries")
+    for kind, n in (("lost", rep.lost), ("duplicated", rep.duplicates), ("corrupt", rep.corrupt),
+                    ("unknown dispatch entries", rep.unknown_dispatch_entries)):
+        if n:
+            console.print(f"[red]{kind}[/red]: {n:,}")
+    for f in rep.sample_findings[:20]:
+        console.print(f"  {f['kind']} {f['segment']} part {f['part']} offset {f['offset']} "
+                      f"{f['msg_id'] or ''} {f['topic'] or ''}: {f['detail']}")
+    if rep.findings_path:
+        console.print(f"findings: {rep.findings_path}")
+    if rep.chart_path:
+        console.print(f"lateness chart: {rep.chart_path}")
+    console.print("[green]ok[/green]" if not rep.failed else "[red]FAILED[/red]: lost, duplicated or corrupt records")
+
+
+def replay(
+    data_dir: DataDir,
+    since: Annotated[str, typer.Option("--since", help="First due time replayed (ISO-8601 or epoch ms).")],
+    until: Annotated[str, typer.Option("--until", help="Records due before this are replayed (ISO-8601 or epoch "
+                                                       "ms).")],
+    topic: Annotated[Optional[str], typer.Option("--topic", help="Only this target topic.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent; send and record "
+                                                            "nothing.")] = False,
+    namesrv: Annotated[str, typer.Option("--namesrv", help="RocketMQ NameServer HOST:PORT.")] = "127.0.0.1:9876",
+    group: Annotated[str, typer.Option("--group", help="Producer group.")] = "timewheel-replay",
+    rate: Annotated[float, typer.Option("--rate", help="Messages a second per executor (0: unlimited).")] = 1000.0,
+    show: Annotated[int, typer.Option("--show", help="Messages listed by --dry-run.")] = 20,
+    master: Master = "local[*]",
+    conf: Conf = None,
+    as_json: AsJson = False,
+    verbose: Verbose = False,
+) -> None:
+    """Re-send the records due in [--since, --until) to their topics, from the Spark executors.
+
+    One producer per task; --rate bounds each executor. Each message carries its body, tags, keys and properties, plus TW_ORIGINAL_MSG_ID and
+    TW_REPLAY=1; each one sent is recorded as REPLAYED in its segment's dispatch log (the audit does
+    not count replays as duplicates). Exits 1 when a message could not be sent.
+    """
+    _open_layout(data_dir)
+    since_ms, until_ms = _time_ms(since, "--since"), _time_ms(until, "--until")
+    from spark.progress import stage_progress
+    from spark.replay import replay as run
+    from spark.replay import rocketmq_sender
+
+    with _spark(master, conf, verbose) as spark:
+        with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
+            try:
+                result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
+                             sender_factory=None if dry_run else rocketmq_sender(namesrv, group), rate=rate,
+                             sample=show)
+            except ValueError as e:
+                _fail(str(e))
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        _print_replay(result)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def _print_replay(result: object) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from spark._util import iso_ms
+    from spark.replay import ReplayResult
+
+    assert isinstance(result, ReplayResult)
+    console = Console()
+    span = f"due in [{iso_ms(result.since_ms)}, {iso_ms(result.until_ms)})" + (
+        f", topic {result.topic}" if result.topic else "")
+    if result.dry_run:
+        console.print(f"dry run: would send {result.matched - result.skipped_corrupt:,} messages {span}; "
+                      "nothing sent, nothing recorded")
+        for t, n in sorted(result.by_topic.items()):
+            console.print(f"  {t}: {n:,}")
+        if result.sample:
+            table = Table(title=f"first {len(result.sample)} by due time")
+            for c in ("due", "topic", "msg_id", "tags", "keys", "body bytes"):
+                table.add_column(c)
+            for r in result.sample:
+                table.add_row(iso_ms(r["due_ms"]), r["topic"], r["msg_id"], r["tags"] or "", " ".join(r["keys"] or ()),
+                              str(r["body_bytes"]))
+            console.print(table)
+    else:
+        console.print(f"replayed {result.sent:,} messages {span}" + (f"; {result.failed:,} failed" if result.failed
+                                                                     else ""))
+        for e in result.errors[:5]:
+            console.print(f"[red]error[/red]: {e}")
+    if result.skipped_corrupt:
+        console.print(f"[red]skipped[/red] {result.skipped_corrupt:,} corrupt records (run the audit)")
+
+
+def export(
+    data_dir: DataDir,
+    out: Annotated[Path, typer.Option("--out", help="Output directory: records/ and dispatch/ (Parquet, by "
+                                                    "segment); replaced.")],
+    since: Annotated[Optional[str], typer.Option("--since", help="Only records due at or after this.")] = None,
+    until: Annotated[Optional[str], typer.Option("--until", help="Only records due before this.")] = None,
+    topic: Annotated[Optional[str], typer.Option("--topic", help="Only this target topic's records.")] = None,
+    dispatch: Annotated[bool, typer.Option("--dispatch/--no-dispatch", help="Also export the dispatch "
+                                                                            "logs.")] = True,
+    master: Master = "local[*]",
+    conf: Conf = None,
+    as_json: AsJson = False,
+    verbose: Verbose = False,
+) -> None:
+    """Export segments to Parquet for analysts.
+
+    records/: every record with its status and lateness; dispatch/: the dispatch-log entries. Both
+    partitioned by segment.
+    """
+    _open_layout(data_dir)
+    since_ms = _time_ms(since, "--since") if since else None
+    until_ms = _time_ms(until, "--until") if until else None
+    from spark.export import export as run
+    from spark.progress import stage_progress
+
+    with _spark(master, conf, verbose) as spark:
+        with stage_progress(spark, "export", enabled=not as_json):
+            result = run(spark, data_dir, out, since_ms=since_ms, until_ms=until_ms, topic=topic, dispatch=dispatch)
+    if as_json:
+        _print_json(result.as_dict())
+    else:
+        typer.echo(f"exported {result.records:,} records to {result.records_path}"
+                   + (f" and {result.dispatch_entries:,} dispatch entries to {result.dispatch_path}"
+                      if result.dispatch_path else ""))
+
+
+def _help(doc: str | None) -> str:
+    """A docstring as help text: paragraphs kept, lines inside a paragraph joined."""
+    import inspect
+
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the backfill, audit, replay and export commands to the `timewheel` CLI."""
+    for name, fn in (("backfill", backfill), ("audit", audit), ("replay", replay), ("export", export)):
+        app.command(name, help=_help(fn.__doc__))(fn)
