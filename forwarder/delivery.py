@@ -1,21 +1,25 @@
 """Delivery: a Sink that sends due messages to their target topics, and the dead-letter path.
 
-A batch is sent by a pool of threads, so throughput does not wait on one round trip per
-message. A circuit breaker stops hammering a broker that keeps failing: while it is
-open every batch fails at once and the engine retries later with backoff; after the open period
-one batch probes the broker.
+Due messages go out through `forwarder.remoting.RemotingProducer`: grouped by topic, cut into
+SEND_BATCH_MESSAGE requests of up to 128 messages / 1 MiB, each stored by the broker as separate
+messages with their own ids. The bundled native client cannot do that (its single sends cost
+~100 µs of CPU each, its batches are stored as one message); it only carries dead letters.
+
+A circuit breaker stops hammering a broker that keeps failing: while it is open every batch fails
+at once and the engine retries later with backoff; after the open period one batch probes the
+broker. Only retriable failures (broker down, busy, timeouts) count towards opening it: a topic
+that does not exist or a message the broker refuses says nothing about the broker's health.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from forwarder._rmq_native import NativeProducer
 from forwarder.contract import ORIGINAL_MSG_ID, to_dead_letter, to_outgoing
-from forwarder.errors import ForwarderError
+from forwarder.remoting import Receipt, RemotingError, RemotingProducer
 from timewheel.config import RocketMQConfig
 from timewheel.message import Message
 
@@ -60,49 +64,55 @@ class CircuitBreaker:
 class RocketMQSink:
     """Sends due messages to their target topics; also the engine's dead-letter sink."""
 
-    def __init__(self, cfg: RocketMQConfig, producer: NativeProducer) -> None:
+    def __init__(self, cfg: RocketMQConfig, producer: NativeProducer, *,
+                 sender: RemotingProducer | None = None) -> None:
+        """Deliver through `sender` (by default a RemotingProducer for `cfg`); dead letters through `producer`."""
         self.cfg = cfg
         self.producer = producer
+        self.sender = sender or RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_seconds)
-        self.counters = {"sent": 0, "failed": 0, "refused": 0, "dead_lettered": 0}
-        self._pool = ThreadPoolExecutor(cfg.send_threads, thread_name_prefix="timewheel-send")
+        # failed counts every message not delivered; rejected, those whose error is not retriable
+        self.counters = {"sent": 0, "failed": 0, "refused": 0, "rejected": 0, "dead_lettered": 0}
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Send every message and wait for all answers; True per stored message.
 
-        Sync sends from a pool of threads: the client's sync send answers in well under a
-        millisecond on loopback, while its async send waits ~8 ms for the answer, so a pool of
-        sync senders is both faster per message and parallel (ctypes releases the GIL).
+        A batch request the broker refused or did not answer fails all of its messages; the
+        other batches of the call are unaffected.
         """
         if not self.breaker.allow():
             self.counters["refused"] += len(messages)
             return [False] * len(messages)
-        if len(messages) <= 2:
-            results = [self._send_one(m) for m in messages]
-        else:
-            n = min(self.cfg.send_threads, len(messages))
-            chunks = [messages[i::n] for i in range(n)]
-            parts = list(self._pool.map(lambda ms: [self._send_one(m) for m in ms], chunks))
-            results = [False] * len(messages)
-            for i, part in enumerate(parts):
-                results[i::n] = part
+        if not messages:
+            return []
+        try:
+            outcomes: list[Receipt | RemotingError] = self.sender.send([to_outgoing(m) for m in messages])
+        except RemotingError as e:  # the sender is closed
+            outcomes = [e] * len(messages)
+        results = [isinstance(o, Receipt) for o in outcomes]
         ok = sum(results)
-        self.breaker.record(ok, len(messages) - ok)
+        errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message
+        retriable = rejected = 0
+        for m, o in zip(messages, outcomes):
+            if isinstance(o, RemotingError):
+                errors.setdefault(id(o), (m.topic, o))
+                if o.retriable:
+                    retriable += 1
+                else:
+                    rejected += 1
+        self.breaker.record(ok, retriable)
         self.counters["sent"] += ok
         self.counters["failed"] += len(messages) - ok
+        self.counters["rejected"] += rejected
+        for topic, err in errors.values():
+            # Not retriable means a missing topic or a refused message: someone has to act on it.
+            log.log(logging.DEBUG if err.retriable else logging.WARNING, "delivery to %s failed (%s): %s", topic,
+                    type(err).__name__, err)
         return results
 
-    def _send_one(self, m: Message) -> bool:
-        try:
-            self.producer.send(to_outgoing(m))
-            return True
-        except (ForwarderError, ValueError) as e:
-            log.debug("send of %s to %s failed: %s", m.msg_id, m.topic, e)
-            return False
-
     def close(self) -> None:
-        """Stop the sender threads."""
-        self._pool.shutdown(wait=True)
+        """Close the sender's connections."""
+        self.sender.close()
 
     def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
         """Park messages on the dead-letter topic with the reason; raises if the broker refuses."""

@@ -1,0 +1,600 @@
+"""The remoting client: byte layouts, error mapping, framing against a scripted server, and real
+batches through the local RocketMQ (round trips, several topics, broker restarts, missing topics)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage, SendStatus
+from forwarder.delivery import RocketMQSink
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.remoting import (
+    BrokerBusyError,
+    BrokerError,
+    BrokerUnavailableError,
+    ConnectionFailedError,
+    MessageRejectedError,
+    ProtocolError,
+    Receipt,
+    RemotingError,
+    RemotingProducer,
+    RequestTimeoutError,
+    TopicNotFoundError,
+    encode_message,
+    error_for_code,
+)
+from timewheel.config import RocketMQConfig
+from timewheel.message import Message
+
+# -- byte layouts ---------------------------------------------------------------------------------
+
+_PROPS = "p\x01v\x02TAGS\x01t\x02KEYS\x01k1 k2\x02WAIT\x01true\x02UNIQ_KEY\x01ID\x02"
+
+
+@pytest.mark.parametrize("msg,expected", [
+    pytest.param(
+        OutgoingMessage("T", b"\x00\x01", tags="t", keys="k1 k2", properties={"p": "v"}),
+        struct.pack(">iiiii", 20 + 2 + 2 + len(_PROPS), 0, 0, 0, 2) + b"\x00\x01"
+        + struct.pack(">h", len(_PROPS)) + _PROPS.encode(),
+        id="binary-body-tags-keys-property",
+    ),
+    pytest.param(
+        OutgoingMessage("T", b""),
+        bytes.fromhex("0000002c 00000000 00000000 00000000 00000000 0016") + b"WAIT\x01true\x02UNIQ_KEY\x01ID\x02",
+        id="empty-body-no-tags",
+    ),
+    pytest.param(
+        OutgoingMessage("T", b"x", properties={"名": "Zoë"}),
+        bytes.fromhex("00000036 00000000 00000000 00000000 00000001") + b"x" + bytes.fromhex("001f")
+        + "名\x01Zoë\x02WAIT\x01true\x02UNIQ_KEY\x01ID\x02".encode(),
+        id="utf8-property-length-in-bytes",
+    ),
+])
+def test_encode_message_pins_the_batch_layout(msg: OutgoingMessage, expected: bytes) -> None:
+    assert encode_message(msg, "ID") == expected
+
+
+def test_encode_message_lets_the_message_fields_win_over_same_named_properties() -> None:
+    data = encode_message(OutgoingMessage("T", b"", tags="real", properties={"TAGS": "fake", "UNIQ_KEY": "x"}), "ID")
+    props = data[22:].decode()
+    assert "TAGS\x01real\x02" in props and "fake" not in props and "UNIQ_KEY\x01ID\x02" in props
+
+
+@pytest.mark.parametrize("props", [{"a\x01": "v"}, {"a": "v\x02w"}, {"a": "nul\x00"}, {"big": "x" * 40000}])
+def test_encode_message_refuses_what_rocketmq_cannot_carry(props: dict[str, str]) -> None:
+    with pytest.raises(MessageRejectedError) as err:
+        encode_message(OutgoingMessage("T", b"", properties=props), "ID")
+    assert not err.value.retriable
+
+
+@pytest.mark.parametrize("code,cls,retriable", [
+    (1, BrokerUnavailableError, True),  # SYSTEM_ERROR
+    (2, BrokerBusyError, True),  # SYSTEM_BUSY
+    (14, BrokerUnavailableError, True),  # SERVICE_NOT_AVAILABLE
+    (16, BrokerUnavailableError, True),  # NO_PERMISSION
+    (215, BrokerBusyError, True),  # FLOW_CONTROL
+    (501, BrokerUnavailableError, True),  # NOT_LEADER_FOR_QUEUE
+    (13, MessageRejectedError, False),  # MESSAGE_ILLEGAL
+    (17, TopicNotFoundError, False),  # TOPIC_NOT_EXIST
+    (29, MessageRejectedError, False),  # INVALID_PARAMETER
+    (12345, BrokerError, False),
+])
+def test_response_codes_map_to_typed_errors(code: int, cls: type[BrokerError], retriable: bool) -> None:
+    err = error_for_code(code, "why", "broker-a")
+    assert type(err) is cls and err.retriable is retriable and err.code == code and "why" in str(err)
+
+
+@pytest.mark.parametrize("cls", [ConnectionFailedError, RequestTimeoutError, ProtocolError])
+def test_transport_errors_are_retriable(cls: type[RemotingError]) -> None:
+    assert cls("x").retriable
+
+
+# -- a scripted NameServer + broker on loopback ----------------------------------------------------
+
+
+@dataclass
+class Request:
+    """A request the fake server received."""
+
+    code: int
+    opaque: int
+    ext: dict[str, str]
+    body: bytes
+
+
+Reply = tuple[int, dict[str, str], bytes] | None  # (code, extFields, body); None: no answer
+
+
+@dataclass
+class FakeServer:
+    """Answers GET_ROUTEINFO_BY_TOPIC from `routes` and SEND_BATCH_MESSAGE through `on_batch`.
+
+    One address plays NameServer and broker. `on_batch` gets all the batch requests one socket
+    read delivered (so a test can answer them out of order) and returns the answers to write.
+    """
+
+    routes: dict[str, int] = field(default_factory=dict)  # topic -> write queues
+    on_batch: Callable[[list[Request]], list[tuple[Request, Reply]]] = field(
+        default=lambda reqs: [(r, (0, {"queueId": r.ext["e"], "queueOffset": "0"}, b"")) for r in reqs])
+    requests: list[Request] = field(default_factory=list)
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self._socks.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                chunk = sock.recv(1 << 20)
+                if not chunk:
+                    return
+                buf += chunk
+                reqs = []
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">i", buf[:4])[0]:
+                    (length,) = struct.unpack(">i", buf[:4])
+                    frame, buf = buf[4:4 + length], buf[4 + length:]
+                    hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+                    h = json.loads(frame[4:4 + hlen])
+                    reqs.append(Request(h["code"], h["opaque"], h.get("extFields") or {}, frame[4 + hlen:]))
+                self.requests += reqs
+                answers: list[tuple[Request, Reply]] = []
+                batch = [r for r in reqs if r.code == 320]
+                for r in reqs:
+                    if r.code == 105:
+                        answers.append((r, self._route(r.ext["topic"])))
+                if batch:
+                    answers += self.on_batch(batch)
+                for r, reply in answers:
+                    if reply is not None:
+                        sock.sendall(frame_of(r.opaque, *reply))
+        except OSError:
+            return
+
+    def _route(self, topic: str) -> Reply:
+        if topic not in self.routes:
+            return 17, {}, b""
+        body = {"brokerDatas": [{"cluster": "c", "brokerName": "b", "brokerAddrs": {"0": self.addr}}],
+                "queueDatas": [{"brokerName": "b", "readQueueNums": self.routes[topic],
+                                "writeQueueNums": self.routes[topic], "perm": 6, "topicSysFlag": 0}]}
+        return 0, {}, json.dumps(body).encode()
+
+    def batches(self) -> list[Request]:
+        return [r for r in self.requests if r.code == 320]
+
+    def drop_connections(self) -> None:
+        for s in self._socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # a close() alone waits for the thread blocked in recv()
+            except OSError:
+                pass
+            s.close()
+        self._socks.clear()
+
+    def close(self) -> None:
+        self._listener.close()
+        self.drop_connections()
+
+
+def frame_of(opaque: int, code: int, ext: dict[str, str], body: bytes) -> bytes:
+    header = json.dumps({"code": code, "flag": 1, "opaque": opaque, "language": "JAVA", "version": 0,
+                         "remark": f"remark {code}", "extFields": ext}).encode()
+    return struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body
+
+
+def decode_batch(body: bytes) -> list[tuple[bytes, dict[str, str]]]:
+    """Split a SEND_BATCH_MESSAGE body back into (body, properties) per message."""
+    out = []
+    while body:
+        size, _, _, _, blen = struct.unpack(">iiiii", body[:20])
+        msg_body = body[20:20 + blen]
+        (plen,) = struct.unpack(">h", body[20 + blen:22 + blen])
+        props = body[22 + blen:22 + blen + plen].decode()
+        assert size == 22 + blen + plen
+        out.append((msg_body, dict(p.split("\x01") for p in props.split("\x02") if p)))
+        body = body[size:]
+    return out
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    s = FakeServer(routes={"T": 4, "U": 2})
+    yield s
+    s.close()
+
+
+def _msgs(topic: str, n: int, size: int = 10) -> list[OutgoingMessage]:
+    return [OutgoingMessage(topic, bytes([i % 256]) * size, tags=f"t{i}", properties={"i": str(i)}) for i in range(n)]
+
+
+def test_batches_are_cut_by_count_and_bytes_and_go_round_robin_over_the_queues(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g", max_batch_messages=128, max_batch_bytes=20_000) as p:
+        results = p.send(_msgs("T", 300) + _msgs("U", 3, size=15_000))
+    assert all(isinstance(r, Receipt) for r in results)
+    sizes = [(r.ext["b"], len(decode_batch(r.body))) for r in server.batches()]
+    assert sizes == [("T", 128), ("T", 128), ("T", 44), ("U", 1), ("U", 1), ("U", 1)]
+    queues_t = [int(r.ext["e"]) for r in server.batches() if r.ext["b"] == "T"]
+    assert sorted((q - queues_t[0]) % 4 for q in queues_t) == [0, 1, 2], "consecutive queues"
+    first = server.batches()[0]
+    assert first.ext["m"] == "true" and first.ext["a"] == "g" and first.ext["c"] == "TBW102"
+    body, props = decode_batch(first.body)[5]
+    assert body == b"\x05" * 10 and props["TAGS"] == "t5" and props["i"] == "5" and props["WAIT"] == "true"
+    assert props["UNIQ_KEY"] == results[5].msg_id  # type: ignore[union-attr]
+    assert server.connections == 2, "one to the NameServer, one to the broker (one address plays both here)"
+
+
+def test_receipts_follow_the_queue_offsets_and_answers_are_matched_by_opaque(server: FakeServer) -> None:
+    def reversed_answers(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        return [(r, (0, {"queueId": r.ext["e"], "queueOffset": str(1000 * r.opaque)}, b"")) for r in reversed(reqs)]
+
+    server.on_batch = reversed_answers
+    with RemotingProducer(server.addr, "g", max_batch_messages=2) as p:
+        results = p.send(_msgs("T", 5))
+    receipts = [r for r in results if isinstance(r, Receipt)]
+    assert len(receipts) == 5
+    opaques = [r.opaque for r in server.batches()]
+    assert [r.queue_offset for r in receipts] == [1000 * opaques[0], 1000 * opaques[0] + 1, 1000 * opaques[1],
+                                                  1000 * opaques[1] + 1, 1000 * opaques[2]]
+    assert len({r.msg_id for r in receipts}) == 5 and all(len(r.msg_id) == 32 for r in receipts)
+
+
+def test_a_refused_batch_fails_only_its_own_messages(server: FakeServer) -> None:
+    def busy_u(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        return [(r, (2, {}, b"") if r.ext["b"] == "U" else (10, {"queueId": "0", "queueOffset": "7"}, b""))
+                for r in reqs]
+
+    server.on_batch = busy_u
+    with RemotingProducer(server.addr, "g") as p:
+        results = p.send(_msgs("T", 2) + _msgs("U", 2))
+    assert [type(r) for r in results] == [Receipt, Receipt, BrokerBusyError, BrokerBusyError]
+    assert results[0].status == SendStatus.FLUSH_DISK_TIMEOUT  # type: ignore[union-attr]  # stored, not flushed
+    assert results[2] is results[3] and results[2].retriable and "remark 2" in str(results[2])
+
+
+def test_a_topic_without_route_fails_as_not_retriable_when_brokers_cannot_create_it(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g") as p:
+        results = p.send(_msgs("NOPE", 2) + _msgs("T", 1))
+    assert isinstance(results[0], TopicNotFoundError) and not results[0].retriable
+    assert "NOPE does not exist" in str(results[0]) and isinstance(results[2], Receipt)
+
+
+def test_a_topic_without_route_goes_through_the_default_topic_and_a_refusal_is_not_retriable(
+        server: FakeServer) -> None:
+    server.routes["TBW102"] = 8
+
+    def no_auto_create(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        return [(r, (17, {}, b"") if r.ext["b"] == "NEW" else (0, {"queueOffset": "0"}, b"")) for r in reqs]
+
+    server.on_batch = no_auto_create
+    with RemotingProducer(server.addr, "g") as p:
+        [result] = p.send(_msgs("NEW", 1))
+        assert isinstance(result, TopicNotFoundError) and not result.retriable
+        assert p.route("NEW").via_default_topic and len(p.route("NEW").queues) == 4  # as many as the broker creates
+    [req] = server.batches()
+    assert req.ext["b"] == "NEW" and req.ext["c"] == "TBW102" and req.ext["d"] == "4"
+
+
+@pytest.mark.parametrize("topic", ["bad topic", "x" * 128, ""])
+def test_invalid_topic_names_are_refused_before_any_request(server: FakeServer, topic: str) -> None:
+    with RemotingProducer(server.addr, "g") as p:
+        [result] = p.send([OutgoingMessage(topic, b"x")])
+    assert isinstance(result, MessageRejectedError) and not server.requests
+
+
+def test_a_message_over_the_size_limit_fails_alone(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g", max_message_bytes=1000) as p:
+        results = p.send([OutgoingMessage("T", b"x" * 2000), OutgoingMessage("T", b"small")])
+    assert isinstance(results[0], MessageRejectedError) and isinstance(results[1], Receipt)
+
+
+def test_no_answer_times_out_and_the_next_send_uses_a_new_connection(server: FakeServer) -> None:
+    silent = True
+
+    def maybe_silent(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        return [(r, None if silent else (0, {"queueOffset": "0"}, b"")) for r in reqs]
+
+    server.on_batch = maybe_silent
+    with RemotingProducer(server.addr, "g", timeout_ms=300) as p:
+        t = time.monotonic()
+        [result] = p.send(_msgs("T", 1))
+        assert isinstance(result, RequestTimeoutError) and result.retriable
+        assert 0.25 < time.monotonic() - t < 2.0
+        silent = False
+        [result] = p.send(_msgs("T", 1))
+        assert isinstance(result, Receipt)
+    assert server.connections == 3, "NameServer, broker, broker again"
+
+
+def test_a_connection_the_server_closed_is_reopened_before_the_next_send(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g") as p:
+        assert isinstance(p.send(_msgs("T", 1))[0], Receipt)
+        server.drop_connections()
+        time.sleep(0.1)
+        assert isinstance(p.send(_msgs("T", 1))[0], Receipt), "an idle connection closed by the peer is not a failure"
+    assert server.connections == 3, "NameServer, broker, broker again"
+
+
+def test_routes_are_refreshed_and_the_last_one_is_kept_when_the_nameserver_drops_it(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g", route_ttl_s=0.0, route_retry_s=0.0) as p:
+        assert len(p.route("T").queues) == 4
+        server.routes["T"] = 8
+        assert len(p.route("T").queues) == 8, "a new queue count shows once the TTL passed"
+        del server.routes["T"]  # as the NameServer does while the topic's only broker is down
+        assert len(p.route("T").queues) == 8
+        assert isinstance(p.send(_msgs("T", 1))[0], Receipt)
+
+
+def test_sink_counts_refused_messages_without_opening_the_breaker(server: FakeServer) -> None:
+    def busy_u(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        return [(r, (2, {}, b"") if r.ext["b"] == "U" else (0, {"queueOffset": "0"}, b"")) for r in reqs]
+
+    server.on_batch = busy_u
+    cfg = RocketMQConfig(namesrv=server.addr, breaker_failures=3, breaker_open_seconds=60)
+    sink = RocketMQSink(cfg, producer=None)  # type: ignore[arg-type]  # no dead letters here
+    due = int(time.time() * 1000)
+    try:
+        missing = [Message("MISSING", b"x", due) for _ in range(5)]
+        assert sink.send_batch(missing + [Message("T", b"ok", due)]) == [False] * 5 + [True]
+        assert sink.send_batch(missing) == [False] * 5
+        assert not sink.breaker.is_open, "a topic that does not exist says nothing about the broker"
+        assert sink.counters == {"sent": 1, "failed": 10, "refused": 0, "rejected": 10, "dead_lettered": 0}
+        assert sink.send_batch([Message("U", b"busy", due)] * 3) == [False] * 3
+        assert sink.breaker.is_open, "a busy broker is"
+        assert sink.send_batch([Message("T", b"held", due)]) == [False] and sink.counters["refused"] == 1
+    finally:
+        sink.close()
+
+
+def test_an_unreachable_nameserver_is_a_retriable_error() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+    with RemotingProducer(addr, "g", timeout_ms=500) as p:
+        [result] = p.send(_msgs("T", 1))
+    assert isinstance(result, ConnectionFailedError) and result.retriable
+
+
+def test_the_second_nameserver_answers_when_the_first_is_down(server: FakeServer) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    with RemotingProducer(f"{dead};{server.addr}", "g") as p:
+        assert isinstance(p.send(_msgs("T", 1))[0], Receipt)
+
+
+def test_garbage_from_the_peer_is_a_protocol_error(server: FakeServer) -> None:
+    def garbage(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+        for s in server._socks:
+            s.sendall(struct.pack(">ii", 8, (1 << 24) | 4) + b"\x00" * 4)  # binary header: not ours
+        return []
+
+    server.on_batch = garbage
+    with RemotingProducer(server.addr, "g", timeout_ms=500) as p:
+        [result] = p.send(_msgs("T", 1))
+    assert isinstance(result, ProtocolError) and "type 1" in str(result)
+
+
+def test_ids_are_distinct_and_carry_the_clients_layout(server: FakeServer) -> None:
+    with RemotingProducer(server.addr, "g") as p:
+        receipts = [r for _ in range(20) for r in p.send(_msgs("T", 256)) if isinstance(r, Receipt)]
+    ids = [r.msg_id for r in receipts]
+    assert len(ids) == len(set(ids)) == 20 * 256
+    assert {i[:8] for i in ids} == {"7F000001"}  # the IPv4 address the NameServer saw: loopback
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_sends_from_several_threads_share_connections_safely(server: FakeServer) -> None:
+    results: list[Receipt | RemotingError] = []
+    lock = threading.Lock()
+    with RemotingProducer(server.addr, "g", max_batch_messages=16) as p:
+        def work() -> None:
+            for _ in range(10):
+                r = p.send(_msgs("T", 40) + _msgs("U", 10))
+                with lock:
+                    results.extend(r)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(results) == 4 * 10 * 50 and all(isinstance(r, Receipt) for r in results)
+
+
+# -- against the real local RocketMQ ---------------------------------------------------------------
+
+
+class Inbox:
+    """Collects received messages; `wait(n)` until n arrived."""
+
+    def __init__(self) -> None:
+        self.items: list[ReceivedMessage] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, msg: ReceivedMessage) -> bool:
+        with self.cond:
+            self.items.append(msg)
+            self.cond.notify_all()
+        return True
+
+    def wait(self, n: int, timeout: float = 60.0) -> list[ReceivedMessage]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.items) >= n, timeout)
+            time.sleep(0.5)  # anything delivered twice would show up now
+            return list(self.items)
+
+
+def consume(mq: LocalRocketMQ, topics: list[str]) -> tuple[NativePushConsumer, Inbox]:
+    inbox = Inbox()
+    consumer = NativePushConsumer(f"test_remoting_{uuid.uuid4().hex[:8]}", mq.namesrv_addr, inbox)
+    for t in topics:
+        consumer.subscribe(t)
+    consumer.start()
+    return consumer, inbox
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.rocketmq
+def test_round_trip_binary_bodies_tags_keys_and_unicode_properties(rocketmq: LocalRocketMQ) -> None:
+    topic = _topic("RT")
+    rocketmq.create_topics([topic])
+    sent = [OutgoingMessage(topic, bytes([0, 255, i]) + f"ü{i}".encode() + b"\x00", tags=f"tag{i % 3}",
+                            keys=f"k{i} order-{i}", properties={"customer": "Zoë 名前", "n": str(i),
+                                                                "TW_ORIGINAL_MSG_ID": f"{i:032X}"})
+            for i in range(50)] + [OutgoingMessage(topic, b"", properties={"empty_body": "yes"})]
+    with RemotingProducer(rocketmq.namesrv_addr, "test_rt") as p:
+        receipts = p.send_batch(topic, sent)
+    consumer, inbox = consume(rocketmq, [topic])
+    try:
+        got = inbox.wait(len(sent))
+    finally:
+        consumer.shutdown()
+    assert len(got) == len(sent), "each message stored separately, once"
+    by_id = {m.msg_id: m for m in got}
+    assert set(by_id) == {r.msg_id for r in receipts}
+    for r, s in zip(receipts, sent):
+        m = by_id[r.msg_id]
+        assert (m.topic, m.body, m.tags, m.keys) == (topic, s.body, s.tags or "", s.keys or "")
+        assert {k: m.properties[k] for k in s.properties} == s.properties
+        assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
+
+
+@pytest.mark.rocketmq
+def test_the_broker_stores_what_the_native_client_would(rocketmq: LocalRocketMQ) -> None:
+    """Same property names on the consumer's side, for a wire batch and a native single send."""
+    topic = _topic("SAME")
+    rocketmq.create_topics([topic])
+    msg = OutgoingMessage(topic, b"body", tags="t", keys="a b", properties={"TW_DUE_MS": "1", "x": "y"})
+    producer = NativeProducer(f"test_same_{uuid.uuid4().hex[:6]}", rocketmq.namesrv_addr)
+    with producer, RemotingProducer(rocketmq.namesrv_addr, "test_same") as p:
+        native_id = producer.send(msg).msg_id
+        [wire] = p.send_batch(topic, [msg])
+    consumer, inbox = consume(rocketmq, [topic])
+    try:
+        got = {m.msg_id: m for m in inbox.wait(2)}
+    finally:
+        consumer.shutdown()
+    native, ours = got[native_id], got[wire.msg_id]
+    assert set(native.properties) == set(ours.properties)
+    differ = {k for k in native.properties if native.properties[k] != ours.properties[k]}
+    assert differ == {"UNIQ_KEY"}
+    assert (ours.body, ours.tags, ours.keys) == (native.body, native.tags, native.keys)
+
+
+def _cfg(mq: LocalRocketMQ, **kw: Any) -> RocketMQConfig:
+    run = uuid.uuid4().hex[:8]
+    return RocketMQConfig(namesrv=mq.namesrv_addr, producer_group=f"test_sink_{run}", dead_letter_topic=f"DLQ_{run}",
+                          **kw)
+
+
+@pytest.mark.rocketmq
+def test_sink_sends_several_topics_in_one_call(rocketmq: LocalRocketMQ) -> None:
+    topics = [_topic(f"MULTI{i}") for i in range(3)]
+    rocketmq.create_topics(topics)
+    due = int(time.time() * 1000)
+    msgs = [Message(topics[i % 3], f"m{i}".encode(), due, f"t{i}", (f"k{i}",), {"i": str(i)}, f"{i:032X}")
+            for i in range(300)]
+    sink = RocketMQSink(_cfg(rocketmq), producer=None)  # type: ignore[arg-type]  # no dead letters here
+    try:
+        assert sink.send_batch(msgs) == [True] * 300
+    finally:
+        sink.close()
+    assert sink.counters["sent"] == 300
+    consumer, inbox = consume(rocketmq, topics)
+    try:
+        got = inbox.wait(300)
+    finally:
+        consumer.shutdown()
+    assert sorted((m.topic, m.body) for m in got) == sorted((m.topic, m.body) for m in msgs)
+    for m in got:
+        i = int(m.body[1:])
+        assert m.tags == f"t{i}" and m.keys == f"k{i}" and m.properties["i"] == str(i)
+        assert m.properties["TW_ORIGINAL_MSG_ID"] == f"{i:032X}" and m.properties["TW_DUE_MS"] == str(due)
+    assert len({m.msg_id for m in got}) == 300
+
+
+@pytest.mark.rocketmq
+def test_a_topic_that_does_not_exist_is_created_by_a_broker_that_allows_it(rocketmq: LocalRocketMQ) -> None:
+    """The local broker runs with autoCreateTopicEnable (the native client behaves the same way)."""
+    topic = _topic("AUTO")
+    with RemotingProducer(rocketmq.namesrv_addr, "test_auto", route_retry_s=0.2) as p:
+        [first] = p.send_batch(topic, [OutgoingMessage(topic, b"first")])
+        assert p.route(topic).via_default_topic
+        deadline = time.monotonic() + 30
+        while p.route(topic).via_default_topic and time.monotonic() < deadline:
+            time.sleep(0.2)
+        route = p.route(topic)
+        assert not route.via_default_topic and len(route.queues) == 4, "the topic's own route once it exists"
+        [second] = p.send_batch(topic, [OutgoingMessage(topic, b"second")])
+    assert first.status == second.status == SendStatus.OK
+
+
+@pytest.mark.rocketmq
+@pytest.mark.slow
+def test_broker_down_fails_the_batch_and_sending_resumes_after_restart(rocketmq: LocalRocketMQ) -> None:
+    topic = _topic("RESTART")
+    rocketmq.create_topics([topic], queues=4)
+    sink = RocketMQSink(_cfg(rocketmq, breaker_failures=1000, send_timeout_ms=2000), producer=None,  # type: ignore[arg-type]
+                        sender=RemotingProducer(rocketmq.namesrv_addr, "test_restart", timeout_ms=2000,
+                                                route_ttl_s=1.0, route_retry_s=0.2, broker_backoff_s=0.2))
+    due = int(time.time() * 1000)
+
+    def batch(tag: str, n: int = 10) -> list[Message]:
+        return [Message(topic, f"{tag}-{i}".encode(), due, tag) for i in range(n)]
+
+    try:
+        assert sink.send_batch(batch("before")) == [True] * 10
+        old_route = sink.sender.route(topic)
+        rocketmq.stop_broker(kill=True)
+        try:
+            assert sink.send_batch(batch("down")) == [False] * 10  # an answer, not an exception
+            assert sink.counters["rejected"] == 0, "a broker that is down is a retriable failure"
+            time.sleep(1.5)  # past the route's TTL: the NameServer has no route any more, the last one is kept
+            assert sink.send_batch(batch("down")) == [False] * 10
+        finally:
+            rocketmq.start_broker()
+        # After the restart the broker re-registers and the route grows: the sender picks both up.
+        rocketmq.create_topics([topic], queues=8)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(sink.send_batch(batch("after"))):
+            time.sleep(0.2)
+        assert sink.send_batch(batch("after")) == [True] * 10
+        while time.monotonic() < deadline and len(sink.sender.route(topic).queues) < 8:
+            time.sleep(0.2)
+        assert sink.sender.route(topic).fetched > old_route.fetched and len(sink.sender.route(topic).queues) == 8
+        for _ in range(8):
+            assert sink.send_batch(batch("spread", 2)) == [True] * 2
+    finally:
+        sink.close()
+    consumer, inbox = consume(rocketmq, [topic])
+    try:
+        got = inbox.wait(10 + 20 + 16)
+    finally:
+        consumer.shutdown()
+    assert {m.body for m in got if m.tags == "before"} == {f"before-{i}".encode() for i in range(10)}
+    assert not [m for m in got if m.tags == "down"]
+    assert {m.queue_id for m in got if m.tags == "spread"} == set(range(8)), "round robin over the new queues"
