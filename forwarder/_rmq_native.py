@@ -724,8 +724,13 @@ class NativePushConsumer:
         _check(_StartPushConsumer(self._require()), "StartPushConsumer")
         self._started = True
 
-    def shutdown(self) -> None:
-        """Stop pulling, persist offsets and free the consumer."""
+    def shutdown(self, *, destroy: bool = True) -> None:
+        """Stop pulling, persist offsets and (unless `destroy` is False) free the consumer.
+
+        A long-running service leaves `destroy` False: under load a consume thread can still be
+        returning from its callback when the library frees the consumer, and the process aborts
+        ("mutex lock failed"); the consumer object is leaked instead, once, at exit.
+        """
         if self._handle is None:
             return
         handle, self._handle = self._handle, None
@@ -733,7 +738,8 @@ class NativePushConsumer:
             if self._started:
                 _check(_ShutdownPushConsumer(handle), "ShutdownPushConsumer")
         finally:
-            _DestroyPushConsumer(handle)
+            if destroy:
+                _DestroyPushConsumer(handle)
 
     def __enter__(self) -> NativePushConsumer:
         """Start and return self."""

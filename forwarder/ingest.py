@@ -54,7 +54,7 @@ class DelayTopicIngest:
             while self._busy:
                 self._idle.wait(0.1)
         if self._consumer is not None:
-            self._consumer.shutdown()
+            self._consumer.shutdown(destroy=False)
             self._consumer = None
 
     def _on_message(self, msg: ReceivedMessage) -> bool:

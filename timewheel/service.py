@@ -145,3 +145,7 @@ class Service:
                 pass
         finally:
             self.stop()
+        # Everything is stored, recorded and closed. Leave without running the RocketMQ client
+        # library's static destructors, which can abort while its threads wind down.
+        logging.shutdown()
+        os._exit(0)
