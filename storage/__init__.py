@@ -6,7 +6,7 @@ from storage.audit import CheckReport, Finding, SegmentSummary, check, record_ke
 from storage.dispatch import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES, REPLAYED,
                               TERMINAL, DispatchLogRead, dispatch_entries, encode_frame, read_dispatch_log)
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
-                            StoreClosedError)
+                            StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
@@ -19,7 +19,7 @@ __all__ = [
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MetaStore", "OUTCOME_NAMES", "REPLAYED",
     "Record", "RecoveryReport", "ScheduleStore", "SegmentIndex", "SegmentLayout", "SegmentSummary", "StorageError",
-    "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "dispatch_entries", "encode", "encode_frame",
+    "StorageWriteError", "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "dispatch_entries", "encode", "encode_frame",
     "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name", "summarize",
     "summarize_segment",
 ]

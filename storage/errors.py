@@ -40,3 +40,7 @@ class DelayTooLongError(InvalidRecordError):
 
 class StoreClosedError(StorageError):
     """The store was used after `close()`."""
+
+
+class StorageWriteError(StorageError, OSError):
+    """A write failed (disk full, I/O error); what the call wrote was cut back, nothing half-kept."""

@@ -77,6 +77,12 @@ class IngestLog:
             os.fdatasync(self._fd)
         self.position += len(frame)
 
+    def truncate(self, seq: int, position: int) -> None:
+        """Cut the current file back to `position` (after a failed append)."""
+        if self._fd is not None and seq == self.seq:
+            os.ftruncate(self._fd, position)
+            self.position = position
+
     def sync(self) -> None:
         """fsync the current file."""
         if self._fd is not None:

@@ -11,6 +11,7 @@ restart replays at most `checkpoint_bytes` of frames, whatever the backlog.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -23,7 +24,7 @@ import numpy as np
 
 from storage import dispatch as _dispatch
 from storage._files import fsync_path, size_of, write_all
-from storage.errors import CorruptRecordError, DelayTooLongError, StoreClosedError
+from storage.errors import CorruptRecordError, DelayTooLongError, StorageWriteError, StoreClosedError
 from storage.index import INDEX_DTYPE, MAX_PART_BYTES, read_index
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout
@@ -31,6 +32,7 @@ from storage.meta import MetaStore
 from storage.part import PartReader, repair_part
 from storage.record import HEADER_SIZE, Record, decode, encode, record_length
 
+log = logging.getLogger("timewheel.storage")
 FlushPolicy = Literal["async", "sync"]
 TWO_YEARS_MS = 17_568 * 3_600_000
 _MAX_OPEN_FDS = 128
@@ -212,14 +214,20 @@ class ScheduleStore:
             new_pos.append(i)
         if blobs:
             dues = [records[i].due_ms for i in new_pos]
+            undo = self._undo_point()
             written = self._place(dues, blobs)
             pos = np.asarray(new_pos)
             new[pos] = True
             locs[pos] = written
             for i, j in dups:
                 locs[i] = locs[j]
-            self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
-            self._write_parts(written, blobs)
+            try:
+                self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
+                self._write_parts(written, blobs)
+            except OSError as e:
+                self._roll_back(undo)
+                raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
+                                        "nothing of this batch was kept (free disk space, then retry)") from e
             for listener in self.commit_listeners:
                 listener(written)
             self.meta.put_records([ids[i] for i in new_pos], written["segment_ms"].tolist(),
@@ -233,6 +241,33 @@ class ScheduleStore:
             start = end
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._rotate_locked()
+
+    def _undo_point(self) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
+        """Where the ingest log and every live part end now, to return to if a commit fails."""
+        return self._wal.seq, self._wal.position, {seg: (lp.part, lp.size, lp.entries)
+                                                    for seg, lp in self._live.items()}
+
+    def _roll_back(self, undo: tuple[int, int, dict[int, tuple[int, int, int]]]) -> None:
+        """Cut what a failed commit wrote (a torn frame or record would hide later ones)."""
+        seq, pos, live = undo
+        try:
+            self._wal.truncate(seq, pos)
+        except OSError:
+            log.exception("could not cut the ingest log back after a failed write")
+        for seg, lp in list(self._live.items()):
+            part, size, entries = live.get(seg, (lp.part, 0, 0))
+            for p in {part, lp.part}:
+                end_size, end_entries = (size, entries) if p == part else (0, 0)
+                try:
+                    if self.layout.part_log(seg, p).exists():
+                        os.truncate(self.layout.part_log(seg, p), end_size)
+                        os.truncate(self.layout.part_index(seg, p), end_entries * INDEX_DTYPE.itemsize)
+                except OSError:
+                    log.exception("could not cut part %s/%s back after a failed write", seg, p)
+            if seg in live:
+                lp.part, lp.size, lp.entries = part, size, entries
+            else:
+                del self._live[seg]
 
     def _place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
         """Give each new record its segment, part and offset: a segment's records go to its live
@@ -375,10 +410,16 @@ class ScheduleStore:
                     os.truncate(path, read.valid_bytes)
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 self._dispatch_fds[segment_ms] = fd
-            write_all(fd, frame)
-            if self.flush == "sync":
-                os.fdatasync(fd)
-            else:
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                write_all(fd, frame)
+                if self.flush == "sync":
+                    os.fdatasync(fd)
+            except OSError as e:
+                os.ftruncate(fd, end)  # a torn frame would hide every frame written after it
+                raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
+                                        f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
+            if self.flush != "sync":
                 self._dispatch_dirty.add(segment_ms)
 
     def dispatch_log(self, segment_ms: int) -> _dispatch.DispatchLogRead:

@@ -24,7 +24,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError,
-                     InvalidRecordError, ScheduleStore, dispatch_entries)
+                     InvalidRecordError, ScheduleStore, StorageWriteError, dispatch_entries)
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.errors import EngineStateError, InvalidMessageError
@@ -189,7 +189,8 @@ class Engine:
         self.lateness = HdrHistogram(1, 3_600_000_000, 3)
         self.lateness_buckets = LatenessBuckets()
         self.counters = {k: 0 for k in ("scheduled", "duplicates", "delivered", "cancelled", "dead_lettered",
-                                        "retries", "corrupt", "send_failures", "catch_up_segments")}
+                                        "retries", "corrupt", "send_failures", "catch_up_segments",
+                                        "dispatch_log_errors")}
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -681,7 +682,14 @@ class Engine:
                 self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
         good = b.select(delivered)
         if len(good.due):
-            self._record(good, sent_at, DELIVERED, good.attempts + 1)
+            try:
+                self._record(good, sent_at, DELIVERED, good.attempts + 1)
+            except StorageWriteError:
+                # Delivered, but the dispatch log could not say so (disk full?): after a restart
+                # these would be sent again. Count it; it is an operator's alarm.
+                log.exception("delivered %d messages but could not record it", len(good.due))
+                with self._lock:
+                    self.counters["dispatch_log_errors"] += len(good.due)
             late = np.maximum(sent_at - good.due, 0)
             values, counts = np.unique(late, return_counts=True)
             with self._lock:
