@@ -1,0 +1,53 @@
+"""The producer contract: parsing delay messages, and what the delivered message carries."""
+from __future__ import annotations
+
+import pytest
+
+from forwarder._rmq_native import ReceivedMessage
+from forwarder.contract import ContractLimits, ContractViolation, to_message, to_outgoing
+from forwarder.delivery import RocketMQSink  # noqa: F401  (import check: the sink builds on the contract)
+from timewheel import Message
+
+LIMITS = ContractLimits(max_delay_ms=3_600_000, max_body_bytes=1024)
+NOW = 1_800_000_000_000
+
+
+def received(props: dict[str, str], body: bytes = b"b", born: int = NOW) -> ReceivedMessage:
+    return ReceivedMessage("TW_DELAY", body, "tg", "k1 k2", "ID1", props, 0, 0, 0, 0, born, born)
+
+
+def test_passthrough_and_due_time() -> None:
+    m = to_message(received({"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1500", "UNIQ_KEY": "ID1", "WAIT": "true",
+                             "custom": "v"}), NOW + 10, LIMITS)
+    assert (m.topic, m.deliver_at_ms, m.tags, tuple(m.keys), m.msg_id) == ("ORDERS", NOW + 1500, "tg", ("k1", "k2"),
+                                                                          "ID1")
+    assert m.properties == {"custom": "v"}
+
+
+def test_start_deliver_time_is_accepted() -> None:
+    m = to_message(received({"TW_TARGET_TOPIC": "T", "__STARTDELIVERTIME": str(NOW + 5)}), NOW, LIMITS)
+    assert m.deliver_at_ms == NOW + 5
+
+
+@pytest.mark.parametrize("props,reason", [
+    ({"TW_DELAY_MS": "1"}, "no TW_TARGET_TOPIC"),
+    ({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "1", "x": "\ufffd"}, "not valid UTF-8"),
+    ({"TW_TARGET_TOPIC": "T", "TW_DELIVER_AT_MS": str(NOW + 2 * 3_600_000)}, "maximum delay"),
+])
+def test_violations(props: dict[str, str], reason: str) -> None:
+    with pytest.raises(ContractViolation, match=reason):
+        to_message(received(props), NOW, LIMITS)
+
+
+def test_delivered_message_carries_original_id_and_due_time() -> None:
+    out = to_outgoing(Message("ORDERS", b"b", NOW, "tg", ("k1",), {"a": "1"}, "ID1"))
+    assert out.properties == {"a": "1", "TW_ORIGINAL_MSG_ID": "ID1", "TW_DUE_MS": str(NOW)}
+    assert (out.topic, out.keys, out.tags) == ("ORDERS", "k1", "tg")
+
+
+def test_outgoing_properties_cannot_smuggle_separators() -> None:
+    from forwarder._rmq_native import _build
+
+    with pytest.raises(ValueError, match="x01"):
+        _build(to_outgoing(Message("ORDERS", b"b", NOW, properties={"a": "x\x02TW_TARGET_TOPIC\x01EVIL"},
+                                   msg_id="i")))
