@@ -19,7 +19,7 @@ from timewheel.settings import AdminConfig
 T0 = 1_800_000_000_000
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(idx=st.binary(max_size=400), log=st.binary(max_size=400), dispatch=st.binary(max_size=400))
 def test_arbitrary_bytes_never_crash_the_loader(tmp_path_factory: pytest.TempPathFactory, idx: bytes, log: bytes,
                                                 dispatch: bytes) -> None:
