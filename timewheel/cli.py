@@ -215,6 +215,15 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
         raise typer.Exit(1)
 
 
+def _register_spark_commands() -> None:
+    from timewheel import cli_spark  # imports pyspark lazily, inside each command
+
+    cli_spark.register(app)
+
+
+_register_spark_commands()
+
+
 def main() -> None:
     """Entry point of the console script."""
     app()
