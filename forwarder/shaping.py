@@ -20,7 +20,9 @@ each may go now; this shaper answers with tokens it takes at once:
 
 No pass grants more than `max_grant` messages (the engine's send batch), so every grant is taken;
 tokens granted and never recorded are refunded at the next pass, which keeps the accounting right if
-a caller takes fewer. `next_grant_ms` answers when the first waiting topic can next get a message.
+a caller takes fewer. `next_grant_ms` answers when a waiting topic will have about `pace_ms` worth of
+its rate (at least one message, at most its burst): throttled topics then go in batches of a few
+milliseconds' worth rather than one message per millisecond, at the same rate.
 
 New rules (`apply`) take effect at the next call, with buckets refilled up to then under the old ones.
 Thread-safe: one lock around everything (the dispatch thread calls it; admin and config threads
@@ -62,9 +64,9 @@ class _Bucket:
         """Whole tokens available."""
         return max(0, math.floor(self.tokens + _EPS))
 
-    def ms_until_one(self, rate: float) -> int:
-        """Milliseconds from the last refill until one whole token is there."""
-        missing = 1 - _EPS - self.tokens
+    def ms_until(self, tokens: float, rate: float) -> int:
+        """Milliseconds from the last refill until `tokens` are there."""
+        missing = tokens - _EPS - self.tokens
         return 0 if missing <= 0 else max(1, math.ceil(missing * 1000 / rate))
 
 
@@ -125,23 +127,20 @@ def fair_split(total: int, caps: Mapping[K, int], weights: Mapping[K, float], cr
     want = {k: fluid[k] + credit.get(k, 0.0) for k in caps}
     got = {k: max(0, min(caps[k], math.floor(want[k] + _EPS))) for k in caps}
     rest = total - sum(got.values())
-    if rest > 0:  # the largest remainders get one more each, round after round
-        while rest > 0:
-            open_keys = sorted((k for k in caps if got[k] < caps[k]), key=lambda k: got[k] - want[k])
-            if not open_keys:
-                break
-            for k in open_keys:
-                got[k] += 1
-                rest -= 1
-                if not rest:
-                    break
-    elif rest < 0:  # carried credit over-asked: the smallest remainders give one back
-        while rest < 0:
-            for k in sorted((k for k in caps if got[k] > 0), key=lambda k: want[k] - got[k]):
-                got[k] -= 1
-                rest += 1
-                if not rest:
-                    break
+    while rest > 0:  # one more each for the largest remainders, round after round
+        open_keys = sorted((k for k in caps if got[k] < caps[k]), key=lambda k: got[k] - want[k])[:rest]
+        if not open_keys:
+            break
+        for k in open_keys:
+            got[k] += 1
+        rest -= len(open_keys)
+    while rest < 0:  # carried credit over-asked: one less each for the smallest remainders
+        full_keys = sorted((k for k in caps if got[k] > 0), key=lambda k: want[k] - got[k])[:-rest]
+        if not full_keys:
+            break
+        for k in full_keys:
+            got[k] -= 1
+        rest += len(full_keys)
     for k in caps:
         credit[k] = max(-_CREDIT_BOUND, min(_CREDIT_BOUND, want[k] - got[k]))
     return got
@@ -151,7 +150,7 @@ def class_shares(weights: Mapping[str, float], min_shares: Mapping[str, float]) 
     """Each busy class's share of the global rate: by weight, raised to its min_share where the
     weight gives less (the others then share what is left by weight)."""
     fixed: dict[str, float] = {}
-    free = [c for c in weights]
+    free = list(weights)
     while free:
         room = max(0.0, 1.0 - sum(fixed.values()))
         wsum = sum(weights[c] for c in free)
@@ -168,10 +167,14 @@ class TrafficShaper:
     """Per-topic token buckets, a global cap, weighted priority classes with guaranteed minimum
     shares, and AIMD backoff of topics whose sends fail. Implements `timewheel.Shaper`."""
 
-    def __init__(self, rules: ShapingRules | None = None, *, max_grant: int = 256, paused: bool = False) -> None:
-        if max_grant < 1:
-            raise ValueError("max_grant must be at least 1")
+    def __init__(self, rules: ShapingRules | None = None, *, max_grant: int = 256, pace_ms: int = 10,
+                 paused: bool = False) -> None:
+        """`max_grant`: most messages one grant lets go (the engine's send batch); `pace_ms`: while
+        topics are throttled, wake for about this much of their rate at a time (fewer, fuller batches)."""
+        if max_grant < 1 or pace_ms < 0:
+            raise ValueError("max_grant must be at least 1 and pace_ms at least 0")
         self.max_grant = max_grant
+        self.pace_ms = pace_ms
         self._rules = rules or parse_rules({})
         self._pending: ShapingRules | None = None
         self._lock = threading.Lock()
@@ -181,8 +184,8 @@ class TrafficShaper:
         self._global: _Bucket | None = None
         self._global_started = False
         self._waiting: dict[str, int] = {}
+        self._outstanding: set[str] = set()  # topics with grants not yet recorded
         self._paused = paused
-        self._now = 0
 
     # ---- rules ------------------------------------------------------------------------------------
 
@@ -247,7 +250,7 @@ class TrafficShaper:
             return {t: g for t, g in grants.items() if g > 0}
 
     def next_grant_ms(self, now_ms: int) -> int | None:
-        """When the first waiting topic can next be granted a message (None: nothing waits)."""
+        """When a waiting topic will have about `pace_ms` of its rate to send (None: nothing waits)."""
         with self._lock:
             self._sync(now_ms)
             if self._paused:
@@ -255,15 +258,18 @@ class TrafficShaper:
             if not self._waiting:
                 return None
             wait = math.inf
-            for topic in self._waiting:
+            for topic, n in self._waiting.items():
                 st = self._topic(topic)
-                rate, _ = self._refresh(topic, st, now_ms)
-                wait = min(wait, 0 if rate is None or st.bucket is None else st.bucket.ms_until_one(rate))
-                if wait == 0:
+                rate, burst = self._refresh(topic, st, now_ms)
+                if rate is None or st.bucket is None:
+                    wait = 0
                     break
+                wait = min(wait, st.bucket.ms_until(self._pace_target(rate, burst, n), rate))
             if self._global is not None:
-                self._global.refill(now_ms, self._rules.global_rate, self._rules.global_burst)
-                wait = max(wait, self._global.ms_until_one(self._rules.global_rate))
+                rules = self._rules
+                self._global.refill(now_ms, rules.global_rate, rules.global_burst)
+                target = self._pace_target(rules.global_rate, rules.global_burst, sum(self._waiting.values()))
+                wait = max(wait, self._global.ms_until(target, rules.global_rate))
             return now_ms + int(wait)
 
     def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
@@ -326,7 +332,8 @@ class TrafficShaper:
                               "min_share": rules.classes[name].min_share if name in rules.classes else 0.0,
                               **asdict(c)}
                        for name, c in sorted(self._classes.items())}
-            return {**asdict(total), "backed_off_topics": sum(st.backoff_rate is not None for st in self._topics.values()),
+            backed_off = sum(st.backoff_rate is not None for st in self._topics.values())
+            return {**asdict(total), "backed_off_topics": backed_off,
                     "waiting": sum(self._waiting.values()), "global_rate": rules.global_rate,
                     "paused": self._paused, "rules_digest": rules.digest, "topics": topics, "classes": classes}
 
@@ -343,6 +350,10 @@ class TrafficShaper:
         if c is None:
             c = self._classes[name] = _Counters()
         return c
+
+    def _pace_target(self, rate: float, burst: float, waiting: int) -> float:
+        """Tokens worth waking for: `pace_ms` of the rate, within the burst and what waits; at least 1."""
+        return max(1.0, min(burst, float(waiting), rate * self.pace_ms / 1000))
 
     def _limit(self, topic: str, st: _Topic, rules: ShapingRules) -> tuple[float | None, float]:
         """The topic's effective (rate, burst): its rule, lowered while backed off; None = no limit."""
@@ -369,7 +380,6 @@ class TrafficShaper:
 
     def _sync(self, now: int) -> None:
         """Switch to pending rules: refill every bucket up to `now` under the old ones first."""
-        self._now = max(self._now, now)
         if self._pending is None:
             if not self._global_started:
                 self._set_global(now)
@@ -397,7 +407,8 @@ class TrafficShaper:
 
     def _refund(self) -> None:
         """Tokens granted at the last pass that were never taken go back to their buckets."""
-        for topic, st in self._topics.items():
+        for topic in self._outstanding:
+            st = self._topics[topic]
             if st.outstanding:
                 if st.bucket is not None:
                     st.bucket.tokens += st.outstanding
@@ -406,6 +417,7 @@ class TrafficShaper:
                 st.counters.granted -= st.outstanding
                 self._class(self._rules.class_of(topic)).granted -= st.outstanding
                 st.outstanding = 0
+        self._outstanding.clear()
 
     def _share(self, total: int, demand: Mapping[str, int], rules: ShapingRules) -> dict[str, int]:
         """Split `total` (< the sum of demand) among classes, then among each class's topics."""
@@ -439,6 +451,7 @@ class TrafficShaper:
             if st.bucket is not None:
                 st.bucket.tokens -= granted
             st.outstanding += granted
+            self._outstanding.add(topic)
             st.counters.granted += granted
             self._class(cls).granted += granted
         still_denied = max(0, st.denied - granted)  # the head of the queue goes first

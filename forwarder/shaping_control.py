@@ -155,7 +155,8 @@ class ShapingControl:
                 log.warning("persisted traffic rules are invalid, using the config file's: %s", e)
             else:
                 self.shaper.apply(rules)
-                self._status.update(source=f"{doc.get('source', 'admin')} (persisted)", applied_ms=doc.get("applied_ms"))
+                self._status.update(source=f"{doc.get('source', 'admin')} (persisted)",
+                                    applied_ms=doc.get("applied_ms"))
                 log.info("traffic rules from the meta store (%s, set by %s)", rules.digest, doc.get("source"))
                 return
         elif doc is not None:
