@@ -646,11 +646,12 @@ class RemotingProducer:
         """Send messages of one topic in as few requests as the limits allow; raise the first error."""
         if any(m.topic != topic for m in messages):
             raise ValueError(f"every message must be for topic {topic}")
-        results = self.send(messages)
-        for r in results:
+        receipts: list[Receipt] = []
+        for r in self.send(messages):
             if isinstance(r, RemotingError):
                 raise r
-        return results  # type: ignore[return-value]  # no errors left
+            receipts.append(r)
+        return receipts
 
     def _cut(self, messages: Sequence[OutgoingMessage], routes: Mapping[str, TopicRoute | RemotingError],
              out: list[Receipt | RemotingError | None]) -> list[_Batch]:
