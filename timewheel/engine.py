@@ -645,12 +645,19 @@ class Engine:
         self._deliver_granted()
 
     def _deliver_granted(self) -> int:
-        """Send what the shaper grants now from the held queues, highest share first."""
+        """Send what the shaper grants now from the held queues, highest share first.
+
+        Tokens keep coming while a send takes time, so this would go on as long as a throttled
+        topic has a backlog: it returns after a send once due messages wait to be read instead,
+        so that those of other topics reach the held queues (and the shaper) without waiting.
+        """
         assert self.shaper is not None
         sent = 0
         while True:
             now = self.clock.now_ms()
             with self._lock:
+                if sent and not self._held_full() and (self._ready.size or self._backlog.size or self._retry_ready()):
+                    return sent
                 backlog = self._held.sizes()
                 if not backlog:
                     return sent

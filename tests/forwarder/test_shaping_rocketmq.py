@@ -24,12 +24,13 @@ from timewheel.settings import load_settings
 
 pytestmark = pytest.mark.rocketmq
 
-# The whole pipeline (engine, sink, the broker and this test's consumer on one 2-CPU machine) moves
-# about 3,000-4,000 messages a second when the machine is shared; the limits stay below that, so
-# what is measured is the shaping, not the machine. Bursts of half a second of rate let a topic
-# catch up after the process was descheduled, which keeps the long-run rate at the limit.
-RATE_A, RATE_B = 2000, 1000
-N_A, N_B = 66_667, 33_333  # both take ~33 s at their limits: 100k in all
+# The whole pipeline (engine, sink, the broker and this test's consumer on one 2-CPU machine) moved
+# 2,400-4,200 messages a second while the machine was shared with other test runs (load 12-20); the
+# limits stay well below that, so what is measured is the shaping, not the machine. Bursts of half a
+# second of rate let a topic catch up after the process was descheduled, which keeps the long-run
+# rate at the limit.
+RATE_A, RATE_B = 1000, 500
+N_A, N_B = 66_667, 33_333  # both take ~67 s at their limits: 100k in all
 TOKEN = "s3cret"
 
 
