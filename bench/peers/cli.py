@@ -1,0 +1,71 @@
+"""`python -m bench.peers run|report`: parse arguments, call the runner or the report."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+
+from bench.peers.common import RESULTS_DIR
+from bench.peers.report import console, write_report
+from bench.peers.runner import ALL_SYSTEMS, RunConfig, run_fast_switch
+
+_HELP = {
+    "steady_rate": "steady workload: messages per second",
+    "steady_seconds": "steady workload: seconds of producing",
+    "delay_min_ms": "steady workload: shortest delay (ms)",
+    "delay_max_ms": "steady workload: longest delay (ms)",
+    "burst": "burst workload: messages due in the same millisecond",
+    "burst_lead_s": "burst workload: how far ahead of the due time sending starts (s)",
+    "horizon_messages": "horizon workload: pending messages",
+    "horizon_broker_messages": "horizon workload: pending messages for RocketMQ's timer and levels (sent one by one)",
+    "horizon_days": "horizon workload: span of the due times (days)",
+    "probes": "restart: messages due while the system is down",
+    "body_bytes": "message body size",
+    "senders": "producer threads",
+    "poll_ms": "Redis and PostgreSQL pollers: longest sleep between polls (ms)",
+    "seed": "random seed of the delays and due times",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m bench.peers",
+                                 description="Latency benchmarks of timewheel and its peers, side by side.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the workloads against the systems, write results and RESULTS.md")
+    r.add_argument("--system", action="append", choices=ALL_SYSTEMS, dest="systems",
+                   help="run only this system (repeatable; default all six)")
+    defaults = RunConfig()
+    for f in fields(RunConfig):
+        if f.name == "systems":
+            continue
+        r.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
+                       default=getattr(defaults, f.name), help=f"{_HELP[f.name]} (default %(default)s)")
+    r.add_argument("--stem", default="peers", help="results file names: bench/results/STEM.json/.png")
+    r.add_argument("--no-results-md", action="store_true",
+                   help="write only the JSON and the chart, leave bench/RESULTS.md alone (trial runs)")
+    rep = sub.add_parser("report", help="rebuild RESULTS.md and the chart from a results JSON")
+    rep.add_argument("--stem", default="peers")
+    args = ap.parse_args(args_list)
+    if args.cmd == "run":
+        cfg = RunConfig(**{f.name: getattr(args, f.name) for f in fields(RunConfig) if f.name != "systems"},
+                        systems=tuple(args.systems or ALL_SYSTEMS))
+        command = "python -m bench.peers " + shlex.join(args_list)
+        doc = run_fast_switch(cfg, command)
+        if args.no_results_md:
+            from bench.peers.report import chart
+
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            (RESULTS_DIR / f"{args.stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+            chart(doc, RESULTS_DIR / f"{args.stem}.png")
+        else:
+            write_report(doc, args.stem)
+        print(console(doc))
+    else:
+        doc = json.loads((RESULTS_DIR / f"{args.stem}.json").read_text())
+        write_report(doc, args.stem)
+        print(console(doc))

@@ -1,0 +1,192 @@
+"""What every system's adapter and every workload share: messages, recording, percentiles, processes."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+#: Where the JSON, the chart and RESULTS.md go.
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+RESULTS_MD = Path(__file__).resolve().parent.parent / "RESULTS.md"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchMessage:
+    """One message of a workload: a unique id, the wanted due time (epoch ms) and a body."""
+
+    id: int
+    due_ms: int
+    body: bytes
+
+
+#: Called by a system when a message reaches its consumer: (id, wanted due ms).
+Deliver = Callable[[int, int], None]
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds (the clock every due time and receive time uses)."""
+    return time.time_ns() // 1_000_000
+
+
+class Recorder:
+    """Receive times of one phase: the first arrival of each id counts, later ones are duplicates."""
+
+    def __init__(self, wanted: Iterable[int] | None = None) -> None:
+        """Record everything, or only ids in `wanted` (others are counted as `other`)."""
+        self.lock = threading.Lock()
+        self.wanted = set(wanted) if wanted is not None else None
+        self.ids: list[int] = []
+        self.due_ms: list[int] = []
+        self.recv_ns: list[int] = []
+        self.seen: set[int] = set()
+        self.duplicates = 0
+        self.other = 0
+        self.arrived = threading.Condition(self.lock)
+
+    def record(self, msg_id: int, due_ms: int) -> None:
+        """Note that `msg_id`, due at `due_ms`, has just arrived."""
+        t = time.time_ns()
+        with self.lock:
+            if self.wanted is not None and msg_id not in self.wanted:
+                self.other += 1
+                return
+            if msg_id in self.seen:
+                self.duplicates += 1
+                return
+            self.seen.add(msg_id)
+            self.ids.append(msg_id)
+            self.due_ms.append(due_ms)
+            self.recv_ns.append(t)
+            self.arrived.notify_all()
+
+    @property
+    def count(self) -> int:
+        """Distinct messages received."""
+        with self.lock:
+            return len(self.ids)
+
+    def first_ns(self) -> int | None:
+        """When the first message arrived."""
+        with self.lock:
+            return self.recv_ns[0] if self.recv_ns else None
+
+    def last_ns(self) -> int | None:
+        """When the latest message arrived."""
+        with self.lock:
+            return self.recv_ns[-1] if self.recv_ns else None
+
+    def lateness_ms(self) -> np.ndarray:
+        """Receive time minus wanted due time, per message, in ms."""
+        with self.lock:
+            return np.asarray(self.recv_ns, np.int64) / 1e6 - np.asarray(self.due_ms, np.int64)
+
+    def wait_count(self, n: int, timeout: float, idle: float | None = None) -> bool:
+        """Wait until `n` messages arrived; give up at `timeout`, or after `idle` s without an arrival."""
+        deadline = time.monotonic() + timeout
+        last_change, last_count = time.monotonic(), -1
+        with self.lock:
+            while len(self.ids) < n:
+                now = time.monotonic()
+                if len(self.ids) != last_count:
+                    last_change, last_count = now, len(self.ids)
+                if now >= deadline or (idle is not None and now - last_change >= idle):
+                    return False
+                self.arrived.wait(min(0.2, deadline - now))
+            return True
+
+
+def percentiles(late_ms: np.ndarray) -> dict[str, float | int]:
+    """p50, p99, p999, max, min and count of lateness values (ms)."""
+    if not len(late_ms):
+        return {"count": 0}
+    p = np.percentile(late_ms, [50, 99, 99.9])
+    return {"p50": round(float(p[0]), 2), "p99": round(float(p[1]), 2), "p999": round(float(p[2]), 2),
+            "max": round(float(late_ms.max()), 2), "min": round(float(late_ms.min()), 2), "count": int(len(late_ms))}
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, step: float = 0.01) -> bool:
+    """Poll `pred` until it holds or `timeout` passes; return its last answer."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (0 if it is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of the regular files under `path` (apparent sizes)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def dir_allocated_bytes(path: Path) -> int:
+    """Bytes the files under `path` occupy on disk (blocks), which is what sparse mapped files cost."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM a process we started, SIGKILL it after `timeout`, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree, ignoring what is already gone."""
+    shutil.rmtree(path, ignore_errors=True)

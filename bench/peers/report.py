@@ -1,0 +1,278 @@
+"""Tables, ratios, the lateness chart and RESULTS.md, all computed from a run's JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.peers.common import RESULTS_DIR, RESULTS_MD
+
+LABELS = {
+    "timewheel": "timewheel (delay topic → engine → target topic)",
+    "rocketmq-timer": "RocketMQ 5 timer (`TIMER_DELIVER_MS`)",
+    "rocketmq-levels": "RocketMQ delay levels (`DELAY`)",
+    "redis-zset": "Redis ZSET + Lua mover + BLPOP",
+    "postgres": "PostgreSQL table, SKIP LOCKED pollers",
+    "heapq": "in-memory heapq engine (Pulsar-style)",
+}
+
+
+def _get(d: object, *path: str) -> object:
+    """d[path[0]][path[1]]... or None."""
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def _ms(x: object) -> str:
+    """A lateness in ms, readable at a glance."""
+    if not isinstance(x, (int, float)):
+        return "–"
+    if abs(x) >= 10_000:
+        return f"{x / 1000:,.1f} s"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.1f}"
+
+
+def _num(x: object, digits: int = 0) -> str:
+    if not isinstance(x, (int, float)):
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def lateness_table(doc: dict) -> str:
+    """Markdown: lateness percentiles of steady and burst per system."""
+    head = ("| system | steady p50 | p99 | p999 | max | burst p50 | p99 | p999 | max | received (steady, burst) |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+    rows = []
+    for name, r in doc["systems"].items():
+        cells = [f"{name}"]
+        for phase in ("steady", "burst"):
+            lat = _get(r, phase, "lateness_ms") or {}
+            cells += [_ms(lat.get("p50")), _ms(lat.get("p99")), _ms(lat.get("p999")), _ms(lat.get("max"))]
+        got = []
+        for phase in ("steady", "burst"):
+            p = _get(r, phase) or {}
+            got.append(f"{_num(p.get('received'))}/{_num(p.get('accepted'))}" if "accepted" in p else "error")
+        cells.append(", ".join(got))
+        rows.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+def _cpu_per_msg(r: dict) -> str:
+    """CPU time of the system's own processes during the steady phase, per accepted message."""
+    cpu = _get(r, "steady", "server_cpu_s")
+    n = _get(r, "steady", "accepted")
+    if not isinstance(cpu, dict) or not cpu or not isinstance(n, int) or not n:
+        return "–"
+    return f"{sum(cpu.values()) / n * 1e6:,.0f}"
+
+
+def capacity_table(doc: dict) -> str:
+    """Markdown: ingest rate, memory and disk per pending message, restart-to-first-delivery."""
+    head = ("| system | ingest msg/s | pending (horizon) | memory B/pending | disk B/pending | "
+            "server CPU µs/msg (steady) | restart → first delivery | notes |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+    rows = []
+    for name, r in doc["systems"].items():
+        b = _get(r, "burst") or {}
+        h = _get(r, "horizon") or {}
+        mem = h.get("memory") or {}
+        restart = h.get("restart") or {}
+        notes = list(r.get("notes") or [])
+        if h.get("capped_by_system"):
+            notes.insert(0, f"horizon {h.get('span_days')} days (system maximum)")
+        if restart.get("warning"):
+            notes.append(restart["warning"])
+        for key in ("error",):
+            for phase in ("steady", "burst", "horizon"):
+                if _get(r, phase, key):
+                    notes.append(f"{phase}: {_get(r, phase, key)}")
+            if r.get(key):
+                notes.append(str(r[key]))
+        dups = _get(r, "burst", "diagnostics", "duplicates_total")
+        if isinstance(dups, (int, float)) and dups > 0:
+            notes.append(f"{dups:.0f} distinct messages dropped as duplicates by the engine (the client gave "
+                         "them the UNIQ_KEY of another message when sending from several threads)")
+        first = restart.get("first_delivery_s")
+        rows.append("| " + " | ".join([
+            name, _num(b.get("ingest_stored_per_s")), _num(h.get("pending")), _num(mem.get("bytes_per_pending"), 1),
+            _num(mem.get("disk_per_pending"), 1), _cpu_per_msg(r), f"{first:.2f} s" if isinstance(first, (int, float)) else "–",
+            "; ".join(str(n).replace("|", "/") for n in notes)]) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+def ratios(doc: dict) -> list[tuple[str, str, float | None]]:
+    """(peer, figure, ratio) with each ratio oriented so that >1 means timewheel is better."""
+    tw = doc["systems"].get("timewheel")
+    out: list[tuple[str, str, float | None]] = []
+    if not tw:
+        return out
+    figures = [
+        ("steady p99 lateness", ("steady", "lateness_ms", "p99"), False),
+        ("steady p999 lateness", ("steady", "lateness_ms", "p999"), False),
+        ("burst p99 lateness", ("burst", "lateness_ms", "p99"), False),
+        ("burst max lateness", ("burst", "lateness_ms", "max"), False),
+        ("ingest rate", ("burst", "ingest_stored_per_s"), True),
+        ("memory per pending", ("horizon", "memory", "bytes_per_pending"), False),
+        ("restart to first delivery", ("horizon", "restart", "first_delivery_s"), False),
+    ]
+    for name, r in doc["systems"].items():
+        if name == "timewheel":
+            continue
+        for label, path, higher_better in figures:
+            a, b = _get(tw, *path), _get(r, *path)
+            ratio = None
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+                ratio = a / b if higher_better else b / a
+            out.append((name, label, ratio))
+    return out
+
+
+def ratio_table(doc: dict) -> str:
+    """Markdown: peer ÷ timewheel (or timewheel ÷ peer for rates); above 1 favours timewheel."""
+    rows = ratios(doc)
+    labels = list(dict.fromkeys(label for _, label, _ in rows))
+    peers = list(dict.fromkeys(p for p, _, _ in rows))
+    head = "| figure | " + " | ".join(peers) + " |\n| --- |" + " ---: |" * len(peers) + "\n"
+    lines = []
+    for label in labels:
+        cells = []
+        for p in peers:
+            v = next((r for q, lab, r in rows if q == p and lab == label), None)
+            cells.append("–" if v is None else (f"{v:,.0f}×" if v >= 100 else f"{v:.3g}×"))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def chart(doc: dict, path: Path) -> None:
+    """CDFs of steady and burst lateness per system, symmetric-log x axis (ms)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, phase in zip(axes, ("steady", "burst")):
+        for name, r in doc["systems"].items():
+            q = _get(r, phase, "quantiles_ms")
+            if not q:
+                continue
+            ax.plot(q, np.linspace(0, 1, len(q)), label=name, lw=1.8)  # type: ignore[arg-type]
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("lateness, ms (receive time − due time; symlog)")
+        c = doc["config"]
+        title = (f"steady: {c['steady_rate']}/s for {c['steady_seconds']:g} s, delays "
+                 f"{c['delay_min_ms'] / 1000:g}–{c['delay_max_ms'] / 1000:g} s" if phase == "steady"
+                 else f"burst: {c['burst']:,} due in the same millisecond")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.axvline(0, color="grey", lw=0.8)
+    axes[0].set_ylabel("fraction of messages")
+    axes[1].legend(loc="lower right", fontsize=9)
+    fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs (shared), "
+                 f"load avg {doc['load_average_start'][0]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+_METHOD = """\
+## What each system is
+
+| system | how it is run and measured |
+| --- | --- |
+| timewheel | `python -m timewheel serve` as a subprocess (defaults: 500 ms wheel, hourly segments, async flush), fed by the local RocketMQ's `TW_DELAY` topic (`TW_TARGET_TOPIC`, `TW_DELIVER_AT_MS`), delivering to `PEER_TW_OUT`, read by a native push consumer in the harness. Ingest rate counts a message once the engine has stored it (its `scheduled` counter), not when the broker acknowledged it. |
+| rocketmq-timer | the same broker's timer messages: `TIMER_DELIVER_MS` on a normal topic, broker defaults (`timerPrecisionMs=1000`, `timerMaxDelaySec=259200`). |
+| rocketmq-levels | the same broker's delay levels: `DELAY` = the smallest of `1s 5s 10s 30s 1m … 2h` at or above the wanted delay; lateness is against the wanted due time, so the rounding shows. |
+| redis-zset | Debian's `redis-server` on loopback (AOF, `appendfsync everysec`); producers `ZADD` (one command per batch, pipelined for the bulk load); one poller runs a Lua script moving up to 1000 due members to a list atomically, sleeping until the earliest score or the poll interval; two consumers `BLPOP` + `LPOP 255`. |
+| postgres | Debian's PostgreSQL, `initdb` in a temp dir, on loopback (`synchronous_commit=off`, as the others flush asynchronously); table `(id pk, due_ms, body)` with an index on `due_ms`; producers `COPY`; two pollers each `DELETE … WHERE id IN (SELECT … WHERE due_ms <= now ORDER BY due_ms LIMIT 500 FOR UPDATE SKIP LOCKED) RETURNING`, sleeping until the earliest due row or the poll interval. |
+| heapq | `bench/peers/heap_engine.py`: Pulsar's in-memory tracker in Python: a heap of `(due, log offset)`, one release thread on a condition variable, bodies in an append-only log; a restart is a new process rebuilding the heap from the log. It runs inside the harness, so its lateness has no network hop. |
+
+Workloads: **steady**: one producer paced at the rate, each message due a uniformly random delay
+later; **burst**: all messages due in the same millisecond, sent as fast as 8 sender threads go
+(that is the ingest rate); **horizon**: messages due uniformly over the span (RocketMQ's timer
+refuses more than 3 days, delay levels stop at 2 h, so those two get fewer messages within their
+limits), loaded by each system's fastest path, then memory per pending message is read and the
+system is stopped gracefully with probe messages that come due while it is down and started again:
+**restart → first delivery** is the time from the start command to the first probe reaching a
+consumer (for timewheel, a new engine process; for RocketMQ's timer and levels, the broker; for
+Redis, PostgreSQL, their servers; for heapq, a new process rebuilding from its log).
+
+Server CPU per message is the user + system CPU time of the system's own processes during the
+steady phase over the messages sent (timewheel: the engine process and the broker it runs through;
+RocketMQ: the broker; the servers for Redis and PostgreSQL; the in-harness heapq has none to count):
+on a shared machine it is steadier than a rate.
+
+Lateness is receive time at the consumer minus the wanted due time, on one clock (everything runs
+on this machine). Memory per pending message: timewheel, RSS of an engine restarted with the pending
+messages minus a fresh one's (messages due beyond the next hour stay on disk); RocketMQ, broker RSS
+growth; Redis, growth of `used_memory`; PostgreSQL, RSS growth of its processes (shared buffers
+touched); heapq, RSS growth of a process across its rebuild. Disk per pending message: allocated
+bytes of the data directory (timewheel, Redis AOF, the broker's store), `pg_total_relation_size`
+for PostgreSQL, the log for heapq.
+"""
+
+
+def render(doc: dict, json_name: str, png_name: str) -> str:
+    """The whole RESULTS.md."""
+    c = doc["config"]
+    m = doc["machine"]
+    ls, le = doc["load_average_start"], doc.get("load_average_end", ["?"])
+    per = "\n".join(f"- {name}: load average {_get(r, 'load_average_before')} before, "
+                    f"{_get(r, 'load_average_after')} after" for name, r in doc["systems"].items())
+    return f"""# timewheel against its peers
+
+Generated by `python -m bench.peers report` from [`results/{json_name}`](results/{json_name}); do
+not edit by hand. Re-run everything with the command below (needs Java 17 and Maven for the local
+RocketMQ; installs `redis-server` and `postgresql` with apt-get if they are missing):
+
+```bash
+{doc['command']}
+```
+
+- date: {m['date']}
+- machine: a **shared** {m['cpus']}-core machine ({m['platform']}, {m['memory_gb']} GB RAM, Python
+  {m['python']}), other work running beside the benchmark: load average (1, 5, 15 min)
+  {ls} at the start, {le} at the end.
+{per}
+- workloads: steady {c['steady_rate']}/s for {c['steady_seconds']:g} s with delays
+  {c['delay_min_ms']}–{c['delay_max_ms']} ms; burst {c['burst']:,} messages due in one millisecond
+  (sent {c['burst_lead_s']:g} s ahead); horizon {c['horizon_messages']:,} messages over
+  {c['horizon_days']:g} days ({c['horizon_broker_messages']:,} for RocketMQ's timer and levels);
+  {c['probes']} restart probes; {c['body_bytes']}-byte bodies; poll interval {c['poll_ms']:g} ms for
+  Redis and PostgreSQL.
+
+## Lateness (ms unless marked s)
+
+{lateness_table(doc)}
+![lateness CDFs](results/{png_name})
+
+## Ingest, memory, restart
+
+{capacity_table(doc)}
+## timewheel's figures as ratios to each peer
+
+Each cell is peer ÷ timewheel for lateness, memory and restart time, and timewheel ÷ peer for the
+ingest rate: above 1 means timewheel does better by that factor.
+
+{ratio_table(doc)}
+{_METHOD}"""
+
+
+def write_report(doc: dict, stem: str = "peers") -> tuple[Path, Path, Path]:
+    """Write `results/<stem>.json`, `results/<stem>.png` and RESULTS.md; return their paths."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    js, png = RESULTS_DIR / f"{stem}.json", RESULTS_DIR / f"{stem}.png"
+    js.write_text(json.dumps(doc, indent=1) + "\n")
+    chart(doc, png)
+    RESULTS_MD.write_text(render(doc, js.name, png.name))
+    return js, png, RESULTS_MD
+
+
+def console(doc: dict) -> str:
+    """The tables as printed at the end of a run."""
+    return lateness_table(doc) + "\n" + capacity_table(doc) + "\n" + ratio_table(doc)

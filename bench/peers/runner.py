@@ -1,0 +1,351 @@
+"""The workloads (steady, burst, horizon) and the run that drives every system through them."""
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from bench.peers.common import BenchMessage, Recorder, load_average, now_ms, percentiles, remove_tree
+from bench.peers.systems import (DAY_MS, Heap, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink, System,
+                                 Timewheel)
+
+#: Every system, in the order they run.
+ALL_SYSTEMS = ("timewheel", "rocketmq-timer", "rocketmq-levels", "redis-zset", "postgres", "heapq")
+_QUANTILES = np.linspace(0, 100, 1001)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The workloads' sizes; field names are the `run` command's flags."""
+
+    systems: tuple[str, ...] = ALL_SYSTEMS
+    steady_rate: int = 1000
+    steady_seconds: float = 30.0
+    delay_min_ms: int = 1000
+    delay_max_ms: int = 10_000
+    burst: int = 20_000
+    burst_lead_s: float = 15.0
+    horizon_messages: int = 1_000_000
+    horizon_broker_messages: int = 100_000
+    horizon_days: float = 30.0
+    probes: int = 100
+    body_bytes: int = 100
+    senders: int = 8
+    poll_ms: float = 10.0
+    seed: int = 7
+
+
+class Ids:
+    """Unique message ids across every phase of a system."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    def take(self, n: int) -> np.ndarray:
+        """The next `n` ids."""
+        out = np.arange(self.next, self.next + n, dtype=np.int64)
+        self.next += n
+        return out
+
+
+def _lateness(rec: Recorder) -> dict[str, object]:
+    """Percentiles and 1001 quantiles (for the chart) of a phase's lateness."""
+    late = rec.lateness_ms()
+    out: dict[str, object] = {"lateness_ms": percentiles(late), "duplicates": rec.duplicates}
+    if len(late):
+        out["quantiles_ms"] = [round(float(x), 2) for x in np.percentile(late, _QUANTILES)]
+    return out
+
+
+def _body(rng: np.random.Generator, n: int) -> bytes:
+    """A random (incompressible) body: a compressing store must not look cheaper than it is."""
+    return rng.bytes(n)
+
+
+def _send_delayed(system: System, msg_ids: np.ndarray, delays: np.ndarray, body: bytes) -> int:
+    """Send messages due `delays` ms after now, now being when a sender thread takes the batch up
+    (a producer asks for a delay from the moment it sends, however long it queued before)."""
+    base = now_ms()
+    return system.send([BenchMessage(int(i), base + int(d), body) for i, d in zip(msg_ids, delays)])
+
+
+def run_steady(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator,
+               pool: ThreadPoolExecutor) -> dict[str, object]:
+    """A producer paced at `steady_rate` for `steady_seconds`; each message due a random delay later."""
+    n = int(cfg.steady_rate * cfg.steady_seconds)
+    msg_ids = ids.take(n)
+    delays = rng.integers(cfg.delay_min_ms, cfg.delay_max_ms + 1, n)
+    body = _body(rng, cfg.body_bytes)
+    rec = Recorder()
+    sink.current = rec
+    futures = []
+    t0 = time.monotonic()
+    sent = 0
+    tick = 0.01
+    while sent < n:
+        upto = min(n, int((time.monotonic() - t0) * cfg.steady_rate) + 1)
+        if upto > sent:
+            futures.append(pool.submit(_send_delayed, system, msg_ids[sent:upto], delays[sent:upto], body))
+            sent = upto
+        time.sleep(max(0.0, t0 + (sent / cfg.steady_rate) - time.monotonic(), tick / 4))
+    accepted = sum(f.result() for f in futures)
+    produce_s = time.monotonic() - t0
+    system.wait_stored(accepted, 120)
+    wait_s = cfg.delay_max_ms / 1000 + system.extra_wait_s + 60
+    complete = rec.wait_count(accepted, wait_s, idle=20)
+    return {"messages": n, "accepted": accepted, "received": rec.count, "complete": complete,
+            "producer_rate": round(accepted / produce_s), **_lateness(rec)}
+
+
+def run_burst(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator,
+              pool: ThreadPoolExecutor) -> dict[str, object]:
+    """`burst` messages all due at the same millisecond, sent as fast as the senders go."""
+    n = cfg.burst
+    body = _body(rng, cfg.body_bytes)
+    due = now_ms() + int(cfg.burst_lead_s * 1000)
+    msgs = [BenchMessage(int(i), due, body) for i in ids.take(n)]
+    rec = Recorder()
+    sink.current = rec
+    t0 = time.perf_counter()
+    accepted = sum(pool.map(system.send, [msgs[i:i + 200] for i in range(0, n, 200)]))
+    ack_s = time.perf_counter() - t0
+    stored, stored_at = system.wait_stored(accepted, 300)
+    stored_s = stored_at - t0
+    overran_ms = round(now_ms() - (time.perf_counter() - stored_at) * 1000 - due)
+    time.sleep(max(0.0, (due - now_ms()) / 1000))
+    complete = rec.wait_count(accepted, 300 + system.extra_wait_s, idle=30 + system.extra_wait_s)
+    last = rec.last_ns()
+    return {"messages": n, "accepted": accepted, "received": rec.count, "complete": complete,
+            "stored": stored, "ingest_ack_per_s": round(accepted / ack_s),
+            "ingest_stored_per_s": round(stored / stored_s) if stored_s > 0 else None,
+            "stored_before_due": overran_ms < 0,
+            "ingest_overran_due_ms": max(0, overran_ms),
+            "all_received_after_due_ms": round(last / 1e6 - due, 1) if last else None, **_lateness(rec)}
+
+
+def run_horizon(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator) -> dict[str, object]:
+    """Pending messages spread over days: memory per pending message, then a restart with probes due."""
+    n = system.horizon_count or cfg.horizon_messages
+    span = int(cfg.horizon_days * DAY_MS)
+    capped = system.max_delay_ms is not None and span > system.max_delay_ms
+    if capped:
+        span = int(system.max_delay_ms)  # type: ignore[arg-type]
+    body = _body(rng, cfg.body_bytes)
+    start = now_ms() + 120_000
+    hid = ids.take(n)
+    dues = start + rng.integers(0, max(1, span - 120_000), n) if span > 120_000 else np.full(n, now_ms() + span)
+    sink.current = Recorder(wanted=[])  # horizon messages are not waited for
+    before = system.memory()
+    t0 = time.perf_counter()
+    path = system.prefill(hid, dues.astype(np.int64), body)
+    prefill_s = time.perf_counter() - t0
+    time.sleep(3.0)  # let asynchronous work (timer log enqueue, flushes) settle
+    loaded = system.memory()
+    # probes: due while the system is down
+    probe_ids = ids.take(cfg.probes)
+    rec = Recorder(wanted=probe_ids.tolist())
+    sink.current = rec
+    probe_due = now_ms() + system.probe_delay_ms
+    system.send([BenchMessage(int(i), probe_due, body) for i in probe_ids])
+    system.wait_stored(cfg.probes, 60)
+    t_stop = time.perf_counter()
+    system.stop_for_restart()
+    stop_s = time.perf_counter() - t_stop
+    early = rec.count
+    time.sleep(max(0.0, (probe_due - now_ms()) / 1000 + 0.5))
+    t_start = time.time_ns()
+    first_ns = system.start_after_stop()
+    start_call_s = (time.time_ns() - t_start) / 1e9
+    if first_ns is None:
+        rec.wait_count(1, 300)
+        first_ns = rec.first_ns()
+    rec.wait_count(cfg.probes, 60, idle=20)
+    time.sleep(2.0)
+    restarted = system.memory()
+    out: dict[str, object] = {
+        "pending": n, "span_days": round(span / DAY_MS, 3), "capped_by_system": capped, "prefill": path,
+        "prefill_s": round(prefill_s, 1), "prefill_per_s": round(n / prefill_s),
+        "memory": system.memory_figures(before, loaded, restarted, n),
+        "samples": {"before": asdict(before), "loaded": asdict(loaded), "restarted": asdict(restarted)},
+        "restart": {"probes": cfg.probes, "stop_s": round(stop_s, 2), "start_call_s": round(start_call_s, 2),
+                    "received_before_restart": early,
+                    "first_delivery_s": round((first_ns - t_start) / 1e9, 3) if first_ns else None,
+                    "probes_received": rec.count},
+    }
+    if early:
+        out["restart"]["warning"] = "probes arrived before the stop finished: the stop took longer than the probe delay"  # type: ignore[index]
+    return out
+
+
+def _machine() -> dict[str, object]:
+    """Where and when."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dict[str, object]:
+    """Run every selected system through steady, burst and horizon; return the results document."""
+    from forwarder import LocalRocketMQ
+    from forwarder._rmq_native import LogLevel, NativeProducer
+
+    out: dict[str, object] = {"command": command, "config": asdict(cfg), "machine": _machine(),
+                              "load_average_start": load_average(), "systems": {}}
+    work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
+    mq = producer = None
+    needs_mq = any(s.startswith(("timewheel", "rocketmq")) for s in cfg.systems)
+    try:
+        if needs_mq:
+            log("starting the local RocketMQ ...")
+            mq = LocalRocketMQ(work / "mq", stop_timeout=20.0)
+            mq.start()
+            producer = NativeProducer("peers-producer", mq.namesrv_addr, log_level=LogLevel.ERROR)
+            producer.start()
+            out["rocketmq"] = {"namesrv": mq.namesrv_addr}
+        for name in cfg.systems:
+            out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
+    finally:
+        if producer is not None:
+            producer.shutdown()
+        if mq is not None:
+            mq.stop()
+        remove_tree(work)
+    out["load_average_end"] = load_average()
+    return out
+
+
+def _make(name: str, sink: Sink, cfg: RunConfig, work: Path, mq: object, producer: object) -> System:
+    """The adapter for `name`."""
+    d = work / name
+    d.mkdir(parents=True, exist_ok=True)
+    if name == "timewheel":
+        return Timewheel(sink, d, mq, producer)  # type: ignore[arg-type]
+    if name == "rocketmq-timer":
+        s: System = RocketMQTimer(sink, d, mq, producer)  # type: ignore[arg-type]
+        s.horizon_count = cfg.horizon_broker_messages
+        return s
+    if name == "rocketmq-levels":
+        s = RocketMQLevels(sink, d, mq, producer)  # type: ignore[arg-type]
+        s.horizon_count = cfg.horizon_broker_messages
+        return s
+    if name == "redis-zset":
+        return RedisZset(sink, d, poll_ms=cfg.poll_ms)
+    if name == "postgres":
+        return Postgres(sink, d, poll_ms=cfg.poll_ms)
+    if name == "heapq":
+        return Heap(sink, d)
+    raise ValueError(f"unknown system {name!r}: choose from {', '.join(ALL_SYSTEMS)}")
+
+
+def _warm_up(system: System, sink: Sink, ids: Ids, cfg: RunConfig) -> float:
+    """Send a few messages due in 1 s until they arrive (routes, rebalance, connections settle)."""
+    t0 = time.monotonic()
+    for _ in range(10):
+        rec = Recorder()
+        sink.current = rec
+        due = now_ms() + 1000
+        n = system.send([BenchMessage(int(i), due, b"w" * cfg.body_bytes) for i in ids.take(20)])
+        if n and rec.wait_count(n, 20):
+            return round(time.monotonic() - t0, 1)
+    raise RuntimeError(f"{system.name}: warm-up messages did not arrive within {time.monotonic() - t0:.0f} s")
+
+
+def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: object,
+                log: Callable[[str], None]) -> dict[str, object]:
+    """One system through every workload; a failure is recorded and the run goes on."""
+    sink = Sink()
+    ids = Ids()
+    rng = np.random.default_rng(cfg.seed)
+    result: dict[str, object] = {"load_average_before": load_average()}
+    system = _make(name, sink, cfg, work, mq, producer)
+    pool = ThreadPoolExecutor(cfg.senders, thread_name_prefix=f"send-{name}")
+    try:
+        log(f"[{name}] starting")
+        system.open()
+        result["warm_up_s"] = _warm_up(system, sink, ids, cfg)
+        for phase, fn in (("steady", lambda: run_steady(system, sink, cfg, ids, rng, pool)),
+                          ("burst", lambda: run_burst(system, sink, cfg, ids, rng, pool)),
+                          ("horizon", lambda: run_horizon(system, sink, cfg, ids, rng))):
+            log(f"[{name}] {phase} ...")
+            t0 = time.monotonic()
+            cpu0 = _cpu_seconds(system)
+            try:
+                result[phase] = fn()
+            except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others
+                result[phase] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+            result[phase]["seconds"] = round(time.monotonic() - t0, 1)  # type: ignore[index]
+            cpu1 = _cpu_seconds(system)
+            result[phase]["server_cpu_s"] = {k: round(v - cpu0.get(k, 0.0), 2)  # type: ignore[index]
+                                             for k, v in cpu1.items()}
+            try:
+                diag = system.diagnostics()
+            except Exception as e:  # noqa: BLE001
+                diag = {"error": str(e)}
+            if diag:
+                result[phase]["diagnostics"] = diag  # type: ignore[index]
+            log(f"[{name}] {phase}: {_summary(result[phase])}")  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["trace"] = traceback.format_exc()[-2000:]
+        log(f"[{name}] failed: {result['error']}")
+    finally:
+        sink.current = None
+        try:
+            system.close()
+        except Exception as e:  # noqa: BLE001
+            result.setdefault("close_error", f"{type(e).__name__}: {e}")
+        pool.shutdown(wait=True)
+    result["notes"] = system.notes
+    result["load_average_after"] = load_average()
+    return result
+
+
+def _cpu_seconds(system: System) -> dict[str, float]:
+    """User + system CPU seconds of each process doing the system's work (children included), by name."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for pid in system.process_pids():
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+            name = " ".join(proc.cmdline()[-3:])[:60] if proc.name() == "java" else proc.name()
+            total = 0.0
+            for p in procs:
+                t = p.cpu_times()
+                total += t.user + t.system
+            out[f"{pid} {name}"] = total
+        except psutil.Error:
+            pass
+    return out
+
+
+def _summary(phase: dict[str, object]) -> str:
+    """One line of a phase's result for the console."""
+    if "error" in phase:
+        return f"ERROR {phase['error']}"
+    keep = ("received", "accepted", "producer_rate", "ingest_stored_per_s", "lateness_ms", "memory", "restart",
+            "prefill_per_s")
+    return " ".join(f"{k}={phase[k]}" for k in keep if k in phase)
+
+
+def run_fast_switch(cfg: RunConfig, command: str) -> dict[str, object]:
+    """run() with a short GIL switch interval, so the client library's callbacks, the pollers and the
+    release thread wake up promptly (as `timewheel.service` does for the engine)."""
+    import sys
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        return run(cfg, command)
+    finally:
+        sys.setswitchinterval(previous)
