@@ -146,6 +146,19 @@ def lateness(hist: DataFrame, by: list[str] | None = None) -> DataFrame:
     return out.drop("_all") if not by else out
 
 
+def summaries(hist: DataFrame) -> DataFrame:
+    """Everything the report needs from the histogram, in one table (one job to collect): column
+    `level` is "segment" (counts and lateness per segment and topic), "bucket" (lateness per
+    due-time bucket, for the chart) or "total" (lateness over all deliveries)."""
+    late = ("p50_ms", "p99_ms", "max_ms", "delivered")
+    seg = reconcile(hist).join(lateness(hist), ["segment_ms", "topic"], "left").withColumn("level", F.lit("segment"))
+    bucket = lateness(hist, ["bucket_ms"]).withColumn("level", F.lit("bucket"))
+    total = lateness(hist, []).withColumn("level", F.lit("total"))
+    return seg.unionByName(bucket, allowMissingColumns=True).unionByName(total, allowMissingColumns=True) \
+        .select("level", "segment_ms", "topic", "bucket_ms", *(c for c in seg.columns if c not in (
+            "level", "segment_ms", "topic") and c not in late), *late)
+
+
 def unknown_entries(dispatch: DataFrame) -> DataFrame:
     """Dispatch entries (with `record_exists`) that name no record."""
     return dispatch.where(~F.col("record_exists"))
@@ -237,24 +250,22 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
     dispatch = spark.read.format("timewheel_dispatch").schema(DISPATCH_COLUMNS).load(data_dir)
     table = cells(status, _bucket_ms(segments[0], segments[-1] + layout.segment_ms), now_ms=now_ms,
                   grace_ms=grace_ms).persist()
-    hist = histogram(table).persist()
     try:
         late = ("p50_ms", "p99_ms", "max_ms", "delivered")
-        seg_late = {(r["segment_ms"], r["topic"]): r for r in lateness(hist).collect()}
-        for r in reconcile(hist).orderBy("segment_ms", "topic").collect():
-            row = {"segment_ms": r["segment_ms"], "segment": segment_name(r["segment_ms"])} | r.asDict()
-            rep.segments.append(row)
-            lr = seg_late.get((r["segment_ms"], r["topic"]))
-            if lr is not None:
-                rep.lateness_by_segment.append({k: row[k] for k in ("segment_ms", "segment", "topic")}
-                                               | {k: lr[k] for k in late})
+        rows = [r.asDict() for r in summaries(histogram(table)).collect()]
+        for r in sorted((r for r in rows if r["level"] == "segment"), key=lambda r: (r["segment_ms"], r["topic"] or "")):
+            head = {"segment_ms": r["segment_ms"], "segment": segment_name(r["segment_ms"]), "topic": r["topic"]}
+            rep.segments.append(head | {k: r[k] for k in ("scheduled", *STATUSES, "replayed", "duplicates",
+                                                          "balanced")})
+            if r["delivered"]:
+                rep.lateness_by_segment.append(head | {k: r[k] for k in late})
         for k in ("scheduled", *STATUSES, "replayed"):
             setattr(rep, k, int(sum(r[k] for r in rep.segments)))
-        total = lateness(hist, []).collect()
+        total = [r for r in rows if r["level"] == "total"]
         if total:
             rep.lateness_ms = {k: total[0][k] for k in late}
-        series = [r.asDict() for r in lateness(hist, ["bucket_ms"]).orderBy("bucket_ms").collect()]
-        name = F.udf(segment_name, "string")
+        series = sorted((r for r in rows if r["level"] == "bucket"), key=lambda r: r["bucket_ms"])
+        name = F.udf(segment_name, "string", useArrow=False)
         found = findings(table, unknown_entries(dispatch))
         found = found.select("kind", "segment_ms", name("segment_ms").alias("segment"),
                              *(c for c in found.columns if c not in ("kind", "segment_ms")))
@@ -271,7 +282,6 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
                                found.orderBy("kind", "segment_ms", "part", "offset").limit(sample).collect()]
         found.unpersist()
     finally:
-        hist.unpersist()
         table.unpersist()
     rep.lost = counts.get("lost", 0)
     rep.duplicates = counts.get("duplicate", 0)

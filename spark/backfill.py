@@ -63,7 +63,7 @@ def read_input(spark: SparkSession, paths: Sequence[str], fmt: str | None = None
     if fmt == "json":
         return spark.read.json(list(paths))
     if fmt == "csv":
-        return spark.read.option("header", True).csv(list(paths))
+        return spark.read.option("header", True).option("escape", '"').csv(list(paths))  # RFC 4180 quoting
     raise ValueError(f"input format must be parquet, json or csv, not {fmt!r}")
 
 
@@ -188,7 +188,7 @@ def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int
         .withColumn("_tw_check", F.col("reason").isNull() & nested_large)
     # keys or properties near the limit: storage's encoder decides, for those few rows only (a
     # Python UDF runs on every row that reaches it, whatever condition surrounds it)
-    refusal = F.udf(_encode_refusal, StringType())
+    refusal = F.udf(_encode_refusal, StringType(), useArrow=False)
     near = out.where(F.col("_tw_check")).withColumn("reason", refusal(F.col("record")))
     return out.where(~F.col("_tw_check")).unionByName(near).drop("_tw_check")
 

@@ -252,9 +252,10 @@ def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms
             result.by_topic = {r["topic"]: r["count"] for r in rows if r["crc_ok"]}
             result.skipped_corrupt = sum(r["count"] for r in rows if not r["crc_ok"])
             result.matched = sum(result.by_topic.values()) + result.skipped_corrupt
-            result.sample = [r.asDict(recursive=True) | {"body_bytes": len(r["body"])} for r in
+            result.sample = [r.asDict(recursive=True) for r in
                              chosen.where(F.col("crc_ok")).orderBy("due_ms", "segment_ms", "part", "offset")
-                             .drop("body", "crc_ok").limit(sample).collect()]
+                             .withColumn("body_bytes", F.octet_length("body")).drop("body", "crc_ok")
+                             .limit(sample).collect()]
         finally:
             chosen.unpersist()
         return result

@@ -84,15 +84,20 @@ def _spark(master: str, conf: list[str] | None, verbose: bool) -> Iterator["Spar
             opt = f"-Dlog4j2.configurationFile=file:{log4j}"
             extra.setdefault("spark.driver.extraJavaOptions", opt)
             extra.setdefault("spark.executor.extraJavaOptions", opt)
-    started = SparkSession.getActiveSession() is None
+    active = SparkSession.getActiveSession()
+    if active is not None:  # called from a program that has its session already: use it as it is
+        from spark.session import register_sources
+
+        register_sources(active)
+        yield active
+        return
     spark = get_session(master, "timewheel-cli", extra)
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
     try:
         yield spark
     finally:
-        if started:
-            spark.stop()
+        spark.stop()
 
 
 def _open_layout(data_dir: Path) -> None:
@@ -284,18 +289,16 @@ def replay(
     """
     _open_layout(data_dir)
     since_ms, until_ms = _time_ms(since, "--since"), _time_ms(until, "--until")
+    if until_ms <= since_ms:
+        _fail("--until must be after --since")
     from spark.progress import stage_progress
     from spark.replay import replay as run
     from spark.replay import rocketmq_sender
 
     with _spark(master, conf, verbose) as spark:
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
-            try:
-                result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
-                             sender_factory=None if dry_run else rocketmq_sender(namesrv, group), rate=rate,
-                             sample=show)
-            except ValueError as e:
-                _fail(str(e))
+            result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
+                         sender_factory=None if dry_run else rocketmq_sender(namesrv, group), rate=rate, sample=show)
     if as_json:
         _print_json(result.as_dict())
     else:

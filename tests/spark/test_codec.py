@@ -1,0 +1,160 @@
+"""The numpy/pyarrow side of the sources, without Spark: bulk decode against storage.decode,
+corrupt and torn records, outcome columns, and staged parts."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark._codec import HEADER_DTYPE, RECORD_COLUMNS, PartFiles, PartStager, read_part
+from storage import (DELIVERED, REPLAYED, Record, ScheduleStore, SegmentLayout, decode, dispatch_entries, encode,
+                     read_index, segment_name)
+from storage.record import HEADER
+from tests.spark.conftest import T0, deliver, records
+
+
+def _part(store: ScheduleStore, seg: int, part: int = 0) -> PartFiles:
+    lay = store.layout
+    return PartFiles(seg, segment_name(seg), part, str(lay.part_log(seg, part)), str(lay.part_index(seg, part)),
+                     str(lay.dispatch_log(seg)))
+
+
+def _rows(pf: PartFiles, columns: list[str] | None = None, **kw: object) -> list[dict]:
+    cols = list(RECORD_COLUMNS) if columns is None else columns
+    out: list[dict] = []
+    for batch in read_part(pf, cols, **kw):  # type: ignore[arg-type]
+        n = len(next(iter(batch.values())))
+        lists = {k: v.to_pylist() for k, v in batch.items()}
+        out.extend({k: lists[k][i] for k in cols} for i in range(n))
+    return out
+
+
+def test_header_view_agrees_with_storage_struct() -> None:
+    rec = Record("id-1", "TOPIC", b"\x00body", T0 + 5, T0, "tag", ("k1", "k2"), {"p": "v"})
+    blob = encode(rec)
+    viewed = np.frombuffer(blob[:HEADER.size], HEADER_DTYPE)[0]
+    assert tuple(viewed.tolist()) == HEADER.unpack_from(blob)
+    assert HEADER_DTYPE.itemsize == HEADER.size
+
+
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(text.filter(bool), text.filter(bool), st.binary(max_size=300), text,
+                          st.lists(text, max_size=3), st.dictionaries(text, text, max_size=3),
+                          st.integers(0, 3_599_999)), min_size=1, max_size=40))
+def test_bulk_decode_matches_storage_decode(tmp_path_factory: pytest.TempPathFactory, rows: list) -> None:
+    d = tmp_path_factory.mktemp("codec")
+    with ScheduleStore(d / "data") as s:
+        recs = [Record(f"{i}-{mid}", topic, body, T0 + due, 0, tags, tuple(keys), props)
+                for i, (mid, topic, body, tags, keys, props, due) in enumerate(rows)]
+        s.append(recs, T0)
+        pf = _part(s, T0)
+        got = _rows(pf, batch_bytes=512, max_rows=7)  # several batches
+        raw = Path(pf.log).read_bytes()
+    assert len(got) == len(recs)
+    for row in got:
+        want, _ = decode(raw, row["offset"])
+        assert row["crc_ok"] is True
+        assert (row["msg_id"], row["topic"], row["body"], row["due_ms"]) == (want.msg_id, want.topic, want.body,
+                                                                             want.due_ms)
+        assert (row["tags"] or "") == want.tags and tuple(row["keys"]) == want.keys
+        assert dict(row["properties"]) == dict(want.properties)
+        assert row["enqueue_ms"] == T0 and row["segment"] == segment_name(T0) and row["part"] == 0
+
+
+def test_corrupt_record_is_a_row_with_crc_ok_false(make_store) -> None:
+    s = make_store()
+    s.append(records(5, keys=("k",), properties={"a": "b"}), T0)
+    pf = _part(s, T0)
+    idx = read_index(pf.index)
+    with open(pf.log, "r+b") as f:  # flip a body byte of record 2, then the magic of record 4
+        f.seek(int(idx["offset"][2]) + int(idx["length"][2]) - 1)
+        f.write(b"\xff")
+        f.seek(int(idx["offset"][4]))
+        f.write(b"\x00")
+    rows = _rows(pf)
+    assert [r["crc_ok"] for r in rows] == [True, True, False, True, False]
+    for r in (rows[2], rows[4]):
+        assert r["msg_id"] is None and r["topic"] is None and r["body"] is None and r["keys"] is None
+        assert r["properties"] is None and r["due_ms"] == int(idx["due_ms"][rows.index(r)])
+    assert rows[3]["msg_id"] == "m3" and rows[3]["keys"] == ["k"]
+
+
+def test_invalid_utf8_behind_a_valid_crc_is_corrupt(tmp_path: Path) -> None:
+    rec = Record("id", "T", b"b", T0)
+    blob = bytearray(encode(rec))
+    blob[HEADER.size + 2] = 0xFF  # the topic byte; then fix the CRC so only UTF-8 is wrong
+    from storage.record import crc32c
+    blob[8:12] = struct.pack("<I", crc32c(bytes(blob[12:])))
+    seg_dir = tmp_path / "schedule" / segment_name(T0)
+    seg_dir.mkdir(parents=True)
+    (seg_dir / "00000.log").write_bytes(bytes(blob) + encode(Record("ok", "T", b"x", T0 + 1)))
+    idx = np.array([(T0, 0, len(blob)), (T0 + 1, len(blob), len(encode(Record("ok", "T", b"x", T0 + 1))))],
+                   dtype=read_index(seg_dir / "missing.idx").dtype)
+    idx.tofile(seg_dir / "00000.idx")
+    pf = PartFiles(T0, segment_name(T0), 0, str(seg_dir / "00000.log"), str(seg_dir / "00000.idx"))
+    rows = _rows(pf, ["msg_id", "topic", "crc_ok"])
+    assert rows == [{"msg_id": None, "topic": None, "crc_ok": False}, {"msg_id": "ok", "topic": "T", "crc_ok": True}]
+
+
+def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_store) -> None:
+    s = make_store()
+    s.append(records(10), T0)
+    pf = _part(s, T0)
+    idx = read_index(pf.index)
+    with open(pf.log, "r+b") as f:
+        f.truncate(int(idx["offset"][8]) + 3)  # records 8 and 9 torn off
+    rows = _rows(pf, ["msg_id", "due_ms"])
+    assert [r["msg_id"] for r in rows] == [f"m{i}" for i in range(8)]
+    rows = _rows(pf, ["msg_id"], since_ms=T0 + 2000, until_ms=T0 + 5000)
+    assert [r["msg_id"] for r in rows] == ["m2", "m3", "m4"]
+
+
+def test_outcome_columns_count_entries_per_record(make_store) -> None:
+    s = make_store()
+    s.append(records(4), T0)
+    deliver(s, T0, slice(0, 2), DELIVERED, T0 + 7)
+    deliver(s, T0, slice(1, 2), DELIVERED, T0 + 3)  # m1 delivered twice, first at T0 + 3
+    deliver(s, T0, slice(0, 1), REPLAYED, T0 + 9)
+    ix = s.segment_index(T0)
+    stray = dispatch_entries(np.array([0]), np.array([12345]), np.array([T0]), T0, DELIVERED)
+    s.record_dispatch(T0, stray, T0)  # names no record: ignored here
+    rows = _rows(_part(s, T0), ["msg_id", "delivered", "replayed", "cancelled", "first_delivered_ms"])
+    assert rows == [
+        {"msg_id": "m0", "delivered": 1, "replayed": 1, "cancelled": 0, "first_delivered_ms": T0 + 7},
+        {"msg_id": "m1", "delivered": 2, "replayed": 0, "cancelled": 0, "first_delivered_ms": T0 + 3},
+        {"msg_id": "m2", "delivered": 0, "replayed": 0, "cancelled": 0, "first_delivered_ms": None},
+        {"msg_id": "m3", "delivered": 0, "replayed": 0, "cancelled": 0, "first_delivered_ms": None},
+    ]
+    assert len(ix) == 4
+
+
+def test_staged_parts_publish_into_their_segments(tmp_path: Path) -> None:
+    layout = SegmentLayout(tmp_path / "data")
+    staging = tmp_path / "data" / "_staging" / "job"
+    staging.mkdir(parents=True)
+    stager = PartStager(staging, "t0", layout.segment_ms, enqueue_ms=T0, max_part_bytes=400)
+    recs = records(6, step=30 * 60_000)  # 3 hours, 2 per hour
+    for r in recs:
+        stager.add(r)
+    staged = stager.finish()
+    assert stager.counts["written"] == 6 and {p.segment_ms for p in staged} == {T0, T0 + 3_600_000, T0 + 7_200_000}
+    for p in staged:
+        layout.publish_part(p.segment_ms, p.log, p.index)
+    got = []
+    for seg in layout.list_segments():
+        for part in layout.list_parts(seg):
+            raw = layout.part_log(seg, part).read_bytes()
+            for e in read_index(layout.part_index(seg, part)):
+                rec, n = decode(raw, int(e["offset"]))
+                assert n == int(e["length"]) and rec.due_ms == int(e["due_ms"]) and rec.enqueue_ms == T0
+                assert layout.segment_start(rec.due_ms) == seg
+                got.append(rec.msg_id)
+    assert sorted(got) == sorted(r.msg_id for r in recs)
+    assert not list(staging.iterdir())
