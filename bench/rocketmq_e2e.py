@@ -30,7 +30,7 @@ from forwarder import LocalRocketMQ
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
 from timewheel.config import EngineConfig, RocketMQConfig
 from timewheel.service import Service
-from timewheel.settings import Settings
+from timewheel.settings import AdminConfig, Settings
 
 RESULTS = Path(__file__).parent / "results"
 BODY = b"x" * 200
@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         n = _send_many(producer, [OutgoingMessage(cfg.delay_topic, BODY, None, None,
                                                   {"TW_TARGET_TOPIC": "BENCH_OUT", "TW_DELIVER_AT_MS": str(far)})
                                   for _ in range(args.ingest)])
-        service = Service(Settings(engine=EngineConfig(work / "data"), rocketmq=cfg))
+        service = Service(Settings(engine=EngineConfig(work / "data"), rocketmq=cfg,
+                                   admin=AdminConfig(listen="127.0.0.1:0")))
         t0 = time.perf_counter()
         service.start()
         assert service.engine is not None

@@ -57,10 +57,12 @@ def _int_property(props: Mapping[str, str], name: str) -> int:
 def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Message:
     """The engine message a delay message asks for; raises ContractViolation with the reason."""
     props = msg.properties
-    if any("\ufffd" in k or "\ufffd" in v for k, v in props.items()):
-        raise ContractViolation("a property is not valid UTF-8")
-    if any(_FORBIDDEN.search(k) or _FORBIDDEN.search(v) for k, v in props.items()):
-        raise ContractViolation("a property contains a control character RocketMQ uses as a separator")
+    # Only what the producer set is checked: the broker's own properties are its business.
+    for k, v in user_properties(props).items():
+        if "\ufffd" in k or "\ufffd" in v:
+            raise ContractViolation(f"property {k!r} is not valid UTF-8")
+        if _FORBIDDEN.search(k) or _FORBIDDEN.search(v):
+            raise ContractViolation(f"property {k!r} contains a control character RocketMQ uses as a separator")
     target = props.get(TARGET_TOPIC)
     if target is None or not target.strip():
         raise ContractViolation(f"no {TARGET_TOPIC} property: the target topic is required")
