@@ -172,10 +172,11 @@ def chart(doc: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.axvline(0, color="grey", lw=0.8)
     axes[0].set_ylabel("fraction of messages")
-    axes[1].legend(loc="lower right", fontsize=9)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs (shared), "
                  f"load avg {doc['load_average_start'][0]}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -217,6 +218,48 @@ for PostgreSQL, the log for heapq.
 """
 
 
+def _process_label(key: str) -> str:
+    """'PID name' of a CPU sample as a reader would say it."""
+    name = key.split(" ", 1)[1] if " " in key else key
+    if "broker" in name.lower():
+        return "RocketMQ broker"
+    if name.startswith("python"):
+        return "timewheel engine process"
+    return name
+
+
+def observations(doc: dict) -> str:
+    """Facts read off the results that the tables alone do not make obvious."""
+    c = doc["config"]
+    out = []
+    for name, r in doc["systems"].items():
+        rate = _get(r, "steady", "producer_rate")
+        if isinstance(rate, (int, float)) and rate < 0.95 * c["steady_rate"]:
+            cpu = _get(r, "steady", "server_cpu_s") or {}
+            spent = ", ".join(f"{_process_label(k)} {v:.0f} s" for k, v in cpu.items())  # type: ignore[union-attr]
+            out.append(f"- {name}: the paced producer reached only {rate:,.0f} of {c['steady_rate']:,} msg/s "
+                       f"(its sends waited on a saturated path), and steady lateness grew while it produced: the "
+                       f"system fell behind. CPU seconds spent by its processes in the steady phase: {spent}.")
+        for phase in ("steady", "burst"):
+            p = _get(r, phase) or {}
+            if isinstance(p, dict) and "accepted" in p and p.get("received", 0) < p["accepted"]:
+                out.append(f"- {name}, {phase}: {p['accepted'] - p['received']:,} of {p['accepted']:,} accepted "
+                           "messages never reached the consumer.")
+        over = _get(r, "burst", "ingest_overran_due_ms")
+        if isinstance(over, (int, float)) and over > 0:
+            out.append(f"- {name}, burst: storing the burst took {over / 1000:,.1f} s longer than the "
+                       f"{c['burst_lead_s']:g} s lead, so part of its burst lateness is ingest falling behind.")
+        dups = _get(r, "burst", "diagnostics", "duplicates_total")
+        if isinstance(dups, (int, float)) and dups > 0:
+            out.append(f"- {name}: its engine counted {dups:.0f} messages as duplicates and dropped them. They were "
+                       "distinct messages: rocketmq-client-python 0.5.0rc2's native client gives concurrent sends "
+                       "from several threads the same UNIQ_KEY now and then, and the engine dedupes on that id.")
+        restart = _get(r, "horizon", "restart") or {}
+        if isinstance(restart, dict) and restart.get("warning"):
+            out.append(f"- {name}: {restart['warning']}.")
+    return "\n".join(out) + "\n" if out else "- none\n"
+
+
 def render(doc: dict, json_name: str, png_name: str) -> str:
     """The whole RESULTS.md."""
     c = doc["config"]
@@ -233,6 +276,12 @@ RocketMQ; installs `redis-server` and `postgresql` with apt-get if they are miss
 ```bash
 {doc['command']}
 ```
+
+Scale up or narrow down with flags (`python -m bench.peers run --help`), e.g.
+`--steady-rate 5000 --steady-seconds 120 --burst 100000 --horizon-messages 10000000`, or
+`--system redis-zset --system timewheel`; `python -m bench.peers report` rebuilds this page and the
+chart from the JSON. The machine was shared with other work throughout, so the figures compare the
+systems with each other within this run; they are not what each system does on a machine of its own.
 
 - date: {m['date']}
 - machine: a **shared** {m['cpus']}-core machine ({m['platform']}, {m['memory_gb']} GB RAM, Python
@@ -254,6 +303,9 @@ RocketMQ; installs `redis-server` and `postgresql` with apt-get if they are miss
 ## Ingest, memory, restart
 
 {capacity_table(doc)}
+## Observations
+
+{observations(doc)}
 ## timewheel's figures as ratios to each peer
 
 Each cell is peer ÷ timewheel for lateness, memory and restart time, and timewheel ÷ peer for the

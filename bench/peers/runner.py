@@ -318,7 +318,7 @@ def _cpu_seconds(system: System) -> dict[str, float]:
         try:
             proc = psutil.Process(pid)
             procs = [proc, *proc.children(recursive=True)]
-            name = " ".join(proc.cmdline()[-3:])[:60] if proc.name() == "java" else proc.name()
+            name = "broker" if any("BrokerStartup" in a for a in proc.cmdline()) else proc.name()
             total = 0.0
             for p in procs:
                 t = p.cpu_times()
