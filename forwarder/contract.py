@@ -7,11 +7,14 @@ Properties of a delay message:
     TW_DELAY_MS        ms after the message was born (producer's timestamp), or
     __STARTDELIVERTIME epoch ms (Aliyun RocketMQ's convention)
 Tags, keys, body and every other user property pass through; the delivered message also carries
-TW_ORIGINAL_MSG_ID, the delay message's id, so consumers can dedupe, and TW_DUE_MS, its due time.
+TW_ORIGINAL_MSG_ID (the delay message's id and a checksum of its content: `<UNIQ_KEY>:<crc>`), so
+consumers can dedupe, and TW_DUE_MS, its due time.
 """
 from __future__ import annotations
 
 import re
+
+import crc32c
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -90,7 +93,23 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
         raise ContractViolation("tags or keys are not valid UTF-8")
     passthrough = {k: v for k, v in user_properties(props).items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
-    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, msg.msg_id)
+    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, engine_id(msg, target, due))
+
+
+def engine_id(msg: ReceivedMessage, target: str, due: int) -> str:
+    """The dedup id: the RocketMQ message id (UNIQ_KEY) and a CRC32C of what the message asks for.
+
+    A redelivery carries the same id and content, so it is stored once. The id alone is not
+    enough: the client library (0.5.0rc2) has been seen to give two different messages sent from
+    several threads the same UNIQ_KEY, and deduplicating on it would silently drop one of them.
+    """
+    digest = crc32c.crc32c(msg.body, crc32c.crc32c(f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}".encode()))
+    return f"{msg.msg_id}:{digest:08x}"
+
+
+def delay_message_id(engine_msg_id: str) -> str:
+    """The RocketMQ id of the delay message an engine id was made from."""
+    return engine_msg_id.split(":", 1)[0]
 
 
 def to_outgoing(m: Message) -> OutgoingMessage:

@@ -94,6 +94,16 @@ class MetaStore:
             out.append(k[len(prefix):].decode())
         return out
 
+    def ids_with_prefix(self, prefix: str, limit: int = 1000) -> list[str]:
+        """Stored message ids that start with `prefix`."""
+        start = b"i" + prefix.encode()
+        out = []
+        for k in self._db.keys(from_key=start):
+            if not k.startswith(start) or len(out) >= limit:
+                break
+            out.append(k[1:].decode())
+        return out
+
     def mark_cancelled(self, msg_ids: Iterable[str], at_ms: int) -> None:
         """Remember that ids were cancelled."""
         wb = rocksdict.WriteBatch(raw_mode=True)

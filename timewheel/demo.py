@@ -136,6 +136,7 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
     def on_message(msg: ReceivedMessage) -> bool:
         now = time.time_ns() // 1_000_000
         orig = msg.properties.get("TW_ORIGINAL_MSG_ID", msg.msg_id)
+        orig = orig.split(":", 1)[0] if msg.topic != cfg.dead_letter_topic else orig
         with state.lock:
             if msg.topic == cfg.dead_letter_topic:
                 state.dead_lettered_ids.add(orig)

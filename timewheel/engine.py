@@ -314,7 +314,11 @@ class Engine:
         store = self._require_started()
         if (msg_id is None) == (key is None):
             raise ValueError("give exactly one of msg_id or key")
-        ids = [msg_id] if msg_id is not None else store.meta.ids_for_key(key)  # type: ignore[list-item]
+        if msg_id is not None:
+            # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
+            ids = [msg_id] if store.meta.known([msg_id])[0] else store.meta.ids_with_prefix(msg_id + ":")
+        else:
+            ids = store.meta.ids_for_key(key)  # type: ignore[arg-type]
         ids = [i for i in ids if not store.meta.is_cancelled(i)]
         if not ids:
             return 0

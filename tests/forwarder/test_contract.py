@@ -19,8 +19,8 @@ def received(props: dict[str, str], body: bytes = b"b", born: int = NOW) -> Rece
 def test_passthrough_and_due_time() -> None:
     m = to_message(received({"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1500", "UNIQ_KEY": "ID1", "WAIT": "true",
                              "custom": "v"}), NOW + 10, LIMITS)
-    assert (m.topic, m.deliver_at_ms, m.tags, tuple(m.keys), m.msg_id) == ("ORDERS", NOW + 1500, "tg", ("k1", "k2"),
-                                                                          "ID1")
+    assert (m.topic, m.deliver_at_ms, m.tags, tuple(m.keys)) == ("ORDERS", NOW + 1500, "tg", ("k1", "k2"))
+    assert m.msg_id is not None and m.msg_id.startswith("ID1:")
     assert m.properties == {"custom": "v"}
 
 
@@ -51,3 +51,11 @@ def test_outgoing_properties_cannot_smuggle_separators() -> None:
     with pytest.raises(ValueError, match="x01"):
         _build(to_outgoing(Message("ORDERS", b"b", NOW, properties={"a": "x\x02TW_TARGET_TOPIC\x01EVIL"},
                                    msg_id="i")))
+
+
+def test_same_rocketmq_id_with_different_content_is_two_messages() -> None:
+    """The client has been seen to reuse a UNIQ_KEY across threads: both messages must be kept."""
+    a = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5"}, body=b"one"), NOW, LIMITS)
+    b = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5"}, body=b"two"), NOW, LIMITS)
+    again = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5"}, body=b"one"), NOW + 3, LIMITS)
+    assert a.msg_id != b.msg_id and a.msg_id == again.msg_id
