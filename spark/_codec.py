@@ -120,6 +120,7 @@ def _binary_array(typ: pa.DataType, buf: np.ndarray, starts: np.ndarray, lengths
 
 
 def _utf8_ok(arr: pa.Array) -> bool:
+    """Whether every value of a string array is valid UTF-8."""
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
@@ -264,11 +265,14 @@ def decode_batch(buf: np.ndarray, mv: memoryview, idx: np.ndarray, pf: PartFiles
             lf = _TEXT_FIELD[col]
             text[col] = _binary_array(pa.string(), buf, starts[lf], hdr[lf], ok, null_if_empty=col == "tags")
         if not all(_utf8_ok(a) for a in text.values()):  # rare: find the records whose text is not UTF-8
+            before = int(ok.sum())
             for i in np.flatnonzero(ok).tolist():
                 try:
                     decode(mv, int(offsets[i]))
                 except CorruptRecordError:
                     ok[i] = False
+            if int(ok.sum()) == before:
+                raise AssertionError("Arrow rejects text that storage.decode accepts")
             continue
         keys = props = None
         if want & {"keys", "properties"}:
@@ -415,6 +419,7 @@ class PartStager:
 
     def __init__(self, staging_dir: Path, prefix: str, segment_ms: int, enqueue_ms: int,
                  max_part_bytes: int = 1 << 30, buffer_bytes: int = 64 << 20) -> None:
+        """Stage into `staging_dir`, file names starting with `prefix` (unique to the task attempt)."""
         self.dir = staging_dir
         self.prefix = prefix
         self.segment_len = segment_ms
@@ -428,6 +433,7 @@ class PartStager:
         self._buffered = 0
 
     def _new(self, seg: int) -> StagedPart:
+        """Open a new staged part for a segment."""
         self._n += 1
         stem = self.dir / f"{self.prefix}-{seg}-{self._n:05d}"
         part = StagedPart(seg, stem.with_suffix(".log"), stem.with_suffix(".idx"))

@@ -293,6 +293,7 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
 
 
 def _write_report(rep: AuditReport, out_dir: str | Path | None) -> None:
+    """Write report.json into `out_dir`, when given."""
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "report.json").write_text(json.dumps(rep.as_dict(), indent=2) + "\n")

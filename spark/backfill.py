@@ -76,6 +76,7 @@ def _text(df: DataFrame, name: str) -> Column:
 
 
 def _body(df: DataFrame, encoding: str) -> Column:
+    """The body as binary (text encoded as UTF-8 or decoded from base64)."""
     if "body" not in df.columns:
         raise ValueError("the input has no body column")
     dt = df.schema["body"].dataType
@@ -120,6 +121,7 @@ def _due(df: DataFrame) -> tuple[Column, Column]:
 
 
 def _keys(df: DataFrame) -> Column:
+    """Keys as array<string> (text split on commas and spaces), never null."""
     if "keys" not in df.columns:
         return F.array().cast(ArrayType(StringType()))
     dt = df.schema["keys"].dataType

@@ -20,6 +20,7 @@ class DispatchLogPartition(InputPartition):
     """The dispatch log of one segment."""
 
     def __init__(self, segment_ms: int, segment: str, path: str, parts: list[tuple[int, str, str]]) -> None:
+        """One segment's dispatch log, and its parts."""
         super().__init__(segment_ms)
         self.segment_ms = segment_ms
         self.segment = segment
@@ -31,6 +32,7 @@ class DispatchReader(DataSourceReader):
     """Reads each segment's dispatch log into Arrow batches."""
 
     def __init__(self, path: str, schema: StructType, options: dict) -> None:
+        """A reader of `schema`'s columns of the data directory `path`."""
         self.path = path
         self.schema = schema
         self.columns = require_subset(schema, DISPATCH, "the timewheel_dispatch source")
@@ -76,6 +78,7 @@ class DispatchReader(DataSourceReader):
         exists = _record_exists(partition.parts, entries) if "record_exists" in self.columns else None
 
         def batches() -> Iterator[pa.RecordBatch]:
+            """The entries in batches of a million rows."""
             step = 1 << 20
             for start in range(0, len(entries), step):
                 e = entries[start:start + step]

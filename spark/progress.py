@@ -26,6 +26,7 @@ def stage_progress(spark: SparkSession, description: str, *, enabled: bool = Tru
         task = progress.add_task(description, total=None)
 
         def poll() -> None:
+            """Update the bar from the status tracker every half second."""
             while not stop.wait(0.5):
                 infos = [i for i in (tracker.getStageInfo(s) for s in tracker.getActiveStageIds()) if i]
                 if infos:

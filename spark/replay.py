@@ -45,6 +45,7 @@ class RocketMQSender:
     """A `rocketmq.client.Producer`, sending synchronously (binary-safe bodies)."""
 
     def __init__(self, namesrv: str, group: str, timeout_ms: int = 3000) -> None:
+        """Start a producer of `group` on the NameServer `namesrv`."""
         from rocketmq.client import Producer
 
         self._producer = Producer(group, timeout=timeout_ms)
@@ -101,10 +102,12 @@ class _Pace:
     """At most `rate` calls a second (0: unlimited), without drift."""
 
     def __init__(self, rate: float) -> None:
+        """Pace calls at `rate` a second."""
         self.interval = 1.0 / rate if rate > 0 else 0.0
         self.next = time.monotonic()
 
     def wait(self) -> None:
+        """Sleep until the next call is allowed."""
         if not self.interval:
             return
         now = time.monotonic()

@@ -40,6 +40,7 @@ class PartPartition(InputPartition):
     """One part file of one segment."""
 
     def __init__(self, segment_ms: int, segment: str, part: int, log: str, index: str, dispatch: str) -> None:
+        """One part: its segment, number, files and the segment's dispatch log."""
         super().__init__((segment_ms, part))
         self.segment_ms = segment_ms
         self.segment = segment
@@ -53,6 +54,7 @@ class RecordReader(DataSourceReader):
     """Lists the parts of the wanted segments; decodes one part per partition."""
 
     def __init__(self, path: str, schema: StructType, options: dict) -> None:
+        """A reader of `schema`'s columns of the data directory `path`."""
         self.path = path
         self.schema = schema
         self.columns = require_subset(schema, RECORDS, "the timewheel source")
@@ -105,6 +107,7 @@ class BackfillWriter(DataSourceArrowWriter):
     """Stages sealed parts per task attempt; publishes them all in `commit()`."""
 
     def __init__(self, path: str, job: str, enqueue_ms: int, report: str | None, max_part_bytes: int) -> None:
+        """A writer of job `job` into the data directory `path`."""
         from storage import SegmentLayout
 
         self.path = path
@@ -160,6 +163,7 @@ class BackfillWriter(DataSourceArrowWriter):
 
 
 def _remove_if_empty(path: Path) -> None:
+    """Remove a directory if nothing is left in it."""
     try:
         path.rmdir()
     except OSError:
@@ -175,6 +179,7 @@ class TimewheelDataSource(DataSource):
         return "timewheel"
 
     def _path(self) -> str:
+        """The data directory given to load() or save()."""
         path = self.options.get("path")
         if not path:
             raise ValueError("give the data directory: .load(DATA_DIR) or .save(DATA_DIR)")

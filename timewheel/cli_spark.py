@@ -49,11 +49,13 @@ class PastDue(str, Enum):
 
 
 def _fail(msg: str, code: int = 2) -> None:
+    """Print an error and exit with `code`."""
     typer.echo(f"timewheel: {msg}", err=True)
     raise typer.Exit(code)
 
 
 def _time_ms(value: str, flag: str) -> int:
+    """Epoch ms of a time argument, or a usage error naming the flag."""
     from spark._util import parse_time_ms
 
     try:
@@ -101,6 +103,7 @@ def _spark(master: str, conf: list[str] | None, verbose: bool) -> Iterator["Spar
 
 
 def _open_layout(data_dir: Path) -> None:
+    """Fail with a usage error unless `data_dir` is a timewheel data directory."""
     from storage import SegmentLayout, StorageError
 
     try:
@@ -110,6 +113,7 @@ def _open_layout(data_dir: Path) -> None:
 
 
 def _print_json(obj: object) -> None:
+    """One JSON object on stdout."""
     sys.stdout.write(json.dumps(obj, default=str) + "\n")
     sys.stdout.flush()
 
@@ -228,6 +232,7 @@ def audit(
 
 
 def _print_audit(rep: object) -> None:
+    """The audit report as tables."""
     from rich.console import Console
     from rich.table import Table
 
@@ -308,6 +313,7 @@ def replay(
 
 
 def _print_replay(result: object) -> None:
+    """What a replay did, or would do."""
     from rich.console import Console
     from rich.table import Table
 

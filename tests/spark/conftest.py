@@ -62,6 +62,7 @@ def make_store(tmp_path: Path) -> Callable[..., ScheduleStore]:
     stores: list[ScheduleStore] = []
 
     def make(name: str = "data", **kw: object) -> ScheduleStore:
+        """A store in tmp_path/name."""
         s = ScheduleStore(tmp_path / name, **kw)  # type: ignore[arg-type]
         stores.append(s)
         return s

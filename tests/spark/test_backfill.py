@@ -119,3 +119,27 @@ def test_writer_commit_publishes_and_abort_removes(tmp_path: Path) -> None:
     m3 = w2.write(iter([batch(["e"], T0)]))
     w2.abort([m3, None])
     assert sorted(_stored(data)) == ["a", "b", "c", "d"] and not (data / STAGING_DIR).exists()
+
+
+@pytest.mark.spark
+def test_backfill_and_export_commands(spark, tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from timewheel.cli_spark import register
+
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    register(app)
+    data = tmp_path / "data"
+    SegmentLayout(data)
+    src = _jsonl(tmp_path / "in.json", [{"topic": "T", "body": "x", "deliver_at_ms": 4_102_444_800_000 + i}
+                                         for i in range(3)] + [{"body": "no topic", "deliver_at_ms": 1}])
+    res = CliRunner().invoke(app, ["backfill", str(src), "--data-dir", str(data), "--json",
+                                   "--rejects", str(tmp_path / "rejects.json"), "--max-delay-ms", str(10**15)])
+    assert res.exit_code == 1, res.output  # a row was rejected; the others are scheduled
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (out["scheduled"], out["rejected"], out["rejected_by_reason"]) == (3, 1, {"no_topic": 1})
+    res = CliRunner().invoke(app, ["export", "--data-dir", str(data), "--out", str(tmp_path / "x"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["records"] == 3
