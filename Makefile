@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-peers clean
 
 $(BIN)/timewheel: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: setup
 
 bench: setup
 	$(BIN)/python -m pytest bench --benchmark-only
+
+bench-peers: setup
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m bench.peers run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks
