@@ -135,7 +135,8 @@ def run_restart(messages: int, segments: int, data_root: Path) -> dict[str, obje
 
 def _machine() -> dict[str, object]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
