@@ -123,3 +123,44 @@ def test_export_round_trips(spark, make_store, tmp_path: Path) -> None:
         {k: (v.topic, v.body, v.due_ms, v.tags, v.keys, dict(v.properties)) for k, v in stored.items()}
     only = export(spark, data, tmp_path / "orders", since_ms=T0, until_ms=T0 + HOUR, topic="ORDERS", dispatch=False)
     assert only.records == 6 and only.dispatch_path is None
+
+
+@pytest.mark.rocketmq
+def test_replay_through_a_real_rocketmq(spark, rocketmq, make_store) -> None:
+    import threading
+    import uuid
+
+    from forwarder._rmq_native import NativePushConsumer, ReceivedMessage
+    from spark.replay import rocketmq_sender
+
+    topic = f"tw_replay_{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic])
+    s = make_store()
+    s.append([Record(f"r{i}", topic, b"\x00bin" + bytes([i]), T0 + i, 0, "tg", ("k1", "k2"), {"p": "v"})
+              for i in range(5)], T0 - 1000)
+    s.checkpoint()
+    got: list[ReceivedMessage] = []
+    done = threading.Event()
+
+    def on_message(m: ReceivedMessage) -> bool:
+        got.append(m)
+        if len(got) >= 5:
+            done.set()
+        return True
+
+    consumer = NativePushConsumer(f"tw_replay_consumer_{uuid.uuid4().hex[:8]}", rocketmq.namesrv_addr, on_message)
+    consumer.subscribe(topic)
+    consumer.start()
+    try:
+        res = replay(spark, s.layout.root, since_ms=T0, until_ms=T0 + 100,
+                     sender_factory=rocketmq_sender(rocketmq.namesrv_addr, f"tw_replay_{uuid.uuid4().hex[:8]}"),
+                     rate=0)
+        assert (res.sent, res.failed) == (5, 0)
+        assert done.wait(60)
+    finally:
+        consumer.shutdown()
+    by_id = {m.properties[ORIGINAL_ID_PROPERTY]: m for m in got}
+    assert sorted(by_id) == [f"r{i}" for i in range(5)]
+    m = by_id["r3"]
+    assert (m.topic, m.body, m.tags, m.keys) == (topic, b"\x00bin\x03", "tg", "k1 k2")
+    assert m.properties["p"] == "v" and m.properties[REPLAY_PROPERTY] == "1"
