@@ -95,8 +95,11 @@ class SegmentLoader:
             pos = np.searchsorted(all_keys, done_keys)
             hit = (pos < len(all_keys)) & (all_keys[np.minimum(pos, len(all_keys) - 1)] == done_keys)
             keep[pos[hit]] = False
-        due = ix.due_ms[keep]
-        refs = self.refs(seg.segment_ms, ix.part[keep], ix.offset[keep])
+        if keep.all():  # nothing dispatched yet (the usual preload): no copies through a mask
+            due, refs = ix.due_ms, self.refs(seg.segment_ms, ix.part, ix.offset)
+        else:
+            due = ix.due_ms[keep]
+            refs = self.refs(seg.segment_ms, ix.part[keep], ix.offset[keep])
         seg.outstanding += len(due)
         return due, refs
 
