@@ -25,9 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, INDEX_DTYPE, REPLAYED, CorruptRecordError, Record,
-                     decode, encode, read_dispatch_log, read_index)
+                     decode, decode_keys, decode_properties, encode, read_dispatch_log, read_index)
 from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
-from storage.record import _decode_keys, _decode_properties  # the one definition of the nested fields
 
 _HEADER_NAMES = ("magic", "version", "flags", "length", "crc", "due_ms", "enqueue_ms",
                  "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
@@ -189,8 +188,8 @@ def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str,
     mv = memoryview(buf)
     for i, k0, kn, p0, pn in zip(rows.tolist(), ks, kl, ps, pl):
         try:
-            keys = _decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()
-            props = _decode_properties(mv[p0:p0 + pn], p0) if want_props and pn else {}
+            keys = decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()
+            props = decode_properties(mv[p0:p0 + pn], p0) if want_props and pn else {}
         except (CorruptRecordError, UnicodeDecodeError):
             ok[i] = False
             continue

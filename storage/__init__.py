@@ -11,7 +11,7 @@ from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
-from storage.record import MAX_BODY, Record, decode, encode
+from storage.record import MAX_BODY, Record, decode, decode_keys, decode_properties, encode
 from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, RecoveryReport, ScheduleStore, SegmentIndex
 
 __all__ = [
@@ -19,7 +19,7 @@ __all__ = [
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MetaStore", "OUTCOME_NAMES", "REPLAYED",
     "Record", "RecoveryReport", "ScheduleStore", "SegmentIndex", "SegmentLayout", "SegmentSummary", "StorageError",
-    "StorageWriteError", "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "dispatch_entries", "encode", "encode_frame",
-    "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name", "summarize",
-    "summarize_segment",
+    "StorageWriteError", "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "decode_keys",
+    "decode_properties", "dispatch_entries", "encode", "encode_frame", "parse_segment_name", "read_dispatch_log",
+    "read_index", "record_keys", "segment_name", "summarize", "summarize_segment",
 ]

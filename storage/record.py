@@ -150,15 +150,19 @@ def decode(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
         msg_id = raw[p:p + id_len].decode(); p += id_len
         topic = raw[p:p + topic_len].decode(); p += topic_len
         tags = raw[p:p + tags_len].decode() if tags_len else ""; p += tags_len
-        keys = _decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
-        props = _decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
+        keys = decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
+        props = decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
         p += props_len
     except UnicodeDecodeError as e:
         raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from e
     return Record(msg_id, topic, raw[p:p + body_len], due_ms, enqueue_ms, tags, keys, props), length
 
 
-def _decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:
+def decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:
+    """The keys field (repeated uint16 length + UTF-8); `at` is the record's offset, for errors.
+
+    Raises CorruptRecordError when a key runs past the field, UnicodeDecodeError on bad UTF-8.
+    """
     keys = []
     p, n = 0, len(mv)
     while p < n:
@@ -173,7 +177,12 @@ def _decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _decode_properties(mv: memoryview, at: int) -> dict[str, str]:
+def decode_properties(mv: memoryview, at: int) -> dict[str, str]:
+    """The properties field (repeated uint16 key length, key, uint16 value length, value), UTF-8;
+    `at` is the record's offset, for errors.
+
+    Raises CorruptRecordError when an entry runs past the field, UnicodeDecodeError on bad UTF-8.
+    """
     props: dict[str, str] = {}
     p, n = 0, len(mv)
     while p < n:
