@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from storage._files import fsync_path
 from storage.errors import StorageError
 
 FORMAT_VERSION = 1
@@ -152,9 +153,13 @@ class SegmentLayout:
         raise StorageError(f"segment {segment_name(start_ms)} has no free part number left (max {MAX_PART})")
 
     def publish_part(self, start_ms: int, staged_log: Path, staged_index: Path) -> int:
-        """Move a finished part (staged elsewhere on the same filesystem) into a segment atomically."""
+        """Move a finished part (staged elsewhere on the same filesystem) into a segment atomically,
+        and durably: the segment directory is fsynced once both names are in it."""
         d = self.segment_dir(start_ms)
+        created = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
+        if created:  # a new segment directory is itself a name in schedule/ that a crash could lose
+            fsync_path(self.schedule_dir)
         existing = self.list_parts(start_ms)
         part = existing[-1] + 1 if existing else 0
         while part <= MAX_PART:
@@ -170,6 +175,9 @@ class SegmentLayout:
                 os.unlink(self.part_index(start_ms, part))
                 part += 1
                 continue
+            # the links are directory entries: without this fsync a power loss can drop a part
+            # whose staged copy is already gone below
+            fsync_path(d)
             os.unlink(staged_log)
             os.unlink(staged_index)
             return part
