@@ -186,6 +186,7 @@ class Engine:
         self._running = False
         self._started = False
         self._next_rescan = 0
+        self._sealed_before = 0
         self.lateness = HdrHistogram(1, 3_600_000_000, 3)
         self.lateness_buckets = LatenessBuckets()
         self.counters = {k: 0 for k in ("scheduled", "duplicates", "delivered", "cancelled", "dead_lettered",
@@ -399,7 +400,7 @@ class Engine:
     def next_wakeup_ms(self) -> int | None:
         """The next time something is due (wheel, retries, preload, segment end), or None."""
         with self._lock:
-            return self._next_wakeup(self.clock.now_ms())
+            return self._next_wakeup(self.clock.now_ms(), for_dispatch=True)
 
     # ---- timer side -----------------------------------------------------------------------------
 
@@ -530,9 +531,16 @@ class Engine:
                     and not self._deferred.size and not len(self._retries):
                 store.meta.mark_segment_done(seg)
                 loader.unload(seg)
-        store.seal_live_parts(current)
+        if current != self._sealed_before:  # once per segment: it takes the store's write lock
+            self._sealed_before = current
+            store.seal_live_parts(current)
 
-    def _next_wakeup(self, now: int) -> int | None:
+    def _next_wakeup(self, now: int, *, for_dispatch: bool = False) -> int | None:
+        """When the timer has work next; with for_dispatch, also now while sends wait (step() does both).
+
+        The timer thread leaves waiting sends to the dispatch thread it notified: waking for them
+        would spin it against the dispatcher for the GIL.
+        """
         assert self._wheel is not None
         seg_ms = self.config.segment_ms
         candidates = [now - now % seg_ms + seg_ms - self.config.preload_seconds * 1000]
@@ -548,9 +556,11 @@ class Engine:
             ng = self.shaper.next_grant_ms(now)
             candidates.append(now + 1 if ng is None else ng)
         assert self._loader is not None
-        if (self._inbound or ((self._ready.size or self._backlog.size) and not self._held_full())
-                or self._deferred.size or self._pending_removals
-                or self._catch_up or now - now % seg_ms not in self._loader.loaded):
+        sends_waiting = for_dispatch and (self._ready.size or self._backlog.size) and not self._held_full()
+        # catch-up moves on only when the backlog has room: the dispatcher wakes the timer then
+        catch_up_can_move = bool(self._catch_up) and self._backlog.size < self.config.catch_up_chunk
+        if (self._inbound or sends_waiting or (self._deferred.size and not self._catch_up) or self._pending_removals
+                or catch_up_can_move or now - now % seg_ms not in self._loader.loaded):
             candidates.append(now)
         return max(now, min(candidates))
 
@@ -595,6 +605,8 @@ class Engine:
                     batch = self._ready.take(n)
             if batch is None:
                 batch = self._backlog.take(n)
+                if batch is not None and self._catch_up and self._backlog.size < self.config.catch_up_chunk:
+                    self._wake_timer.set()  # room for the next past segment
             if batch is None or self._held_full():
                 if batch is not None:  # the shaper holds plenty: leave these as arrays for now
                     self._ready.chunks.appendleft(batch)
