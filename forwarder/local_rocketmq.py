@@ -105,6 +105,7 @@ _BROKER_JVM = (
 _UPDATE_AND_CREATE_TOPIC_LIST = 18
 _GET_ROUTEINFO_BY_TOPIC = 105
 _GET_BROKER_CLUSTER_INFO = 106
+_GET_CONSUMER_LIST_BY_GROUP = 38
 _SUCCESS = 0
 # The version a request claims (5.3.3's own): older claims get answers in non-standard JSON.
 _REMOTING_VERSION = 479
@@ -565,6 +566,19 @@ class LocalRocketMQ:
                 if time.monotonic() > deadline:
                     raise LocalRocketMQError(f"topic {topic} has no route on the NameServer after {timeout} s")
                 time.sleep(0.05)
+
+    def consumer_ids(self, group: str, timeout: float = 5.0) -> list[str]:
+        """Client ids of the members of consumer group `group` the broker knows now ([] if none)."""
+        self._require_started()
+        try:
+            header, body = _remoting_call(self.broker_addr, _GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+                                          b"", timeout)
+        except OSError as e:
+            raise LocalRocketMQError(f"cannot reach the broker at {self.broker_addr}: {e}") from e
+        if header.get("code") != _SUCCESS:
+            return []  # the broker answers "not online" for a group without members
+        ids: list[str] = json.loads(body).get("consumerIdList", [])
+        return sorted(ids)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -47,7 +47,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_serve(data_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:
+    """Environment of `timewheel serve` processes of one run: topics and groups of their own on `mq`.
+
+    Every process started with it joins the consumer group `tw_ingest_<run>` on `TW_DELAY_<run>`.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
+    env.update({"TIMEWHEEL_ROCKETMQ_NAMESRV": mq.namesrv_addr, "TIMEWHEEL_ROCKETMQ_DELAY_TOPIC": f"TW_DELAY_{run}",
+                "TIMEWHEEL_ROCKETMQ_DEAD_LETTER_TOPIC": f"TW_DLQ_{run}",
+                "TIMEWHEEL_ROCKETMQ_CONSUMER_GROUP": f"tw_ingest_{run}",
+                "TIMEWHEEL_ROCKETMQ_PRODUCER_GROUP": f"tw_delivery_{run}", **extra})
+    return env
+
+
+def start_serve(data_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start `timewheel serve` on `data_dir` (admin on a free loopback port) and wait until it is ready."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
                              "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=ROOT, env=env,
@@ -72,12 +86,7 @@ def run_kill_loop(mq: LocalRocketMQ, cycles: int, work: Path, *, rate: int = 300
     run = uuid.uuid4().hex[:8]
     delay_topic, target = f"TW_DELAY_{run}", f"KILL_{run}"
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
-    env.update({"TIMEWHEEL_ROCKETMQ_NAMESRV": mq.namesrv_addr, "TIMEWHEEL_ROCKETMQ_DELAY_TOPIC": delay_topic,
-                "TIMEWHEEL_ROCKETMQ_DEAD_LETTER_TOPIC": f"TW_DLQ_{run}",
-                "TIMEWHEEL_ROCKETMQ_CONSUMER_GROUP": f"tw_ingest_{run}",
-                "TIMEWHEEL_ROCKETMQ_PRODUCER_GROUP": f"tw_delivery_{run}",
-                "TIMEWHEEL_ENGINE_RETRY_BASE_MS": "200", "TIMEWHEEL_ENGINE_MAX_ATTEMPTS": "1000"})
+    env = serve_env(mq, run, TIMEWHEEL_ENGINE_RETRY_BASE_MS="200", TIMEWHEEL_ENGINE_MAX_ATTEMPTS="1000")
     receipts: dict[bytes, int] = {}
     acked: set[bytes] = set()
     lock = threading.Lock()
@@ -116,11 +125,11 @@ def run_kill_loop(mq: LocalRocketMQ, cycles: int, work: Path, *, rate: int = 300
     producer_thread.start()
     try:
         for _ in range(cycles):
-            proc = _start_serve(data_dir, env, log)
+            proc = start_serve(data_dir, env, log)
             time.sleep(rng.uniform(0.5, 3.0))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        proc = _start_serve(data_dir, env, log)
+        proc = start_serve(data_dir, env, log)
         time.sleep(1.0)
         stop.set()
         producer_thread.join()
