@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from timewheel.config import EngineConfig, RocketMQConfig
+from timewheel.metrics import hdr_percentiles
 from timewheel.service import Service
 from timewheel.settings import AdminConfig, Settings
 
@@ -55,8 +56,8 @@ class DemoState:
         h = self.lateness
         if not h.get_total_count():
             return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-        return {"p50": h.get_value_at_percentile(50) / 1000, "p99": h.get_value_at_percentile(99) / 1000,
-                "max": h.get_max_value() / 1000}
+        p50, p99 = hdr_percentiles(h, (50, 99))
+        return {"p50": p50 / 1000, "p99": p99 / 1000, "max": h.get_max_value() / 1000}
 
 
 def _view(state: DemoState, service: Service, phase: str) -> Group:

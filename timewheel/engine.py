@@ -30,7 +30,7 @@ from timewheel.config import EngineConfig
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.loader import SegmentLoader
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
-from timewheel.metrics import LatenessBuckets
+from timewheel.metrics import LatenessBuckets, hdr_percentiles
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 
 log = logging.getLogger("timewheel.engine")
@@ -372,10 +372,9 @@ class Engine:
             out["wheel_bytes"] = self._wheel.nbytes
         if self._loader is not None:
             out["loaded_segments"] = {str(k): v.outstanding for k, v in self._loader.loaded.items()}
-        h = self.lateness
-        out["lateness_ms"] = {"p50": h.get_value_at_percentile(50) / 1000,
-                              "p99": h.get_value_at_percentile(99) / 1000,
-                              "p999": h.get_value_at_percentile(99.9) / 1000,
+        h = self.lateness  # read racily, off the lock: a scrape must not hold up the timer
+        p50, p99, p999 = hdr_percentiles(h, (50, 99, 99.9))
+        out["lateness_ms"] = {"p50": p50 / 1000, "p99": p99 / 1000, "p999": p999 / 1000,
                               "max": h.get_max_value() / 1000, "count": h.get_total_count()}
         return out
 
