@@ -1,0 +1,327 @@
+"""Capacity model: disk, memory and CPU per million scheduled messages and per thousand due per
+second, measured on this machine, and how many engines a load needs.
+
+    python -m bench.capacity [--messages 20000] [--due-rate 2000] [--loaded 500000]
+
+- ingest: a `timewheel serve` process on a real local RocketMQ stores --messages delay messages
+  (200-byte bodies) due in two hours; its CPU time (from /proc, idle cost subtracted) per message,
+  and the data directory's bytes per message once checkpointed;
+- delivery: --due-rate messages a second come due for 10 s; CPU time per delivered message;
+- loaded memory: a fresh process opens a data directory holding --loaded messages due within the
+  loaded segments; RSS growth per message, and the wheel's own bytes per entry.
+The model (per million, per thousand a second, engines for example loads) is computed from those
+figures. Writes bench/results/capacity.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from bench.engine_latency import _machine
+from bench.forwarder_client_throughput import CpuMeter
+from forwarder import LocalRocketMQ
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from storage import SegmentLayout, summarize
+from storage.audit import data_dir_bytes
+from tests.reliability.kill_loop import serve_env, start_serve
+from timewheel.config import EngineConfig
+
+RESULTS = Path(__file__).parent / "results"
+CORE_BUDGET = 0.7  # of one core per engine: one Python process, the GIL serialises its Python work
+DUE_SECONDS = 10.0
+BODY = b"x" * 200
+
+
+class _Receiver:
+    """Distinct deliveries on the target topic (by TW_ORIGINAL_MSG_ID) and their lateness."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seen: set[str] = set()
+        self.late_ms: list[float] = []
+
+    def __call__(self, msg: ReceivedMessage) -> bool:
+        now_ms = time.time_ns() / 1e6
+        with self.lock:
+            oid = msg.properties.get("TW_ORIGINAL_MSG_ID", "")
+            if oid not in self.seen:
+                self.seen.add(oid)
+                self.late_ms.append(now_ms - int(msg.properties.get("TW_DUE_MS", now_ms)))
+        return True
+
+    def percentiles(self) -> dict[str, float]:
+        """p50, p99 and max lateness in ms."""
+        with self.lock:
+            x = np.asarray(self.late_ms)
+        if not len(x):
+            return {}
+        p50, p99 = np.percentile(x, [50, 99])
+        return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(x.max()), 1)}
+
+
+def _send_all(producer: NativeProducer, msgs: Sequence[OutgoingMessage], threads: int = 8) -> int:
+    """Send from several threads (the client sends in parallel); returns how many were acknowledged."""
+    def one(m: OutgoingMessage) -> int:
+        for _ in range(5):
+            try:
+                producer.send(m)
+                return 1
+            except Exception:  # not acknowledged: try again, then count it as not sent
+                time.sleep(0.05)
+        return 0
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(one, msgs))
+
+
+def _rss_bytes(pid: int | str = "self") -> int:
+    """Resident set size of a process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Poll every 0.2 s (reading the index sidecars is not free) until true or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _stored(data_dir: Path) -> int:
+    """Records on disk, read from the index sidecars (safe beside a live engine)."""
+    try:
+        return int(summarize(SegmentLayout.open_existing(data_dir))["totals"]["records"])  # type: ignore[index]
+    except Exception:  # the engine has not created the directory yet
+        return 0
+
+
+class _NullSink:
+    """Accepts every send: the loaded-memory measure stops before anything is due."""
+
+    def send_batch(self, messages: Sequence[object]) -> list[bool]:
+        return [True] * len(messages)
+
+
+def _fill_loaded(data_dir: str, n: int) -> None:
+    """Child process: schedule `n` messages due 5-10 minutes from now (inside the loaded segments)."""
+    from timewheel import Engine, Message
+    now = time.time_ns() // 1_000_000
+    with Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()) as engine:  # type: ignore[arg-type]
+        for start in range(0, n, 10_000):
+            engine.schedule([Message("CAP", BODY, now + 300_000 + (start + i) % 300_000)
+                             for i in range(min(10_000, n - start))])
+
+
+def _open_loaded(data_dir: str, out: "multiprocessing.Queue[dict[str, float]]") -> None:
+    """Child process: RSS growth of opening a data directory whose messages are all in the wheel."""
+    from timewheel import Engine
+    import numpy  # noqa: F401  (imported before the baseline: its own memory is not the wheel's)
+    rss0 = _rss_bytes()
+    engine = Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()).start()  # type: ignore[arg-type]
+    try:
+        time.sleep(1.0)
+        st = engine.stats()
+        out.put({"entries": float(st["wheel_entries"]), "wheel_bytes": float(st["wheel_bytes"]),  # type: ignore[arg-type]
+                 "rss_growth": float(_rss_bytes() - rss0)})
+    finally:
+        engine.stop()
+
+
+def _loaded_once(n: int, data: str) -> dict[str, float]:
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_fill_loaded, args=(data, n))
+    p.start()
+    p.join()
+    q: multiprocessing.Queue[dict[str, float]] = ctx.Queue()
+    p = ctx.Process(target=_open_loaded, args=(data, q))
+    p.start()
+    got = q.get(timeout=300)
+    p.join()
+    return got
+
+
+def loaded_memory(n: int, work: Path) -> dict[str, float]:
+    """Bytes per message in the wheel: open data directories of n/5 and n loaded messages in fresh
+    processes; the slope between the two leaves out what opening an engine costs anyway."""
+    small, large = _loaded_once(n // 5, str(work / "loaded-small")), _loaded_once(n, str(work / "loaded"))
+    entries = max(1.0, large["entries"] - small["entries"])
+    return {"messages": n, "wheel_entries": int(large["entries"]),
+            "wheel_bytes_per_entry": round(large["wheel_bytes"] / max(1.0, large["entries"]), 1),
+            "rss_bytes_per_entry": round((large["rss_growth"] - small["rss_growth"]) / entries, 1),
+            "rss_mb_fixed": round((large["rss_growth"] - (large["rss_growth"] - small["rss_growth"]) / entries
+                                   * large["entries"]) / 2**20, 1)}
+
+
+def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, object]:
+    """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message."""
+    out: dict[str, object] = {}
+    with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
+        run = uuid.uuid4().hex[:8]
+        delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
+        mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=8)
+        recv = _Receiver()
+        consumer = NativePushConsumer(f"cap_consumer_{run}", mq.namesrv_addr, recv, thread_count=4,
+                                      log_level=LogLevel.ERROR)
+        consumer.subscribe(target)
+        consumer.start()
+        producer = NativeProducer(f"cap_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
+        producer.start()
+        data = work / "serve"
+        # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
+        proc = start_serve(data, serve_env(mq, run, TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS="2"), work / "serve.log")
+        meter = CpuMeter(proc.pid)
+        try:
+            # idle: timers, long polls, heartbeats
+            c0, t0 = meter.sample()[1], time.monotonic()
+            time.sleep(5.0)
+            idle = (meter.sample()[1] - c0) / (time.monotonic() - t0)
+            out["idle"] = {"cpu_cores": round(idle, 4), "rss_mb": round(_rss_bytes(proc.pid) / 2**20, 1)}
+            # ingest: due in two hours, so nothing is loaded into the wheel
+            far = time.time_ns() // 1_000_000 + 7_200_000
+            c0, t0 = meter.sample()[1], time.monotonic()
+            sent = _send_all(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)])
+            _wait(lambda: _stored(data) >= sent, 600)
+            dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            time.sleep(5.0)  # two checkpoints: the ingest log is let go
+            disk = data_dir_bytes(data)
+            out["ingest"] = {"messages": sent, "seconds": round(dt, 1), "per_s": round(sent / dt),
+                             "cpu_us_per_message": round((cpu - idle * dt) / sent * 1e6, 1),
+                             "disk_bytes_per_message": round(disk / sent, 1), "body_bytes": len(BODY)}
+            print("ingest", out["ingest"], flush=True)
+            # delivery: due_rate a second for DUE_SECONDS, starting once all are sent and stored
+            # (sending and storing them takes about as long as the ingest above did)
+            n = int(due_rate * DUE_SECONDS)
+            start_ms = time.time_ns() // 1_000_000 + 10_000 + int(3 * dt * 1000 * n / sent)
+            before = _stored(data)
+            # distinct bodies: the client can give two messages one UNIQ_KEY, and equal content
+            # with an equal due time would then be stored once
+            n = _send_all(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(start_ms + i * 1000 // due_rate)})
+                for i in range(n)])  # what the broker acknowledged
+            _wait(lambda: _stored(data) >= before + n, 600)
+            n = _stored(data) - before
+            early = len(recv.seen)  # only these messages are delivered: the ingested ones are due in two hours
+            time.sleep(max(0.0, start_ms / 1000 - time.time() - 0.5))
+            c0, t0 = meter.sample()[1], time.monotonic()
+            _wait(lambda: len(recv.seen) >= n, DUE_SECONDS + 120)
+            dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            late = recv.percentiles()
+            out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": len(recv.seen),
+                               "delivered_before_measuring": early,
+                               "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),
+                               "lateness_ms": late}
+            print("delivery", out["delivery"], flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            producer.shutdown()
+            consumer.shutdown()
+    return out
+
+
+def model(measured: dict[str, object], cfg: EngineConfig) -> dict[str, object]:
+    """Per million scheduled, per thousand due a second, and engines for example loads."""
+    ing, dlv, mem = measured["ingest"], measured["delivery"], measured["loaded"]
+    assert isinstance(ing, dict) and isinstance(dlv, dict) and isinstance(mem, dict)
+    per_entry = mem["rss_bytes_per_entry"]
+    # the wheel holds the current segment and, from `preload` before it starts, the next one
+    loaded_seconds = cfg.segment_ms / 1000 + cfg.preload_seconds
+    per_million = {"disk_gb": round(ing["disk_bytes_per_message"] * 1e6 / 1e9, 3),
+                   "ingest_cpu_core_seconds": round(ing["cpu_us_per_message"], 1),
+                   "memory_mb_if_loaded": round(per_entry * 1e6 / 2**20, 1), "memory_mb_on_disk_only": 0}
+    per_thousand_due = {"cpu_cores": round(dlv["cpu_us_per_message"] * 1000 / 1e6, 3),
+                        "wheel_entries": int(1000 * loaded_seconds),
+                        "memory_mb": round(1000 * loaded_seconds * per_entry / 2**20, 1),
+                        "dispatch_log_bytes_per_s": 1000 * 24}
+
+    def engines(ingest_per_s: int, due_per_s: int, scheduled: int, disk_gb: float = 1000, memory_gb: float = 8) -> dict:
+        cores = (ingest_per_s * ing["cpu_us_per_message"] + due_per_s * dlv["cpu_us_per_message"]) / 1e6
+        disk = scheduled * ing["disk_bytes_per_message"] / 1e9
+        memory = due_per_s * loaded_seconds * per_entry / 2**30
+        need = {"cpu": math.ceil(cores / CORE_BUDGET), "disk": math.ceil(disk / disk_gb),
+                "memory": math.ceil(memory / memory_gb)}
+        return {"ingest_per_s": ingest_per_s, "due_per_s": due_per_s, "scheduled": scheduled,
+                "cpu_cores": round(cores, 2), "disk_gb": round(disk, 1), "memory_gb": round(memory, 2),
+                "engines_by": need, "engines": max(1, *need.values())}
+
+    return {"assumptions": {"core_budget_per_engine": CORE_BUDGET, "disk_gb_per_engine": 1000,
+                            "memory_gb_per_engine": 8, "body_bytes": len(BODY), "loaded_seconds": loaded_seconds},
+            "per_million_scheduled": per_million, "per_thousand_due_per_s": per_thousand_due,
+            "examples": [engines(1_000, 1_000, 100_000_000), engines(10_000, 10_000, 1_000_000_000),
+                         engines(5_000, 50_000, 200_000_000)]}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Measure, model, print and write bench/results/capacity.json."""
+    ap = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=20_000, help="delay messages ingested through RocketMQ")
+    ap.add_argument("--due-rate", type=int, default=2_000, help="messages due per second for 10 s")
+    ap.add_argument("--loaded", type=int, default=500_000, help="messages in the wheel for the memory figure")
+    ap.add_argument("--table", action="store_true", help="print the tables of the last results, measure nothing")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads((RESULTS / "capacity.json").read_text())))
+        return
+    work = Path(tempfile.mkdtemp(prefix="tw-capacity-"))
+    out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
+    measured = through_rocketmq(args.messages, args.due_rate, work)
+    measured["loaded"] = loaded_memory(args.loaded, work)
+    print("loaded", measured["loaded"], flush=True)
+    out["measured"] = measured
+    out["model"] = model(measured, EngineConfig(work))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "capacity.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(markdown(out))
+
+
+def markdown(out: dict) -> str:
+    """The tables docs/OPERATIONS.md quotes."""
+    m, mod = out["measured"], out["model"]
+    pm, pt = mod["per_million_scheduled"], mod["per_thousand_due_per_s"]
+    rows = [f"Measured: ingest {m['ingest']['per_s']}/s through RocketMQ, {m['ingest']['cpu_us_per_message']} µs CPU "
+            f"and {m['ingest']['disk_bytes_per_message']} bytes of disk per message ({m['ingest']['body_bytes']}-byte "
+            f"bodies); delivery at {m['delivery']['due_per_s']}/s, {m['delivery']['cpu_us_per_message']} µs CPU per "
+            f"message, lateness p99 {m['delivery']['lateness_ms'].get('p99')} ms; "
+            f"{m['loaded']['rss_bytes_per_entry']} bytes of RSS per message in the wheel "
+            f"({m['loaded']['wheel_bytes_per_entry']} of them the wheel's arrays); idle "
+            f"{m['idle']['cpu_cores']} cores, {m['idle']['rss_mb']} MB RSS. Load average when started: "
+            f"{out['machine'].get('load_average_1_5_15')}.",
+            "",
+            "| resource | per million scheduled | per thousand due a second |",
+            "| --- | --- | --- |",
+            f"| disk | {pm['disk_gb']} GB | {pt['dispatch_log_bytes_per_s'] / 1000:g} kB/s of dispatch log |",
+            f"| memory | {pm['memory_mb_if_loaded']} MB if due within the loaded segments, else 0 | "
+            f"{pt['memory_mb']} MB ({pt['wheel_entries']} entries: a segment and the preload) |",
+            f"| CPU | {pm['ingest_cpu_core_seconds']} core-seconds to ingest | {pt['cpu_cores']} cores |",
+            "",
+            "| ingest/s | due/s | scheduled | CPU cores | disk GB | memory GB | engines (cpu, disk, memory) |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for e in mod["examples"]:
+        by = e["engines_by"]
+        rows.append(f"| {e['ingest_per_s']} | {e['due_per_s']} | {e['scheduled']:,} | {e['cpu_cores']} | {e['disk_gb']} "
+                    f"| {e['memory_gb']} | **{e['engines']}** ({by['cpu']}, {by['disk']}, {by['memory']}) |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
