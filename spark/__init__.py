@@ -1,12 +1,14 @@
 """PySpark jobs over the segment files: data sources, backfill, audit, replay, export.
 
     from spark.session import get_session
-    spark = get_session("local[*]")        # registers both formats
+    spark = get_session("local[*]")        # registers the three formats
     spark.read.format("timewheel").load(DATA_DIR)            # one row per record (spark.schema.RECORDS)
     spark.read.format("timewheel_dispatch").load(DATA_DIR)   # one row per dispatch entry (spark.schema.DISPATCH)
+    spark.read.format("timewheel_audit").option("now_ms", NOW).load(DATA_DIR)  # the audit's cells
 
-Modules: `source` and `dispatch_source` (the two formats; `source` also holds the backfill
-writer), `_codec` (part files to Arrow and back, numpy/pyarrow only), `backfill`, `audit`,
+Modules: `source`, `dispatch_source` and `audit_source` (the formats; `source` also holds the
+backfill writer), `_codec` (part files to Arrow and back, numpy/pyarrow only), `_cells` (the
+audit's per-record work, numpy only), `backfill`, `audit`,
 `replay`, `export` (jobs: `DataFrame -> DataFrame` functions plus one function doing the I/O),
 `session`, `progress`. The byte layouts come from `storage`; nothing here redefines one.
 """

@@ -24,8 +24,9 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, INDEX_DTYPE, REPLAYED, CorruptRecordError, Record,
-                     decode, decode_keys, decode_properties, encode, read_dispatch_log, read_index)
+from storage import (DISPATCH_DTYPE, INDEX_DTYPE, CorruptRecordError, Record, decode, decode_keys, decode_properties,
+                     encode, read_dispatch_log, read_index, record_keys)
+from storage.audit import NO_TIME, OUTCOME_COUNTS, outcomes_of
 from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
 
 _HEADER_NAMES = ("magic", "version", "flags", "length", "crc", "due_ms", "enqueue_ms",
@@ -58,9 +59,8 @@ RECORD_COLUMNS: dict[str, pa.DataType] = {
     "replayed": pa.int32(), "first_delivered_ms": pa.int64(),
 }
 #: outcome columns: how many dispatch entries of that outcome name the record
-OUTCOME_COLUMNS = {"delivered": DELIVERED, "dead_lettered": DEAD_LETTERED, "cancelled": CANCELLED,
-                   "marked_corrupt": CORRUPT, "replayed": REPLAYED}
-_NO_TIME = np.iinfo(np.int64).max
+OUTCOME_COLUMNS = OUTCOME_COUNTS
+_NO_TIME = NO_TIME
 _TEXT_FIELD = {"msg_id": "id_len", "topic": "topic_len", "tags": "tags_len"}
 
 
@@ -221,29 +221,13 @@ def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str,
 def record_outcomes(dispatch_log: str | None, part: int, offsets: np.ndarray,
                     columns: Sequence[str]) -> dict[str, np.ndarray]:
     """Per record (offsets of one part, ascending): counts of each outcome among the segment's
-    dispatch entries, and the first delivery's dispatch time (int64 max when none)."""
-    n = len(offsets)
-    entries = read_dispatch_log(dispatch_log).entries if dispatch_log else np.empty(0)
-    if len(entries):
-        entries = entries[entries["part"] == part]
-    out: dict[str, np.ndarray] = {}
-    if len(entries) and n:
-        eo = entries["offset"].astype(np.int64)
-        pos = np.searchsorted(offsets, eo)
-        pos_c = np.minimum(pos, n - 1)
-        hit = (pos < n) & (offsets[pos_c] == eo)
-        pos, outcome = pos_c[hit], entries["outcome"][hit]
-        dispatch_ms = entries["dispatch_ms"][hit]
-    else:
-        pos, outcome, dispatch_ms = np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.int64)
-    for col, code in OUTCOME_COLUMNS.items():
-        if col in columns:
-            out[col] = np.bincount(pos[outcome == code], minlength=n).astype(np.int32)
+    dispatch entries, and the first delivery's dispatch time (int64 max when none); those of
+    `columns` only. Counted by `storage.outcomes_of`, as `timewheel inspect` counts them."""
+    entries = read_dispatch_log(dispatch_log).entries if dispatch_log else np.empty(0, DISPATCH_DTYPE)
+    found = outcomes_of(record_keys(np.full(len(offsets), part), offsets), entries)
+    out = {col: found.counts[col] for col in OUTCOME_COLUMNS if col in columns}
     if "first_delivered_ms" in columns:
-        first = np.full(n, _NO_TIME, np.int64)
-        sel = outcome == DELIVERED
-        np.minimum.at(first, pos[sel], dispatch_ms[sel].astype(np.int64))
-        out["first_delivered_ms"] = first
+        out["first_delivered_ms"] = found.first_delivered_ms
     return out
 
 

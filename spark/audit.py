@@ -11,13 +11,17 @@ cancelled, marked corrupt or replayed, when it was first delivered, and one stat
     pending        none of the above
 
 so that, per segment and topic, scheduled = dispatched + cancelled + dead_lettered + corrupt +
-pending (`reconcile`; the precedence is storage.summarize's, with bad bytes first). Findings
-(`findings`): lost records (pending, due before `now - grace`), duplicates (delivered more than
-once; REPLAYED entries are an operator's re-sends, not duplicates), corrupt records, and dispatch
-entries naming no record. Lateness (`lateness`): dispatch_ms - due_ms of each record's first
-delivery, p50/p99/max per segment and topic.
+pending (`reconcile`). The precedence is `storage.audit.record_status`, which `timewheel inspect`
+uses too; `with_status` is the same rule as Spark expressions, for DataFrames of records (export).
+Findings (`findings`): lost records (pending, due before `now - grace`), duplicates (delivered more
+than once; REPLAYED entries are an operator's re-sends, not duplicates), corrupt records, and
+dispatch entries naming no record. Lateness (`lateness`): dispatch_ms - due_ms of each record's
+first delivery, p50/p99/max per segment and topic.
 
-Every function here is `DataFrame -> DataFrame`; `run_audit` does the I/O.
+The per-record work happens in numpy inside the partitions of the `timewheel_audit` source
+(`cells`, see `spark._cells`): Spark only sees a few thousand cells per part file, so the audit
+is one scan and shuffles over small tables. The other functions are `DataFrame -> DataFrame`;
+`run_audit` does the I/O.
 """
 from __future__ import annotations
 
@@ -26,24 +30,26 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED
+from storage import DELIVERED
+from storage.audit import OUTCOME_COUNTS as _OUTCOME_OF
+from storage.audit import STATUSES
 
 KEY = ["segment_ms", "part", "offset"]
-OUTCOME_COUNTS = ("delivered", "dead_lettered", "cancelled", "marked_corrupt", "replayed")
+OUTCOME_COUNTS = tuple(_OUTCOME_OF)
 #: what the audit reads of each record: identity, topic, due time, checks, and its outcomes
 RECORD_COLUMNS = ("segment_ms long, part int, offset long, msg_id string, topic string, "
                   "due_ms long, crc_ok boolean, delivered int, dead_lettered int, cancelled int, "
                   "marked_corrupt int, replayed int, first_delivered_ms long")
-DISPATCH_COLUMNS = "segment_ms long, part int, offset long, due_ms long, dispatch_ms long, " \
-                   "outcome int, record_exists boolean"
 FINDING_KINDS = ("lost", "duplicate", "corrupt", "unknown_dispatch_entry")
 FAILING_KINDS = ("lost", "duplicate", "corrupt")  # the audit fails (exit 1) when it finds any of these
-_OUTCOME_OF = {"delivered": DELIVERED, "dead_lettered": DEAD_LETTERED, "cancelled": CANCELLED,
-               "marked_corrupt": CORRUPT, "replayed": REPLAYED}
-STATUSES = ("dispatched", "cancelled", "dead_lettered", "corrupt", "pending")
 
 
 def attach_outcomes(records: DataFrame, dispatch: DataFrame) -> DataFrame:
@@ -60,7 +66,8 @@ def attach_outcomes(records: DataFrame, dispatch: DataFrame) -> DataFrame:
 
 
 def with_status(records: DataFrame) -> DataFrame:
-    """Records with outcome columns, plus `lateness_ms` (first delivery - due) and `status`."""
+    """Records with outcome columns, plus `lateness_ms` (first delivery - due) and `status`
+    (`storage.audit.record_status`'s precedence, bad bytes first)."""
     c = {k: F.coalesce(F.col(k), F.lit(0)) for k in OUTCOME_COUNTS}
     status = (F.when(~F.coalesce(F.col("crc_ok"), F.lit(False)), "corrupt")
               .when(c["cancelled"] > 0, "cancelled")
@@ -72,117 +79,104 @@ def with_status(records: DataFrame) -> DataFrame:
         .withColumn("status", status)
 
 
-def lateness_bin(ms: Column) -> Column:
-    """Lateness rounded toward zero to within 1%: exact below 1024 ms, then 128 steps per power
-    of two (as HdrHistogram does with 2 significant digits)."""
-    a = F.abs(ms)
-    step = F.pow(F.lit(2.0), F.floor(F.log2(a)) - 7).cast("long")
-    binned = F.when(a < 1024, a).otherwise(F.floor(a / step).cast("long") * step)
-    return F.when(ms < 0, -binned).otherwise(binned)
+_CELL_COUNTS = ("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries")
+_RECONCILED = ("scheduled", *STATUSES, "replayed", "lost", "duplicates")
+_LATE = ("p50_ms", "p99_ms", "max_ms", "delivered")
+_FINDING_FIELDS = ("part", "offset", "msg_id", "due_ms", "delivered", "first_delivered_ms", "crc_ok", "outcome")
 
 
-_CELL_COUNTS = ("scheduled", *STATUSES, "replayed", "duplicates", "deliveries")
-_FINDING_FIELDS = ("part", "offset", "msg_id", "due_ms", "delivered", "first_delivered_ms", "crc_ok", "kinds")
-
-
-def finding_kinds(now_ms: int, grace_ms: int) -> Column:
-    """Per record (of `with_status`), what the audit finds wrong with it: a possibly empty array of
-    "lost" (pending, due before now - grace), "duplicate" (delivered more than once) and "corrupt"."""
-    st = F.col("status")
-    kinds = F.array(F.when((st == "pending") & (F.col("due_ms") < now_ms - grace_ms), F.lit("lost")),
-                    F.when(F.col("delivered") > 1, F.lit("duplicate")),
-                    F.when(st == "corrupt", F.lit("corrupt")))
-    return F.filter(kinds, lambda k: k.isNotNull())
-
-
-def cells(status: DataFrame, bucket_ms: int, *, now_ms: int, grace_ms: int) -> DataFrame:
+def cells(spark: SparkSession, data_dir: str | Path, *, bucket_ms: int, now_ms: int, grace_ms: int) -> DataFrame:
     """The audit's one pass over the records: counts per segment, topic, `bucket_ms` of due time
-    and lateness bin (each status, replayed records, duplicates, deliveries, largest lateness),
-    except that a record with findings is a cell of its own, its details in `finding`. Both
-    `histogram` and `findings` come from this small table."""
-    s = F.col("status")
-    kinds = finding_kinds(now_ms, grace_ms)
-    finding = F.when(F.size(kinds) > 0, F.struct(*(F.col(c) for c in _FINDING_FIELDS[:-1]), kinds.alias("kinds")))
-    return status.groupBy(
-        "segment_ms", "topic", (F.col("due_ms") - F.col("due_ms") % bucket_ms).alias("bucket_ms"),
-        lateness_bin(F.col("lateness_ms")).alias("lateness_bin"), finding.alias("finding"),
-    ).agg(F.count(F.lit(1)).alias("scheduled"),
-          *(F.sum(F.when(s == st, 1).otherwise(0)).alias(st) for st in STATUSES),
-          F.sum(F.when(F.col("replayed") > 0, 1).otherwise(0)).alias("replayed"),
-          F.sum(F.when(F.col("delivered") > 1, 1).otherwise(0)).alias("duplicates"),
-          F.count("lateness_ms").alias("deliveries"),
-          F.max("lateness_ms").alias("max_ms"))
+    and lateness bin, a record with findings (or a dispatch entry naming no record) a cell of its
+    own; computed in numpy inside each partition (`spark._cells`). `histogram` and `findings` come
+    from this small table."""
+    return (spark.read.format("timewheel_audit")
+            .options(now_ms=str(now_ms), grace_ms=str(grace_ms), bucket_ms=str(bucket_ms)).load(str(data_dir)))
 
 
 def histogram(cells_df: DataFrame) -> DataFrame:
-    """Counts per segment, topic, due-time bucket and lateness bin (findings folded back in)."""
+    """Counts per segment, topic, due-time bucket and lateness bin (findings folded back in). Its
+    size is bounded by segments x topics x buckets x bins, whatever the number of records; the
+    report's figures are computed from it on the driver (`reconcile`, `lateness`)."""
     return cells_df.groupBy("segment_ms", "topic", "bucket_ms", "lateness_bin").agg(
         *(F.sum(c).alias(c) for c in _CELL_COUNTS), F.max("max_ms").alias("max_ms"))
 
 
-def reconcile(hist: DataFrame) -> DataFrame:
-    """Per segment and topic: scheduled, each status's count, replayed records, duplicates, and
-    whether the counts add up."""
-    counted = ("scheduled", *STATUSES, "replayed", "duplicates")
-    out = hist.groupBy("segment_ms", "topic").agg(*(F.sum(c).alias(c) for c in counted))
-    return out.withColumn("balanced", F.col("scheduled") == sum((F.col(st) for st in STATUSES), F.lit(0)))
+def _groups(hist: pa.Table, by: Sequence[str]) -> tuple[np.ndarray, list[tuple]]:
+    """Group number of each histogram row by the columns `by` (nulls a group of their own), and
+    each group's key values, in order of the keys."""
+    combined = np.zeros(hist.num_rows, np.int64)
+    values, codes = [], []
+    for c in by:
+        enc = pc.dictionary_encode(hist[c].combine_chunks())
+        code = enc.indices.fill_null(len(enc.dictionary)).to_numpy().astype(np.int64)  # null: one past the end
+        values.append(enc.dictionary.to_pylist() + [None])
+        codes.append(code)
+        combined = combined * (len(enc.dictionary) + 1) + code
+    _, first, group = np.unique(combined, return_index=True, return_inverse=True)
+    keys = [tuple(values[j][codes[j][i]] for j in range(len(by))) for i in first.tolist()]
+    return group.reshape(-1), keys
 
 
-def lateness(hist: DataFrame, by: list[str] | None = None) -> DataFrame:
-    """Delivery lateness (ms) per segment and topic (or `by`; [] for all): p50 and p99 (within
-    1%, from the histogram's bins), exact max, and the number of deliveries."""
+def _col(hist: pa.Table, name: str, fill: int = 0) -> np.ndarray:
+    """A histogram column as int64 numpy, nulls as `fill`."""
+    return hist[name].combine_chunks().fill_null(fill).to_numpy().astype(np.int64)
+
+
+def reconcile(hist: pa.Table) -> list[dict]:
+    """Per segment and topic that has records: scheduled, each status's count, replayed, lost and
+    duplicated records, and whether the counts add up."""
+    group, keys = _groups(hist, ["segment_ms", "topic"])
+    sums = {c: np.zeros(len(keys), np.int64) for c in _RECONCILED}
+    for c in _RECONCILED:
+        np.add.at(sums[c], group, _col(hist, c))
+    out = []
+    for i, (seg, topic) in enumerate(keys):
+        row = {"segment_ms": seg, "topic": topic, **{c: int(sums[c][i]) for c in _RECONCILED}}
+        if row["scheduled"]:  # a group of dispatch entries naming no record counts nothing
+            out.append(row | {"balanced": row["scheduled"] == sum(row[st] for st in STATUSES)})
+    return out
+
+
+def lateness(hist: pa.Table, by: Sequence[str] | None = None) -> list[dict]:
+    """Delivery lateness (ms) per segment and topic (or `by`; [] for all): p50 and p99 (nearest
+    rank within 1%, from the histogram's bins), exact max, and the number of deliveries."""
     by = ["segment_ms", "topic"] if by is None else list(by)
-    group = by or ["_all"]
-    h = hist.where(F.col("lateness_bin").isNotNull())
-    if not by:
-        h = h.withColumn("_all", F.lit(0))
-    h = h.groupBy(*group, "lateness_bin").agg(F.sum("deliveries").alias("n"), F.max("max_ms").alias("max_ms"))
-    upto = Window.partitionBy(*group).orderBy("lateness_bin").rowsBetween(Window.unboundedPreceding, 0)
-    h = h.withColumn("cum", F.sum("n").over(upto)).withColumn("total", F.sum("n").over(Window.partitionBy(*group)))
-    out = h.groupBy(*group).agg(
-        F.min(F.when(F.col("cum") >= F.ceil(F.col("total") * 0.5), F.col("lateness_bin"))).alias("p50_ms"),
-        F.min(F.when(F.col("cum") >= F.ceil(F.col("total") * 0.99), F.col("lateness_bin"))).alias("p99_ms"),
-        F.max("max_ms").alias("max_ms"), F.first("total").alias("delivered"))
-    return out.drop("_all") if not by else out
+    hist = hist.filter(pc.is_valid(hist["lateness_bin"]))
+    if not hist.num_rows:
+        return []
+    group, keys = _groups(hist, by)
+    late, n, top = _col(hist, "lateness_bin"), _col(hist, "deliveries"), _col(hist, "max_ms")
+    order = np.lexsort((late, group))
+    group, late, n, top = group[order], late[order], n[order], top[order]
+    starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+    cum = np.cumsum(n)
+    total = np.add.reduceat(n, starts)
+    before = cum[starts] - n[starts]
+    ranks = {q: late[np.searchsorted(cum, before + np.ceil(total * f).astype(np.int64), "left")]
+             for q, f in (("p50_ms", 0.5), ("p99_ms", 0.99))}
+    most = np.maximum.reduceat(top, starts)
+    return [dict(zip(by, keys[g])) | {"p50_ms": int(ranks["p50_ms"][i]), "p99_ms": int(ranks["p99_ms"][i]),
+                                      "max_ms": int(most[i]), "delivered": int(total[i])}
+            for i, g in enumerate(group[starts].tolist())]
 
 
-def summaries(hist: DataFrame) -> DataFrame:
-    """Everything the report needs from the histogram, in one table (one job to collect): column
-    `level` is "segment" (counts and lateness per segment and topic), "bucket" (lateness per
-    due-time bucket, for the chart) or "total" (lateness over all deliveries)."""
-    late = ("p50_ms", "p99_ms", "max_ms", "delivered")
-    seg = reconcile(hist).join(lateness(hist), ["segment_ms", "topic"], "left").withColumn("level", F.lit("segment"))
-    bucket = lateness(hist, ["bucket_ms"]).withColumn("level", F.lit("bucket"))
-    total = lateness(hist, []).withColumn("level", F.lit("total"))
-    return seg.unionByName(bucket, allowMissingColumns=True).unionByName(total, allowMissingColumns=True) \
-        .select("level", "segment_ms", "topic", "bucket_ms", *(c for c in seg.columns if c not in (
-            "level", "segment_ms", "topic") and c not in late), *late)
-
-
-def unknown_entries(dispatch: DataFrame) -> DataFrame:
-    """Dispatch entries (with `record_exists`) that name no record."""
-    return dispatch.where(~F.col("record_exists"))
-
-
-def findings(cells_df: DataFrame, unknown: DataFrame) -> DataFrame:
+def findings(cells_df: DataFrame) -> DataFrame:
     """One row per finding: lost, duplicated and corrupt records (a record both duplicated and
-    corrupt gives two) from `cells`, and dispatch entries naming no record."""
-    f = F.col("finding")
-    detail = (F.when(F.col("kind") == "lost", F.lit("no terminal outcome"))
-              .when(F.col("kind") == "duplicate",
-                    F.concat(F.lit("delivered "), F.col("delivered").cast("string"), F.lit(" times")))
+    corrupt gives two) and dispatch entries naming no record, from `cells`."""
+    f, kind = F.col("finding"), F.col("kind")
+    detail = (F.when(kind == "lost", F.lit("no terminal outcome"))
+              .when(kind == "duplicate", F.concat(F.lit("delivered "), F.col("delivered").cast("string"),
+                                                  F.lit(" times")))
+              .when(kind == "unknown_dispatch_entry",
+                    F.concat(F.lit("outcome "), F.col("outcome").cast("string"), F.lit(" names no record")))
               .when(~F.coalesce(F.col("crc_ok"), F.lit(False)), F.lit("bytes fail their checks (CRC32C or header)"))
               .otherwise(F.lit("marked corrupt by the engine")))
     rec = cells_df.where(f.isNotNull()).select(
-        "segment_ms", "topic", *(f[c].alias(c) for c in _FINDING_FIELDS[:-1]), F.explode(f["kinds"]).alias("kind"))
-    rec = rec.select("kind", "segment_ms", "part", "offset", "msg_id", "topic", "due_ms", "delivered",
-                     "first_delivered_ms", detail.alias("detail"))
-    unk = unknown.select(
-        F.lit("unknown_dispatch_entry").alias("kind"), "segment_ms", "part", "offset",
-        F.lit(None).cast("string").alias("msg_id"), F.lit(None).cast("string").alias("topic"), "due_ms",
-        F.lit(None).cast("int").alias("delivered"), F.lit(None).cast("long").alias("first_delivered_ms"),
-        F.concat(F.lit("outcome "), F.col("outcome").cast("string"), F.lit(" names no record")).alias("detail"))
-    return rec.unionByName(unk)
+        "segment_ms", "segment", "topic", *(f[c].alias(c) for c in _FINDING_FIELDS),
+        F.explode(f["kinds"]).alias("kind"))
+    return rec.select("kind", "segment_ms", "segment", "part", "offset", "msg_id", "topic", "due_ms", "delivered",
+                      "first_delivered_ms", detail.alias("detail"))
 
 
 @dataclass
@@ -233,11 +227,11 @@ def _bucket_ms(lo: int, hi: int, points: int = 240) -> int:
 
 def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_ms: int = 300_000,
               out_dir: str | Path | None = None, sample: int = 100) -> AuditReport:
-    """Audit a data directory: one pass over the records (`cells`), one over the dispatch logs.
+    """Audit a data directory: one scan reducing records to cells (`cells`, cached), then at
+    most three small jobs: the histogram (collected), the findings (written), a sample of them.
     With `out_dir`: report.json, findings/ (Parquet), lateness.png."""
     from storage import SegmentLayout, segment_name
 
-    data_dir = str(data_dir)
     layout = SegmentLayout.open_existing(data_dir)
     segments = layout.list_segments()
     rep = AuditReport(now_ms, grace_ms)
@@ -245,42 +239,38 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
     if not segments:
         _write_report(rep, out_dir)
         return rep
-    records = spark.read.format("timewheel").schema(RECORD_COLUMNS).load(data_dir)
-    status = with_status(records)
-    dispatch = spark.read.format("timewheel_dispatch").schema(DISPATCH_COLUMNS).load(data_dir)
-    table = cells(status, _bucket_ms(segments[0], segments[-1] + layout.segment_ms), now_ms=now_ms,
-                  grace_ms=grace_ms).persist()
+    bucket = _bucket_ms(segments[0], segments[-1] + layout.segment_ms)
+    # cached: the histogram and the findings both read it, and it is small (cells, not records)
+    table = cells(spark, data_dir, bucket_ms=bucket, now_ms=now_ms, grace_ms=grace_ms).persist()
     try:
-        late = ("p50_ms", "p99_ms", "max_ms", "delivered")
-        rows = [r.asDict() for r in summaries(histogram(table)).collect()]
-        for r in sorted((r for r in rows if r["level"] == "segment"), key=lambda r: (r["segment_ms"], r["topic"] or "")):
+        hist = histogram(table).toArrow()  # small (see histogram): the report's figures come from it here
+        by_seg = {(r["segment_ms"], r["topic"]): r for r in lateness(hist)}
+        for r in sorted(reconcile(hist), key=lambda r: (r["segment_ms"], r["topic"] or "")):
             head = {"segment_ms": r["segment_ms"], "segment": segment_name(r["segment_ms"]), "topic": r["topic"]}
-            rep.segments.append(head | {k: r[k] for k in ("scheduled", *STATUSES, "replayed", "duplicates",
-                                                          "balanced")})
-            if r["delivered"]:
-                rep.lateness_by_segment.append(head | {k: r[k] for k in late})
+            rep.segments.append(head | {k: r[k] for k in (*_RECONCILED, "balanced")})
+            if (r["segment_ms"], r["topic"]) in by_seg:
+                rep.lateness_by_segment.append(head | {k: by_seg[r["segment_ms"], r["topic"]][k] for k in _LATE})
         for k in ("scheduled", *STATUSES, "replayed"):
             setattr(rep, k, int(sum(r[k] for r in rep.segments)))
-        total = [r for r in rows if r["level"] == "total"]
+        total = lateness(hist, [])
         if total:
-            rep.lateness_ms = {k: total[0][k] for k in late}
-        series = sorted((r for r in rows if r["level"] == "bucket"), key=lambda r: r["bucket_ms"])
-        name = F.udf(segment_name, "string", useArrow=False)
-        found = findings(table, unknown_entries(dispatch))
-        found = found.select("kind", "segment_ms", name("segment_ms").alias("segment"),
-                             *(c for c in found.columns if c not in ("kind", "segment_ms")))
+            rep.lateness_ms = {k: total[0][k] for k in _LATE}
+        series = sorted(lateness(hist, ["bucket_ms"]), key=lambda r: r["bucket_ms"])
+        counts = {"lost": int(_col(hist, "lost").sum()), "duplicate": int(_col(hist, "duplicates").sum()),
+                  "unknown_dispatch_entry": int(_col(hist, "unknown_entries").sum())}
+        found = findings(table)
+        any_found = bool(counts["lost"] or counts["duplicate"] or counts["unknown_dispatch_entry"] or rep.corrupt)
         if out_dir is not None:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
-            rep.findings_path = str(out / "findings")
-            found.write.mode("overwrite").parquet(rep.findings_path)
-            found = spark.read.parquet(rep.findings_path)
-        else:
-            found = found.persist()
-        counts = {r["kind"]: r["count"] for r in found.groupBy("kind").count().collect()}
-        rep.sample_findings = [r.asDict() for r in
-                               found.orderBy("kind", "segment_ms", "part", "offset").limit(sample).collect()]
-        found.unpersist()
+            if any_found:
+                rep.findings_path = str(out / "findings")
+                found.write.mode("overwrite").parquet(rep.findings_path)
+            else:  # nothing found: an empty table, without a Spark job
+                rep.findings_path = _write_empty_findings(found, out / "findings")
+        if any_found:
+            rep.sample_findings = [r.asDict() for r in
+                                   found.orderBy("kind", "segment_ms", "part", "offset").limit(sample).collect()]
     finally:
         table.unpersist()
     rep.lost = counts.get("lost", 0)
@@ -290,6 +280,20 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
         rep.chart_path = write_chart(series, Path(out_dir) / "lateness.png")
     _write_report(rep, out_dir)
     return rep
+
+
+def _write_empty_findings(found: DataFrame, path: Path) -> str:
+    """An empty findings table (Parquet, the findings' schema), replacing what `path` held."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    pq.write_table(to_arrow_schema(found.schema, timezone="UTC").empty_table(), path / "part-00000.parquet")
+    return str(path)
 
 
 def _write_report(rep: AuditReport, out_dir: str | Path | None) -> None:

@@ -105,24 +105,9 @@ class DispatchReader(DataSourceReader):
 def _record_exists(parts: list[tuple[int, str, str]], entries: "np.ndarray") -> "np.ndarray":
     """Whether each entry's (part, offset) is a record in the segment's indexes (entries past the
     end of a part's log excluded, as readers exclude them)."""
-    import os
+    from storage.audit import known_keys, outcomes_of
 
-    import numpy as np
-
-    from storage import read_index, record_keys
-
-    keys = []
-    for part, log, index in parts:
-        idx = read_index(index)
-        size = os.path.getsize(log) if os.path.exists(log) else 0
-        idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= size]
-        keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
-    known = np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
-    want = record_keys(entries["part"], entries["offset"])
-    if not len(known):
-        return np.zeros(len(want), bool)
-    pos = np.minimum(np.searchsorted(known, want), len(known) - 1)
-    return known[pos] == want
+    return outcomes_of(known_keys(parts), entries).entry_hit
 
 
 class TimewheelDispatchDataSource(DataSource):

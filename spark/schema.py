@@ -41,6 +41,34 @@ DISPATCH = StructType([
     StructField("record_exists", BooleanType()),  # false: the entry names no record of its segment
 ])
 
+#: the audit's cells (`format("timewheel_audit")`, see spark._cells): counts of records per segment,
+#: topic, due-time bucket and lateness bin; a record with findings, or a dispatch entry naming no
+#: record, is a row of its own with `finding` set (for such an entry every count is 0)
+AUDIT_CELLS = StructType([
+    StructField("segment_ms", LongType()),
+    StructField("segment", StringType()),
+    StructField("topic", StringType()),  # null for records whose bytes fail a check
+    StructField("bucket_ms", LongType()),  # start of the due-time bucket
+    StructField("lateness_bin", LongType()),  # first delivery - due, binned; null when not delivered
+    StructField("finding", StructType([
+        StructField("part", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("msg_id", StringType()),
+        StructField("due_ms", LongType()),
+        StructField("delivered", IntegerType()),
+        StructField("first_delivered_ms", LongType()),
+        StructField("crc_ok", BooleanType()),
+        StructField("outcome", IntegerType()),  # of a dispatch entry naming no record
+        StructField("kinds", ArrayType(StringType())),  # lost, duplicate, corrupt, unknown_dispatch_entry
+    ])),
+    # records (each status, replayed, lost: pending past due + grace, duplicates: delivered more than
+    # once, deliveries: delivered at all) and dispatch entries naming no record
+    *(StructField(c, LongType()) for c in ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt",
+                                            "pending", "replayed", "lost", "duplicates", "deliveries",
+                                            "unknown_entries")),
+    StructField("max_ms", LongType()),  # largest lateness of the cell's records
+])
+
 #: what a backfill writes: the fields of a `timewheel.Message`, validated, with its id and due time
 BACKFILL_INPUT = StructType([
     StructField("msg_id", StringType()),

@@ -1,4 +1,4 @@
-"""The SparkSession the jobs run in, with both timewheel sources registered."""
+"""The SparkSession the jobs run in, with the timewheel sources registered."""
 from __future__ import annotations
 
 import os
@@ -11,12 +11,15 @@ DEFAULT_MASTER = "local[*]"
 
 
 def register_sources(spark: SparkSession) -> None:
-    """Make `format("timewheel")` and `format("timewheel_dispatch")` available in a session."""
+    """Make `format("timewheel")`, `format("timewheel_dispatch")` and `format("timewheel_audit")`
+    available in a session."""
+    from spark.audit_source import TimewheelAuditDataSource
     from spark.dispatch_source import TimewheelDispatchDataSource
     from spark.source import TimewheelDataSource
 
     spark.dataSource.register(TimewheelDataSource)
     spark.dataSource.register(TimewheelDispatchDataSource)
+    spark.dataSource.register(TimewheelAuditDataSource)
 
 
 def _local_cores(master: str) -> int:

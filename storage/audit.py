@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -64,6 +65,68 @@ def done_keys(entries: np.ndarray) -> dict[int, np.ndarray]:
     return out
 
 
+#: per-record outcome counts: how many dispatch entries of each outcome name the record
+OUTCOME_COUNTS = {"delivered": _dispatch.DELIVERED, "dead_lettered": _dispatch.DEAD_LETTERED,
+                  "cancelled": _dispatch.CANCELLED, "marked_corrupt": _dispatch.CORRUPT,
+                  "replayed": _dispatch.REPLAYED}
+#: a record's status, by code (`record_status`); every record has exactly one
+STATUSES = ("dispatched", "cancelled", "dead_lettered", "corrupt", "pending")
+DISPATCHED, CANCELLED_STATUS, DEAD_LETTERED_STATUS, CORRUPT_STATUS, PENDING = range(len(STATUSES))
+NO_TIME = np.iinfo(np.int64).max  # first_delivered_ms of a record never delivered
+
+
+@dataclass(slots=True)
+class Outcomes:
+    """What the dispatch entries of a segment say of some of its records (aligned with their keys)."""
+
+    counts: dict[str, np.ndarray]  # OUTCOME_COUNTS name -> int32 per record
+    first_delivered_ms: np.ndarray  # int64 per record, NO_TIME when never delivered
+    entry_hit: np.ndarray  # bool per entry: it names one of the records
+
+
+def known_keys(parts: Sequence[tuple[int, str | os.PathLike[str], str | os.PathLike[str]]]) -> np.ndarray:
+    """Sorted record keys of parts given as (number, log, index): their index entries whose record
+    lies within the log (readers skip the others, a torn write not yet repaired)."""
+    keys = []
+    for part, log, index in parts:
+        idx = read_index(Path(index))
+        idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= size_of(Path(log))]
+        keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
+    return np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
+
+
+def outcomes_of(keys: np.ndarray, entries: np.ndarray) -> Outcomes:
+    """Per record (`record_keys`, ascending), its outcome counts and first delivery time, from
+    dispatch entries; entries naming none of the records are flagged in `entry_hit`."""
+    n = len(keys)
+    if n and len(entries):
+        ek = record_keys(entries["part"], entries["offset"])
+        pos = np.minimum(np.searchsorted(keys, ek), n - 1)
+        hit = keys[pos] == ek
+    else:
+        pos, hit = np.zeros(len(entries), np.int64), np.zeros(len(entries), bool)
+    pos, outcome, dispatch_ms = pos[hit], entries["outcome"][hit], entries["dispatch_ms"][hit]
+    counts = {name: np.bincount(pos[outcome == code], minlength=n).astype(np.int32)
+              for name, code in OUTCOME_COUNTS.items()}
+    first = np.full(n, NO_TIME, np.int64)
+    sel = outcome == _dispatch.DELIVERED
+    np.minimum.at(first, pos[sel], dispatch_ms[sel].astype(np.int64))
+    return Outcomes(counts, first, hit)
+
+
+def record_status(counts: dict[str, np.ndarray], bad: np.ndarray | None = None) -> np.ndarray:
+    """Status code (index into STATUSES) of each record: bad bytes (`bad`) make it corrupt; else
+    the first of cancelled, delivered, dead-lettered, marked corrupt that happened; else pending."""
+    status = np.full(len(counts["delivered"]), PENDING, np.uint8)
+    # assigned lowest precedence first, so each later line overrides the ones before it
+    for name, code in (("marked_corrupt", CORRUPT_STATUS), ("dead_lettered", DEAD_LETTERED_STATUS),
+                       ("delivered", DISPATCHED), ("cancelled", CANCELLED_STATUS)):
+        status[counts[name] > 0] = code
+    if bad is not None:
+        status[bad] = CORRUPT_STATUS
+    return status
+
+
 def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
     """Counters of one segment from its index sidecars and dispatch log."""
     s = SegmentSummary(segment_name(start_ms), start_ms)
@@ -80,16 +143,11 @@ def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
         keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
     dl = layout.dispatch_log(start_ms)
     s.bytes += size_of(dl)
-    all_keys = np.concatenate(keys) if keys else np.empty(0, np.uint64)
-    per = done_keys(_dispatch.read_dispatch_log(dl).entries)
-    # an outcome only counts for a record that exists; the first terminal outcome wins
-    remaining = all_keys
-    for outcome, attr in ((_dispatch.CANCELLED, "cancelled"), (_dispatch.DELIVERED, "dispatched"),
-                          (_dispatch.DEAD_LETTERED, "dead_lettered"), (_dispatch.CORRUPT, "corrupt")):
-        hit = np.isin(remaining, per[outcome], assume_unique=False)
-        setattr(s, attr, int(hit.sum()))
-        remaining = remaining[~hit]
-    s.pending = len(remaining)
+    all_keys = np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
+    # an outcome only counts for a record that exists; precedence as record_status says
+    status = record_status(outcomes_of(all_keys, _dispatch.read_dispatch_log(dl).entries).counts)
+    n = np.bincount(status, minlength=len(STATUSES))
+    s.dispatched, s.cancelled, s.dead_lettered, s.corrupt, s.pending = (int(n[i]) for i in range(len(STATUSES)))
     return s
 
 

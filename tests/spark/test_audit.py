@@ -10,8 +10,11 @@ import typer
 from typer.testing import CliRunner
 
 from spark import audit as A
+from spark._cells import lateness_bins
+from spark.schema import AUDIT_CELLS
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, REPLAYED, ScheduleStore, encode_frame, read_dispatch_log,
                      read_index)
+from storage.audit import STATUSES, record_status
 from tests.spark.conftest import HOUR, T0, deliver, records
 
 pytestmark = pytest.mark.spark
@@ -141,7 +144,7 @@ def test_a_clean_store_passes(spark, make_store, tmp_path: Path) -> None:
     assert not rep.failed and rep.dispatched == 6 and rep.sample_findings == []
 
 
-def test_status_precedence_and_findings_without_io(spark) -> None:
+def test_status_precedence_is_storages_and_findings_without_io(spark) -> None:
     cols = ("segment_ms long, part int, offset long, msg_id string, topic string, due_ms long, crc_ok boolean, "
             "delivered int, dead_lettered int, cancelled int, marked_corrupt int, replayed int, "
             "first_delivered_ms long")
@@ -155,26 +158,55 @@ def test_status_precedence_and_findings_without_io(spark) -> None:
         (T0, 0, 6, "not-yet-lost", "T", NOW - GRACE + 1, True, 0, 0, 0, 0, 0, None),
         (T0, 0, 7, "dup", "T", T0, True, 3, 0, 0, 0, 0, T0 + 2000),
     ]
+    want = {0: "dispatched", 1: "cancelled", 2: "dead_lettered", 3: "corrupt", 4: "corrupt", 5: "pending",
+            6: "pending", 7: "dispatched"}
     status = A.with_status(spark.createDataFrame(rows, cols))
-    got = {r["offset"]: r["status"] for r in status.collect()}
-    assert got == {0: "dispatched", 1: "cancelled", 2: "dead_lettered", 3: "corrupt", 4: "corrupt", 5: "pending",
-                   6: "pending", 7: "dispatched"}
-    table = A.cells(status, 60_000, now_ms=NOW, grace_ms=GRACE)
-    unknown = spark.createDataFrame([(T0, 0, 99, T0, 1)], "segment_ms long, part int, offset long, due_ms long, "
-                                                          "outcome int")
-    kinds = sorted((r["kind"], r["offset"]) for r in A.findings(table, unknown).collect())
-    assert kinds == [("corrupt", 3), ("corrupt", 4), ("duplicate", 7), ("lost", 5), ("unknown_dispatch_entry", 99)]
-    hist = A.histogram(table)
-    rec = A.reconcile(hist).collect()
-    assert len(rec) == 2 and all(r["balanced"] for r in rec)
-    total = A.lateness(hist, []).collect()[0]
-    assert (total["p50_ms"], total["max_ms"], total["delivered"]) == (5, 2000, 4)
+    assert {r["offset"]: r["status"] for r in status.collect()} == want
+    # the numpy rule the audit source and `timewheel inspect` use says the same
+    counts = {k: np.array([r[7 + i] for r in rows]) for i, k in enumerate(A.OUTCOME_COUNTS)}
+    codes = record_status(counts, bad=np.array([not r[6] for r in rows]))
+    assert {i: STATUSES[c] for i, c in enumerate(codes.tolist())} == want
+
+    # the Spark side of the audit over hand-made cells: two plain cells, three findings, a stray entry
+    def finding(offset: int, kinds: list[str], delivered: int | None = 0, crc_ok: bool | None = True,
+                outcome: int | None = None) -> dict:
+        return {"part": 0, "offset": offset, "msg_id": None, "due_ms": T0, "delivered": delivered,
+                "first_delivered_ms": None, "crc_ok": crc_ok, "outcome": outcome, "kinds": kinds}
+
+    zero = dict.fromkeys(("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries"), 0)
+
+    def cell(topic: str | None, late: int | None, f: dict | None = None, **counts: int) -> dict:
+        return {"segment_ms": T0, "segment": "202701150800", "topic": topic, "bucket_ms": T0, "lateness_bin": late,
+                "finding": f, **zero, **counts, "max_ms": late}
+
+    table = spark.createDataFrame([
+        cell("T", 5, scheduled=2, dispatched=2, deliveries=2),
+        cell("T", None, scheduled=2, dead_lettered=1, cancelled=1),
+        cell("T", None, finding(3, ["corrupt"]), scheduled=1, corrupt=1),
+        cell(None, 1, finding(4, ["corrupt"], 1, False), scheduled=1, corrupt=1, deliveries=1),
+        cell("T", None, finding(5, ["lost"]), scheduled=1, pending=1, replayed=1, lost=1),
+        cell("T", 2000, finding(7, ["duplicate"], 3), scheduled=1, dispatched=1, duplicates=1, deliveries=1),
+        {**cell(None, None, finding(99, ["unknown_dispatch_entry"], None, None, 1), unknown_entries=1),
+         "bucket_ms": None},
+    ], AUDIT_CELLS)
+    found = {(r["kind"], r["offset"]): r["detail"] for r in A.findings(table).collect()}
+    assert found == {("corrupt", 3): "marked corrupt by the engine",
+                     ("corrupt", 4): "bytes fail their checks (CRC32C or header)", ("duplicate", 7): "delivered 3 times",
+                     ("lost", 5): "no terminal outcome", ("unknown_dispatch_entry", 99): "outcome 1 names no record"}
+    hist = A.histogram(table).toArrow()
+    rec = A.reconcile(hist)  # the stray entry's cell (no topic, nothing scheduled) is no segment row
+    assert [(r["topic"], r["scheduled"], r["lost"], r["balanced"]) for r in sorted(rec, key=lambda r: r["topic"] or "")] \
+        == [(None, 1, 0, True), ("T", 7, 1, True)]
+    (total,) = A.lateness(hist, [])
+    assert (total["p50_ms"], total["p99_ms"], total["max_ms"], total["delivered"]) == (5, 2000, 2000, 4)
 
 
-def test_lateness_bins_are_within_one_percent(spark) -> None:
+def test_lateness_bins_are_within_one_percent() -> None:
     cases = [(0, 0), (7, 7), (1023, 1023), (1024, 1024), (1031, 1024), (1032, 1032), (100_000, 99_840), (-5, -5),
              (-2000, -2000), (3_600_000, 3_588_096)]
-    df = spark.createDataFrame([(ms,) for ms, _ in cases], "ms long")
-    got = [r["b"] for r in df.select(A.lateness_bin(df["ms"]).alias("b")).collect()]
+    got = lateness_bins(np.array([ms for ms, _ in cases], np.int64)).tolist()
     assert got == [b for _, b in cases]
     assert all(abs(b - ms) <= abs(ms) / 100 for ms, b in cases)
+    ms = np.random.default_rng(1).integers(-10**9, 10**9, 100_000)
+    b = lateness_bins(ms)
+    assert np.all(np.abs(b) <= np.abs(ms)) and np.all(np.abs(ms - b) <= np.abs(ms) / 100)
