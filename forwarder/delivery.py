@@ -5,6 +5,10 @@ SEND_BATCH_MESSAGE requests of up to 128 messages / 1 MiB, each stored by the br
 messages with their own ids. The bundled native client cannot do that (its single sends cost
 ~100 µs of CPU each, its batches are stored as one message); it only carries dead letters.
 
+Up to `send_threads` batches are in flight at once (`max_in_flight`: the engine runs that many
+dispatch threads), each on its own producer and connections, so one slow answer holds up only its
+own batch.
+
 A circuit breaker stops hammering a broker that keeps failing: while it is open every batch fails
 at once and the engine retries later with backoff; after the open period one batch probes the
 broker. Only retriable failures (broker down, busy, timeouts) count towards opening it: a topic
@@ -13,9 +17,11 @@ that does not exist or a message the broker refuses says nothing about the broke
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from forwarder._rmq_native import NativeProducer
 from forwarder.contract import ORIGINAL_MSG_ID, to_dead_letter, to_outgoing
@@ -66,13 +72,39 @@ class RocketMQSink:
 
     def __init__(self, cfg: RocketMQConfig, producer: NativeProducer, *,
                  sender: RemotingProducer | None = None) -> None:
-        """Deliver through `sender` (by default a RemotingProducer for `cfg`); dead letters through `producer`."""
+        """Deliver through `cfg.send_threads` RemotingProducers for `cfg` (or through `sender` alone);
+        dead letters through `producer`."""
         self.cfg = cfg
         self.producer = producer
-        self.sender = sender or RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
+        self.senders = [sender] if sender is not None else [
+            RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
+            for _ in range(cfg.send_threads)]
+        self.max_in_flight = len(self.senders)
+        self._idle: queue.SimpleQueue[RemotingProducer] = queue.SimpleQueue()
+        for s in self.senders:
+            self._idle.put(s)
         self.breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_open_seconds)
         # failed counts every message not delivered; rejected, those whose error is not retriable
         self.counters = {"sent": 0, "failed": 0, "refused": 0, "rejected": 0, "dead_lettered": 0}
+        self._counters_lock = threading.Lock()
+
+    @property
+    def sender(self) -> RemotingProducer:
+        """The first producer (route and connection state for tools and tests)."""
+        return self.senders[0]
+
+    @contextmanager
+    def _checkout(self) -> Iterator[RemotingProducer]:
+        sender = self._idle.get()  # never empty for long: at most max_in_flight callers
+        try:
+            yield sender
+        finally:
+            self._idle.put(sender)
+
+    def _count(self, **deltas: int) -> None:
+        with self._counters_lock:
+            for k, v in deltas.items():
+                self.counters[k] += v
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Send every message and wait for all answers; True per stored message.
@@ -81,12 +113,14 @@ class RocketMQSink:
         other batches of the call are unaffected.
         """
         if not self.breaker.allow():
-            self.counters["refused"] += len(messages)
+            self._count(refused=len(messages))
             return [False] * len(messages)
         if not messages:
             return []
+        outgoing = [to_outgoing(m) for m in messages]
         try:
-            outcomes: list[Receipt | RemotingError] = self.sender.send([to_outgoing(m) for m in messages])
+            with self._checkout() as sender:
+                outcomes: list[Receipt | RemotingError] = sender.send(outgoing)
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(messages)
         results = [isinstance(o, Receipt) for o in outcomes]
@@ -101,9 +135,7 @@ class RocketMQSink:
                 else:
                     rejected += 1
         self.breaker.record(ok, retriable)
-        self.counters["sent"] += ok
-        self.counters["failed"] += len(messages) - ok
-        self.counters["rejected"] += rejected
+        self._count(sent=ok, failed=len(messages) - ok, rejected=rejected)
         for topic, err in errors.values():
             # Not retriable means a missing topic or a refused message: someone has to act on it.
             log.log(logging.DEBUG if err.retriable else logging.WARNING, "delivery to %s failed (%s): %s", topic,
@@ -111,8 +143,9 @@ class RocketMQSink:
         return results
 
     def close(self) -> None:
-        """Close the sender's connections."""
-        self.sender.close()
+        """Close every sender's connections."""
+        for s in self.senders:
+            s.close()
 
     def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
         """Park messages on the dead-letter topic with the reason; raises if the broker refuses."""
@@ -122,4 +155,4 @@ class RocketMQSink:
             props["TW_TARGET_TOPIC"] = m.topic
             self.producer.send(to_dead_letter(self.cfg.dead_letter_topic, m.body, m.tags, " ".join(m.keys), props,
                                               reason))
-            self.counters["dead_lettered"] += 1
+            self._count(dead_lettered=1)

@@ -47,7 +47,9 @@ class IngestBatcher:
         self._in_flight = in_flight
         self.max_batch = max_batch
         self.linger_s = linger_s
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        self._arrived = threading.Condition(lock)  # the committer waits here for more messages
+        self._committed = threading.Condition(lock)  # the others wait here for their commit
         self._queue: list[_Slot] = []
         self._committing = False
         self.commits = 0
@@ -56,26 +58,26 @@ class IngestBatcher:
     def submit(self, message: Message) -> None:
         """Store `message` (with whatever others submit meanwhile); raises what storing it raised."""
         slot = _Slot(message)
-        with self._cv:
+        with self._arrived:
             self._queue.append(slot)
-            self._cv.notify_all()  # a waiting committer counts arrivals
+            self._arrived.notify()  # only the committer waits on arrivals: no thundering herd
             while not slot.done:
                 if self._committing:
-                    self._cv.wait()
+                    self._committed.wait()
                     continue
                 self._committing = True
                 deadline = time.monotonic() + self.linger_s
                 while (len(self._queue) < min(self.max_batch, self._in_flight())
                        and (left := deadline - time.monotonic()) > 0):
-                    self._cv.wait(left)
+                    self._arrived.wait(left)
                 batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
-                self._cv.release()
+                self._arrived.release()
                 try:
                     self._store(batch)
                 finally:
-                    self._cv.acquire()
+                    self._arrived.acquire()
                     self._committing = False
-                    self._cv.notify_all()
+                    self._committed.notify_all()
         if slot.error is not None:
             raise slot.error
 

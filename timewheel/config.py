@@ -75,7 +75,7 @@ class RocketMQConfig:
     producer_group: str = "timewheel-delivery"
     consume_threads: int = 4
     consume_batch: int = 32
-    send_threads: int = 8
+    send_threads: int = 4
     send_timeout_ms: int = 3000
     breaker_failures: int = 20
     breaker_open_seconds: float = 5.0

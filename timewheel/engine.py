@@ -5,7 +5,8 @@ Two threads when started in the background:
   segment and preloads the next one, drains past segments (catch-up), and pops what is due at the
   exact millisecond into the ready queue;
 - the dispatch thread reads due records, sends them through the Sink in batches, records outcomes
-  in the dispatch log, and retries failures with backoff until they go to the dead-letter path.
+  in the dispatch log, and retries failures with backoff until they go to the dead-letter path;
+  a Sink with `max_in_flight` > 1 gets that many dispatch threads, sending side by side.
 `step()` runs one pass of both on the caller's thread, for tests driven by a ManualClock.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ log = logging.getLogger("timewheel.engine")
 _EMPTY_I64 = np.empty(0, np.int64)
 _EMPTY_U64 = np.empty(0, np.uint64)
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
+_MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
+_INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
 
 
 class _Due:
@@ -224,8 +227,10 @@ class Engine:
             # dispatch thread and the RocketMQ client's callbacks. This is process-wide.
             if sys.getswitchinterval() > 0.001:
                 sys.setswitchinterval(0.0005)
+            dispatchers = max(1, int(getattr(self.sink, "max_in_flight", 1)))
             self._threads = [threading.Thread(target=self._timer_loop, name="timewheel-timer", daemon=True),
-                             threading.Thread(target=self._dispatch_loop, name="timewheel-dispatch", daemon=True),
+                             *(threading.Thread(target=self._dispatch_loop, name=f"timewheel-dispatch-{i}", daemon=True)
+                               for i in range(dispatchers)),
                              threading.Thread(target=self._housekeeping_loop, name="timewheel-housekeeping",
                                               daemon=True)]
             for t in self._threads:
@@ -287,7 +292,10 @@ class Engine:
         """Store callback, under its write lock: newly stored records, in commit order."""
         with self._inbound_lock:
             self._inbound.append(locations)
-        self._wake_timer.set()
+        # The timer looks at least every _MAX_WAIT_S anyway: wake it only for what falls due
+        # before then, so heavy ingest of later messages does not cost a timer pass per commit.
+        if int(locations["due_ms"].min()) <= self.clock.now_ms() + _INBOUND_WAKE_MS:
+            self._wake_timer.set()
 
     def _validate(self, m: Message, i: int, now: int) -> None:
         if not isinstance(m, Message):
@@ -424,12 +432,12 @@ class Engine:
                 self._wake_timer.wait(timeout)
 
     def _seconds_until(self, wake_ms: int | None) -> float:
-        """How long to wait for `wake_ms`, at most 50 ms (new work wakes the thread earlier)."""
+        """How long to wait for `wake_ms`, at most _MAX_WAIT_S (new work wakes the thread earlier)."""
         if wake_ms is None:
-            return 0.05
+            return _MAX_WAIT_S
         if isinstance(self.clock, SystemClock):  # aim at the millisecond's first nanosecond
-            return min(0.05, max(0.0, (wake_ms * 1_000_000 - time.time_ns()) / 1e9))
-        return min(0.05, max(0.0, (wake_ms - self.clock.now_ms()) / 1000))
+            return min(_MAX_WAIT_S, max(0.0, (wake_ms * 1_000_000 - time.time_ns()) / 1e9))
+        return min(_MAX_WAIT_S, max(0.0, (wake_ms - self.clock.now_ms()) / 1000))
 
     def _housekeeping_loop(self) -> None:
         """Checkpoints and retention, off the timer and dispatch threads so they never stall them."""
@@ -613,6 +621,8 @@ class Engine:
                 batch = None
             if batch is None:
                 held = self.shaper is not None and self._held.size
+            elif self._ready.size or self._backlog.size:
+                self._dispatch_cv.notify()  # more to send: another dispatch thread may take it
         if batch is None:
             return self._deliver_granted() if held else 0
         with self._lock:

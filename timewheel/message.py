@@ -33,7 +33,12 @@ class Message:
 
 
 class Sink(Protocol):
-    """Where due messages go: True per delivered message; raising means the whole batch failed."""
+    """Where due messages go: True per delivered message; raising means the whole batch failed.
+
+    A sink may also have an int attribute `max_in_flight`: the engine then runs that many dispatch
+    threads, each calling `send_batch` while the others wait on the network (one slow answer
+    then holds up only its own batch). Such a sink must be thread-safe.
+    """
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Send messages; one bool per message."""

@@ -263,3 +263,43 @@ def test_concurrent_schedulers_lose_nothing(tmp_path: Path) -> None:
             time.sleep(0.05)
         time.sleep(0.3)
     assert sorted(sink.ids) == sorted(ids)
+
+
+def test_a_sink_with_max_in_flight_gets_parallel_sends_each_message_once(tmp_path: Path) -> None:
+    """A slow answer holds up only its own batch: the engine keeps max_in_flight calls going."""
+    import threading
+    import time
+
+    from timewheel import SystemClock
+
+    class SlowSink:
+        max_in_flight = 4
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.ids: list[str] = []
+            self.in_flight = 0
+            self.most_in_flight = 0
+
+        def send_batch(self, messages):
+            with self.lock:
+                self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            time.sleep(0.02)  # a broker's round trip
+            with self.lock:
+                self.in_flight -= 1
+                self.ids.extend(m.msg_id for m in messages)
+            return [True] * len(messages)
+
+    sink = SlowSink()
+    with Engine(EngineConfig(tmp_path / "d", send_batch_size=10), sink) as e:
+        due = SystemClock().now_ms() + 300
+        ids = e.schedule([Message("T", f"{i}".encode(), due + i % 50) for i in range(2000)])
+        deadline = time.monotonic() + 30
+        while len(sink.ids) < 2000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert e.stats()["delivered"] == 2000
+    assert sorted(sink.ids) == sorted(ids)
+    assert sink.most_in_flight == 4
+    assert len([t for t in threading.enumerate() if t.name.startswith("timewheel-dispatch")]) == 0, "threads stopped"
