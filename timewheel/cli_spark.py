@@ -66,9 +66,10 @@ def _time_ms(value: str, flag: str) -> int:
 
 
 @contextmanager
-def _spark(master: str, conf: list[str] | None, verbose: bool) -> Iterator["SparkSession"]:
+def _spark(master: str, conf: list[str] | None, verbose: bool, *,
+           light_jvm: bool = False) -> Iterator["SparkSession"]:
     """A session on `master` (or the one already active in this process), stopped after the
-    command when the command started it."""
+    command when the command started it; `light_jvm` as `spark.session.get_session` takes it."""
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     from pyspark.sql import SparkSession
 
@@ -93,7 +94,7 @@ def _spark(master: str, conf: list[str] | None, verbose: bool) -> Iterator["Spar
         register_sources(active)
         yield active
         return
-    spark = get_session(master, "timewheel-cli", extra)
+    spark = get_session(master, "timewheel-cli", extra, light_jvm=light_jvm)
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
     try:
@@ -220,7 +221,8 @@ def audit(
     from spark.audit import run_audit
     from spark.progress import stage_progress
 
-    with _spark(master, conf, verbose) as spark:
+    # the audit's per-record work is numpy in the Python workers: a light driver JVM saves CPU
+    with _spark(master, conf, verbose, light_jvm=True) as spark:
         with stage_progress(spark, "audit", enabled=not as_json):
             rep = run_audit(spark, data_dir, now_ms=now_ms, grace_ms=int(grace_seconds * 1000), out_dir=out)
     if as_json:
