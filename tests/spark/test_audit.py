@@ -210,3 +210,20 @@ def test_lateness_bins_are_within_one_percent() -> None:
     ms = np.random.default_rng(1).integers(-10**9, 10**9, 100_000)
     b = lateness_bins(ms)
     assert np.all(np.abs(b) <= np.abs(ms)) and np.all(np.abs(ms - b) <= np.abs(ms) / 100)
+
+
+def test_cells_agree_with_the_per_record_statuses(spark, faulty) -> None:
+    """The audit source's numpy cells and the per-record path (the timewheel source, with_status)
+    count the same statuses per segment and topic."""
+    from pyspark.sql import functions as F
+
+    data_dir, _ = faulty
+    table = A.cells(spark, data_dir, bucket_ms=60_000, now_ms=NOW, grace_ms=GRACE)
+    from_cells = {(r["segment_ms"], r["topic"]): {k: r[k] for k in ("scheduled", *STATUSES)}
+                  for r in A.reconcile(A.histogram(table).toArrow())}
+    records = A.with_status(spark.read.format("timewheel").schema(A.RECORD_COLUMNS).load(str(data_dir)))
+    per_record = records.groupBy("segment_ms", "topic").agg(
+        F.count(F.lit(1)).alias("scheduled"), *(F.sum(F.when(F.col("status") == st, 1).otherwise(0)).alias(st)
+                                                 for st in STATUSES)).collect()
+    assert from_cells == {(r["segment_ms"], r["topic"]): {k: r[k] for k in ("scheduled", *STATUSES)}
+                          for r in per_record}
