@@ -91,8 +91,8 @@ def part_cells(pf: PartFiles, *, bucket_ms: int, now_ms: int, grace_ms: int, ver
     lb_values, lb_code = np.unique(lbin[rest], return_inverse=True)
     b_code = (bucket[rest] - int(bucket.min())) // bucket_ms
     key = (codes[rest] * (int(b_code.max(initial=0)) + 1) + b_code) * len(lb_values) + lb_code
-    order = rest[np.argsort(key, kind="stable")]
-    sk = np.sort(key, kind="stable")
+    perm = np.argsort(key, kind="stable")
+    order, sk = rest[perm], key[perm]
     starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1]))) if len(sk) else np.empty(0, np.int64)
     grouped = {c: np.add.reduceat(values[c][order], starts) if len(starts) else np.empty(0, np.int64)
                for c in _COUNTS}
