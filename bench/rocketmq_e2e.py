@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         first = first or (t0, 0)
         out["ingest"] = {"messages": n, "stored": got, "seconds": round(t1 - t0, 2), "per_s": round(got / (t1 - t0)),
                          "per_s_after_first_stored": round((got - first[1]) / max(1e-3, t1 - first[0])),
-                         "consume_threads": cfg.consume_threads,
+                         "ingest_client": cfg.ingest_client,
                          "note": "per_s includes the consumer's start-up (route lookup, rebalance)"}
         print("ingest", out["ingest"], flush=True)
         # 2. dispatch: everything due at one millisecond, through the broker to BENCH_OUT

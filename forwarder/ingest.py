@@ -3,7 +3,12 @@
 Each message is checked against the producer contract; a message that breaks it goes to the
 dead-letter topic with the reason in a property (and is counted), never dropped silently. The
 RocketMQ message id (UNIQ_KEY) is the dedup id, so a redelivered or re-sent message is scheduled
-once. The consume threads' messages are gathered into one `schedule()` call (`IngestBatcher`).
+once.
+
+Two clients can read the delay topic (`rocketmq.ingest_client`): "pull" (default) pulls batches over
+the wire protocol (`RemotingPullConsumer`) and stores each batch with one `schedule()` call; "push"
+uses the bundled client's push consumer, one message per callback, gathered across its threads
+into shared commits (`IngestBatcher`).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Callable
 from forwarder._rmq_native import NativeProducer, NativePushConsumer, ReceivedMessage
 from forwarder.contract import ContractLimits, ContractViolation, to_dead_letter, to_message
 from forwarder.errors import ForwarderError
+from forwarder.pull_consumer import RemotingPullConsumer
 from timewheel.config import RocketMQConfig
 from timewheel.errors import InvalidMessageError
 from timewheel.message import Message, ScheduleFn
@@ -123,7 +129,9 @@ class DelayTopicIngest:
         self.now_ms = now_ms
         self._dlq = dead_letters
         self._consumer: NativePushConsumer | None = None
+        self._puller: RemotingPullConsumer | None = None
         self._batcher: IngestBatcher | None = None
+        self._schedule: ScheduleFn | None = None
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
@@ -131,8 +139,15 @@ class DelayTopicIngest:
 
     def start(self, schedule: ScheduleFn) -> None:
         """Subscribe to the delay topic and start consuming."""
-        self._batcher = IngestBatcher(schedule, lambda: self._busy, max_batch=self.cfg.consume_batch)
+        self._schedule = schedule
         self._accepting.set()
+        if self.cfg.ingest_client == "pull":
+            self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
+                                                self._on_batch, pull_batch=self.cfg.consume_batch,
+                                                timeout_ms=self.cfg.send_timeout_ms)
+            self._puller.start()
+            return
+        self._batcher = IngestBatcher(schedule, lambda: self._busy, max_batch=self.cfg.consume_batch)
         c = NativePushConsumer(self.cfg.consumer_group, self.cfg.namesrv, self._on_message,
                                thread_count=self.cfg.consume_threads)
         c.subscribe(self.cfg.delay_topic)
@@ -145,21 +160,73 @@ class DelayTopicIngest:
         with self._idle:
             while self._busy:
                 self._idle.wait(0.1)
+        if self._puller is not None:
+            self._puller.stop()
+            self._puller = None
         if self._consumer is not None:
             self._consumer.shutdown(destroy=False)
             self._consumer = None
 
-    def _on_message(self, msg: ReceivedMessage) -> bool:
+    def _on_batch(self, batch: list[ReceivedMessage]) -> bool:
+        """Pull consumer callback: store a batch (dead-lettering what breaks the contract); False
+        hands the whole batch back to be pulled again."""
+        return self._while_accepting(lambda: self._store_batch(batch))
+
+    def _while_accepting(self, work: Callable[[], bool]) -> bool:
+        """Run a callback's work unless stopping (False: RocketMQ hands it to whoever consumes next);
+        stop() waits for the work in progress."""
         if not self._accepting.is_set():
-            return False  # shutting down: RocketMQ redelivers it to whoever consumes next
+            return False
         with self._idle:
             self._busy += 1
         try:
-            return self._handle(msg)
+            return work()
         finally:
             with self._idle:
                 self._busy -= 1
                 self._idle.notify_all()
+
+    def _store_batch(self, batch: list[ReceivedMessage]) -> bool:
+        assert self._schedule is not None
+        now = self.now_ms()
+        todo: list[tuple[Message, ReceivedMessage]] = []
+        for msg in batch:
+            try:
+                todo.append((to_message(msg, now, self.limits), msg))
+            except ContractViolation as e:
+                if not self._dead_letter(msg, e.reason):
+                    return False
+        stored = 0
+        try:
+            while todo:
+                try:
+                    self._schedule([m for m, _ in todo])
+                    stored += len(todo)
+                    break
+                except InvalidMessageError as e:
+                    if e.index is not None:
+                        _, msg = todo.pop(e.index)
+                        if not self._dead_letter(msg, e.reason):
+                            return False
+                        continue
+                    for m, msg in todo:  # the engine did not say which: one at a time
+                        try:
+                            self._schedule([m])
+                            stored += 1
+                        except InvalidMessageError as one:
+                            if not self._dead_letter(msg, one.reason):
+                                return False
+                    break
+        except Exception:
+            log.exception("storing a batch of %d delay messages failed; it will be pulled again", len(batch))
+            self.counters["redelivered"] += len(batch)
+            return False
+        finally:
+            self.counters["ingested"] += stored
+        return True
+
+    def _on_message(self, msg: ReceivedMessage) -> bool:
+        return self._while_accepting(lambda: self._handle(msg))
 
     def _handle(self, msg: ReceivedMessage) -> bool:
         assert self._batcher is not None

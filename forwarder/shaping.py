@@ -19,13 +19,13 @@ each may go now; this shaper answers with tokens it takes at once:
    normal rate per second elapsed, until it is normal again and the backoff ends.
 
 No pass grants more than `max_grant` messages (the engine's send batch), so every grant is taken;
-tokens granted and never recorded are refunded at the next pass, which keeps the accounting right if
-a caller takes fewer. `next_grant_ms` answers when a waiting topic will have about `pace_ms` worth of
+a caller that takes fewer gives the rest back with `release`. Grants are final otherwise, so several
+dispatch threads can hold grants at once (sends in flight) without their tokens being spent twice. `next_grant_ms` answers when a waiting topic will have about `pace_ms` worth of
 its rate (at least one message, at most its burst): throttled topics then go in batches of a few
 milliseconds' worth rather than one message per millisecond, at the same rate.
 
 New rules (`apply`) take effect at the next call, with buckets refilled up to then under the old ones.
-Thread-safe: one lock around everything (the dispatch thread calls it; admin and config threads
+Thread-safe: one lock around everything (the dispatch threads call it; admin and config threads
 apply rules and read stats).
 """
 from __future__ import annotations
@@ -184,7 +184,6 @@ class TrafficShaper:
         self._global: _Bucket | None = None
         self._global_started = False
         self._waiting: dict[str, int] = {}
-        self._outstanding: set[str] = set()  # topics with grants not yet recorded
         self._paused = paused
 
     # ---- rules ------------------------------------------------------------------------------------
@@ -216,7 +215,6 @@ class TrafficShaper:
         """How many of each waiting topic may be sent now; the tokens are taken."""
         with self._lock:
             self._sync(now_ms)
-            self._refund()
             waiting = {t: n for t, n in backlog.items() if n > 0}
             if self._paused or not waiting:
                 self._waiting = waiting
@@ -405,19 +403,21 @@ class TrafficShaper:
         else:
             self._global.tokens = min(self._global.tokens, rules.global_burst)
 
-    def _refund(self) -> None:
-        """Tokens granted at the last pass that were never taken go back to their buckets."""
-        for topic in self._outstanding:
-            st = self._topics[topic]
-            if st.outstanding:
-                if st.bucket is not None:
-                    st.bucket.tokens += st.outstanding
-                if self._global is not None:
-                    self._global.tokens += st.outstanding
-                st.counters.granted -= st.outstanding
-                self._class(self._rules.class_of(topic)).granted -= st.outstanding
-                st.outstanding = 0
-        self._outstanding.clear()
+    def release(self, topic: str, n: int) -> None:
+        """Give back `n` granted messages of `topic` the caller did not take (their tokens return)."""
+        with self._lock:
+            st = self._topics.get(topic)
+            n = min(n, st.outstanding) if st is not None else 0
+            if n <= 0:
+                return
+            assert st is not None
+            if st.bucket is not None:
+                st.bucket.tokens += n
+            if self._global is not None:
+                self._global.tokens += n
+            st.counters.granted -= n
+            self._class(self._rules.class_of(topic)).granted -= n
+            st.outstanding -= n
 
     def _share(self, total: int, demand: Mapping[str, int], rules: ShapingRules) -> dict[str, int]:
         """Split `total` (< the sum of demand) among classes, then among each class's topics."""
@@ -451,7 +451,6 @@ class TrafficShaper:
             if st.bucket is not None:
                 st.bucket.tokens -= granted
             st.outstanding += granted
-            self._outstanding.add(topic)
             st.counters.granted += granted
             self._class(cls).granted += granted
         still_denied = max(0, st.denied - granted)  # the head of the queue goes first

@@ -73,7 +73,8 @@ class RocketMQConfig:
     dead_letter_topic: str = "TW_DLQ"
     consumer_group: str = "timewheel-ingest"
     producer_group: str = "timewheel-delivery"
-    consume_threads: int = 4
+    ingest_client: Literal["pull", "push"] = "pull"  # pull: batches over the wire protocol; push: the bundled client
+    consume_threads: int = 4  # push only
     consume_batch: int = 32
     send_threads: int = 4
     send_timeout_ms: int = 3000
@@ -89,6 +90,7 @@ class RocketMQConfig:
             ("dead_letter_topic", bool(self.dead_letter_topic), "a topic name"),
             ("consumer_group", bool(self.consumer_group), "a group name"),
             ("producer_group", bool(self.producer_group), "a group name"),
+            ("ingest_client", self.ingest_client in ("pull", "push"), '"pull" or "push"'),
             ("consume_threads", 1 <= self.consume_threads <= 64, "between 1 and 64"),
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
             ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),

@@ -688,6 +688,12 @@ class Engine:
                     return sent
                 grants = self.shaper.grant(backlog, now)
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
+                taken: dict[str, int] = {}
+                for m in batch.messages if batch is not None else ():
+                    taken[m.topic] = taken.get(m.topic, 0) + 1
+                for topic, n in grants.items():
+                    if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
+                        self.shaper.release(topic, n - taken.get(topic, 0))
             if batch is None:
                 return sent
             self._deliver(batch, held_since)

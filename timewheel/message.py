@@ -64,6 +64,10 @@ class Shaper(Protocol):
         """When more could be granted to the topics that wait (None: as soon as asked)."""
         ...
 
+    def release(self, topic: str, n: int) -> None:
+        """Give back `n` granted messages of `topic` that were not taken."""
+        ...
+
     def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
         """Outcome of a send: successes, failures (for backoff), and the total time held back."""
         ...

@@ -365,14 +365,23 @@ def test_partial_failures_back_off_too(world: Any) -> None:
     w.drain_and_check(DUE + 40_000)
 
 
-def test_grants_not_taken_by_the_caller_are_refunded() -> None:
+def test_grants_not_taken_by_the_caller_are_released() -> None:
     shaper = TrafficShaper(parse_rules({"topics": {"A": {"rate": 10, "burst": 10}}}), max_grant=1000)
     assert shaper.grant({"A": 50}, 1000) == {"A": 10}
-    shaper.record("A", 4, 0, 0.0, 1000)  # the caller took only 4 of the 10
+    shaper.release("A", 6)  # the caller took only 4 of the 10
+    shaper.record("A", 4, 0, 0.0, 1000)
     assert shaper.grant({"A": 46}, 1000) == {"A": 6}
     shaper.record("A", 6, 0, 0.0, 1000)
     assert shaper.next_grant_ms(1000) == 1100  # the next token, at 10/s
     assert shaper.grant({"A": 40}, 1099) == {} and shaper.grant({"A": 40}, 1100) == {"A": 1}
+
+
+def test_grants_in_flight_on_several_threads_are_not_spent_twice() -> None:
+    shaper = TrafficShaper(parse_rules({"topics": {"A": {"rate": 10, "burst": 10}}}), max_grant=1000)
+    assert shaper.grant({"A": 50}, 1000) == {"A": 10}  # one dispatch thread's send is in flight...
+    assert shaper.grant({"A": 40}, 1000) == {}  # ...another asks before it is recorded: no tokens left
+    shaper.record("A", 10, 0, 0.0, 1001)
+    assert shaper.grant({"A": 40}, 1100) == {"A": 1}
 
 
 def test_a_paused_shaper_grants_nothing_until_resumed() -> None:

@@ -1,0 +1,164 @@
+"""The remoting pull consumer: message decoding, queue allocation, and a real consumer group."""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import uuid
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from forwarder._rmq_native import OutgoingMessage, ReceivedMessage
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.pull_consumer import MessageDecodeError, RemotingPullConsumer, allocate_averagely, decode_messages
+from forwarder.remoting import RemotingProducer
+
+_V1, _V2 = -626843481, -626843485
+
+
+def stored(body: bytes, topic: str, props: dict[str, str], *, v2: bool = False, ipv6: bool = False,
+           compress: bool = False, queue_offset: int = 7) -> bytes:
+    """One message as a broker's store (and so a pull answer) lays it out."""
+    sys_flag = (0x10 | 0x20 if ipv6 else 0) | (1 if compress else 0)
+    payload = zlib.compress(body) if compress else body
+    host = b"\x00" * (20 if ipv6 else 8)
+    t = topic.encode()
+    p = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+    rest = (struct.pack(">q", 1_700_000_000_123) + host + struct.pack(">iq", 2, 0) + struct.pack(">i", len(payload))
+            + payload + (struct.pack(">h", len(t)) if v2 else bytes([len(t)])) + t + struct.pack(">h", len(p)) + p)
+    head = struct.pack(">iiiiiqqiq", 0, _V2 if v2 else _V1, 0, 3, 0, queue_offset, 4096, sys_flag, 1_700_000_000_000)
+    first = head + host
+    total = len(first) + len(rest)
+    return struct.pack(">i", total) + first[4:] + rest
+
+
+props_st = st.dictionaries(st.text(st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)),
+                                   min_size=1, max_size=8),
+                           st.text(st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)),
+                                   max_size=16), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300), props_st, st.booleans(), st.booleans(), st.booleans()),
+                min_size=1, max_size=5))
+def test_decode_reads_back_what_the_store_holds(items: list[tuple[bytes, dict[str, str], bool, bool, bool]]) -> None:
+    raw = b"".join(stored(b, "TOPIC_A", {**p, "UNIQ_KEY": f"ID{i}", "TAGS": "tg"}, v2=v2, ipv6=v6, compress=z)
+                   for i, (b, p, v2, v6, z) in enumerate(items))
+    got = decode_messages(raw)
+    assert [m.body for m in got] == [b for b, *_ in items]
+    for i, (m, (_, p, *_)) in enumerate(zip(got, items)):
+        assert (m.topic, m.msg_id, m.tags, m.queue_id, m.queue_offset, m.born_timestamp) == (
+            "TOPIC_A", f"ID{i}", "tg", 3, 7, 1_700_000_000_000)
+        assert {k: v for k, v in m.properties.items() if k not in ("UNIQ_KEY", "TAGS")} == \
+            {k: v for k, v in p.items() if k not in ("UNIQ_KEY", "TAGS")}
+
+
+def test_without_uniq_key_the_id_is_the_offset_id() -> None:
+    [m] = decode_messages(stored(b"b", "T", {}))
+    assert m.msg_id == ("00" * 8) + f"{4096:016X}"
+
+
+@pytest.mark.parametrize("raw", [b"\x00\x00", stored(b"x", "T", {})[:-3], b"\x00\x00\x00\x30" + b"\x01" * 44])
+def test_truncated_or_foreign_bytes_are_refused(raw: bytes) -> None:
+    with pytest.raises(MessageDecodeError):
+        decode_messages(raw)
+
+
+@given(st.integers(0, 64), st.integers(1, 10))
+def test_allocation_splits_queues_evenly_and_disjointly(n_queues: int, n_members: int) -> None:
+    queues = [("b", q) for q in range(n_queues)]
+    members = [f"c{i}" for i in range(n_members)]
+    shares = [allocate_averagely(queues, members, m) for m in members]
+    flat = [q for s in shares for q in s]
+    assert sorted(flat) == sorted(queues) and len(flat) == len(set(flat))
+    sizes = [len(s) for s in shares]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_allocation_matches_rocketmqs_averagely_split() -> None:
+    queues = [("broker-a", q) for q in range(8)]
+    members = ["c1", "c2", "c3"]
+    assert [allocate_averagely(queues, members, m) for m in members] == [
+        [("broker-a", 0), ("broker-a", 1), ("broker-a", 2)],
+        [("broker-a", 3), ("broker-a", 4), ("broker-a", 5)],
+        [("broker-a", 6), ("broker-a", 7)]]
+    assert allocate_averagely(queues, members, "stranger") == []
+
+
+class Collector:
+    """A batch callback that records ids; refuses the first batch it sees once, if asked to."""
+
+    def __init__(self, refuse_first: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.ids: list[str] = []
+        self.refused: list[str] = []
+        self._refuse = refuse_first
+
+    def __call__(self, batch: list[ReceivedMessage]) -> bool:
+        with self.lock:
+            if self._refuse:
+                self._refuse = False
+                self.refused = [m.body.decode() for m in batch]
+                return False
+            self.ids += [m.body.decode() for m in batch]
+        return True
+
+    def wait(self, n: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(set(self.ids)) < n:
+            time.sleep(0.05)
+
+
+def _send(mq: LocalRocketMQ, topic: str, bodies: list[str]) -> None:
+    with RemotingProducer(mq.namesrv_addr, "test-pull-producer") as p:
+        res = p.send([OutgoingMessage(topic, b.encode()) for b in bodies])
+    assert all(not isinstance(r, Exception) for r in res)
+
+
+@pytest.mark.rocketmq
+@pytest.mark.slow
+def test_a_group_shares_the_queues_commits_offsets_and_re_pulls_a_refused_batch(rocketmq: LocalRocketMQ) -> None:
+    topic, group = f"PULL_{uuid.uuid4().hex[:8]}", f"pull-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=4)
+    first = [f"a{i}" for i in range(400)]
+    _send(rocketmq, topic, first)  # sent before any member started: a new group starts at the beginning
+    a, b = Collector(refuse_first=True), Collector()
+    ca = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, a, rebalance_interval_s=0.5, retry_backoff_s=0.2)
+    cb = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, b, rebalance_interval_s=0.5, retry_backoff_s=0.2)
+    ca.start()
+    cb.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(ca.owned()) == 2 and len(cb.owned()) == 2):
+            time.sleep(0.1)
+        assert sorted(ca.owned() + cb.owned()) == [("broker-a", q) for q in range(4)], "each queue has one owner"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(set(a.ids) | set(b.ids)) < len(first):
+            time.sleep(0.05)
+        assert set(a.ids) | set(b.ids) == set(first)
+        assert a.refused and set(a.refused) <= set(a.ids) | set(b.ids), "a refused batch is pulled again"
+        cb.stop()  # b leaves: a takes every queue over
+        second = [f"b{i}" for i in range(200)]
+        _send(rocketmq, topic, second)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not set(second) <= set(a.ids):
+            time.sleep(0.05)
+        assert set(second) <= set(a.ids) and len(ca.owned()) == 4
+    finally:
+        ca.stop()
+        cb.stop()
+    # offsets were committed: a newcomer to the group gets only what is new
+    third = [f"c{i}" for i in range(50)]
+    _send(rocketmq, topic, third)
+    c = Collector()
+    cc = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, c, rebalance_interval_s=0.5)
+    cc.start()
+    try:
+        c.wait(len(third), 30)
+        time.sleep(1.0)
+    finally:
+        cc.stop()
+    assert set(c.ids) == set(third), "nothing accepted before is pulled again after a clean stop"
