@@ -20,8 +20,9 @@ first delivery, p50/p99/max per segment and topic.
 
 The per-record work happens in numpy inside the partitions of the `timewheel_audit` source
 (`cells`, see `spark._cells`): Spark only sees a few thousand cells per part file, so the audit
-is one scan and shuffles over small tables. The other functions are `DataFrame -> DataFrame`;
-`run_audit` does the I/O.
+is one scan and one small shuffle (`histogram`). `histogram` and `findings` are `DataFrame ->
+DataFrame`; `reconcile` and `lateness` reduce the collected histogram (Arrow, bounded by segments
+x topics x lateness bins) on the driver; `run_audit` does the I/O.
 """
 from __future__ import annotations
 

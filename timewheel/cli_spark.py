@@ -242,7 +242,8 @@ def _print_audit(rep: object) -> None:
 
     assert isinstance(rep, AuditReport)
     console = Console()
-    cols = ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "replayed", "duplicates")
+    cols = ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "lost", "replayed",
+            "duplicates")
     table = Table(title="timewheel audit")
     table.add_column("segment")
     table.add_column("topic")
