@@ -62,10 +62,13 @@ class World:
         self.producer.send(OutgoingMessage(self.cfg.delay_topic, body, tags, keys, p))
 
 
-@pytest.fixture(scope="module")
-def world(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@pytest.fixture(scope="module", params=["pull", "push"])
+def world(request: pytest.FixtureRequest, rocketmq: LocalRocketMQ,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The whole pipeline, once with each ingest client (the default pull consumer, the bundled push one)."""
     run = uuid.uuid4().hex[:8]
     cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_{run}", dead_letter_topic=f"TW_DLQ_{run}",
+                         ingest_client=request.param,
                          consumer_group=f"tw_ingest_{run}", producer_group=f"tw_delivery_{run}",
                          breaker_failures=5, breaker_open_seconds=1.0, send_timeout_ms=2000)
     targets = (f"ORDERS_{run}", f"PAYMENTS_{run}")
@@ -131,6 +134,7 @@ def test_delays_from_0_to_10s_arrive_once_with_everything_intact(world: World) -
 def test_contract_breaking_messages_are_dead_lettered_with_reason(world: World, props: dict[str, str],
                                                                   reason: str) -> None:
     body = f"bad-{uuid.uuid4().hex}".encode()
+    props = dict(props)  # the parameter is shared by both worlds
     target = props.pop("TW_TARGET_TOPIC", None)
     world.send_delayed(target, body, **props)
     dlq = world.cfg.dead_letter_topic
