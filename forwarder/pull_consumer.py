@@ -238,7 +238,11 @@ class RemotingPullConsumer:
     def owned(self) -> list[Queue]:
         """The queues this member consumes now."""
         with self._lock:
-            return sorted(self._owned)
+            return sorted(q for q, st in self._owned.items() if not st.released)
+
+    def members(self) -> list[str]:
+        """The group's members as the broker lists them now (client ids)."""
+        return self._members()
 
     # -- membership --
 

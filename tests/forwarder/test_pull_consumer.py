@@ -1,6 +1,7 @@
 """The remoting pull consumer: message decoding, queue allocation, and a real consumer group."""
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
@@ -121,6 +122,17 @@ def _send(mq: LocalRocketMQ, topic: str, bodies: list[str]) -> None:
 @pytest.mark.rocketmq
 @pytest.mark.slow
 def test_a_group_shares_the_queues_commits_offsets_and_re_pulls_a_refused_batch(rocketmq: LocalRocketMQ) -> None:
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(f"{r.levelname} {r.getMessage()}")  # type: ignore[method-assign]
+    logging.getLogger("timewheel.pull").addHandler(handler)
+    try:
+        _group_scenario(rocketmq, records)
+    finally:
+        logging.getLogger("timewheel.pull").removeHandler(handler)
+
+
+def _group_scenario(rocketmq: LocalRocketMQ, records: list[str]) -> None:
     topic, group = f"PULL_{uuid.uuid4().hex[:8]}", f"pull-group-{uuid.uuid4().hex[:8]}"
     rocketmq.create_topics([topic], queues=4)
     first = [f"a{i}" for i in range(400)]
@@ -143,10 +155,12 @@ def test_a_group_shares_the_queues_commits_offsets_and_re_pulls_a_refused_batch(
         cb.stop()  # b leaves: a takes every queue over
         second = [f"b{i}" for i in range(200)]
         _send(rocketmq, topic, second)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not set(second) <= set(a.ids):
             time.sleep(0.05)
-        assert set(second) <= set(a.ids) and len(ca.owned()) == 4
+        assert set(second) <= set(a.ids) and len(ca.owned()) == 4, (
+            f"owned {ca.owned()}, members {ca.members()} (a is {ca.client_id}), counters {ca.counters}, "
+            f"log {records[-20:]}")
     finally:
         ca.stop()
         cb.stop()
