@@ -96,6 +96,9 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
     return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, engine_id(msg, target, due))
 
 
+_SEPARATORS = {1: None, 2: None}
+
+
 def engine_id(msg: ReceivedMessage, target: str, due: int) -> str:
     """The dedup id: the RocketMQ message id (UNIQ_KEY) and a CRC32C of what the message asks for.
 
@@ -104,7 +107,11 @@ def engine_id(msg: ReceivedMessage, target: str, due: int) -> str:
     several threads the same UNIQ_KEY, and deduplicating on it would silently drop one of them.
     """
     digest = crc32c.crc32c(msg.body, crc32c.crc32c(f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}".encode()))
-    return f"{msg.msg_id}:{digest:08x}"
+    # The same library has been seen to send a UNIQ_KEY with a NUL in it; as a property of the
+    # delivered message that would be refused forever. Read it as the C API does (up to the NUL),
+    # without separators, so both ingest clients give one message the same id.
+    uniq = msg.msg_id.split("\x00", 1)[0].translate(_SEPARATORS) or f"{msg.commit_log_offset:016X}"
+    return f"{uniq}:{digest:08x}"
 
 
 def delay_message_id(engine_msg_id: str) -> str:

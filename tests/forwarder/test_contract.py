@@ -59,3 +59,17 @@ def test_same_rocketmq_id_with_different_content_is_two_messages() -> None:
     b = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5"}, body=b"two"), NOW, LIMITS)
     again = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5"}, body=b"one"), NOW + 3, LIMITS)
     assert a.msg_id != b.msg_id and a.msg_id == again.msg_id
+
+
+def test_an_id_with_a_nul_or_separators_is_read_up_to_the_nul() -> None:
+    """The bundled producer has sent a UNIQ_KEY ending in a NUL: the id must still be deliverable."""
+    props = {"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "0"}
+    clean = to_message(ReceivedMessage("TW_DELAY", b"b", "", "", "0100007F00003683 ", props, 0, 0, 77, 0, NOW, NOW),
+                       NOW, LIMITS)
+    dirty = to_message(ReceivedMessage("TW_DELAY", b"b", "", "", "0100007F00003683 \x00junk", props, 0, 0, 77, 0,
+                                       NOW, NOW), NOW, LIMITS)
+    assert dirty.msg_id == clean.msg_id and "\x00" not in (dirty.msg_id or "")
+    sep = to_message(ReceivedMessage("TW_DELAY", b"b", "", "", "\x01\x02", props, 0, 0, 77, 0, NOW, NOW), NOW, LIMITS)
+    assert sep.msg_id is not None and sep.msg_id.startswith(f"{77:016X}:")
+    from forwarder.remoting import encode_message
+    encode_message(to_outgoing(dirty), "0" * 32)  # the broker would take it: no separator in TW_ORIGINAL_MSG_ID
