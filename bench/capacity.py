@@ -19,7 +19,6 @@ import json
 import math
 import multiprocessing
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import signal
 import sys
 import tempfile
@@ -31,9 +30,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from bench.engine_latency import _machine
+from bench.rocketmq_e2e import produce
 from bench.forwarder_client_throughput import CpuMeter
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder.remoting import RemotingProducer
 from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
 from tests.reliability.kill_loop import serve_env, start_serve
@@ -70,21 +71,6 @@ class _Receiver:
             return {}
         p50, p99 = np.percentile(x, [50, 99])
         return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(x.max()), 1)}
-
-
-def _send_all(producer: NativeProducer, msgs: Sequence[OutgoingMessage], threads: int = 8) -> int:
-    """Send from several threads (the client sends in parallel); returns how many were acknowledged."""
-    def one(m: OutgoingMessage) -> int:
-        for _ in range(5):
-            try:
-                producer.send(m)
-                return 1
-            except Exception:  # not acknowledged: try again, then count it as not sent
-                time.sleep(0.05)
-        return 0
-
-    with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(one, msgs))
 
 
 def _rss_bytes(pid: int | str = "self") -> int:
@@ -182,8 +168,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
                                       log_level=LogLevel.ERROR)
         consumer.subscribe(target)
         consumer.start()
-        producer = NativeProducer(f"cap_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
-        producer.start()
+        producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
         data = work / "serve"
         # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
         proc = start_serve(data, serve_env(mq, run, TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS="2"), work / "serve.log")
@@ -197,7 +182,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             # ingest: due in two hours, so nothing is loaded into the wheel
             far = time.time_ns() // 1_000_000 + 7_200_000
             c0, t0 = meter.sample()[1], time.monotonic()
-            sent = _send_all(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+            sent = produce(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
                 "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)])
             _wait(lambda: _stored(data) >= sent, 600)
             dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
@@ -214,7 +199,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             before = _stored(data)
             # distinct bodies: the client can give two messages one UNIQ_KEY, and equal content
             # with an equal due time would then be stored once
-            n = _send_all(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+            n = produce(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
                 "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(start_ms + i * 1000 // due_rate)})
                 for i in range(n)])  # what the broker acknowledged
             _wait(lambda: _stored(data) >= before + n, 600)
@@ -224,6 +209,8 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             c0, t0 = meter.sample()[1], time.monotonic()
             _wait(lambda: len(recv.seen) >= n, DUE_SECONDS + 120)
             dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            if len(recv.seen) < n:  # the CPU per message would be diluted by the wait: no figure
+                raise SystemExit(f"only {len(recv.seen)} of {n} due messages were delivered; see {work / 'serve.log'}")
             late = recv.percentiles()
             out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": len(recv.seen),
                                "delivered_before_measuring": early,
@@ -233,7 +220,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-            producer.shutdown()
+            producer.close()
             consumer.shutdown()
     return out
 

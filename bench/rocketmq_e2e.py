@@ -134,7 +134,7 @@ def _delay_messages(cfg: RocketMQConfig, target: str, dues: Sequence[int], tag: 
                             {"TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(d)}) for i, d in enumerate(dues)]
 
 
-def _produce(producer: RemotingProducer, msgs: Sequence[OutgoingMessage], chunk: int = 1000) -> int:
+def produce(producer: RemotingProducer, msgs: Sequence[OutgoingMessage], chunk: int = 1000) -> int:
     """Send in SEND_BATCH requests; returns how many the broker stored (failures are retried 5 times)."""
     stored = 0
     for start in range(0, len(msgs), chunk):
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         recv = RemoteReceiver(mq.namesrv_addr, "BENCH_OUT")
         # 1. ingest: messages wait in the delay topic, then the engine starts and stores them
         far = time.time_ns() // 1_000_000 + 3_600_000
-        n = _produce(producer, _delay_messages(cfg, "BENCH_OUT", [far] * args.ingest, "i"))
+        n = produce(producer, _delay_messages(cfg, "BENCH_OUT", [far] * args.ingest, "i"))
         service = Service(Settings(engine=EngineConfig(work / "data"), rocketmq=cfg,
                                    admin=AdminConfig(listen="127.0.0.1:0")))
         t0 = time.perf_counter()
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 want = min(total, int((time.monotonic() - t_start) / tick * per_tick) + int(per_tick))
                 if want > sent:
                     now = time.time_ns() // 1_000_000
-                    sent += _produce(producer, _delay_messages(cfg, "BENCH_OUT", [now + 2000] * (want - sent),
+                    sent += produce(producer, _delay_messages(cfg, "BENCH_OUT", [now + 2000] * (want - sent),
                                                                f"r{rate}-{sent}-"))
                 time.sleep(max(0.0, t_start + (sent / per_tick) * tick - time.monotonic()))
             producer_s = time.monotonic() - t_start
