@@ -80,6 +80,7 @@ class RocketMQSink:
             RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
             for _ in range(cfg.send_threads)]
         self.max_in_flight = len(self.senders)
+        self.linger_ms = cfg.send_linger_ms
         self._idle: queue.SimpleQueue[RemotingProducer] = queue.SimpleQueue()
         for s in self.senders:
             self._idle.put(s)

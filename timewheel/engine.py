@@ -54,15 +54,29 @@ class _Due:
             self.chunks.append((due, refs, np.zeros(len(due), np.int16) if attempts is None else attempts))
             self.size += len(due)
 
+    def first_due(self) -> int:
+        """Due time of the oldest entry (the queue must not be empty)."""
+        return int(self.chunks[0][0][0])
+
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Up to n of the oldest entries, across chunks (the timer pushes one small chunk a tick)."""
         if not self.chunks:
             return None
-        due, refs, att = self.chunks.popleft()
-        if len(due) > n:
-            self.chunks.appendleft((due[n:], refs[n:], att[n:]))
-            due, refs, att = due[:n], refs[:n], att[:n]
-        self.size -= len(due)
-        return due, refs, att
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        got = 0
+        while self.chunks and got < n:
+            due, refs, att = self.chunks.popleft()
+            if got + len(due) > n:
+                k = n - got
+                self.chunks.appendleft((due[k:], refs[k:], att[k:]))
+                due, refs, att = due[:k], refs[:k], att[:k]
+            parts.append((due, refs, att))
+            got += len(due)
+        self.size -= got
+        if len(parts) == 1:
+            return parts[0]
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                np.concatenate([p[2] for p in parts]))
 
 
 class _Retries:
@@ -574,6 +588,7 @@ class Engine:
     # ---- dispatch side --------------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
+        linger_ms = max(0, int(getattr(self.sink, "linger_ms", 0)))
         while True:
             with self._lock:
                 if not self._running:
@@ -587,6 +602,15 @@ class Engine:
                     timeout = self._seconds_until(wake)
                     if timeout > 0 and not self._retry_ready():
                         self._dispatch_cv.wait(timeout)
+                        if linger_ms:
+                            continue  # woken: look again (what came due may want to linger)
+                elif linger_ms and not self._backlog.size and self._ready.size < self.config.send_batch_size:
+                    # A sink whose every send costs a round trip asks for company: wait (at most
+                    # its linger after the oldest was due) for more to come due and go together.
+                    wait_ms = self._ready.first_due() + linger_ms - self.clock.now_ms()
+                    if wait_ms > 0:
+                        self._dispatch_cv.wait(wait_ms / 1000)
+                        continue
             try:
                 self._dispatch_pass()
             except Exception:
