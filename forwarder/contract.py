@@ -93,20 +93,25 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
         raise ContractViolation("tags or keys are not valid UTF-8")
     passthrough = {k: v for k, v in user_properties(props).items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
-    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None, engine_id(msg, target, due))
+    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
+                   engine_id(msg, target, due, passthrough))
 
 
 _SEPARATORS = {1: None, 2: None}
 
 
-def engine_id(msg: ReceivedMessage, target: str, due: int) -> str:
-    """The dedup id: the RocketMQ message id (UNIQ_KEY) and a CRC32C of what the message asks for.
+def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[str, str] | None = None) -> str:
+    """The dedup id: the RocketMQ message id (UNIQ_KEY) and a CRC32C of what the message asks for
+    (target, due time, tags, keys, the properties it carries on, body).
 
     A redelivery carries the same id and content, so it is stored once. The id alone is not
     enough: the client library (0.5.0rc2) has been seen to give two different messages sent from
-    several threads the same UNIQ_KEY, and deduplicating on it would silently drop one of them.
+    several threads the same UNIQ_KEY, and deduplicating on it would silently drop one of them
+    (with the same body and due time, only a property may tell them apart).
     """
-    digest = crc32c.crc32c(msg.body, crc32c.crc32c(f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}".encode()))
+    props = "\x02".join(f"{k}\x01{v}" for k, v in sorted((properties or {}).items()))
+    head = f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}\x00{props}".encode()
+    digest = crc32c.crc32c(msg.body, crc32c.crc32c(head))
     # The same library has been seen to send a UNIQ_KEY with a NUL in it; as a property of the
     # delivered message that would be refused forever. Read it as the C API does (up to the NUL),
     # without separators, so both ingest clients give one message the same id.

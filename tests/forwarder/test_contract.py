@@ -73,3 +73,12 @@ def test_an_id_with_a_nul_or_separators_is_read_up_to_the_nul() -> None:
     assert sep.msg_id is not None and sep.msg_id.startswith(f"{77:016X}:")
     from forwarder.remoting import encode_message
     encode_message(to_outgoing(dirty), "0" * 32)  # the broker would take it: no separator in TW_ORIGINAL_MSG_ID
+
+
+def test_messages_differing_only_in_a_property_get_different_ids_under_one_uniq_key() -> None:
+    """The client can give two messages one UNIQ_KEY: a property must still keep them apart."""
+    def one(n: str) -> str | None:
+        props = {"TW_TARGET_TOPIC": "T", "TW_DELIVER_AT_MS": str(NOW + 5), "order": n}
+        return to_message(ReceivedMessage("TW_DELAY", b"same", "", "", "ID1", props, 0, 0, 0, 0, NOW, NOW),
+                          NOW, LIMITS).msg_id
+    assert one("1") != one("2") and one("1") == one("1")
