@@ -174,7 +174,7 @@ def chart(doc: dict, path: Path) -> None:
     axes[0].set_ylabel("fraction of messages")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
-    fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs (shared), "
+    fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs, "
                  f"load avg {doc['load_average_start'][0]}")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
@@ -280,13 +280,12 @@ RocketMQ; installs `redis-server` and `postgresql` with apt-get if they are miss
 Scale up or narrow down with flags (`python -m bench.peers run --help`), e.g.
 `--steady-rate 5000 --steady-seconds 120 --burst 100000 --horizon-messages 10000000`, or
 `--system redis-zset --system timewheel`; `python -m bench.peers report` rebuilds this page and the
-chart from the JSON. The machine was shared with other work throughout, so the figures compare the
-systems with each other within this run; they are not what each system does on a machine of its own.
+chart from the JSON. All systems ran one after another on the same machine; the load averages below
+say how busy it was around each (the benchmark's own broker and servers included).
 
 - date: {m['date']}
-- machine: a **shared** {m['cpus']}-core machine ({m['platform']}, {m['memory_gb']} GB RAM, Python
-  {m['python']}), other work running beside the benchmark: load average (1, 5, 15 min)
-  {ls} at the start, {le} at the end.
+- machine: a {m['cpus']}-core machine ({m['platform']}, {m['memory_gb']} GB RAM, Python
+  {m['python']}): load average (1, 5, 15 min) {ls} at the start, {le} at the end.
 {per}
 - workloads: steady {c['steady_rate']}/s for {c['steady_seconds']:g} s with delays
   {c['delay_min_ms']}–{c['delay_max_ms']} ms; burst {c['burst']:,} messages due in one millisecond
