@@ -309,7 +309,11 @@ def _properties_at(map_addr: int) -> dict[str, str]:
         raw = _read_std_string(slot_addr)
     finally:
         _string_destructor(slot_addr)
-    text = raw.decode("utf-8", errors="replace")
+    return split_properties(raw.decode("utf-8", errors="replace"))
+
+
+def split_properties(text: str) -> dict[str, str]:
+    """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
     props: dict[str, str] = {}
     for pair in text.split(_PROPERTY_SEPARATOR):
         if pair:

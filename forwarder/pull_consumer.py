@@ -55,9 +55,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from forwarder._rmq_native import ReceivedMessage
-from forwarder.remoting import (SUCCESS, ConnectionFailedError, ProtocolError, RemotingError, RemotingProducer,
-                                RequestTimeoutError, _Connection, _Response, error_for_code)
+from forwarder._rmq_native import ReceivedMessage, split_properties
+from forwarder.remoting import (_MASTER_ID, SUCCESS, ConnectionFailedError, ProtocolError, RemotingError,
+                                RemotingProducer, RequestTimeoutError, _Connection, _Response, error_for_code)
 
 log = logging.getLogger("timewheel.pull")
 
@@ -84,10 +84,7 @@ _SYS_COMPRESSED = 0x1
 _SYS_COMPRESSION_TYPE = 0x700
 _SYS_BORNHOST_V6 = 0x10
 _SYS_STOREHOST_V6 = 0x20
-_MASTER_ID = "0"
 _PERM_READ = 1 << 2
-_PROPERTY_SEPARATOR = "\x02"
-_NAME_VALUE_SEPARATOR = "\x01"
 
 _HEAD = struct.Struct(">iiiiiqqiq")  # total_size .. born_timestamp
 _I32 = struct.Struct(">i")
@@ -141,12 +138,7 @@ def decode_messages(body: bytes) -> list[ReceivedMessage]:
         q += topic_len
         (props_len,) = _I16.unpack_from(mv, q)
         q += 2
-        text = bytes(mv[q:q + props_len]).decode("utf-8", "replace")
-        props: dict[str, str] = {}
-        for pair in text.split(_PROPERTY_SEPARATOR):
-            if pair:
-                name, _, value = pair.partition(_NAME_VALUE_SEPARATOR)
-                props[name] = value
+        props = split_properties(bytes(mv[q:q + props_len]).decode("utf-8", "replace"))
         msg_id = props.get("UNIQ_KEY") or (store_host + _I64.pack(phys)).hex().upper()
         out.append(ReceivedMessage(topic, msg_body, props.get("TAGS", ""), props.get("KEYS", ""), msg_id, props,
                                    queue_id, queue_offset, phys, reconsume, born, store_ts))

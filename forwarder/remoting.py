@@ -75,7 +75,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from forwarder._rmq_native import OutgoingMessage, SendStatus
+from forwarder._rmq_native import _NAME_VALUE_SEPARATOR, _PROPERTY_SEPARATOR, OutgoingMessage, SendStatus
 from forwarder.errors import ForwarderError
 
 __all__ = [
@@ -141,8 +141,6 @@ _UNIQ_KEY = "UNIQ_KEY"
 _WAIT = "WAIT"
 _TAGS = "TAGS"
 _KEYS = "KEYS"
-_NAME_VALUE_SEPARATOR = "\x01"
-_PROPERTY_SEPARATOR = "\x02"
 # Bytes that would split a property (\x01, \x02), or cut it short in the C++ clients (\x00).
 _RESERVED_CHARS = re.compile("[\x00-\x02]")
 _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's TopicValidator

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -712,9 +712,7 @@ class Engine:
                     return sent
                 grants = self.shaper.grant(backlog, now)
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
-                taken: dict[str, int] = {}
-                for m in batch.messages if batch is not None else ():
-                    taken[m.topic] = taken.get(m.topic, 0) + 1
+                taken = Counter(m.topic for m in batch.messages) if batch is not None else Counter()
                 for topic, n in grants.items():
                     if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
                         self.shaper.release(topic, n - taken.get(topic, 0))
