@@ -444,15 +444,24 @@ class _Connection:
         return str(self._sock.getsockname()[0])
 
     def alive(self) -> bool:
-        """False once the peer closed the connection (a restarted broker, an idle timeout)."""
+        """False once the peer closed the connection (a restarted broker, an idle timeout).
+
+        A connection another thread is using counts as alive: that thread finds out if it is not.
+        Peeking under its feet would race it for the bytes, then wait out its socket timeout.
+        """
         if self.closed:
             return False
-        if self._poll.poll(0):  # readable while nothing is awaited: end of stream, or a stray frame
-            try:
-                if not self._sock.recv(1, socket.MSG_PEEK):
+        if not self.lock.acquire(blocking=False):
+            return True
+        try:
+            if self._poll.poll(0):  # readable while nothing is awaited: end of stream, or a stray frame
+                try:
+                    if not self._sock.recv(1, socket.MSG_PEEK):
+                        self.close()
+                except OSError:
                     self.close()
-            except OSError:
-                self.close()
+        finally:
+            self.lock.release()
         return not self.closed
 
     def submit(self, requests: Sequence[tuple[int, Mapping[str, str], bytes]], deadline: float) -> list[int]:
@@ -868,8 +877,6 @@ class RemotingProducer:
         """The live connection to `addr`, opened (again) if needed, unless the broker failed moments ago."""
         with self._lock:
             conn = self._conns.get(addr)
-            # A peek, without the connection's lock: it consumes nothing, so another thread's
-            # exchange in progress is not disturbed.
             if conn is not None and conn.alive():
                 return conn
             if time.monotonic() < self._down_until.get(broker, 0.0):

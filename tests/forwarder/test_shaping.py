@@ -221,13 +221,17 @@ def test_a_throttled_backlog_does_not_hold_up_other_topics_in_real_time(tmp_path
         engine.schedule([Message("A", b"x", now + 200, msg_id=f"A-{i}") for i in range(5000)])
         engine.schedule([Message("C", b"x", now + 1000 + i * 20, msg_id=f"C-{i}") for i in range(100)])
         time.sleep(3.5)
-        late = sorted(t - d for topic, d, t in list(sink.sent) if topic == "C")
-        a_sent = sum(1 for topic, _, _ in list(sink.sent) if topic == "A")
+        sent = list(sink.sent)
+    late = sorted(t - d for topic, d, t in sent if topic == "C")
+    a_times = [t for topic, _, t in sent if topic == "A"]
+    a_sent = len(a_times)
     print(f"\nunthrottled topic beside a throttled backlog: {len(late)} of 100 delivered, lateness p50 "
           f"{late[len(late) // 2] if late else None} ms, max {late[-1] if late else None} ms; A sent {a_sent}")
     assert len(late) == 100, "an unthrottled topic is not held up by another's backlog"
     assert late[50] < 250  # milliseconds (a loaded machine adds some); before the fix: 19 s
-    assert a_sent <= 100 + 1000 * 3.4
+    # A's tokens: its full burst when A came due, then 1000/s; a send is recorded after its grant, so
+    # the last recorded send bounds the time the tokens had to accrue (the run's length varies with load)
+    assert a_sent <= 100 + (max(a_times) - (now + 200)) + 1
 
 
 def test_stats_and_metrics_show_lateness_caused_by_shaping_per_topic_and_class(world: Any) -> None:
