@@ -89,34 +89,44 @@ class IngestBatcher:
 
     def _store(self, batch: list[_Slot]) -> None:
         """One schedule() for the batch; a message the engine refuses fails alone, not its batch."""
-        todo = batch
-        while todo:
-            try:
-                self._schedule([s.message for s in todo])
-            except InvalidMessageError as e:
-                if e.index is None:  # cannot tell which one: store them one by one
-                    if len(todo) == 1:
-                        todo[0].error = e
-                        todo[0].done = True
-                        return
-                    for s in todo:
-                        self._store([s])
-                    return
-                bad = todo[e.index]
-                bad.error = InvalidMessageError(e.reason)
-                bad.done = True
-                todo = todo[:e.index] + todo[e.index + 1:]
-                continue
-            except BaseException as e:
-                for s in todo:
-                    s.error = e
-                    s.done = True
-                return
+        errors: list[BaseException | None]
+        try:
+            errors = list(_schedule_refusing(self._schedule, [s.message for s in batch]))
+        except BaseException as e:
+            errors = [e] * len(batch)
+        else:
             self.commits += 1
-            self.messages += len(todo)
-            for s in todo:
-                s.done = True
-            return
+            self.messages += errors.count(None)
+        for slot, refusal in zip(batch, errors):
+            slot.error = refusal
+            slot.done = True
+
+
+def _schedule_refusing(schedule: ScheduleFn, messages: list[Message]) -> list[InvalidMessageError | None]:
+    """Store `messages`, leaving out each one the engine refuses; per message, its refusal or None.
+
+    Any other error is raised: then none of the messages is known to be stored.
+    """
+    refusals: list[InvalidMessageError | None] = [None] * len(messages)
+    todo = list(range(len(messages)))
+    while todo:
+        try:
+            schedule([messages[i] for i in todo])
+            return refusals
+        except InvalidMessageError as e:
+            if e.index is not None:
+                refusals[todo.pop(e.index)] = InvalidMessageError(e.reason)
+                continue
+            if len(todo) == 1:
+                refusals[todo[0]] = e
+                return refusals
+            for i in todo:  # the engine did not say which: one at a time
+                try:
+                    schedule([messages[i]])
+                except InvalidMessageError as one:
+                    refusals[i] = one
+            return refusals
+    return refusals
 
 
 class DelayTopicIngest:
@@ -196,34 +206,16 @@ class DelayTopicIngest:
             except ContractViolation as e:
                 if not self._dead_letter(msg, e.reason):
                     return False
-        stored = 0
         try:
-            while todo:
-                try:
-                    self._schedule([m for m, _ in todo])
-                    stored += len(todo)
-                    break
-                except InvalidMessageError as e:
-                    if e.index is not None:
-                        _, msg = todo.pop(e.index)
-                        if not self._dead_letter(msg, e.reason):
-                            return False
-                        continue
-                    for m, msg in todo:  # the engine did not say which: one at a time
-                        try:
-                            self._schedule([m])
-                            stored += 1
-                        except InvalidMessageError as one:
-                            if not self._dead_letter(msg, one.reason):
-                                return False
-                    break
+            refusals = _schedule_refusing(self._schedule, [m for m, _ in todo])
         except Exception:
             log.exception("storing a batch of %d delay messages failed; it will be pulled again", len(batch))
             self.counters["redelivered"] += len(batch)
             return False
-        finally:
-            self.counters["ingested"] += stored
-        return True
+        self.counters["ingested"] += refusals.count(None)
+        # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
+        return all(self._dead_letter(msg, refusal.reason)
+                   for (_, msg), refusal in zip(todo, refusals) if refusal is not None)
 
     def _on_message(self, msg: ReceivedMessage) -> bool:
         return self._while_accepting(lambda: self._handle(msg))

@@ -6,8 +6,10 @@ import time
 from typing import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from forwarder.ingest import IngestBatcher
+from forwarder.ingest import IngestBatcher, _schedule_refusing
 from timewheel import Message
 from timewheel.errors import InvalidMessageError
 
@@ -120,3 +122,19 @@ def test_a_storage_failure_fails_the_whole_commit() -> None:
     for mid, err in out.items():
         assert (err is None) == (mid in stored)
     assert isinstance(out["m9"], OSError)
+
+
+@given(st.lists(st.sampled_from([b"ok", b"bad", b"unknown"]), max_size=12))
+def test_refused_messages_are_left_out_and_every_other_one_is_stored_once(bodies: list[bytes]) -> None:
+    sched = RecordingSchedule()
+    refusals = _schedule_refusing(sched, [msg(i, body) for i, body in enumerate(bodies)])
+    stored = [i for call in sched.calls for i in call]
+    assert sorted(stored) == sorted(f"m{i}" for i, body in enumerate(bodies) if body == b"ok")
+    assert len(stored) == len(set(stored))
+    assert [r.reason if r else None for r in refusals] == [
+        {b"ok": None, b"bad": "bad body", b"unknown": "refused, no index"}[body] for body in bodies]
+
+
+def test_an_error_other_than_a_refusal_is_raised() -> None:
+    with pytest.raises(OSError):
+        _schedule_refusing(RecordingSchedule(), [msg(0), msg(1, b"boom")])
