@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import socket
 import struct
 import threading
@@ -56,8 +55,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from forwarder._rmq_native import ReceivedMessage, split_properties
-from forwarder.remoting import (_MASTER_ID, SUCCESS, ConnectionFailedError, ProtocolError, RemotingError,
-                                RemotingProducer, RequestTimeoutError, _Connection, _Response, error_for_code)
+from forwarder.remoting import (SUCCESS, Connection, ConnectionFailedError, ProtocolError, RemotingError,
+                                RemotingProducer, RequestTimeoutError, Response, TopicRoute, error_for_code)
 
 log = logging.getLogger("timewheel.pull")
 
@@ -84,7 +83,6 @@ _SYS_COMPRESSED = 0x1
 _SYS_COMPRESSION_TYPE = 0x700
 _SYS_BORNHOST_V6 = 0x10
 _SYS_STOREHOST_V6 = 0x20
-_PERM_READ = 1 << 2
 
 _HEAD = struct.Struct(">iiiiiqqiq")  # total_size .. born_timestamp
 _I32 = struct.Struct(">i")
@@ -187,7 +185,7 @@ class RemotingPullConsumer:
         self._lock = threading.Lock()
         self._brokers: dict[str, str] = {}  # broker name -> master address
         self._owned: dict[Queue, _QueueState] = {}
-        self._control: dict[str, _Connection] = {}  # broker address -> connection for control requests
+        self._control: dict[str, Connection] = {}  # broker address -> connection for control requests
         self._running = threading.Event()
         self._stopping = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
@@ -246,19 +244,13 @@ class RemotingPullConsumer:
                 log.exception("rebalance of %s failed", self.group)
 
     def _read_queues(self) -> list[Queue]:
-        data = self._routes._route_data(self.topic)  # read queues: the producer's route has write queues
+        data = self._routes.route_document(self.topic)  # read queues: the producer's route has write queues
         if data is None:
             return []
-        masters = {b["brokerName"]: b["brokerAddrs"][_MASTER_ID] for b in data.get("brokerDatas", ())
-                   if _MASTER_ID in (b.get("brokerAddrs") or {})}
-        queues: list[Queue] = []
-        for qd in data.get("queueDatas", ()):
-            name = qd["brokerName"]
-            if qd.get("perm", 0) & _PERM_READ and name in masters:
-                queues += [(name, i) for i in range(int(qd.get("readQueueNums", 0)))]
+        route = TopicRoute.parse(self.topic, data, time.monotonic(), readable=True)
         with self._lock:
-            self._brokers = {n: masters[n] for n in {q[0] for q in queues}}
-        return queues
+            self._brokers = dict(route.brokers)
+        return list(route.queues)
 
     def _heartbeat(self) -> None:
         body = json.dumps({
@@ -327,11 +319,11 @@ class RemotingPullConsumer:
             log.warning("could not commit offset %d of %s/%s: %s", st.offset, self.topic, q, e)
 
     def _request(self, addr: str, code: int, ext: dict[str, str], body: bytes = b"", *,
-                 ok: tuple[int, ...] = (SUCCESS,)) -> _Response:
+                 ok: tuple[int, ...] = (SUCCESS,)) -> Response:
         with self._lock:
             conn = self._control.get(addr)
             if conn is None or not conn.alive():
-                conn = self._control[addr] = _Connection(addr, self.timeout)
+                conn = self._control[addr] = Connection(addr, self.timeout)
         resp = conn.request(code, ext, body, time.monotonic() + self.timeout)
         if resp.code not in ok:
             raise error_for_code(resp.code, resp.remark, f"broker {addr} (request {code})")
@@ -341,7 +333,7 @@ class RemotingPullConsumer:
 
     def _pull_loop(self, broker: str) -> None:
         """Keep one pull in flight per owned queue of `broker`; hand each batch to the callback."""
-        conn: _Connection | None = None
+        conn: Connection | None = None
         pending: dict[int, Queue] = {}
         while self._running.is_set():
             with self._lock:
@@ -359,7 +351,7 @@ class RemotingPullConsumer:
                 break
             try:
                 if conn is None or conn.closed:
-                    conn = _Connection(addr, self.timeout)
+                    conn = Connection(addr, self.timeout)
                     pending.clear()
                     with self._lock:
                         for st in mine.values():
@@ -381,9 +373,9 @@ class RemotingPullConsumer:
                 if not pending:
                     time.sleep(0.05)
                     continue
-                if not select.select([conn._sock], [], [], 0.1)[0] and not conn._buf:
+                if not conn.readable(0.1):
                     continue
-                resp = conn._read_response(time.monotonic() + self.timeout + self.suspend_ms / 1000)
+                resp = conn.read_response(time.monotonic() + self.timeout + self.suspend_ms / 1000)
             except RemotingError as e:
                 log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
                 if conn is not None:
@@ -408,7 +400,7 @@ class RemotingPullConsumer:
                 "commitOffset": str(st.committed if commit else 0), "suspendTimeoutMillis": str(self.suspend_ms),
                 "subscription": "*", "subVersion": "0", "expressionType": "TAG"}
 
-    def _handle_pull(self, q: Queue, resp: _Response) -> None:
+    def _handle_pull(self, q: Queue, resp: Response) -> None:
         with self._lock:
             st = self._owned.get(q)
         if st is None or st.released:  # released meanwhile: the next owner pulls it

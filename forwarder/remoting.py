@@ -82,6 +82,7 @@ __all__ = [
     "BrokerBusyError",
     "BrokerError",
     "BrokerUnavailableError",
+    "Connection",
     "ConnectionFailedError",
     "MessageRejectedError",
     "ProtocolError",
@@ -89,6 +90,7 @@ __all__ = [
     "RemotingError",
     "RemotingProducer",
     "RequestTimeoutError",
+    "Response",
     "TopicNotFoundError",
     "TopicRoute",
     "encode_message",
@@ -134,6 +136,7 @@ _HEADER_LENGTH_MASK = 0xFFFFFF
 
 _MASTER_ID = "0"  # brokerAddrs key of a broker set's master
 _PERM_WRITE = 1 << 1
+_PERM_READ = 1 << 2
 DEFAULT_TOPIC = "TBW102"  # the broker creates a missing topic from this one's config when allowed
 DEFAULT_TOPIC_QUEUES = 4  # queues of a topic the broker creates on first send (as the clients ask)
 
@@ -271,7 +274,7 @@ def error_for_code(code: int, remark: str | None, where: str) -> BrokerError:
 
 
 @dataclass(frozen=True, slots=True)
-class _Response:
+class Response:
     """A decoded response frame."""
 
     code: int
@@ -386,7 +389,8 @@ class Receipt:
 
 @dataclass(frozen=True, slots=True)
 class TopicRoute:
-    """The writable queues of a topic and the master address of each broker holding some."""
+    """The writable (or, parsed with `readable=True`, readable) queues of a topic and the master
+    address of each broker holding some."""
 
     topic: str
     queues: tuple[tuple[str, int], ...]  # (broker name, queue id), brokers in name order
@@ -396,17 +400,18 @@ class TopicRoute:
 
     @classmethod
     def parse(cls, topic: str, data: Mapping[str, Any], fetched: float, *, via_default_topic: bool = False,
-              max_queues: int | None = None) -> TopicRoute:
-        """Build from a TopicRouteData document (only masters of writable queue sets count)."""
+              max_queues: int | None = None, readable: bool = False) -> TopicRoute:
+        """Build from a TopicRouteData document (only masters of writable, or readable, queue sets count)."""
         masters = {b["brokerName"]: b["brokerAddrs"][_MASTER_ID] for b in data.get("brokerDatas", ())
                    if _MASTER_ID in (b.get("brokerAddrs") or {})}
+        perm, count = (_PERM_READ, "readQueueNums") if readable else (_PERM_WRITE, "writeQueueNums")
         queues: list[tuple[str, int]] = []
         brokers: dict[str, str] = {}
         for qd in sorted(data.get("queueDatas", ()), key=lambda q: q["brokerName"]):
             name = qd["brokerName"]
-            if not qd.get("perm", 0) & _PERM_WRITE or name not in masters:
+            if not qd.get("perm", 0) & perm or name not in masters:
                 continue
-            n = int(qd.get("writeQueueNums", 0))
+            n = int(qd.get(count, 0))
             if max_queues is not None:
                 n = min(n, max_queues)
             queues += [(name, q) for q in range(n)]
@@ -417,7 +422,7 @@ class TopicRoute:
 # -- connections -----------------------------------------------------------------------------
 
 
-class _Connection:
+class Connection:
     """One TCP connection to a NameServer or broker; requests are pipelined and matched by opaque.
 
     Not thread-safe by itself: callers hold `lock` from `submit` to the matching `collect`.
@@ -479,13 +484,13 @@ class _Connection:
             raise ConnectionFailedError(f"connection to {self.addr} broke while writing: {e}") from e
         return opaques
 
-    def collect(self, opaques: Iterable[int], deadline: float) -> dict[int, _Response | RemotingError]:
+    def collect(self, opaques: Iterable[int], deadline: float) -> dict[int, Response | RemotingError]:
         """Read until every opaque is answered; on failure the unanswered ones get the error."""
         waiting = set(opaques)
-        out: dict[int, _Response | RemotingError] = {}
+        out: dict[int, Response | RemotingError] = {}
         try:
             while waiting:
-                resp = self._read_response(deadline)
+                resp = self.read_response(deadline)
                 if resp.opaque in waiting:
                     waiting.discard(resp.opaque)
                     out[resp.opaque] = resp
@@ -495,7 +500,7 @@ class _Connection:
             out.update((o, e) for o in waiting)
         return out
 
-    def request(self, code: int, ext: Mapping[str, str], body: bytes, deadline: float) -> _Response:
+    def request(self, code: int, ext: Mapping[str, str], body: bytes, deadline: float) -> Response:
         """One request and its response; raises the RemotingError instead of returning it."""
         with self.lock:
             [opaque] = self.submit([(code, ext, body)], deadline)
@@ -504,14 +509,18 @@ class _Connection:
             raise answer
         return answer
 
-    def _read_response(self, deadline: float) -> _Response:
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame may be read now: bytes are buffered, or arrive within `timeout` seconds."""
+        return bool(self._buf) or bool(select.select([self._sock], [], [], timeout)[0])
+
+    def read_response(self, deadline: float) -> Response:
         """The next response frame (frames the peer sends as requests are skipped)."""
         while True:
             frame = self._read_frame(deadline)
             flag, header, body = _decode_frame(frame, self.addr)
             if flag & _RESPONSE_FLAG:
                 ext = header.get("extFields") or {}
-                return _Response(int(header.get("code", SYSTEM_ERROR)), int(header.get("opaque", -1)),
+                return Response(int(header.get("code", SYSTEM_ERROR)), int(header.get("opaque", -1)),
                                  header.get("remark"), ext, body)
 
     def _read_frame(self, deadline: float) -> bytes:
@@ -613,9 +622,9 @@ class RemotingProducer:
         self._route_tried: dict[str, float] = {}  # topic -> monotonic time of the last look-up
         self._cursor: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
         self._down_until: dict[str, float] = {}  # broker name -> no new connection before this
-        self._conns: dict[str, _Connection] = {}
+        self._conns: dict[str, Connection] = {}
         self._namesrv_lock = threading.Lock()
-        self._namesrv: _Connection | None = None
+        self._namesrv: Connection | None = None
         self._namesrv_next = 0
         self._ids: _IdMaker | None = None
         self._closed = False
@@ -718,7 +727,7 @@ class RemotingProducer:
                   deadline: float) -> None:
         """Write every broker's requests, then read every answer (locks taken in address order)."""
         born = str(int(time.time() * 1000))
-        held: list[tuple[_Connection, list[_Batch], list[int] | RemotingError]] = []
+        held: list[tuple[Connection, list[_Batch], list[int] | RemotingError]] = []
         try:
             for addr in sorted(plans):
                 conn = self._conns.get(addr)
@@ -741,7 +750,7 @@ class RemotingProducer:
             for conn, _, _ in held:
                 conn.lock.release()
 
-    def _settle(self, conn: _Connection, batches: Sequence[_Batch], answers: Sequence[_Response | RemotingError],
+    def _settle(self, conn: Connection, batches: Sequence[_Batch], answers: Sequence[Response | RemotingError],
                 out: list[Receipt | RemotingError | None]) -> None:
         """Turn each batch's answer into per-message receipts or errors."""
         for b, answer in zip(batches, answers):
@@ -820,7 +829,7 @@ class RemotingProducer:
 
     def _lookup(self, topic: str) -> TopicRoute:
         """Ask the NameServer; fall back to the default topic's route when allowed."""
-        data = self._route_data(topic)
+        data = self.route_document(topic)
         if data is not None:
             route = _parse_route(topic, data)
             if not route.queues:
@@ -828,7 +837,7 @@ class RemotingProducer:
                                          code=TOPIC_NOT_EXIST)
             return route
         if self.auto_create_topics:
-            default = self._route_data(DEFAULT_TOPIC)
+            default = self.route_document(DEFAULT_TOPIC)
             if default is not None:
                 route = _parse_route(topic, default, via_default_topic=True, max_queues=DEFAULT_TOPIC_QUEUES)
                 if route.queues:
@@ -838,7 +847,7 @@ class RemotingProducer:
             + (" and the brokers do not create topics on first send (autoCreateTopicEnable)" if self.auto_create_topics
                else ""), code=TOPIC_NOT_EXIST)
 
-    def _route_data(self, topic: str) -> dict[str, Any] | None:
+    def route_document(self, topic: str) -> dict[str, Any] | None:
         """The NameServer's TopicRouteData for `topic`, or None if it has none."""
         ext = {"topic": topic, "acceptStandardJsonOnly": "true"}
         errors: list[str] = []
@@ -847,7 +856,7 @@ class RemotingProducer:
                 try:
                     if self._namesrv is None or not self._namesrv.alive():
                         addr = self.namesrv_addrs[self._namesrv_next % len(self.namesrv_addrs)]
-                        self._namesrv = _Connection(addr, self.timeout)
+                        self._namesrv = Connection(addr, self.timeout)
                     resp = self._namesrv.request(GET_ROUTEINFO_BY_TOPIC, ext, b"", time.monotonic() + self.timeout)
                 except (ConnectionFailedError, RequestTimeoutError, ProtocolError) as e:
                     errors.append(str(e))
@@ -873,7 +882,7 @@ class RemotingProducer:
 
     # -- connections --
 
-    def _connection(self, broker: str, addr: str) -> _Connection:
+    def _connection(self, broker: str, addr: str) -> Connection:
         """The live connection to `addr`, opened (again) if needed, unless the broker failed moments ago."""
         with self._lock:
             conn = self._conns.get(addr)
@@ -883,7 +892,7 @@ class RemotingProducer:
                 # Connecting to a dead host can take the whole timeout: not again at once.
                 raise ConnectionFailedError(f"broker {broker} at {addr} failed moments ago")
         try:
-            fresh = _Connection(addr, self.timeout)
+            fresh = Connection(addr, self.timeout)
         except ConnectionFailedError:
             with self._lock:
                 self._down_until[broker] = time.monotonic() + self.broker_backoff_s

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
 import threading
 import time
+import traceback
 import uuid
 import zlib
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 from forwarder._rmq_native import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.pull_consumer import MessageDecodeError, RemotingPullConsumer, allocate_averagely, decode_messages
-from forwarder.remoting import RemotingProducer
+from forwarder.remoting import Receipt, RemotingProducer
 
 _V1, _V2 = -626843481, -626843485
 
@@ -113,10 +115,19 @@ class Collector:
             time.sleep(0.05)
 
 
-def _send(mq: LocalRocketMQ, topic: str, bodies: list[str]) -> None:
-    with RemotingProducer(mq.namesrv_addr, "test-pull-producer") as p:
+def _stacks(prefix: str) -> dict[str, str]:
+    """Where each thread whose name starts with `prefix` is now (for a failure's message)."""
+    frames = sys._current_frames()
+    return {t.name: "".join(traceback.format_stack(frames[t.ident], limit=6))
+            for t in threading.enumerate() if t.name.startswith(prefix) and t.ident in frames}
+
+
+def _send(mq: LocalRocketMQ, topic: str, bodies: list[str], queues: int = 4) -> None:
+    # batches of 10, which the producer spreads over the topic's queues: every queue gets some
+    with RemotingProducer(mq.namesrv_addr, "test-pull-producer", max_batch_messages=10) as p:
         res = p.send([OutgoingMessage(topic, b.encode()) for b in bodies])
-    assert all(not isinstance(r, Exception) for r in res)
+    assert all(isinstance(r, Receipt) for r in res), res
+    assert len({r.queue_id for r in res if isinstance(r, Receipt)}) == min(queues, (len(bodies) + 9) // 10)
 
 
 @pytest.mark.rocketmq
@@ -156,11 +167,11 @@ def _group_scenario(rocketmq: LocalRocketMQ, records: list[str]) -> None:
         second = [f"b{i}" for i in range(200)]
         _send(rocketmq, topic, second)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not set(second) <= set(a.ids):
+        while time.monotonic() < deadline and not (set(second) <= set(a.ids) and len(ca.owned()) == 4):
             time.sleep(0.05)
         assert set(second) <= set(a.ids) and len(ca.owned()) == 4, (
             f"owned {ca.owned()}, members {ca.members()} (a is {ca.client_id}), counters {ca.counters}, "
-            f"log {records[-20:]}")
+            f"log {records[-20:]}, threads {_stacks('ingest-')}")
     finally:
         ca.stop()
         cb.stop()
