@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import multiprocessing
-import threading
 import signal
 import sys
 import tempfile
@@ -30,10 +29,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from bench.engine_latency import _machine
-from bench.rocketmq_e2e import produce
+from bench.rocketmq_e2e import Receiver, produce
 from bench.forwarder_client_throughput import CpuMeter
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage
 from forwarder.remoting import RemotingProducer
 from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
@@ -46,31 +45,14 @@ DUE_SECONDS = 10.0
 BODY = b"x" * 200
 
 
-class _Receiver:
-    """Distinct deliveries on the target topic (by TW_ORIGINAL_MSG_ID) and their lateness."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.seen: set[str] = set()
-        self.late_ms: list[float] = []
-
-    def __call__(self, msg: ReceivedMessage) -> bool:
-        now_ms = time.time_ns() / 1e6
-        with self.lock:
-            oid = msg.properties.get("TW_ORIGINAL_MSG_ID", "")
-            if oid not in self.seen:
-                self.seen.add(oid)
-                self.late_ms.append(now_ms - int(msg.properties.get("TW_DUE_MS", now_ms)))
-        return True
-
-    def percentiles(self) -> dict[str, float]:
-        """p50, p99 and max lateness in ms."""
-        with self.lock:
-            x = np.asarray(self.late_ms)
-        if not len(x):
-            return {}
-        p50, p99 = np.percentile(x, [50, 99])
-        return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(x.max()), 1)}
+def _lateness(recv: Receiver) -> dict[str, float]:
+    """p50, p99 and max lateness in ms of what `recv` received."""
+    with recv.lock:
+        x = np.asarray(recv.late)
+    if not len(x):
+        return {}
+    p50, p99 = np.percentile(x, [50, 99])
+    return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(x.max()), 1)}
 
 
 def _rss_bytes(pid: int | str = "self") -> int:
@@ -163,7 +145,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
         run = uuid.uuid4().hex[:8]
         delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
         mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=8)
-        recv = _Receiver()
+        recv = Receiver()
         consumer = NativePushConsumer(f"cap_consumer_{run}", mq.namesrv_addr, recv, thread_count=4,
                                       log_level=LogLevel.ERROR)
         consumer.subscribe(target)
@@ -211,7 +193,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
             if len(recv.seen) < n:  # the CPU per message would be diluted by the wait: no figure
                 raise SystemExit(f"only {len(recv.seen)} of {n} due messages were delivered; see {work / 'serve.log'}")
-            late = recv.percentiles()
+            late = _lateness(recv)
             out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": len(recv.seen),
                                "delivered_before_measuring": early,
                                "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),

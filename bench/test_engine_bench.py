@@ -10,10 +10,10 @@ from storage import ScheduleStore
 from timewheel.loader import SegmentLoader
 from timewheel.wheel import TimeWheel
 
-from bench.test_storage_bench import HOUR, ONE_MILLION, million_segment  # noqa: F401  (fixture)
+from bench.conftest import HOUR, ONE_MILLION
 
 
-def test_load_segment_into_wheel_1m(benchmark, million_segment) -> None:  # noqa: F811
+def test_load_segment_into_wheel_1m(benchmark, million_segment) -> None:
     """Index sidecar + dispatch log (every record delivered) -> filtered -> wheel."""
     root, seg = million_segment
     store = ScheduleStore(root)
@@ -28,7 +28,7 @@ def test_load_segment_into_wheel_1m(benchmark, million_segment) -> None:  # noqa
     store.close()
 
 
-def test_load_undispatched_segment_into_wheel_1m(benchmark, million_segment) -> None:  # noqa: F811
+def test_load_undispatched_segment_into_wheel_1m(benchmark, million_segment) -> None:
     root, seg = million_segment
     store = ScheduleStore(root)
     path = store.layout.dispatch_log(seg)
@@ -48,7 +48,7 @@ def test_load_undispatched_segment_into_wheel_1m(benchmark, million_segment) -> 
         store.close()
 
 
-def test_wheel_bytes_per_entry_after_load(million_segment) -> None:  # noqa: F811
+def test_wheel_bytes_per_entry_after_load(million_segment) -> None:
     root, seg = million_segment
     wheel = TimeWheel(500, 2 * 7200 + 10, seg)
     due = seg + np.random.default_rng(0).integers(0, HOUR, ONE_MILLION)

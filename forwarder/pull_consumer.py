@@ -52,7 +52,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from forwarder._rmq_native import ReceivedMessage, split_properties
 from forwarder.remoting import (SUCCESS, Connection, ConnectionFailedError, ProtocolError, RemotingError,

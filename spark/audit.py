@@ -287,7 +287,6 @@ def _write_empty_findings(found: DataFrame, path: Path) -> str:
     """An empty findings table (Parquet, the findings' schema), replacing what `path` held."""
     import shutil
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 

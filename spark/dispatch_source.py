@@ -7,13 +7,16 @@ subset given with `.schema(...)`. Options `since_ms`, `until_ms` keep the segmen
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from spark.schema import DISPATCH, require_subset
 from spark._util import int_option
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class DispatchLogPartition(InputPartition):
@@ -45,11 +48,7 @@ class DispatchReader(DataSourceReader):
 
         layout = SegmentLayout.open_existing(self.path)
         out: list[InputPartition] = []
-        for seg in layout.list_segments():
-            if self.since_ms is not None and seg + layout.segment_ms <= self.since_ms:
-                continue
-            if self.until_ms is not None and seg >= self.until_ms:
-                continue
+        for seg in layout.list_segments(self.since_ms, self.until_ms):
             path = layout.dispatch_log(seg)
             if path.exists():
                 parts = [(p, str(layout.part_log(seg, p)), str(layout.part_index(seg, p)))
@@ -102,7 +101,7 @@ class DispatchReader(DataSourceReader):
         return batches()
 
 
-def _record_exists(parts: list[tuple[int, str, str]], entries: "np.ndarray") -> "np.ndarray":
+def _record_exists(parts: list[tuple[int, str, str]], entries: np.ndarray) -> np.ndarray:
     """Whether each entry's (part, offset) is a record in the segment's indexes (entries past the
     end of a part's log excluded, as readers exclude them)."""
     from storage.audit import known_keys, outcomes_of

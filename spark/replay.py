@@ -223,9 +223,7 @@ def check_dispatch_logs(data_dir: str, since_ms: int, until_ms: int) -> None:
     from storage import SegmentLayout, StorageError, read_dispatch_log
 
     layout = SegmentLayout.open_existing(data_dir)
-    for seg in layout.list_segments():
-        if seg + layout.segment_ms <= since_ms or seg >= until_ms:
-            continue
+    for seg in layout.list_segments(since_ms, until_ms):
         path = layout.dispatch_log(seg)
         read = read_dispatch_log(path)
         if read.torn_bytes:

@@ -68,11 +68,7 @@ class RecordReader(DataSourceReader):
 
         layout = SegmentLayout.open_existing(self.path)
         out: list[InputPartition] = []
-        for seg in layout.list_segments():
-            if self.since_ms is not None and seg + layout.segment_ms <= self.since_ms:
-                continue
-            if self.until_ms is not None and seg >= self.until_ms:
-                continue
+        for seg in layout.list_segments(self.since_ms, self.until_ms):
             name = segment_name(seg)
             for part in layout.list_parts(seg):
                 out.append(PartPartition(seg, name, part, str(layout.part_log(seg, part)),

@@ -117,12 +117,15 @@ class SegmentLayout:
         """Dispatch log of a segment."""
         return self.segment_dir(start_ms) / DISPATCH_LOG_NAME
 
-    def list_segments(self) -> list[int]:
-        """Starts of every segment directory on disk, oldest first."""
+    def list_segments(self, since_ms: int | None = None, until_ms: int | None = None) -> list[int]:
+        """Starts of the segment directories on disk, oldest first; with bounds, only the segments
+        whose hour overlaps [since_ms, until_ms)."""
         if not self.schedule_dir.exists():
             return []
         starts = (parse_segment_name(e.name) for e in os.scandir(self.schedule_dir) if e.is_dir())
-        return sorted(s for s in starts if s is not None)
+        return sorted(s for s in starts if s is not None
+                      and (since_ms is None or s + self.segment_ms > since_ms)
+                      and (until_ms is None or s < until_ms))
 
     def list_parts(self, start_ms: int) -> list[int]:
         """Part numbers of a segment that have a record file, in order."""

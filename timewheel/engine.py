@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 from hdrh.histogram import HdrHistogram

@@ -4,9 +4,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -15,17 +14,9 @@ from forwarder.local_rocketmq import LocalRocketMQ
 from timewheel.config import EngineConfig, RocketMQConfig
 from timewheel.service import Service
 from timewheel.settings import AdminConfig, Settings
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.rocketmq
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class Inbox:
@@ -87,7 +78,7 @@ def world(request: pytest.FixtureRequest, rocketmq: LocalRocketMQ,
     w = World(rocketmq, service, producer, inbox, cfg, targets)
     # both consumers are up once a probe goes all the way through
     w.send_delayed(targets[0], b"probe", TW_DELAY_MS="0")
-    assert _wait_for(lambda: any(m.body == b"probe" for m, _ in inbox.on(targets[0])), 90), "pipeline never came up"
+    assert wait_for(lambda: any(m.body == b"probe" for m, _ in inbox.on(targets[0])), 90), "pipeline never came up"
     yield w
     producer.shutdown()
     service.stop()
@@ -106,7 +97,7 @@ def test_delays_from_0_to_10s_arrive_once_with_everything_intact(world: World) -
     def arrived() -> list[tuple[ReceivedMessage, int]]:
         return [(m, t) for m, t in world.inbox.on(world.targets[0]) + world.inbox.on(world.targets[1])
                 if m.body in sent]
-    assert _wait_for(lambda: len(arrived()) >= 20, 60)
+    assert wait_for(lambda: len(arrived()) >= 20, 60)
     time.sleep(1.0)  # anything delivered twice would show up now
     got = arrived()
     assert sorted(m.body for m, _ in got) == sorted(sent), "each message exactly once"
@@ -138,7 +129,7 @@ def test_contract_breaking_messages_are_dead_lettered_with_reason(world: World, 
     target = props.pop("TW_TARGET_TOPIC", None)
     world.send_delayed(target, body, **props)
     dlq = world.cfg.dead_letter_topic
-    assert _wait_for(lambda: any(m.body == body for m, _ in world.inbox.on(dlq)), 60)
+    assert wait_for(lambda: any(m.body == body for m, _ in world.inbox.on(dlq)), 60)
     [m] = [m for m, _ in world.inbox.on(dlq) if m.body == body]
     assert reason in m.properties["TW_DEAD_LETTER_REASON"]
     assert world.service.stats()["ingest"]["dead_lettered"] >= 1  # type: ignore[index]
@@ -150,13 +141,13 @@ def test_broker_restart_mid_dispatch_loses_nothing(world: World) -> None:
     start = time.time_ns() // 1_000_000 + 3000
     for i, b in enumerate(bodies):
         world.send_delayed(world.targets[1], b, TW_DELIVER_AT_MS=str(start + i * 25))
-    assert _wait_for(lambda: world.service.stats()["scheduled"] >= 200, 60)  # type: ignore[operator]
+    assert wait_for(lambda: world.service.stats()["scheduled"] >= 200, 60)  # type: ignore[operator]
     time.sleep(max(0.0, (start + 1500) / 1000 - time.time()))  # mid-dispatch
     world.mq.stop_broker()
     time.sleep(6)  # longer than the breaker's open period: sends fail, retries back off
     world.mq.start_broker()
     want = set(bodies)
-    ok = _wait_for(lambda: want <= {m.body for m, _ in world.inbox.on(world.targets[1])}, 180)
+    ok = wait_for(lambda: want <= {m.body for m, _ in world.inbox.on(world.targets[1])}, 180)
     missing = want - {m.body for m, _ in world.inbox.on(world.targets[1])}
     assert ok, f"lost {len(missing)} of 200: {sorted(missing)[:5]}; engine: {world.service.stats()}"
     dups = len([m for m, _ in world.inbox.on(world.targets[1]) if m.body in want]) - len(want)
@@ -180,7 +171,7 @@ def test_admin_metrics_move_and_mutations_need_the_token(world: World) -> None:
 
     before = metrics()
     world.send_delayed(world.targets[0], b"metrics-probe", TW_DELAY_MS="100")
-    assert _wait_for(lambda: metrics()["timewheel_delivered_total"] > before["timewheel_delivered_total"], 30)
+    assert wait_for(lambda: metrics()["timewheel_delivered_total"] > before["timewheel_delivered_total"], 30)
     after = metrics()
     assert after['timewheel_lateness_seconds_count'] > before['timewheel_lateness_seconds_count']
     assert after['timewheel_lateness_seconds_bucket{le="+Inf"}'] == after["timewheel_lateness_seconds_count"]

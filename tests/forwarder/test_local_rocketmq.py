@@ -7,8 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,7 @@ from rocketmq.exceptions import ProducerSendSyncFailed
 
 from forwarder.errors import LocalRocketMQError
 from forwarder.local_rocketmq import LocalRocketMQ, topic_route
-
-
-def _unique(prefix: str) -> str:
-    """A topic or group name no other test uses."""
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll `predicate` until true or `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from tests.polling import unique, wait_for
 
 
 class _Received:
@@ -66,7 +51,7 @@ class _Received:
 @pytest.fixture
 def producer(rocketmq: LocalRocketMQ) -> Iterator[Producer]:
     """A started wrapper Producer on the session broker."""
-    p = Producer(_unique("test_producer"))
+    p = Producer(unique("test_producer"))
     p.set_namesrv_addr(rocketmq.namesrv_addr)
     p.start()
     yield p
@@ -75,7 +60,7 @@ def producer(rocketmq: LocalRocketMQ) -> Iterator[Producer]:
 
 def _consumer(rocketmq: LocalRocketMQ, topic: str, received: _Received) -> PushConsumer:
     """A started wrapper PushConsumer of a fresh group on `topic`."""
-    c = PushConsumer(_unique("test_consumer"))
+    c = PushConsumer(unique("test_consumer"))
     c.set_namesrv_addr(rocketmq.namesrv_addr)
     c.subscribe(topic, received)
     c.start()
@@ -107,7 +92,7 @@ def test_addresses_are_loopback_and_files_stay_in_the_run_dir(rocketmq: LocalRoc
 
 
 def test_create_topics_makes_routes_in_one_go(rocketmq: LocalRocketMQ) -> None:
-    topics = [_unique("many") for _ in range(10)]
+    topics = [unique("many") for _ in range(10)]
     start = time.monotonic()
     rocketmq.create_topics(topics, queues=2)
     assert time.monotonic() - start < 10
@@ -116,11 +101,11 @@ def test_create_topics_makes_routes_in_one_go(rocketmq: LocalRocketMQ) -> None:
         assert route is not None
         assert [q["writeQueueNums"] for q in route["queueDatas"]] == [2]
         assert route["brokerDatas"][0]["brokerAddrs"]["0"] == rocketmq.broker_addr
-    assert topic_route(rocketmq.namesrv_addr, _unique("never_created")) is None
+    assert topic_route(rocketmq.namesrv_addr, unique("never_created")) is None
 
 
 def test_round_trip_keeps_body_tags_keys_properties(rocketmq: LocalRocketMQ, producer: Producer) -> None:
-    topic = _unique("roundtrip")
+    topic = unique("roundtrip")
     rocketmq.create_topics([topic])
     props = {"plain": "v1", "unicode": "häll€ ✓ 時間", "punctuation": "a b=c;d&e,f:g|h"}
     result = producer.send_sync(_message(topic, "hello timewheel", **props))
@@ -129,7 +114,7 @@ def test_round_trip_keeps_body_tags_keys_properties(rocketmq: LocalRocketMQ, pro
     received = _Received()
     consumer = _consumer(rocketmq, topic, received)
     try:
-        assert _wait_for(lambda: len(received.items) >= 1)
+        assert wait_for(lambda: len(received.items) >= 1)
     finally:
         consumer.shutdown()
     got = received.items[0]
@@ -146,7 +131,7 @@ def test_round_trip_keeps_body_tags_keys_properties(rocketmq: LocalRocketMQ, pro
 
 
 def test_broker_crash_and_restart_keep_working(rocketmq: LocalRocketMQ, producer: Producer) -> None:
-    topic = _unique("restart")
+    topic = unique("restart")
     rocketmq.create_topics([topic])
     producer.send_sync(_message(topic, "before"))
     rocketmq.stop_broker(kill=True)
@@ -157,23 +142,23 @@ def test_broker_crash_and_restart_keep_working(rocketmq: LocalRocketMQ, producer
     finally:
         rocketmq.start_broker()
     assert rocketmq.broker_running
-    assert _wait_for(lambda: _sends(producer, topic, "after"), timeout=30)
+    assert wait_for(lambda: _sends(producer, topic, "after"), timeout=30)
 
     received = _Received()
     consumer = _consumer(rocketmq, topic, received)
     try:
-        assert _wait_for(lambda: {b"before", b"after"} <= set(received.bodies()), 60), received.bodies()
+        assert wait_for(lambda: {b"before", b"after"} <= set(received.bodies()), 60), received.bodies()
     finally:
         consumer.shutdown()
 
 
 @pytest.mark.slow
 def test_graceful_broker_stop_and_start(rocketmq: LocalRocketMQ, producer: Producer) -> None:
-    topic = _unique("graceful")
+    topic = unique("graceful")
     rocketmq.create_topics([topic])
     rocketmq.stop_broker(timeout=60.0)
     rocketmq.start_broker()
-    assert _wait_for(lambda: _sends(producer, topic, "after graceful restart"), timeout=30)
+    assert wait_for(lambda: _sends(producer, topic, "after graceful restart"), timeout=30)
 
 
 def _sends(producer: Producer, topic: str, body: str) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -22,25 +21,11 @@ from forwarder._rmq_native import (
 )
 from forwarder.errors import SendError
 from forwarder.local_rocketmq import LocalRocketMQ
+from tests.polling import unique, wait_for
 
 pytestmark = pytest.mark.rocketmq
 
 ALL_BYTES = bytes(range(256)) * 2
-
-
-def _unique(prefix: str) -> str:
-    """A topic or group name no other test uses."""
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll `predicate` until true or `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class _Inbox:
@@ -63,21 +48,21 @@ class _Inbox:
 @pytest.fixture
 def producer(rocketmq: LocalRocketMQ) -> Iterator[NativeProducer]:
     """A started NativeProducer on the session broker."""
-    with NativeProducer(_unique("native_producer"), rocketmq.namesrv_addr) as p:
+    with NativeProducer(unique("native_producer"), rocketmq.namesrv_addr) as p:
         yield p
 
 
 @pytest.fixture
 def topic(rocketmq: LocalRocketMQ) -> str:
     """A fresh topic with 4 queues."""
-    name = _unique("native")
+    name = unique("native")
     rocketmq.create_topics([name])
     return name
 
 
 def _consume(rocketmq: LocalRocketMQ, topic: str, on_message: Callable[[ReceivedMessage], bool]) -> NativePushConsumer:
     """A started NativePushConsumer of a fresh group."""
-    consumer = NativePushConsumer(_unique("native_consumer"), rocketmq.namesrv_addr, on_message)
+    consumer = NativePushConsumer(unique("native_consumer"), rocketmq.namesrv_addr, on_message)
     consumer.subscribe(topic)
     consumer.start()
     return consumer
@@ -94,7 +79,7 @@ def test_binary_body_and_every_property_round_trip(
     inbox = _Inbox()
     consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
     try:
-        assert _wait_for(lambda: len(inbox) >= 1)
+        assert wait_for(lambda: len(inbox) >= 1)
     finally:
         consumer.shutdown()
     got = inbox.messages[0]
@@ -116,7 +101,7 @@ def test_binary_body_and_every_property_round_trip(
 
 
 def test_read_message_works_on_the_wrappers_recv_message(rocketmq: LocalRocketMQ, topic: str) -> None:
-    wrapper_producer = Producer(_unique("wrapper_producer"))
+    wrapper_producer = Producer(unique("wrapper_producer"))
     wrapper_producer.set_namesrv_addr(rocketmq.namesrv_addr)
     wrapper_producer.start()
     try:
@@ -133,12 +118,12 @@ def test_read_message_works_on_the_wrappers_recv_message(rocketmq: LocalRocketMQ
         inbox.add(read_message(recv))
         return ConsumeStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(_unique("wrapper_consumer"))
+    consumer = PushConsumer(unique("wrapper_consumer"))
     consumer.set_namesrv_addr(rocketmq.namesrv_addr)
     consumer.subscribe(topic, on_message)
     consumer.start()
     try:
-        assert _wait_for(lambda: len(inbox) >= 1)
+        assert wait_for(lambda: len(inbox) >= 1)
     finally:
         consumer.shutdown()
     got = inbox.messages[0]
@@ -162,7 +147,7 @@ def test_bytes_rocketmq_cannot_carry_are_refused(producer: NativeProducer, msg: 
 
 def test_the_wrapper_silently_mangles_separator_bytes(rocketmq: LocalRocketMQ, topic: str) -> None:
     """Why the bindings refuse \\x01 and \\x02: through the wrapper they corrupt properties."""
-    wrapper_producer = Producer(_unique("wrapper_producer"))
+    wrapper_producer = Producer(unique("wrapper_producer"))
     wrapper_producer.set_namesrv_addr(rocketmq.namesrv_addr)
     wrapper_producer.start()
     try:
@@ -176,7 +161,7 @@ def test_the_wrapper_silently_mangles_separator_bytes(rocketmq: LocalRocketMQ, t
     inbox = _Inbox()
     consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
     try:
-        assert _wait_for(lambda: len(inbox) >= 1)
+        assert wait_for(lambda: len(inbox) >= 1)
     finally:
         consumer.shutdown()
     props = inbox.messages[0].properties
@@ -207,7 +192,7 @@ def test_async_sends_report_every_outcome_once(
     inbox = _Inbox()
     consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
     try:
-        assert _wait_for(lambda: len(inbox) >= 300)
+        assert wait_for(lambda: len(inbox) >= 300)
     finally:
         consumer.shutdown()
     assert {m.msg_id for m in inbox.messages} == ids
@@ -221,7 +206,7 @@ def test_batch_send_is_stored_as_one_message(rocketmq: LocalRocketMQ, producer: 
     inbox = _Inbox()
     consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
     try:
-        assert _wait_for(lambda: len(inbox) >= 1)
+        assert wait_for(lambda: len(inbox) >= 1)
         time.sleep(1.0)  # would the other two show up?
     finally:
         consumer.shutdown()
@@ -255,7 +240,7 @@ def test_broker_down_gives_retriable_errors_fast(
         assert isinstance(errors[0], SendError) and errors[0].retriable
     finally:
         rocketmq.start_broker()
-    assert _wait_for(lambda: _sends(producer, topic), timeout=30)
+    assert wait_for(lambda: _sends(producer, topic), timeout=30)
 
 
 def _sends(producer: NativeProducer, topic: str) -> bool:
@@ -285,7 +270,7 @@ def test_failed_or_raising_callbacks_get_the_message_again(
     consumer = _consume(rocketmq, topic, on_message)
     try:
         # Redelivery goes through %RETRY%<group> with the broker's retry delays (10 s, then 30 s).
-        assert _wait_for(lambda: len(attempts) >= 3, timeout=120)
+        assert wait_for(lambda: len(attempts) >= 3, timeout=120)
     finally:
         consumer.shutdown()
     assert attempts[:3] == [0, 1, 2]

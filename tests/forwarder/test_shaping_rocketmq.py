@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from timewheel.config import RocketMQConfig
 from timewheel.message import Message
 from timewheel.service import Service
 from timewheel.settings import load_settings
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.rocketmq
 
@@ -32,15 +33,6 @@ pytestmark = pytest.mark.rocketmq
 RATE_A, RATE_B = 1000, 500
 N_A, N_B = 66_667, 33_333  # both take ~67 s at their limits: 100k in all
 TOKEN = "s3cret"
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class Arrivals:
@@ -136,7 +128,7 @@ def world(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> 
     # the consumer is up once a probe goes all the way through (a topic without a rule: pass-through)
     assert service.engine is not None
     service.engine.schedule([Message(a, b"probe", time.time_ns() // 1_000_000)])
-    assert _wait_for(lambda: arrivals.count(a) >= 1, 90), "pipeline never came up"
+    assert wait_for(lambda: arrivals.count(a) >= 1, 90), "pipeline never came up"
     yield w
     service.stop()
     consumer.shutdown()
@@ -181,7 +173,7 @@ def test_100k_due_in_one_second_go_out_at_their_limits_and_none_is_lost(world: W
         return (hi[col] - lo[col]) / (hi[0] - lo[0])
 
     rate_a, rate_b = steady_rate(1, N_A, RATE_A), steady_rate(2, N_B, RATE_B)
-    assert _wait_for(lambda: world.arrivals.count(a) >= N_A + 1 and world.arrivals.count(b) >= N_B, 120)
+    assert wait_for(lambda: world.arrivals.count(a) >= N_A + 1 and world.arrivals.count(b) >= N_B, 120)
     got_a, got_b = world.arrivals.count(a) - 1, world.arrivals.count(b)
     arr = {t: sorted(world.arrivals.times[t]) for t in (a, b)}
     span = {t: (arr[t][-1] - arr[t][0]) / 1000 for t in (a, b)}
@@ -231,7 +223,7 @@ def test_admin_api_reads_and_replaces_rules_which_persist(world: World) -> None:
     text = world.config_path.read_text().replace(f"rate = {RATE_B}\n", "rate = 3000\n")
     world.config_path.write_text(text)
     t0 = time.monotonic()
-    assert _wait_for(lambda: call("GET", token=None)[1]["topics"][b]["rate"] == 3000, 5)
+    assert wait_for(lambda: call("GET", token=None)[1]["topics"][b]["rate"] == 3000, 5)
     print(f"\nfile edit in force after {(time.monotonic() - t0) * 1000:.0f} ms")
     assert time.monotonic() - t0 < 1.0
     assert engine.store.meta.get_document(RULES_DOCUMENT)["source"] == "file"

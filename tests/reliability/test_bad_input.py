@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from forwarder.local_rocketmq import LocalRocketMQ
 from timewheel.config import EngineConfig, RocketMQConfig
 from timewheel.service import Service
 from timewheel.settings import AdminConfig, Settings
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 HOUR = 3_600_000
@@ -100,15 +100,6 @@ def pipeline(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) 
     consumer.shutdown()
 
 
-def _wait(pred, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
-
-
 def test_corpus_is_dead_lettered_with_reasons_and_good_messages_still_flow(pipeline: tuple) -> None:
     cfg, target, evil, producer, got, lock, service = pipeline
     now = time.time_ns() // 1_000_000
@@ -133,11 +124,11 @@ def test_corpus_is_dead_lettered_with_reasons_and_good_messages_still_flow(pipel
         with lock:
             return {m.properties.get("TW_ORIGINAL_MSG_ID", ""): m for m in got if m.topic == cfg.dead_letter_topic}
 
-    assert _wait(lambda: set(expected) <= set(dead()), 90), \
+    assert wait_for(lambda: set(expected) <= set(dead()), 90), \
         f"not dead-lettered: {[expected[k][0] for k in set(expected) - set(dead())]}"
     for msg_id, (case, reason) in expected.items():
         assert reason in dead()[msg_id].properties["TW_DEAD_LETTER_REASON"], case
-    assert _wait(lambda: any(m.body == b"good-after-bad" and m.topic == target for m in list(got)), 60)
+    assert wait_for(lambda: any(m.body == b"good-after-bad" and m.topic == target for m in list(got)), 60)
     time.sleep(2)
     with lock:
         on_evil = [m for m in got if m.topic == evil]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-import pytest
 
 from storage import SegmentLayout, StorageWriteError, check, summarize
 from timewheel import Engine, EngineConfig, ManualClock, Message

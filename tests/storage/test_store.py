@@ -8,7 +8,6 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
@@ -66,6 +65,14 @@ def test_batch_spanning_segments_is_one_ingest_frame(store: ScheduleStore) -> No
     frames = list(store._wal.frames(store._wal.seq, before))
     assert len(frames) == 1 and len(frames[0].locations) == 48
     assert len(store.layout.list_segments()) == 48
+
+
+def test_listing_segments_between_times_keeps_each_hour_that_overlaps(store: ScheduleStore) -> None:
+    store.append(recs(6, step=HOUR), NOW)
+    segs = store.layout.list_segments()
+    assert store.layout.list_segments(segs[1] + 1, segs[3]) == segs[1:3]  # [since, until): the hour at until is out
+    assert store.layout.list_segments(segs[1] + HOUR, None) == segs[2:]  # an hour ending at since is out
+    assert store.layout.list_segments(None, segs[0] + 1) == segs[:1]
 
 
 def test_delay_past_maximum_is_refused_whole(tmp_path: Path) -> None:
