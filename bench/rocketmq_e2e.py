@@ -176,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate", type=int, action="append", help="steady due rate for lateness (repeatable)")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each lateness run")
     ap.add_argument("--consume-threads", type=int, default=RocketMQConfig.consume_threads)
+    ap.add_argument("--send-threads", type=int, default=RocketMQConfig.send_threads,
+                    help="delivery producers, one dispatch thread each (rocketmq.send_threads)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "rocketmq_e2e.json", help="where to write the figures")
     args = ap.parse_args(argv)
     rates = args.rate or [1000, 5000]
     out: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -186,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
     mq.start()
     try:
-        cfg = RocketMQConfig(namesrv=mq.namesrv_addr, consume_threads=args.consume_threads)
+        cfg = RocketMQConfig(namesrv=mq.namesrv_addr, consume_threads=args.consume_threads,
+                             send_threads=args.send_threads)
         mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, "BENCH_OUT"], queues=8)
         producer = RemotingProducer(mq.namesrv_addr, "bench-producer")
         recv = RemoteReceiver(mq.namesrv_addr, "BENCH_OUT")
@@ -263,8 +267,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         producer.close()
     finally:
         mq.stop()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rocketmq_e2e.json").write_text(json.dumps(out, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

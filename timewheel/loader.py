@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage import TERMINAL, ScheduleStore, record_keys
+from timewheel._arrays import counts
 
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
@@ -122,8 +123,7 @@ class SegmentLoader:
 
     def note_done(self, segment_ms: np.ndarray) -> None:
         """Terminal outcomes were recorded for records of these segments (one entry each)."""
-        segs, counts = np.unique(segment_ms, return_counts=True)
-        for s, c in zip(segs.tolist(), counts.tolist()):
+        for s, c in counts(segment_ms):
             seg = self.loaded.get(s)
             if seg is not None:
                 seg.outstanding -= c

@@ -1,0 +1,57 @@
+"""Several dispatch threads (a sink with max_in_flight > 1) send side by side only when a batch is full.
+
+Real clock and threads: the point is what the threads do while a send is in flight.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tests.polling import wait_for
+from timewheel import Engine, EngineConfig, Message
+
+
+class RoundTripSink:
+    """Each send takes 5 ms, as a broker's round trip does; records how many overlap and their sizes."""
+
+    max_in_flight = 4
+    linger_ms = 2
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.sizes: list[int] = []
+        self.ids: list[str] = []
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(0.005)
+        with self.lock:
+            self.in_flight -= 1
+            self.sizes.append(len(messages))
+            self.ids += [m.msg_id or "" for m in messages]
+        return [True] * len(messages)
+
+
+def test_a_trickle_goes_one_send_at_a_time_and_a_burst_in_parallel(tmp_path: Path) -> None:
+    sink = RoundTripSink()
+    with Engine(EngineConfig(data_dir=tmp_path / "data", send_batch_size=1000), sink) as engine:
+        now = time.time_ns() // 1_000_000
+        # 2,000 a second for a second: a few come due during each 5 ms send
+        engine.schedule([Message("T", b"x", now + 300 + i // 2, msg_id=f"t{i}") for i in range(2000)])
+        assert wait_for(lambda: len(sink.ids) == 2000, 30)
+        trickle_most, trickle_sends = sink.most_in_flight, len(sink.sizes)
+        # 10,000 due at one millisecond: full batches, sent side by side
+        now = time.time_ns() // 1_000_000
+        engine.schedule([Message("T", b"x", now + 200, msg_id=f"b{i}") for i in range(10_000)])
+        assert wait_for(lambda: len(sink.ids) == 12_000, 30)
+    assert sorted(sink.ids) == sorted([f"t{i}" for i in range(2000)] + [f"b{i}" for i in range(10_000)])
+    print(f"\ntrickle: {trickle_sends} sends, most in flight {trickle_most}; burst: most in flight {sink.most_in_flight}")
+    assert trickle_most == 1, "small batches wait for the send in flight instead of going beside it"
+    assert trickle_sends <= 2000 / 5, "a send carries what came due during the one before"
+    assert sink.most_in_flight > 1, "full batches go side by side"
