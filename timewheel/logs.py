@@ -18,11 +18,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler setup_logging installs: calling it again replaces this one only."""
+
+
 def setup_logging(fmt: str = "text", level: str = "INFO") -> None:
-    """Configure the root logger once, for the CLI."""
-    handler = logging.StreamHandler()
+    """Configure the root logger for the CLI (handlers others installed, e.g. a test runner's, stay)."""
+    handler = _CliHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _CliHandler)] + [handler]
     root.setLevel(level.upper())
