@@ -15,7 +15,8 @@ from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMe
 from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import LocalRocketMQ
 from spark.backfill import backfill, read_input
-from tests.forwarder.test_end_to_end import Inbox, _wait_for
+from tests.forwarder.test_end_to_end import Inbox
+from tests.polling import wait_for
 from timewheel import Engine
 from timewheel.config import EngineConfig, RocketMQConfig
 
@@ -43,7 +44,7 @@ def test_backfilled_rows_arrive_once_through_rocketmq(spark, rocketmq: LocalRock
     try:
         for t in targets:  # the consumer is rebalanced onto both topics once a probe on each arrives
             producer.send(OutgoingMessage(t, b"probe", None, None, {}))
-        assert _wait_for(lambda: all(any(m.body == b"probe" for m, _ in inbox.on(t)) for t in targets), 90), \
+        assert wait_for(lambda: all(any(m.body == b"probe" for m, _ in inbox.on(t)) for t in targets), 90), \
             "consumer never came up"
 
         now = time.time_ns() // 1_000_000
@@ -61,7 +62,7 @@ def test_backfilled_rows_arrive_once_through_rocketmq(spark, rocketmq: LocalRock
         def arrived() -> list:
             return [(m, t) for m, t in inbox.on(targets[0]) + inbox.on(targets[1]) if m.body != b"probe"]
 
-        assert _wait_for(lambda: len(arrived()) >= ROWS, 120), f"{len(arrived())} of {ROWS} arrived"
+        assert wait_for(lambda: len(arrived()) >= ROWS, 120), f"{len(arrived())} of {ROWS} arrived"
         time.sleep(1.5)  # anything delivered twice would show up now
         got = arrived()
     finally:
