@@ -611,11 +611,8 @@ class Engine:
                     timeout = self._seconds_until(wake)
                     if timeout > 0 and not self._retry_ready():
                         self._dispatch_cv.wait(timeout)
-                        if linger_ms:
-                            continue  # woken: look again (what came due may want to linger)
-                elif linger_ms and not self._backlog.size and self._ready.size < self.config.send_batch_size:
-                    # A sink whose every send costs a round trip asks for company: wait (at most
-                    # its linger after the oldest was due) for more to come due and go together.
+                        continue  # woken: look again (what came due may wait for company or a send)
+                elif not self._backlog.size and self._ready.size < self.config.send_batch_size:
                     if self._passes:
                         # A send is in flight and what is ready fits one request: it goes with the
                         # next, when that send is answered. A second small request beside it gains
@@ -624,7 +621,9 @@ class Engine:
                         # ~100 µs of CPU per message). A full batch or a backlog still goes at once.
                         self._dispatch_cv.wait(_MAX_WAIT_S)
                         continue
-                    wait_ms = self._ready.first_due() + linger_ms - self.clock.now_ms()
+                    # A sink whose every send costs a round trip asks for company: wait (at most
+                    # its linger after the oldest was due) for more to come due and go together.
+                    wait_ms = self._ready.first_due() + linger_ms - self.clock.now_ms() if linger_ms else 0
                     if wait_ms > 0:
                         if self._lingering:  # another thread waits for this batch's company already
                             self._dispatch_cv.wait(_MAX_WAIT_S)

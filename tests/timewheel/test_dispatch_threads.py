@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import pytest
+
 from tests.polling import wait_for
 from timewheel import Engine, EngineConfig, Message
 
@@ -17,9 +19,9 @@ class RoundTripSink:
     """Each send takes 5 ms, as a broker's round trip does; records how many overlap and their sizes."""
 
     max_in_flight = 4
-    linger_ms = 2
 
-    def __init__(self) -> None:
+    def __init__(self, linger_ms: int) -> None:
+        self.linger_ms = linger_ms
         self.lock = threading.Lock()
         self.in_flight = 0
         self.most_in_flight = 0
@@ -38,8 +40,9 @@ class RoundTripSink:
         return [True] * len(messages)
 
 
-def test_a_trickle_goes_one_send_at_a_time_and_a_burst_in_parallel(tmp_path: Path) -> None:
-    sink = RoundTripSink()
+@pytest.mark.parametrize("linger_ms", [0, 2])
+def test_a_trickle_goes_one_send_at_a_time_and_a_burst_in_parallel(tmp_path: Path, linger_ms: int) -> None:
+    sink = RoundTripSink(linger_ms)
     with Engine(EngineConfig(data_dir=tmp_path / "data", send_batch_size=1000), sink) as engine:
         now = time.time_ns() // 1_000_000
         # 2,000 a second for a second: a few come due during each 5 ms send
