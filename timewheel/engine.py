@@ -43,6 +43,8 @@ _EMPTY_U64 = np.empty(0, np.uint64)
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
 _MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
 _INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
+# Due messages wait at most this long for the send in flight before going in a send of their own.
+_BESIDE_AFTER_MS = 20
 
 
 class _Due:
@@ -613,13 +615,15 @@ class Engine:
                         self._dispatch_cv.wait(timeout)
                         continue  # woken: look again (what came due may wait for company or a send)
                 elif not self._backlog.size and self._ready.size < self.config.send_batch_size:
-                    if self._passes:
+                    waited_ms = self.clock.now_ms() - self._ready.first_due()
+                    if self._passes and waited_ms < _BESIDE_AFTER_MS:
                         # A send is in flight and what is ready fits one request: it goes with the
                         # next, when that send is answered. A second small request beside it gains
                         # little and costs a round trip's CPU under the GIL (bench.rocketmq_e2e, 5k/s:
                         # p99 24 ms with four concurrent senders, 15 ms with one; 2k/s: ~140 against
-                        # ~100 µs of CPU per message). A full batch or a backlog still goes at once.
-                        self._dispatch_cv.wait(_MAX_WAIT_S)
+                        # ~100 µs of CPU per message). A full batch or a backlog still goes at once,
+                        # and so does a small one once a slow send (a broker timing out) held it long.
+                        self._dispatch_cv.wait((_BESIDE_AFTER_MS - waited_ms) / 1000)
                         continue
                     # A sink whose every send costs a round trip asks for company: wait (at most
                     # its linger after the oldest was due) for more to come due and go together.
