@@ -312,6 +312,11 @@ def _properties_at(map_addr: int) -> dict[str, str]:
     return split_properties(raw.decode("utf-8", errors="replace"))
 
 
+def join_properties(props: Mapping[str, str]) -> str:
+    """Properties serialized as RocketMQ carries them (name \\x01 value \\x02, repeated)."""
+    return "".join([f"{k}{_NAME_VALUE_SEPARATOR}{v}{_PROPERTY_SEPARATOR}" for k, v in props.items()])
+
+
 def split_properties(text: str) -> dict[str, str]:
     """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
     props: dict[str, str] = {}

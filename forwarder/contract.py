@@ -18,7 +18,8 @@ import crc32c
 from dataclasses import dataclass
 from typing import Mapping
 
-from forwarder._rmq_native import OutgoingMessage, ReceivedMessage, user_properties
+from forwarder._rmq_native import (_NAME_VALUE_SEPARATOR, _PROPERTY_SEPARATOR, OutgoingMessage, ReceivedMessage,
+                                   join_properties, user_properties)
 from timewheel.message import Message
 
 TARGET_TOPIC = "TW_TARGET_TOPIC"
@@ -97,7 +98,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
                    engine_id(msg, target, due, passthrough))
 
 
-_SEPARATORS = {1: None, 2: None}
+_NO_SEPARATORS = str.maketrans("", "", _NAME_VALUE_SEPARATOR + _PROPERTY_SEPARATOR)
 
 
 def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[str, str] | None = None) -> str:
@@ -109,13 +110,13 @@ def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[s
     several threads the same UNIQ_KEY, and deduplicating on it would silently drop one of them
     (with the same body and due time, only a property may tell them apart).
     """
-    props = "\x02".join(f"{k}\x01{v}" for k, v in sorted((properties or {}).items()))
+    props = join_properties(dict(sorted((properties or {}).items())))
     head = f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}\x00{props}".encode()
     digest = crc32c.crc32c(msg.body, crc32c.crc32c(head))
     # The same library has been seen to send a UNIQ_KEY with a NUL in it; as a property of the
     # delivered message that would be refused forever. Read it as the C API does (up to the NUL),
     # without separators, so both ingest clients give one message the same id.
-    uniq = msg.msg_id.split("\x00", 1)[0].translate(_SEPARATORS) or f"{msg.commit_log_offset:016X}"
+    uniq = msg.msg_id.split("\x00", 1)[0].translate(_NO_SEPARATORS) or f"{msg.commit_log_offset:016X}"
     return f"{uniq}:{digest:08x}"
 
 

@@ -75,7 +75,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from forwarder._rmq_native import _NAME_VALUE_SEPARATOR, _PROPERTY_SEPARATOR, OutgoingMessage, SendStatus
+from forwarder._rmq_native import OutgoingMessage, SendStatus, join_properties
 from forwarder.errors import ForwarderError
 
 __all__ = [
@@ -363,7 +363,7 @@ def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
                                    f"RocketMQ uses as separators", code=MESSAGE_ILLEGAL)
     props[_WAIT] = "true"
     props[_UNIQ_KEY] = msg_id
-    properties = "".join([f"{k}{_NAME_VALUE_SEPARATOR}{v}{_PROPERTY_SEPARATOR}" for k, v in props.items()]).encode()
+    properties = join_properties(props).encode()
     if len(properties) > _MAX_PROPERTIES_BYTES:
         raise MessageRejectedError(f"properties of {len(properties)} bytes exceed RocketMQ's {_MAX_PROPERTIES_BYTES}",
                                    code=MESSAGE_ILLEGAL)
@@ -511,7 +511,7 @@ class Connection:
 
     def readable(self, timeout: float) -> bool:
         """Whether a frame may be read now: bytes are buffered, or arrive within `timeout` seconds."""
-        return bool(self._buf) or bool(select.select([self._sock], [], [], timeout)[0])
+        return bool(self._buf) or bool(self._poll.poll(timeout * 1000))
 
     def read_response(self, deadline: float) -> Response:
         """The next response frame (frames the peer sends as requests are skipped)."""
@@ -787,7 +787,7 @@ class RemotingProducer:
             "h": "0",
             # The batch's own properties, as the Java client's MessageBatch has them; the broker
             # stores each message with its own properties only.
-            "i": f"{_WAIT}{_NAME_VALUE_SEPARATOR}true{_PROPERTY_SEPARATOR}",
+            "i": join_properties({_WAIT: "true"}),
             "j": "0",
             "k": "false",
             "m": "true",
