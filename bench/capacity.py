@@ -26,10 +26,9 @@ import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 
 from bench.engine_latency import _machine
-from bench.rocketmq_e2e import Receiver, produce
+from bench.rocketmq_e2e import Receiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
 from forwarder import LocalRocketMQ
 from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage
@@ -43,16 +42,6 @@ RESULTS = Path(__file__).parent / "results"
 CORE_BUDGET = 0.7  # of one core per engine: one Python process, the GIL serialises its Python work
 DUE_SECONDS = 10.0
 BODY = b"x" * 200
-
-
-def _lateness(recv: Receiver) -> dict[str, float]:
-    """p50, p99 and max lateness in ms of what `recv` received."""
-    with recv.lock:
-        x = np.asarray(recv.late)
-    if not len(x):
-        return {}
-    p50, p99 = np.percentile(x, [50, 99])
-    return {"p50": round(float(p50), 1), "p99": round(float(p99), 1), "max": round(float(x.max()), 1)}
 
 
 def _rss_bytes(pid: int | str = "self") -> int:
@@ -193,7 +182,8 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
             if len(recv.seen) < n:  # the CPU per message would be diluted by the wait: no figure
                 raise SystemExit(f"only {len(recv.seen)} of {n} due messages were delivered; see {work / 'serve.log'}")
-            late = _lateness(recv)
+            with recv.lock:
+                late = lateness_summary(recv.late)
             out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": len(recv.seen),
                                "delivered_before_measuring": early,
                                "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),

@@ -158,7 +158,8 @@ def _wait(pred, timeout: float) -> bool:
     return pred()
 
 
-def _pct(a: Sequence[float]) -> dict[str, float]:
+def lateness_summary(a: Sequence[float]) -> dict[str, float]:
+    """p50, p99, p999, max and count of lateness figures (ms)."""
     x = np.asarray(a)
     if not len(x):
         return {}
@@ -255,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             _wait(lambda: recv.count() >= sent, 60)
             time.sleep(1)
             late, dups = recv.late()
-            lat[str(rate)] = {"sent": sent, "received": len(late), "duplicates": dups, **_pct(late),
+            lat[str(rate)] = {"sent": sent, "received": len(late), "duplicates": dups, **lateness_summary(late),
                               "producer_seconds": round(producer_s, 1),
                               "engine_send_lateness_ms": engine.stats()["lateness_ms"]}
             print("lateness", rate, lat[str(rate)], flush=True)
