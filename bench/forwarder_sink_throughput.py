@@ -32,7 +32,7 @@ from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, 
 from forwarder.contract import to_outgoing
 from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import ROCKETMQ_VERSION, LocalRocketMQ
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 from timewheel.message import Message
 
 TOPICS = ("BENCH_SINK_1", "BENCH_SINK_2", "BENCH_SINK_3")

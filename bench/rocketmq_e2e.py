@@ -31,9 +31,10 @@ import numpy as np
 from forwarder import LocalRocketMQ
 from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage, ReceivedMessage
 from forwarder.remoting import Receipt, RemotingProducer
-from timewheel.config import EngineConfig, RocketMQConfig
-from timewheel.service import Service
-from timewheel.settings import AdminConfig, Settings
+from forwarder.config import RocketMQConfig
+from timewheel.config import EngineConfig
+from timewheel.app.service import Service
+from timewheel.app.settings import AdminConfig, Settings
 
 RESULTS = Path(__file__).parent / "results"
 BODY = b"x" * 200

@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 from forwarder._rmq_native import NativeProducer
 from forwarder.contract import ORIGINAL_MSG_ID, to_dead_letter, to_outgoing
 from forwarder.remoting import Receipt, RemotingError, RemotingProducer
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 from timewheel.message import Message
 
 log = logging.getLogger("timewheel.delivery")

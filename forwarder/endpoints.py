@@ -8,7 +8,7 @@ from forwarder._rmq_native import LogLevel, NativeProducer
 from forwarder.contract import ContractLimits
 from forwarder.delivery import RocketMQSink
 from forwarder.ingest import DelayTopicIngest
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 
 
 @dataclass

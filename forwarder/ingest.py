@@ -22,7 +22,7 @@ from forwarder._rmq_native import NativeProducer, NativePushConsumer, ReceivedMe
 from forwarder.contract import ContractLimits, ContractViolation, to_dead_letter, to_message
 from forwarder.errors import ForwarderError
 from forwarder.pull_consumer import RemotingPullConsumer
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 from timewheel.errors import InvalidMessageError
 from timewheel.message import Message, ScheduleFn
 

@@ -1,4 +1,4 @@
 """`python -m timewheel` runs the CLI."""
-from timewheel.cli import main
+from timewheel.app.cli import main
 
 main()

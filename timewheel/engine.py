@@ -34,7 +34,7 @@ from timewheel.config import EngineConfig
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.loader import SegmentLoader
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
-from timewheel.metrics import LatenessBuckets, hdr_percentiles
+from timewheel.lateness import LatenessBuckets, hdr_percentiles
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 
 log = logging.getLogger("timewheel.engine")

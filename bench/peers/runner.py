@@ -340,7 +340,7 @@ def _summary(phase: dict[str, object]) -> str:
 
 def run_fast_switch(cfg: RunConfig, command: str) -> dict[str, object]:
     """run() with a short GIL switch interval, so the client library's callbacks, the pollers and the
-    release thread wake up promptly (as `timewheel.service` does for the engine)."""
+    release thread wake up promptly (as `timewheel.app.service` does for the engine)."""
     import sys
 
     previous = sys.getswitchinterval()

@@ -11,9 +11,10 @@ import pytest
 
 from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
-from timewheel.config import EngineConfig, RocketMQConfig
-from timewheel.service import Service
-from timewheel.settings import AdminConfig, Settings
+from forwarder.config import RocketMQConfig
+from timewheel.config import EngineConfig
+from timewheel.app.service import Service
+from timewheel.app.settings import AdminConfig, Settings
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.rocketmq

@@ -33,7 +33,7 @@ from forwarder.remoting import (
     encode_message,
     error_for_code,
 )
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 from timewheel.message import Message
 
 # -- byte layouts ---------------------------------------------------------------------------------

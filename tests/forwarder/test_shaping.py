@@ -21,7 +21,7 @@ from storage.meta import MetaStore
 from tests.timewheel.conftest import T0, RecordingSink, drive
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from timewheel.errors import ConfigError
-from timewheel.metrics import EngineCollector
+from timewheel.app.metrics import EngineCollector
 
 DUE = T0 + 1000
 

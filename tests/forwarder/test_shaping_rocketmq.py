@@ -17,10 +17,10 @@ import pytest
 from forwarder._rmq_native import NativePushConsumer, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.shaping_control import RULES_DOCUMENT
-from timewheel.config import RocketMQConfig
+from forwarder.config import RocketMQConfig
 from timewheel.message import Message
-from timewheel.service import Service
-from timewheel.settings import load_settings
+from timewheel.app.service import Service
+from timewheel.app.settings import load_settings
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.rocketmq

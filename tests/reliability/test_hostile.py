@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from storage import ScheduleStore, SegmentLayout, check, read_dispatch_log, summarize
-from timewheel.admin import AdminServer
+from timewheel.app.admin import AdminServer
 from timewheel.loader import SegmentLoader
-from timewheel.settings import AdminConfig
+from timewheel.app.settings import AdminConfig
 
 T0 = 1_800_000_000_000
 
@@ -92,7 +92,7 @@ def test_without_a_token_mutations_are_disabled() -> None:
 def test_inspect_reads_only_a_data_directory(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from timewheel.cli import app
+    from timewheel.app.cli import app
 
     (tmp_path / "etc").mkdir()
     res = CliRunner().invoke(app, ["inspect", "--data-dir", str(tmp_path / "etc" / ".." / "etc")])

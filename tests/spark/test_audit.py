@@ -119,7 +119,7 @@ def test_outcomes_from_the_source_equal_a_join_of_the_dispatch_logs(spark, fault
 
 
 def test_audit_cli_json_and_exit_code(spark, faulty, tmp_path: Path) -> None:
-    from timewheel.cli_spark import register
+    from timewheel.app.cli_spark import register
 
     app = typer.Typer()
     app.callback()(lambda: None)

@@ -126,7 +126,7 @@ def test_backfill_and_export_commands(spark, tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from timewheel.cli_spark import register
+    from timewheel.app.cli_spark import register
 
     app = typer.Typer()
     app.callback()(lambda: None)

@@ -18,7 +18,8 @@ from spark.backfill import backfill, read_input
 from tests.forwarder.test_end_to_end import Inbox
 from tests.polling import wait_for
 from timewheel import Engine
-from timewheel.config import EngineConfig, RocketMQConfig
+from forwarder.config import RocketMQConfig
+from timewheel.config import EngineConfig
 
 pytestmark = [pytest.mark.spark, pytest.mark.rocketmq]
 ROWS = 300

@@ -51,7 +51,7 @@ def _store(make_store) -> Path:
 
 
 def test_dry_run_sends_nothing(spark, make_store, tmp_path: Path) -> None:
-    from timewheel.cli_spark import register
+    from timewheel.app.cli_spark import register
 
     data = _store(make_store)
     before = {p: p.read_bytes() for p in (data / "schedule").rglob("*")if p.is_file()}

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from timewheel.admin import AdminServer
+from timewheel.app.admin import AdminServer
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError
-from timewheel.metrics import EngineCollector
-from timewheel.settings import Settings
+from timewheel.app.metrics import EngineCollector
+from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
     from forwarder.shaping_control import ShapingControl
 
-log = logging.getLogger("timewheel.service")
+log = logging.getLogger("timewheel.app.service")
 
 
 class Service:

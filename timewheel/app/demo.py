@@ -23,10 +23,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from timewheel.config import EngineConfig, RocketMQConfig
-from timewheel.metrics import hdr_percentiles
-from timewheel.service import Service
-from timewheel.settings import AdminConfig, Settings
+from forwarder.config import RocketMQConfig
+from timewheel.config import EngineConfig
+from timewheel.lateness import hdr_percentiles
+from timewheel.app.service import Service
+from timewheel.app.settings import AdminConfig, Settings
 
 if TYPE_CHECKING:
     from forwarder._rmq_native import NativeProducer, OutgoingMessage, SendResult

@@ -5,7 +5,7 @@ from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timewheel.metrics import hdr_percentiles
+from timewheel.lateness import hdr_percentiles
 
 PERCENTILES = (0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0)
 

@@ -154,9 +154,9 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
     Configuration: the TOML file, then TIMEWHEEL_* environment variables, then these flags.
     """
     from timewheel.errors import ConfigError
-    from timewheel.logs import setup_logging
-    from timewheel.service import Service
-    from timewheel.settings import load_settings
+    from timewheel.app.logs import setup_logging
+    from timewheel.app.service import Service
+    from timewheel.app.settings import load_settings
 
     overrides = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}, "log": {"format": log_format},
                  "admin": {"listen": admin}}
@@ -205,7 +205,7 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
          = False) -> None:
     """Start a local RocketMQ, the engine, a producer and a consumer; show live lateness; summarize."""
     from forwarder import LocalRocketMQError
-    from timewheel.demo import run_demo
+    from timewheel.app.demo import run_demo
 
     try:
         summary = run_demo(duration, rate, as_json)
@@ -216,7 +216,7 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
 
 
 def _register_spark_commands() -> None:
-    from timewheel import cli_spark  # imports pyspark lazily, inside each command
+    from timewheel.app import cli_spark  # imports pyspark lazily, inside each command
 
     cli_spark.register(app)
 

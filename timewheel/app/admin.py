@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from timewheel.errors import ConfigError
 
-log = logging.getLogger("timewheel.admin")
+log = logging.getLogger("timewheel.app.admin")
 
 
 class AdminTarget(Protocol):

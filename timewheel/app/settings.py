@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from timewheel.config import EngineConfig, RocketMQConfig
+from forwarder.config import RocketMQConfig
+from timewheel.config import EngineConfig
 from timewheel.errors import ConfigError
 
 DEFAULT_ADMIN = "127.0.0.1:9321"

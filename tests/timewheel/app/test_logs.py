@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from timewheel.logs import JsonFormatter, setup_logging
+from timewheel.app.logs import JsonFormatter, setup_logging
 
 
 def test_cli_logging_setup_replaces_its_own_handler_and_keeps_others() -> None:

@@ -1,0 +1,48 @@
+"""Where the engine meets RocketMQ: the typed `[rocketmq]` configuration."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from timewheel.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RocketMQConfig:
+    """Where the engine meets RocketMQ; field names are the TOML keys of `[rocketmq]`."""
+
+    namesrv: str = "127.0.0.1:9876"
+    delay_topic: str = "TW_DELAY"
+    dead_letter_topic: str = "TW_DLQ"
+    consumer_group: str = "timewheel-ingest"
+    producer_group: str = "timewheel-delivery"
+    ingest_client: Literal["pull", "push"] = "pull"  # pull: batches over the wire protocol; push: the bundled client
+    consume_threads: int = 4  # push only
+    consume_batch: int = 32
+    send_threads: int = 4
+    send_linger_ms: int = 2  # a small batch waits this long after it was due for more to join it
+    send_timeout_ms: int = 3000
+    breaker_failures: int = 20
+    breaker_open_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        host, _, port = self.namesrv.rpartition(":")
+        checks = [
+            ("namesrv", bool(host) and port.isdigit() and 0 < int(port) < 65536, "HOST:PORT (several: ';'-separated)"
+             if ";" not in self.namesrv else "HOST:PORT"),
+            ("delay_topic", bool(self.delay_topic), "a topic name"),
+            ("dead_letter_topic", bool(self.dead_letter_topic), "a topic name"),
+            ("consumer_group", bool(self.consumer_group), "a group name"),
+            ("producer_group", bool(self.producer_group), "a group name"),
+            ("ingest_client", self.ingest_client in ("pull", "push"), '"pull" or "push"'),
+            ("consume_threads", 1 <= self.consume_threads <= 64, "between 1 and 64"),
+            ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
+            ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),
+            ("send_linger_ms", 0 <= self.send_linger_ms <= 1000, "between 0 and 1000"),
+            ("send_timeout_ms", self.send_timeout_ms > 0, "positive"),
+            ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
+            ("breaker_open_seconds", self.breaker_open_seconds > 0, "positive"),
+        ]
+        for name, ok, want in checks:
+            if not ok and not (name == "namesrv" and ";" in self.namesrv):
+                raise ConfigError(f"rocketmq.{name} = {getattr(self, name)!r} is invalid: it must be {want}")
