@@ -29,10 +29,19 @@ START_DELIVER_TIME = "__STARTDELIVERTIME"
 ORIGINAL_MSG_ID = "TW_ORIGINAL_MSG_ID"
 DUE_MS = "TW_DUE_MS"  # on the delivered message: when it was due, so consumers can measure lateness
 DEAD_LETTER_REASON = "TW_DEAD_LETTER_REASON"
-CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS})
+CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS,
+                                 DEAD_LETTER_REASON})
 
-_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+# A user topic: ASCII letters, digits, '_' and '-' (RocketMQ also allows '%' and '|', but only in the
+# names of its own retry, dead-letter and system topics, which no producer may write through us).
+_TOPIC = re.compile(r"[a-zA-Z0-9_-]{1,127}")
 _FORBIDDEN = re.compile(r"[\x00-\x02]")
+_MILLIS = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit/\d would take full-width ones
+_INT64_MAX = (1 << 63) - 1
+#: topics RocketMQ keeps for itself (consumer retries and dead letters, timers, transactions, tracing, ...)
+SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%", "%SYS%", "RMQ_SYS_", "rmq_sys_", "SCHEDULE_TOPIC_", "TBW102",
+                         "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "BenchmarkTest", "TRANS_CHECK_MAX_TIME_TOPIC",
+                         "RMQ_SYS_TRACE_TOPIC", "TRACE_DATA_")
 
 
 class ContractViolation(ValueError):
@@ -49,12 +58,26 @@ class ContractLimits:
 
     max_delay_ms: int
     max_body_bytes: int
+    #: the engine's own topics (the delay topic, its dead-letter topic): never a target
+    reserved_topics: frozenset[str] = frozenset()
+
+
+def check_target_topic(topic: str, reserved: frozenset[str] = frozenset()) -> None:
+    """Raise ContractViolation unless `topic` is a user topic a delay message may be delivered to."""
+    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic):
+        raise ContractViolation(f"{TARGET_TOPIC}={topic!r} is not a valid topic name (ASCII letters, digits, "
+                                f"'_' and '-', at most 127)")
+    if topic.startswith(SYSTEM_TOPIC_PREFIXES):
+        raise ContractViolation(f"{TARGET_TOPIC}={topic!r} is a RocketMQ system topic, not a delivery target")
+    if topic in reserved:
+        raise ContractViolation(f"{TARGET_TOPIC}={topic!r} is one of the engine's own topics, not a delivery target")
 
 
 def _int_property(props: Mapping[str, str], name: str) -> int:
-    raw = props[name].strip()
-    if not re.fullmatch(r"-?\d{1,19}", raw):
-        raise ContractViolation(f"{name}={props[name]!r} is not an integer number of milliseconds")
+    raw = props[name].strip(" ")
+    if not _MILLIS.fullmatch(raw) or not -_INT64_MAX <= int(raw) <= _INT64_MAX:
+        raise ContractViolation(f"{name}={props[name]!r} is not an integer number of milliseconds (ASCII digits, "
+                                f"within int64)")
     return int(raw)
 
 
@@ -70,8 +93,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
     target = props.get(TARGET_TOPIC)
     if target is None or not target.strip():
         raise ContractViolation(f"no {TARGET_TOPIC} property: the target topic is required")
-    if not _TOPIC.match(target):
-        raise ContractViolation(f"{TARGET_TOPIC}={target!r} is not a valid topic name")
+    check_target_topic(target, limits.reserved_topics)
     if DELIVER_AT_MS in props:
         due = _int_property(props, DELIVER_AT_MS)
     elif DELAY_MS in props:
@@ -92,6 +114,8 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
         raise ContractViolation(f"body of {len(msg.body)} bytes exceeds the maximum of {limits.max_body_bytes}")
     if "\ufffd" in msg.tags or "\ufffd" in msg.keys:
         raise ContractViolation("tags or keys are not valid UTF-8")
+    if _FORBIDDEN.search(msg.tags) or _FORBIDDEN.search(msg.keys):
+        raise ContractViolation("tags or keys contain a control character RocketMQ uses as a separator")
     passthrough = {k: v for k, v in user_properties(props).items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
     return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
@@ -140,4 +164,8 @@ def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, 
     props = {k: v for k, v in user_properties(properties).items() if not _FORBIDDEN.search(k + v)
              and "\ufffd" not in k + v}
     props[DEAD_LETTER_REASON] = _FORBIDDEN.sub(" ", reason)[:1000]
-    return OutgoingMessage(topic, body, tags or None, keys or None, props)
+    # The original's tags and keys may be why it is dead: carry them without separators, so the dead
+    # letter itself can always be sent (the originals are in the body's message, untouched).
+    tags = _FORBIDDEN.sub(" ", tags or "").strip() or None
+    keys = _FORBIDDEN.sub(" ", keys or "").strip() or None
+    return OutgoingMessage(topic, body, tags, keys, props)

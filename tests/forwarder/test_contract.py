@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from forwarder._rmq_native import ReceivedMessage
-from forwarder.contract import ContractLimits, ContractViolation, to_message, to_outgoing
+from forwarder.contract import ContractLimits, ContractViolation, to_dead_letter, to_message, to_outgoing
 from timewheel import Message
 
 LIMITS = ContractLimits(max_delay_ms=3_600_000, max_body_bytes=1024)
@@ -81,3 +81,41 @@ def test_messages_differing_only_in_a_property_get_different_ids_under_one_uniq_
         return to_message(ReceivedMessage("TW_DELAY", b"same", "", "", "ID1", props, 0, 0, 0, 0, NOW, NOW),
                           NOW, LIMITS).msg_id
     assert one("1") != one("2") and one("1") == one("1")
+
+
+RESERVED = ContractLimits(max_delay_ms=3_600_000, max_body_bytes=1024, reserved_topics=frozenset({"TW_DELAY", "TW_DLQ"}))
+
+
+@pytest.mark.parametrize("target", ["%DLQ%orders-group", "%RETRY%orders-group", "RMQ_SYS_TRANS_HALF_TOPIC",
+                                    "SCHEDULE_TOPIC_XXXX", "TW_DLQ", "TW_DELAY", "ORDERS\n", "ORDERS|x", "%SYS%x",
+                                    "rmq_sys_wheel_timer", "TBW102", "ORD ERS", "ＯＲＤＥＲＳ"])
+def test_targets_that_are_not_the_producers_to_write_are_refused(target: str) -> None:
+    props = {"TW_TARGET_TOPIC": target, "TW_DELAY_MS": "1", "TW_DEAD_LETTER_REASON": "forged"}
+    with pytest.raises(ContractViolation, match="TW_TARGET_TOPIC"):
+        to_message(received(props), NOW, RESERVED)
+
+
+def test_a_forged_dead_letter_reason_is_not_carried_to_the_target() -> None:
+    m = to_message(received({"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1", "TW_DEAD_LETTER_REASON": "forged"}),
+                   NOW, RESERVED)
+    assert m.properties is None or "TW_DEAD_LETTER_REASON" not in m.properties
+
+
+@pytest.mark.parametrize("value", ["１２３４", "١٢٣", "12\u00a0", "9" * 19, "-" + "9" * 19, "1e3", "0x10", ""])
+@pytest.mark.parametrize("name", ["TW_DELIVER_AT_MS", "TW_DELAY_MS", "__STARTDELIVERTIME"])
+def test_times_are_ascii_int64_milliseconds(name: str, value: str) -> None:
+    with pytest.raises(ContractViolation, match="integer number of milliseconds|maximum delay|negative"):
+        to_message(received({"TW_TARGET_TOPIC": "ORDERS", name: value}), NOW, RESERVED)
+
+
+@pytest.mark.parametrize("tags,keys", [("t\x00g", "k"), ("tg", "k\x00"), ("t\x01", "k"), ("tg", "k\x02 k2")])
+def test_separators_in_tags_or_keys_break_the_contract_and_still_make_a_sendable_dead_letter(tags: str,
+                                                                                           keys: str) -> None:
+    msg = ReceivedMessage("TW_DELAY", b"b", tags, keys, "ID1", {"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1"},
+                          0, 0, 0, 0, NOW, NOW)
+    with pytest.raises(ContractViolation, match="tags or keys") as e:
+        to_message(msg, NOW, RESERVED)
+    dead = to_dead_letter("TW_DLQ", msg.body, msg.tags, msg.keys, msg.properties, e.value.reason)
+    carried = (dead.tags or "") + (dead.keys or "") + "".join(k + v for k, v in dead.properties.items())
+    assert not any(c in carried for c in "\x00\x01\x02")
+    assert dead.properties["TW_DEAD_LETTER_REASON"]

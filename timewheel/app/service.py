@@ -56,8 +56,9 @@ class Service:
         # invalid traffic rules stop the start here, before anything connects
         shaping = ShapingControl(self.settings.shaping, config_path=self.config_path, max_grant=cfg.send_batch_size,
                                  now_ms=self.clock.now_ms)
-        self._endpoints = connect_rocketmq(self.settings.rocketmq,
-                                           ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes), self.clock.now_ms)
+        rmq = self.settings.rocketmq
+        limits = ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes, frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
+        self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms)
         sink = self._endpoints.sink
         # the shaper grants nothing until the rules in force are settled from the meta store
         self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink, shaper=shaping.shaper).start()
