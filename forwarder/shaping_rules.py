@@ -89,20 +89,42 @@ def rules_digest(raw: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _number(where: str, value: Any, *, low: float, high: float = math.inf, low_open: bool = False,
+#: the largest number any rule may hold: far above any broker's rate, far below float overflow
+MAX_NUMBER = 1e9
+#: the smallest positive rate (messages per second): slower would overflow the time to the next token
+MIN_RATE = 0.001
+
+
+def _number(where: str, value: Any, *, low: float, high: float = MAX_NUMBER, low_open: bool = False,
             want: str) -> float:
-    """A finite number within bounds, or ConfigError naming the key."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{where} = {value!r} is invalid: it must be {want}")
+    """A finite number within bounds, or ConfigError naming the key (huge ints included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, int) and abs(value) > MAX_NUMBER) or not math.isfinite(value):
+        raise ConfigError(f"{where} = {_shown(value)} is invalid: it must be {want}")
     if value < low or (low_open and value == low) or value > high:
-        raise ConfigError(f"{where} = {value!r} is invalid: it must be {want}")
+        raise ConfigError(f"{where} = {_shown(value)} is invalid: it must be {want}")
     return float(value)
+
+
+def _rate(where: str, value: Any, want: str) -> float:
+    """0 (no limit) or a rate between MIN_RATE and MAX_NUMBER messages per second."""
+    rate = _number(where, value, low=0, want=want)
+    if 0 < rate < MIN_RATE:
+        raise ConfigError(f"{where} = {_shown(value)} is invalid: a positive rate must be at least {MIN_RATE:g} "
+                          f"messages per second ({want})")
+    return rate
+
+
+def _shown(value: Any) -> str:
+    """The value for an error message, cut short (a 400-digit number or a deep table is not read)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else f"<{value.bit_length()}-bit int>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _table(where: str, value: Any, known: tuple[str, ...]) -> Mapping[str, Any]:
     """A table whose keys are all known, or ConfigError naming the unknown key."""
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} = {value!r} is invalid: it must be a table")
+        raise ConfigError(f"{where} = {_shown(value)} is invalid: it must be a table")
     for key in value:
         if key not in known:
             raise ConfigError(f"unknown key {where}.{key}; known: {', '.join(known)}")
@@ -112,7 +134,7 @@ def _table(where: str, value: Any, known: tuple[str, ...]) -> Mapping[str, Any]:
 def _named(where: str, value: Any) -> Mapping[str, Any]:
     """A table of named sub-tables (any names)."""
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} = {value!r} is invalid: it must be a table of named tables")
+        raise ConfigError(f"{where} = {_shown(value)} is invalid: it must be a table of named tables")
     return value
 
 
@@ -127,8 +149,8 @@ def parse_rules(raw: Mapping[str, Any] | None) -> ShapingRules:
     """Validate a raw `[shaping]` document whole; ConfigError names the first offending key."""
     raw = {} if raw is None else raw
     doc = _table("shaping", raw, _TOP_KEYS)
-    global_rate = _number("shaping.global_rate", doc.get("global_rate", 0), low=0,
-                          want="a number of messages per second, at least 0 (0 = no cap)")
+    global_rate = _rate("shaping.global_rate", doc.get("global_rate", 0),
+                        want=f"a number of messages per second, 0 (no cap) or {MIN_RATE:g} to {MAX_NUMBER:g}")
     default_burst = max(1.0, global_rate / 10)
     global_burst = _number("shaping.global_burst", doc.get("global_burst", default_burst), low=1,
                            want="a number of messages, at least 1")
@@ -142,7 +164,7 @@ def parse_rules(raw: Mapping[str, Any] | None) -> ShapingRules:
         body = _table(where, body, _CLASS_KEYS)
         classes[name] = ClassRule(
             name,
-            _number(f"{where}.weight", body.get("weight", 1.0), low=0, low_open=True, want="a number above 0"),
+            _number(f"{where}.weight", body.get("weight", 1.0), low=MIN_RATE, want=f"a number of at least {MIN_RATE:g}"),
             _number(f"{where}.min_share", body.get("min_share", 0.0), low=0, high=1,
                     want="a fraction of the global rate between 0 and 1"))
     total_min = sum(c.min_share for c in classes.values())
@@ -155,8 +177,8 @@ def parse_rules(raw: Mapping[str, Any] | None) -> ShapingRules:
         name = _name("shaping.topics", name, "topic")
         where = f"shaping.topics.{name}"
         body = _table(where, body, _TOPIC_KEYS)
-        rate = _number(f"{where}.rate", body.get("rate", 0), low=0,
-                       want="a number of messages per second, at least 0 (0 = no limit of its own)")
+        rate = _rate(f"{where}.rate", body.get("rate", 0),
+                     want=f"a number of messages per second, 0 (no limit of its own) or {MIN_RATE:g} to {MAX_NUMBER:g}")
         if "burst" in body and rate == 0:
             raise ConfigError(f"{where}.burst is set but {where}.rate is 0 (no limit): set a rate or drop the burst")
         burst = _number(f"{where}.burst", body.get("burst", max(1.0, rate / 10)), low=1,
@@ -176,6 +198,6 @@ def parse_rules(raw: Mapping[str, Any] | None) -> ShapingRules:
         decrease,
         _number("shaping.backoff.recover", b.get("recover", 0.1), low=0, low_open=True,
                 want="a fraction of the topic's rate per second, above 0"),
-        _number("shaping.backoff.min_rate", b.get("min_rate", 1.0), low=0, low_open=True,
-                want="a number of messages per second, above 0"))
+        _number("shaping.backoff.min_rate", b.get("min_rate", 1.0), low=MIN_RATE,
+                want=f"a number of messages per second, at least {MIN_RATE:g}"))
     return ShapingRules(global_rate, global_burst, classes, topics, backoff, json.loads(json.dumps(dict(doc))))

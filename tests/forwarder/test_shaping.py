@@ -135,11 +135,26 @@ def test_the_documented_rule_set_parses() -> None:
     pytest.param({"backoff": {"decrease": 1}}, "shaping.backoff.decrease = 1", id="decrease-1"),
     pytest.param({"backoff": {"min_rate": 0}}, "shaping.backoff.min_rate = 0", id="min-rate-0"),
     pytest.param({"global_burst": 5}, "shaping.global_burst is set but", id="global-burst-without-rate"),
+    pytest.param({"topics": {"T": {"rate": 1e-320}}}, "shaping.topics.T.rate = 1e-320", id="rate-that-overflows"),
+    pytest.param({"global_rate": 1e-300}, "shaping.global_rate = 1e-300", id="global-rate-that-overflows"),
+    pytest.param({"classes": {"a": {"weight": 1e-320}}}, "shaping.classes.a.weight = 1e-320", id="tiny-weight"),
+    pytest.param({"backoff": {"min_rate": 1e-320}}, "shaping.backoff.min_rate = 1e-320", id="tiny-min-rate"),
+    pytest.param({"topics": {"T": {"rate": 10 ** 400}}}, "shaping.topics.T.rate = <1329-bit int>", id="huge-int"),
+    pytest.param({"topics": {"T": {"rate": 1e300}}}, "shaping.topics.T.rate = 1e+300", id="huge-float"),
+    pytest.param({"topics": {"T": {"rate": 10, "burst": 10 ** 30}}}, "shaping.topics.T.burst", id="huge-burst"),
 ])
 def test_invalid_rules_are_refused_whole_naming_the_key(raw: dict[str, Any], names: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_rules(raw)
     assert names in str(err.value)
+
+
+def test_the_smallest_rate_allowed_still_grants_without_overflow() -> None:
+    shaper = TrafficShaper(parse_rules({"topics": {"T": {"rate": 0.001}}, "global_rate": 0.001}), max_grant=256)
+    grants = shaper.grant({"T": 5}, 1_800_000_000_000)
+    assert sum(grants.values()) <= 1
+    nxt = shaper.next_grant_ms(1_800_000_000_000)
+    assert nxt is None or isinstance(nxt, int)
 
 
 def test_refused_rules_leave_the_old_ones_in_force() -> None:
