@@ -1,12 +1,16 @@
 """The engine's typed configuration."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
+from os import PathLike
 from pathlib import Path
 from typing import Literal
 
 from storage import TWO_YEARS_MS
 from timewheel.errors import ConfigError
+
+_MAX_ATTEMPTS = 1000
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,14 @@ class EngineConfig:
     retention_hours: float = 0.0  # 0 keeps every segment; >0 retires fully dispatched ones this old
 
     def __post_init__(self) -> None:
+        if not isinstance(self.data_dir, (str, PathLike)) or not str(self.data_dir).strip():
+            raise ConfigError(f"engine.data_dir = {self.data_dir!r} is invalid: it must name a directory "
+                              f"(for example --data-dir var/data)")
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        for name in ("checkpoint_seconds", "rescan_seconds", "retention_hours"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"engine.{name} = {value!r} is invalid: it must be a finite number")
         checks = [
             ("tick_ms", 1 <= self.tick_ms <= 60_000, "between 1 and 60000"),
             ("segment_minutes", self.segment_minutes > 0 and 1440 % self.segment_minutes == 0,
@@ -40,12 +51,13 @@ class EngineConfig:
             ("flush", self.flush in ("async", "sync"), '"async" or "sync"'),
             ("max_delay_ms", self.max_delay_ms > 0, "positive"),
             ("max_body_bytes", 0 < self.max_body_bytes <= 64 * 1024 * 1024, "between 1 and 67108864"),
-            ("max_attempts", self.max_attempts >= 1, "at least 1"),
+            # attempts are counted in int16 arrays
+            ("max_attempts", 1 <= self.max_attempts <= _MAX_ATTEMPTS, f"between 1 and {_MAX_ATTEMPTS}"),
             ("retry_base_ms", self.retry_base_ms >= 0, "at least 0"),
             ("retry_max_ms", self.retry_max_ms >= self.retry_base_ms, "at least retry_base_ms"),
             ("send_batch_size", self.send_batch_size >= 1, "at least 1"),
-            ("checkpoint_seconds", self.checkpoint_seconds > 0, "positive"),
-            ("rescan_seconds", self.rescan_seconds > 0, "positive"),
+            ("checkpoint_seconds", 0 < self.checkpoint_seconds <= 3600, "positive, at most 3600"),
+            ("rescan_seconds", 0 < self.rescan_seconds <= 3600, "positive, at most 3600"),
             ("catch_up_chunk", self.catch_up_chunk >= 1, "at least 1"),
             ("retention_hours", self.retention_hours >= 0, "at least 0"),
         ]

@@ -1,0 +1,32 @@
+"""The engine's configuration refuses values that cannot work, naming the key."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timewheel import ConfigError, EngineConfig
+
+
+@pytest.mark.parametrize("changes,names", [
+    pytest.param({"data_dir": ""}, "engine.data_dir = ''", id="empty-data-dir"),
+    pytest.param({"data_dir": "  "}, "engine.data_dir", id="blank-data-dir"),
+    pytest.param({"checkpoint_seconds": float("inf")}, "engine.checkpoint_seconds = inf", id="infinite-checkpoint"),
+    pytest.param({"checkpoint_seconds": float("nan")}, "engine.checkpoint_seconds = nan", id="nan-checkpoint"),
+    pytest.param({"checkpoint_seconds": 1e12}, "engine.checkpoint_seconds", id="checkpoint-past-an-hour"),
+    pytest.param({"retention_hours": float("inf")}, "engine.retention_hours = inf", id="infinite-retention"),
+    pytest.param({"rescan_seconds": float("inf")}, "engine.rescan_seconds = inf", id="infinite-rescan"),
+    pytest.param({"max_attempts": 40_000}, "engine.max_attempts = 40000", id="attempts-past-int16"),
+    pytest.param({"max_attempts": 0}, "engine.max_attempts = 0", id="no-attempts"),
+])
+def test_values_that_cannot_work_are_refused(tmp_path: Path, changes: dict[str, Any], names: str) -> None:
+    kwargs: dict[str, Any] = {"data_dir": tmp_path, **changes}
+    with pytest.raises(ConfigError) as err:
+        EngineConfig(**kwargs)
+    assert names in str(err.value)
+
+
+def test_defaults_are_valid(tmp_path: Path) -> None:
+    cfg = EngineConfig(str(tmp_path))
+    assert cfg.data_dir == tmp_path and cfg.max_attempts == 16
