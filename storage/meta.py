@@ -13,7 +13,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence, cast
 
 import rocksdict
 
@@ -56,20 +56,27 @@ class MetaStore:
         # Record locations are replayed from the ingest log after a crash, and a checkpoint flushes
         # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
         self._unlogged = rocksdict.WriteOptions()
-        self._unlogged.disable_wal = True
+        self._unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
 
     def locations(self, msg_ids: Sequence[str]) -> list[Location | None]:
         """Locations of ids (None where unknown), in one multi-get."""
         if not msg_ids:
             return []
-        raw = self._db.get([_id_key(m) for m in msg_ids])
-        return [None if v is None else Location(*LOCATION.unpack(v)) for v in raw]
+        return [None if v is None else Location(*LOCATION.unpack(v)) for v in self._get_many(msg_ids)]
 
     def known(self, msg_ids: Sequence[str]) -> list[bool]:
         """Which ids are already stored."""
         if not msg_ids:
             return []
-        return [v is not None for v in self._db.get([_id_key(m) for m in msg_ids])]
+        return [v is not None for v in self._get_many(msg_ids)]
+
+    def _get_many(self, msg_ids: Sequence[str]) -> list[bytes | None]:
+        """Raw values of ids' location keys, in one multi-get."""
+        return cast("list[bytes | None]", self._db.get([_id_key(m) for m in msg_ids]))
+
+    def _keys_from(self, start: bytes) -> Iterator[bytes]:
+        """Raw keys in order from `start` (the caller stops where its prefix ends)."""
+        return cast("Iterator[bytes]", iter(self._db.keys(from_key=start)))
 
     def put_records(self, msg_ids: Sequence[str], segment_ms: Sequence[int], parts: Sequence[int],
                     offsets: Sequence[int], keys: Sequence[Sequence[str]]) -> None:
@@ -87,8 +94,8 @@ class MetaStore:
     def ids_for_key(self, key: str) -> list[str]:
         """Message ids stored under a business key."""
         prefix = b"k" + key.encode() + b"\x00"
-        out = []
-        for k in self._db.keys(from_key=prefix):
+        out: list[str] = []
+        for k in self._keys_from(prefix):
             if not k.startswith(prefix):
                 break
             out.append(k[len(prefix):].decode())
@@ -97,8 +104,8 @@ class MetaStore:
     def ids_with_prefix(self, prefix: str, limit: int = 1000) -> list[str]:
         """Stored message ids that start with `prefix`."""
         start = b"i" + prefix.encode()
-        out = []
-        for k in self._db.keys(from_key=start):
+        out: list[str] = []
+        for k in self._keys_from(start):
             if not k.startswith(start) or len(out) >= limit:
                 break
             out.append(k[1:].decode())
@@ -121,8 +128,8 @@ class MetaStore:
 
     def done_segments(self) -> set[int]:
         """Segments known to have nothing left to dispatch."""
-        out = set()
-        for k in self._db.keys(from_key=b"s"):
+        out: set[int] = set()
+        for k in self._keys_from(b"s"):
             if not k.startswith(b"s"):
                 break
             out.add(_BE64.unpack(k[1:9])[0])
