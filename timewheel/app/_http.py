@@ -1,0 +1,270 @@
+"""A small HTTP/1.1 server for the admin endpoint, bounded in every dimension a client controls.
+
+The standard library's `ThreadingHTTPServer` gives each connection a thread with no timeout and
+trusts `Content-Length`: a few hundred idle sockets or one streamed body could hold the admin
+port, and with it `/healthz`, hostage. Here one event loop (its own thread) serves every connection:
+
+- the request head is read with a size limit (`max_head_bytes`) and a deadline (`read_timeout_s`);
+  an idle keep-alive connection is closed after `idle_timeout_s`; at most `max_connections` are open;
+- `Content-Length` must be ASCII digits within `max_body_bytes`, else 400/413 and the connection
+  closes without reading the body; chunked bodies are refused (411): no admin request needs one;
+- handlers run on a small thread pool (they may take the engine's locks), except those the caller
+  marks inline (health probes), which answer even while every worker is busy.
+
+`parse_head` and `body_length` are pure functions over bytes, fuzzed by the tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+log = logging.getLogger("timewheel.app.http")
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"})
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may ask of the server."""
+
+    max_head_bytes: int = 16 * 1024
+    max_headers: int = 64
+    max_body_bytes: int = 1 << 20
+    read_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    max_connections: int = 1024
+    handler_threads: int = 4
+
+
+class HttpError(Exception):
+    """A request the server refuses: the status to answer and why; the connection closes after."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Request:
+    """A parsed request: method, path, query parameters, headers (lower-case names) and body."""
+
+    method: str
+    path: str
+    query: Mapping[str, list[str]]
+    headers: Mapping[str, str]
+    body: bytes = b""
+    version: str = "HTTP/1.1"
+
+
+@dataclass(frozen=True)
+class Response:
+    """What a handler answers."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def json(cls, status: int, obj: Any) -> "Response":
+        """A JSON response."""
+        return cls(status, (json.dumps(obj) + "\n").encode())
+
+
+Handler = Callable[[Request], Response]
+
+
+def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
+    """Parse a request line and headers (ending in a blank line); HttpError if malformed or too big."""
+    if len(head) > limits.max_head_bytes:
+        raise HttpError(431, f"request head over {limits.max_head_bytes} bytes")
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError as e:  # latin-1 decodes every byte; kept for clarity of intent
+        raise HttpError(400, "undecodable request head") from e
+    lines = text.split("\r\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise HttpError(400, "empty request")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise HttpError(400, "malformed request line")
+    method, target, version = parts
+    if method not in _METHODS:
+        raise HttpError(405, f"method {method[:16]!r} not allowed")
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are spoken")
+    if not target.startswith("/") or any(c in target for c in "\x00\r\n\t "):
+        raise HttpError(400, "malformed request target")
+    if len(lines) - 1 > limits.max_headers:
+        raise HttpError(431, f"more than {limits.max_headers} headers")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or any(not (c.isascii() and c.isprintable()) or c in " \t"
+                                                                for c in name):
+            raise HttpError(400, "malformed header line")
+        key = name.lower()
+        value = value.strip(" \t")
+        if key in headers:
+            if key in ("content-length", "transfer-encoding", "host", "authorization"):
+                raise HttpError(400, f"header {name!r} given twice")
+            headers[key] = headers[key] + ", " + value
+        else:
+            headers[key] = value
+    url = urlsplit(target)
+    try:
+        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=32, strict_parsing=False)
+    except ValueError as e:
+        raise HttpError(400, f"malformed query: {e}") from e
+    return Request(method, url.path, query, headers, b"", version)
+
+
+def body_length(headers: Mapping[str, str], limits: HttpLimits = HttpLimits()) -> int:
+    """The body's length from its headers: ASCII digits within the limit; HttpError otherwise."""
+    if "transfer-encoding" in headers:
+        raise HttpError(411, "chunked bodies are not accepted: send Content-Length")
+    raw = headers.get("content-length")
+    if raw is None or raw == "":
+        return 0
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+        raise HttpError(400, f"Content-Length {raw[:24]!r} is not a byte count")
+    n = int(raw)
+    if n > limits.max_body_bytes:
+        raise HttpError(413, f"body of {n} bytes is over the limit of {limits.max_body_bytes}")
+    return n
+
+
+def _encode(resp: Response, *, keep_alive: bool, head_only: bool = False) -> bytes:
+    try:
+        phrase = HTTPStatus(resp.status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    lines = [f"HTTP/1.1 {resp.status} {phrase}", f"Content-Type: {resp.content_type}",
+             f"Content-Length: {len(resp.body)}", f"Connection: {'keep-alive' if keep_alive else 'close'}"]
+    lines += [f"{k}: {v}" for k, v in resp.headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else resp.body)
+
+
+class HttpServer:
+    """Serves `handler` on HOST:PORT (port 0 picks a free one) from one event-loop thread."""
+
+    def __init__(self, host: str, port: int, handler: Handler, limits: HttpLimits = HttpLimits(), *,
+                 inline: Callable[[Request], bool] = lambda r: False, name: str = "timewheel-http") -> None:
+        self.handler = handler
+        self.limits = limits
+        self.inline = inline
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # Bound now, so that the address (and a port in use) is known before start().
+        self._sock = socket.create_server((host, port), family=family, backlog=128)
+        self._pool = ThreadPoolExecutor(limits.handler_threads, thread_name_prefix=f"{name}-handler")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = threading.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self.open_connections = 0
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT actually bound."""
+        host, port = self._sock.getsockname()[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def start(self) -> "HttpServer":
+        """Serve in the background; returns once listening."""
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection and the thread pool."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._sock.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, sock=self._sock, limit=self.limits.max_head_bytes + 4))
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open_connections >= self.limits.max_connections:
+            writer.write(_encode(Response.json(503, {"error": "too many connections"}), keep_alive=False))
+            await self._close(writer)
+            return
+        self.open_connections += 1
+        try:
+            await self._requests(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            self.open_connections -= 1
+            await self._close(writer)
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        limits = self.limits
+        while True:
+            try:
+                first = await asyncio.wait_for(reader.readexactly(1), limits.idle_timeout_s)
+                head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), limits.read_timeout_s)
+                req = parse_head(head, limits)
+                n = body_length(req.headers, limits)
+            except asyncio.LimitOverrunError:
+                await self._refuse(writer, HttpError(431, f"request head over {limits.max_head_bytes} bytes"))
+                return
+            except HttpError as e:
+                await self._refuse(writer, e)
+                return
+            body = await asyncio.wait_for(reader.readexactly(n), limits.read_timeout_s) if n else b""
+            req = Request(req.method, req.path, req.query, req.headers, body, req.version)
+            keep_alive = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
+            resp = await self._answer(req)
+            writer.write(_encode(resp, keep_alive=keep_alive, head_only=req.method == "HEAD"))
+            await writer.drain()
+            if not keep_alive:
+                return
+
+    async def _answer(self, req: Request) -> Response:
+        try:
+            if self.inline(req):
+                return self.handler(req)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self.handler, req)
+        except HttpError as e:
+            return Response.json(e.status, {"error": e.reason})
+        except Exception:
+            log.exception("admin request %s %s failed", req.method, req.path)
+            return Response.json(500, {"error": "internal error: see the engine's log"})
+
+    async def _refuse(self, writer: asyncio.StreamWriter, err: HttpError) -> None:
+        writer.write(_encode(Response.json(err.status, {"error": err.reason}), keep_alive=False))
+        await writer.drain()
+
+    @staticmethod
+    async def _close(writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+        except (ConnectionError, TimeoutError, OSError):
+            pass
