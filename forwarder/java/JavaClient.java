@@ -1,0 +1,219 @@
+// RocketMQ's own Java client as an independent producer and consumer, for conformance tests and
+// for the broker's intake ceiling in the benchmarks. Compiled and run by forwarder/java_client.py
+// against the same Maven jars as the local broker; nothing of timewheel is on its class path.
+//
+//   produce  --namesrv A [--group G] [--compress zlib|lz4|zstd|none] [--compress-over N] [--as-batch true]
+//            [--ak K --sk S]      one JSON message a line on stdin: {"topic","tags","keys","body" (base64),
+//                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each
+//   consume  --namesrv A --topic T --group G --count N --timeout-ms M [--ak K --sk S]
+//                                 prints each message received as JSON, then {"done":true,"received":n}
+//   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--ak K --sk S]
+//                                 prints {"sent":n,"seconds":s,"rate":r}
+import com.alibaba.fastjson.JSON;
+import com.alibaba.fastjson.JSONObject;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.rocketmq.acl.common.AclClientRPCHook;
+import org.apache.rocketmq.acl.common.SessionCredentials;
+import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.compression.CompressionType;
+import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageExt;
+import org.apache.rocketmq.remoting.RPCHook;
+
+public final class JavaClient {
+    private JavaClient() {
+    }
+
+    public static void main(String[] args) throws Exception {
+        Map<String, String> opt = new HashMap<>();
+        for (int i = 1; i + 1 < args.length; i += 2) {
+            opt.put(args[i].replaceFirst("^--", ""), args[i + 1]);
+        }
+        try {
+            switch (args.length > 0 ? args[0] : "") {
+                case "produce": produce(opt); break;
+                case "consume": consume(opt); break;
+                case "intake": intake(opt); break;
+                default:
+                    System.err.println("usage: JavaClient produce|consume|intake --namesrv HOST:PORT ...");
+                    System.exit(2);
+            }
+        } catch (Exception e) {
+            e.printStackTrace();
+            System.exit(1);  // the client's own threads would keep the JVM alive
+        }
+        System.exit(0);
+    }
+
+    private static RPCHook hook(Map<String, String> opt) {
+        String ak = opt.get("ak");
+        return ak == null ? null : new AclClientRPCHook(new SessionCredentials(ak, opt.getOrDefault("sk", "")));
+    }
+
+    private static DefaultMQProducer producer(Map<String, String> opt) throws Exception {
+        DefaultMQProducer p = new DefaultMQProducer(opt.getOrDefault("group", "java-conformance-producer"), hook(opt));
+        p.setNamesrvAddr(opt.get("namesrv"));
+        p.setInstanceName("java-" + ProcessHandle.current().pid());
+        p.setSendMsgTimeout(10_000);
+        String codec = opt.getOrDefault("compress", "zlib");
+        if (codec.equals("none")) {
+            p.setCompressMsgBodyOverHowmuch(Integer.MAX_VALUE);
+        } else {
+            p.setCompressType(CompressionType.of(codec.toUpperCase()));
+            p.setCompressMsgBodyOverHowmuch(Integer.parseInt(opt.getOrDefault("compress-over", "4096")));
+        }
+        p.start();
+        return p;
+    }
+
+    private static Message toMessage(JSONObject j) {
+        byte[] body = Base64.getDecoder().decode(j.getString("body") == null ? "" : j.getString("body"));
+        Message m = new Message(j.getString("topic"), body);
+        if (j.getString("tags") != null) {
+            m.setTags(j.getString("tags"));
+        }
+        if (j.getString("keys") != null) {
+            m.setKeys(j.getString("keys"));
+        }
+        JSONObject props = j.getJSONObject("props");
+        if (props != null) {
+            for (String k : props.keySet()) {
+                m.putUserProperty(k, props.getString(k));
+            }
+        }
+        return m;
+    }
+
+    private static void produce(Map<String, String> opt) throws Exception {
+        DefaultMQProducer p = producer(opt);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        List<Message> pending = new ArrayList<>();
+        boolean batch = opt.getOrDefault("as-batch", "false").equals("true");
+        String line;
+        while ((line = in.readLine()) != null) {
+            if (line.isBlank()) {
+                continue;
+            }
+            Message m = toMessage(JSON.parseObject(line));
+            if (batch) {
+                pending.add(m);
+            } else {
+                report(() -> p.send(m), 1);
+            }
+        }
+        if (batch && !pending.isEmpty()) {
+            report(() -> p.send(pending), pending.size());
+        }
+        p.shutdown();
+    }
+
+    private interface Send {
+        SendResult call() throws Exception;
+    }
+
+    private static void report(Send send, int n) {
+        JSONObject out = new JSONObject();
+        try {
+            SendResult r = send.call();
+            out.put("ok", r.getSendStatus().name().equals("SEND_OK"));
+            out.put("status", r.getSendStatus().name());
+            out.put("msgId", r.getMsgId());
+            out.put("count", n);
+        } catch (Exception e) {
+            out.put("ok", false);
+            out.put("error", e.getClass().getSimpleName() + ": " + e.getMessage());
+            out.put("count", n);
+        }
+        System.out.println(out.toJSONString());
+        System.out.flush();
+    }
+
+    private static void consume(Map<String, String> opt) throws Exception {
+        DefaultLitePullConsumer c = new DefaultLitePullConsumer(opt.getOrDefault("group", "java-conformance-consumer"),
+                hook(opt));
+        c.setNamesrvAddr(opt.get("namesrv"));
+        c.setInstanceName("java-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.subscribe(opt.get("topic"), "*");
+        c.start();
+        long want = Long.parseLong(opt.getOrDefault("count", "1"));
+        long deadline = System.currentTimeMillis() + Long.parseLong(opt.getOrDefault("timeout-ms", "60000"));
+        long got = 0;
+        while (got < want && System.currentTimeMillis() < deadline) {
+            for (MessageExt m : c.poll(500)) {
+                JSONObject out = new JSONObject();
+                out.put("topic", m.getTopic());
+                out.put("tags", m.getTags());
+                out.put("keys", m.getKeys());
+                out.put("body", Base64.getEncoder().encodeToString(m.getBody()));
+                out.put("props", m.getProperties());
+                out.put("msgId", m.getMsgId());
+                out.put("queueId", m.getQueueId());
+                out.put("queueOffset", m.getQueueOffset());
+                out.put("storeTimestamp", m.getStoreTimestamp());
+                out.put("receivedMs", System.currentTimeMillis());
+                System.out.println(out.toJSONString());
+                got++;
+            }
+            System.out.flush();
+        }
+        JSONObject done = new JSONObject();
+        done.put("done", true);
+        done.put("received", got);
+        System.out.println(done.toJSONString());
+        c.shutdown();
+    }
+
+    private static void intake(Map<String, String> opt) throws Exception {
+        opt.putIfAbsent("compress", "none");
+        DefaultMQProducer p = producer(opt);
+        String topic = opt.get("topic");
+        int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
+        int batch = Integer.parseInt(opt.getOrDefault("batch", "128"));
+        byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
+        long seconds = Long.parseLong(opt.getOrDefault("seconds", "10"));
+        AtomicLong sent = new AtomicLong();
+        long start = System.nanoTime();
+        long end = start + seconds * 1_000_000_000L;
+        List<Thread> workers = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            Thread w = new Thread(() -> {
+                List<Message> msgs = new ArrayList<>();
+                for (int i = 0; i < batch; i++) {
+                    msgs.add(new Message(topic, body));
+                }
+                while (System.nanoTime() < end) {
+                    try {
+                        p.send(msgs);
+                        sent.addAndGet(batch);
+                    } catch (Exception e) {
+                        // a busy broker: count only what it stored
+                    }
+                }
+            });
+            w.start();
+            workers.add(w);
+        }
+        for (Thread w : workers) {
+            w.join();
+        }
+        double took = (System.nanoTime() - start) / 1e9;
+        JSONObject out = new JSONObject();
+        out.put("sent", sent.get());
+        out.put("seconds", took);
+        out.put("rate", sent.get() / took);
+        System.out.println(out.toJSONString());
+        p.shutdown();
+    }
+}

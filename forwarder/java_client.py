@@ -1,0 +1,114 @@
+"""RocketMQ's own Java client, as an independent producer and consumer (conformance tests, benchmarks).
+
+`forwarder/java/JavaClient.java` is compiled once per source and RocketMQ version with `javac`
+against the local broker's Maven jars (the broker's distribution already carries RocketMQ's Java
+client and its codecs), into the same cache directory. Nothing of timewheel is on its class path,
+so what it sends and receives is what any Java user of RocketMQ would.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from forwarder.errors import LocalRocketMQError
+from forwarder.local_rocketmq import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution
+
+_SOURCE = Path(__file__).with_name("java") / "JavaClient.java"
+_JVM_FLAGS = ("-Xms64m", "-Xmx512m", "-Drocketmq.client.logLevel=ERROR", "-Dlogback.statusListenerClass="
+              "ch.qos.logback.core.status.NopStatusListener")
+
+
+@dataclass(frozen=True)
+class JavaMessage:
+    """A message as the Java client sends or received it."""
+
+    topic: str
+    body: bytes = b""
+    tags: str | None = None
+    keys: str | None = None
+    props: Mapping[str, str] = field(default_factory=dict)
+    msg_id: str | None = None
+    received_ms: int | None = None
+
+    def to_json(self) -> str:
+        """One line of the producer's input."""
+        return json.dumps({"topic": self.topic, "body": base64.b64encode(self.body).decode(), "tags": self.tags,
+                           "keys": self.keys, "props": dict(self.props)})
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> "JavaMessage":
+        """One line of the consumer's output."""
+        return cls(row["topic"], base64.b64decode(row.get("body") or ""), row.get("tags"), row.get("keys"),
+                   dict(row.get("props") or {}), row.get("msgId"), row.get("receivedMs"))
+
+
+class JavaClient:
+    """Runs the compiled Java client against a NameServer, optionally with ACL credentials."""
+
+    def __init__(self, namesrv: str, *, version: str = ROCKETMQ_VERSION, cache_dir: Path | None = None,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
+        self.namesrv = namesrv
+        self.lib = ensure_distribution(cache_dir, version)
+        self.classes = _compile(self.lib, Path(cache_dir) if cache_dir else default_cache_dir(), version)
+        self.credentials = (access_key, secret_key or "") if access_key else None
+
+    def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
+        cmd = ["java", *_JVM_FLAGS, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
+               "--namesrv", self.namesrv]
+        if self.credentials:
+            cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise LocalRocketMQError(f"the Java client exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+    def produce(self, messages: Iterable[JavaMessage], *, compress: str = "zlib", compress_over: int = 4096,
+                batch: bool = False, group: str = "java-conformance-producer") -> list[dict[str, Any]]:
+        """Send messages (one at a time, or as one batch); one result per send: ok, msgId or error."""
+        args = ["produce", "--group", group, "--compress", compress, "--compress-over", str(compress_over)]
+        if batch:
+            args += ["--as-batch", "true"]
+        return self._run(args, "\n".join(m.to_json() for m in messages) + "\n")
+
+    def consume(self, topic: str, count: int, *, group: str, timeout_s: float = 60.0) -> list[JavaMessage]:
+        """Receive up to `count` messages of `topic` under `group` (from the first offset)."""
+        rows = self._run(["consume", "--topic", topic, "--group", group, "--count", str(count),
+                          "--timeout-ms", str(int(timeout_s * 1000))], timeout=timeout_s + 60)
+        return [JavaMessage.from_json(r) for r in rows if not r.get("done")]
+
+    def intake(self, topic: str, *, seconds: int = 10, threads: int = 4, batch: int = 128,
+               body_size: int = 100) -> dict[str, float]:
+        """The broker's intake ceiling: batches from several threads for `seconds`; sent, seconds, rate."""
+        rows = self._run(["intake", "--topic", topic, "--seconds", str(seconds), "--threads", str(threads),
+                          "--batch", str(batch), "--body-size", str(body_size)], timeout=seconds + 120)
+        return {k: float(v) for k, v in rows[-1].items()}
+
+
+def _compile(lib: Path, cache_root: Path, version: str) -> Path:
+    """Compile JavaClient.java once per source and version; the directory of its classes."""
+    if shutil.which("javac") is None:
+        raise LocalRocketMQError("javac is not on PATH: install a JDK 17 to compile RocketMQ's Java client harness")
+    digest = hashlib.sha256(_SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
+    out = cache_root / f"java-client-{digest}"
+    if (out / "JavaClient.class").exists():
+        return out
+    cache_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="java-client-", dir=cache_root))
+    proc = subprocess.run(["javac", "-nowarn", "-d", str(staging), "-cp", f"{lib}/*", str(_SOURCE)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise LocalRocketMQError(f"javac failed on {_SOURCE.name}: {proc.stderr.strip()[-2000:]}")
+    try:
+        staging.rename(out)  # atomic: a concurrent compile of the same source loses the race harmlessly
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
