@@ -23,7 +23,7 @@ from forwarder.local_rocketmq import ROCKETMQ_VERSION, default_cache_dir, ensure
 
 _SOURCE = Path(__file__).with_name("java") / "JavaClient.java"
 _JVM_FLAGS = ("-Xms64m", "-Xmx512m", "-Drocketmq.client.logLevel=ERROR", "-Dlogback.statusListenerClass="
-              "ch.qos.logback.core.status.NopStatusListener")
+              "org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ class JavaClient:
         self.lib = ensure_distribution(cache_dir, version)
         self.classes = _compile(self.lib, Path(cache_dir) if cache_dir else default_cache_dir(), version)
         self.credentials = (access_key, secret_key or "") if access_key else None
+
+    def sign(self, requests: Iterable[tuple[Mapping[str, str], bytes, str, str]]) -> list[dict[str, str]]:
+        """The ext fields RocketMQ's AclClientRPCHook sends for each (fields, body, access key, secret key)."""
+        lines = [json.dumps({"fields": dict(f), "body": base64.b64encode(b).decode(), "ak": ak, "sk": sk})
+                 for f, b, ak, sk in requests]
+        return self._run(["sign"], "\n".join(lines) + "\n")
 
     def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
         cmd = ["java", *_JVM_FLAGS, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,

@@ -9,6 +9,8 @@
 //                                 prints each message received as JSON, then {"done":true,"received":n}
 //   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--ak K --sk S]
 //                                 prints {"sent":n,"seconds":s,"rate":r}
+//   sign                          one JSON request a line on stdin: {"fields":{...},"body" (base64),"ak","sk"};
+//                                 prints the ext fields AclClientRPCHook sends for it
 import com.alibaba.fastjson.JSON;
 import com.alibaba.fastjson.JSONObject;
 import java.io.BufferedReader;
@@ -30,6 +32,7 @@ import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.remoting.RPCHook;
+import org.apache.rocketmq.remoting.protocol.RemotingCommand;
 
 public final class JavaClient {
     private JavaClient() {
@@ -45,6 +48,7 @@ public final class JavaClient {
                 case "produce": produce(opt); break;
                 case "consume": consume(opt); break;
                 case "intake": intake(opt); break;
+                case "sign": sign(); break;
                 default:
                     System.err.println("usage: JavaClient produce|consume|intake --namesrv HOST:PORT ...");
                     System.exit(2);
@@ -173,6 +177,27 @@ public final class JavaClient {
         done.put("received", got);
         System.out.println(done.toJSONString());
         c.shutdown();
+    }
+
+    private static void sign() throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            if (line.isBlank()) {
+                continue;
+            }
+            JSONObject j = JSON.parseObject(line);
+            RemotingCommand req = RemotingCommand.createRequestCommand(310, null);
+            HashMap<String, String> ext = new HashMap<>();
+            JSONObject fields = j.getJSONObject("fields");
+            for (String k : fields.keySet()) {
+                ext.put(k, fields.getString(k));
+            }
+            req.setExtFields(ext);
+            req.setBody(Base64.getDecoder().decode(j.getString("body")));
+            new AclClientRPCHook(new SessionCredentials(j.getString("ak"), j.getString("sk"))).doBeforeRequest("", req);
+            System.out.println(JSON.toJSONString(req.getExtFields()));
+        }
     }
 
     private static void intake(Map<String, String> opt) throws Exception {
