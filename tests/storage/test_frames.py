@@ -1,0 +1,60 @@
+"""Frames the store trusts (ingest log, dispatch log) under flipped bytes: a CRC covers every field."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from storage import DELIVERED, ScheduleStore, check, dispatch_entries, encode
+from storage.ingest_log import FRAME_MAGIC_V1, LOCATION_DTYPE
+from storage.record import crc32c
+from tests.storage.test_store import NOW, crash, recs
+
+
+def _wal_file(s: ScheduleStore) -> Path:
+    [path] = sorted(s.layout.ingest_dir.glob("*.wal"))[-1:]
+    return path
+
+
+def test_changed_ingest_frame_count_never_overwrites_an_intact_part(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(10), NOW)
+    s.append(recs(10, prefix="n"), NOW)
+    seg = s.layout.segment_start(NOW)
+    log = s.layout.part_log(seg, 0)
+    wal = _wal_file(s)
+    crash(s)
+    before = log.read_bytes()
+    raw = bytearray(wal.read_bytes())
+    struct.pack_into("<I", raw, 4, 9)  # the first frame's count: 10 -> 9
+    wal.write_bytes(bytes(raw))
+    for _ in range(2):  # opens, and opens again
+        s2 = ScheduleStore(tmp_path / "d")
+        assert log.read_bytes() == before
+        ix = s2.segment_index(seg)
+        got = [r.msg_id for r in s2.read_records([seg] * len(ix), ix.part.tolist(), ix.offset.tolist())]
+        assert got == [f"m{i}" for i in range(10)] + [f"n{i}" for i in range(10)]
+        s2.close()
+    assert check(s2.layout).ok
+
+
+def test_first_version_ingest_frames_are_still_replayed(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    seg = s.layout.segment_start(NOW)
+    wal = _wal_file(s)
+    crash(s)
+    blobs = [encode(r, NOW) for r in recs(3)]
+    locs = np.zeros(3, LOCATION_DTYPE)
+    locs["segment_ms"] = seg
+    locs["due_ms"] = [r.due_ms for r in recs(3)]
+    locs["length"] = [len(b) for b in blobs]
+    locs["offset"] = np.concatenate(([0], np.cumsum(locs["length"][:-1])))
+    payload = locs.tobytes() + b"".join(blobs)
+    wal.write_bytes(struct.pack("<IIIIq", FRAME_MAGIC_V1, 3, len(payload), crc32c(payload), NOW) + payload)
+    s2 = ScheduleStore(tmp_path / "d")
+    assert s2.recovery.replayed_records == 3
+    ix = s2.segment_index(seg)
+    assert [s2.read_record(seg, 0, o).msg_id for o in ix.offset.tolist()] == ["m0", "m1", "m2"]
+    assert s2.meta.locations(["m2"])[0] is not None
+    s2.close()
