@@ -5,8 +5,10 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from storage import DELIVERED, ScheduleStore, check, dispatch_entries, encode
+from storage.dispatch import FRAME_MAGIC_V1 as FRAME_MAGIC_V1_DISPATCH
 from storage.ingest_log import FRAME_MAGIC_V1, LOCATION_DTYPE
 from storage.record import crc32c
 from tests.storage.test_store import NOW, crash, recs
@@ -58,3 +60,41 @@ def test_first_version_ingest_frames_are_still_replayed(tmp_path: Path) -> None:
     assert [s2.read_record(seg, 0, o).msg_id for o in ix.offset.tolist()] == ["m0", "m1", "m2"]
     assert s2.meta.locations(["m2"])[0] is not None
     s2.close()
+
+
+@pytest.mark.parametrize("field,value", [pytest.param(0, 0xDEAD, id="magic"), pytest.param(4, 1 << 30, id="count"),
+                                         pytest.param(4, 1, id="short-count")])
+def test_one_bad_dispatch_frame_hides_nothing_after_it(tmp_path: Path, field: int, value: int) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(8), NOW)
+    seg = s.layout.segment_start(NOW)
+    ix = s.segment_index(seg)
+    for i in range(0, 6, 2):  # three frames of two entries
+        s.record_dispatch(seg, dispatch_entries(ix.part[i:i + 2], ix.offset[i:i + 2], ix.due_ms[i:i + 2], NOW,
+                                                DELIVERED), NOW)
+    s.close()
+    dl = s.layout.dispatch_log(seg)
+    raw = bytearray(dl.read_bytes())
+    struct.pack_into("<I", raw, 3 * 24 + field, value)  # the second frame's header row
+    dl.write_bytes(bytes(raw))
+    s2 = ScheduleStore(tmp_path / "d")  # a restart appends after what it reads
+    s2.record_dispatch(seg, dispatch_entries(ix.part[6:8], ix.offset[6:8], ix.due_ms[6:8], NOW, DELIVERED), NOW)
+    read = s2.dispatch_log(seg)
+    s2.close()
+    assert sorted(read.entries["offset"].tolist()) == sorted(ix.offset[[0, 1, 4, 5, 6, 7]].tolist())
+    assert (read.corrupt_frames, read.torn_bytes) == (1, 0)
+    assert [f.kind for f in check(s2.layout).findings] == ["corrupt_dispatch_frame"]
+
+
+def test_first_version_dispatch_frames_are_still_read(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(2), NOW)
+    seg = s.layout.segment_start(NOW)
+    ix = s.segment_index(seg)
+    body = dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED).tobytes()
+    s.layout.dispatch_log(seg).write_bytes(struct.pack("<IIIIq", FRAME_MAGIC_V1_DISPATCH, 2, crc32c(body), 0, NOW)
+                                           + body)
+    s.record_dispatch(seg, dispatch_entries(ix.part[:1], ix.offset[:1], ix.due_ms[:1], NOW, DELIVERED), NOW)
+    read = s.dispatch_log(seg)
+    s.close()
+    assert len(read.entries) == 3 and read.corrupt_frames == 0
