@@ -217,6 +217,25 @@ def test_inspect_refuses_a_directory_that_is_not_a_store(tmp_path: Path) -> None
     assert res.returncode == 2 and "not a timewheel data directory" in res.stderr
 
 
+@pytest.mark.parametrize("content", [
+    pytest.param(b'{"format": 1, "segm', id="cut-short"),
+    pytest.param(b"\xff\xfe{}", id="not-utf8"),
+    pytest.param(b"[1, 60]", id="not-an-object"),
+    pytest.param(b'{"format": 1}', id="no-segment-minutes"),
+    pytest.param(b'{"format": 1, "segment_minutes": "60"}', id="text-minutes"),
+    pytest.param(b'{"format": 1, "segment_minutes": 7}', id="minutes-not-dividing-a-day"),
+])
+def test_inspect_explains_a_bad_metadata_file(tmp_path: Path, content: bytes) -> None:
+    ScheduleStore(tmp_path / "d").close()
+    (tmp_path / "d" / "timewheel.json").write_bytes(content)
+    res = subprocess.run([sys.executable, "-m", "timewheel", "inspect", "--data-dir", str(tmp_path / "d")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("timewheel: ") and ("timewheel.json" in res.stderr or "segment_minutes" in res.stderr)
+    with pytest.raises(StorageError):
+        ScheduleStore(tmp_path / "d")
+
+
 def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:
     s = ScheduleStore(tmp_path / "d")
     s.append(recs(4, step=HOUR), NOW)
