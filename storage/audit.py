@@ -221,7 +221,13 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
             elif size_of(idx_path) % INDEX_ENTRY_SIZE:
                 rep.findings.append(Finding("torn_index", str(idx_path), "index ends in a partial entry"))
             tail = repair_part(log, idx_path, fix=fix)
-            if tail.changed:
+            if tail.bad_index:
+                rep.findings.append(Finding(
+                    "bad_index", str(idx_path),
+                    f"{tail.bad_index}; {tail.index_dropped} entries from there on "
+                    + ("were rebuilt from the log" if fix else "are to be rebuilt from the log (fix=True)")))
+                rep.fixed += int(fix)
+            elif tail.changed:
                 rep.findings.append(Finding(
                     "tail_mismatch", str(log),
                     f"index entries past the log: {tail.index_dropped}; unindexed whole records: "

@@ -29,7 +29,7 @@ from storage.index import INDEX_DTYPE, MAX_PART_BYTES, read_index
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout
 from storage.meta import MetaStore
-from storage.part import PartReader, repair_part
+from storage.part import PartReader, repair_part, trusted_index
 from storage.record import HEADER_SIZE, Record, decode, encode, record_length
 
 log = logging.getLogger("timewheel.storage")
@@ -429,18 +429,15 @@ class ScheduleStore:
     # ---- reads ----------------------------------------------------------------------------------
 
     def segment_index(self, segment_ms: int, parts: Sequence[int] | None = None) -> SegmentIndex:
-        """The index of a segment (or of some of its parts), entries past a part's log dropped."""
+        """The index of a segment (or of some of its parts), as far as it agrees with the logs
+        (`trusted_index`)."""
         chunks, part_ids, bounds = [], [], []
         n = 0
         for part in (self.layout.list_parts(segment_ms) if parts is None else parts):
             idx_path = self.layout.part_index(segment_ms, part)
             if not idx_path.exists():
                 continue  # a part being published, or one recovery has not indexed yet
-            idx = read_index(idx_path)
-            if len(idx):
-                log_size = size_of(self.layout.part_log(segment_ms, part))
-                if int(idx["offset"][-1]) + int(idx["length"][-1]) > log_size:
-                    idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
+            idx = trusted_index(self.layout.part_log(segment_ms, part), read_index(idx_path))
             chunks.append(idx)
             part_ids.append(np.full(len(idx), part, np.uint16))
             bounds.append((part, n, n + len(idx)))
@@ -459,14 +456,19 @@ class ScheduleStore:
             raise out
         return out
 
-    def read_records(self, segment_ms: Sequence[int], parts: Sequence[int],
-                     offsets: Sequence[int]) -> list[Record | CorruptRecordError]:
-        """Decode many records; a corrupt one yields its error in its place (and is counted)."""
+    def read_records(self, segment_ms: Sequence[int], parts: Sequence[int], offsets: Sequence[int],
+                     due_ms: Sequence[int] | None = None) -> list[Record | CorruptRecordError]:
+        """Decode many records; a corrupt one yields its error in its place (and is counted).
+
+        With `due_ms` (what the index said), a record whose own CRC-checked due time differs is
+        corrupt too: an index entry is never trusted to serve a record at another time.
+        """
         out: list[Record | CorruptRecordError] = []
+        dues: Sequence[int | None] = [None] * len(offsets) if due_ms is None else due_ms
         with self._read_lock:
             reader = None
             last_key = None
-            for seg, part, off in zip(segment_ms, parts, offsets):
+            for seg, part, off, due in zip(segment_ms, parts, offsets, dues, strict=True):
                 key = (seg, part)
                 try:
                     if key != last_key:
@@ -479,7 +481,10 @@ class ScheduleStore:
                     length = record_length(view, off)
                     if off + length > len(view):
                         view = reader.view(off + length)
-                    out.append(decode(view, off)[0])
+                    rec = decode(view, off)[0]
+                    if due is not None and rec.due_ms != due:
+                        raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off)
+                    out.append(rec)
                 except (CorruptRecordError, OSError) as e:
                     self.corrupt_records_found += 1
                     reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
