@@ -12,7 +12,9 @@ from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record import MAX_BODY, Record, decode, decode_keys, decode_properties, encode
-from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, RecoveryReport, ScheduleStore, SegmentIndex
+from storage._reader import SegmentIndex
+from storage.recovery import RecoveryReport
+from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
 
 __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",

@@ -24,6 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
+from storage._files import fsync_path
 from storage.record import crc32c
 
 FRAME_MAGIC = 0x32495754  # "TWI2": the CRC covers the header too
@@ -58,9 +59,12 @@ def frame_crc(header: bytes | bytearray | memoryview, payload: bytes | memoryvie
 class IngestLog:
     """Append-only frames in numbered files under one directory."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, sync_dir: bool = False) -> None:
+        """Frames in `directory`; with `sync_dir`, a new file's name is made durable before any
+        frame is written to it (flush="sync" acknowledges a frame once it is fsynced)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.sync_dir = sync_dir
         self._fd: int | None = None
         self.seq = -1
         self.position = 0
@@ -73,6 +77,8 @@ class IngestLog:
         """Start appending to a fresh file number `seq`."""
         self.close()
         self._fd = os.open(self.dir / _file_name(seq), os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_APPEND, 0o644)
+        if self.sync_dir:
+            fsync_path(self.dir)
         self.seq = seq
         self.position = 0
 

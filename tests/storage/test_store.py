@@ -21,9 +21,7 @@ HOUR = 3_600_000
 def crash(s: ScheduleStore) -> None:
     """Drop a store as a killed process would: no checkpoint, no flush."""
     s._wal.close()
-    for a, b in s._fds.values():
-        os.close(a)
-        os.close(b)
+    s.writer.close()
     s.meta._db.close()
 
 
@@ -184,7 +182,7 @@ def test_dispatch_log_round_trip_and_torn_tail(store: ScheduleStore) -> None:
     read = read_dispatch_log(path)
     assert len(read.entries) == 2 and read.torn_bytes == 30
     store.release_segment(seg)
-    store._dispatch_fds.pop(seg)  # reopen as after a restart: the torn frame is cut before appending
+    store.dispatch_writer.forget(seg)  # reopen as after a restart: the torn frame is cut before appending
     store.record_dispatch(seg, dispatch_entries(ix.part[2:3], ix.offset[2:3], ix.due_ms[2:3], NOW, CANCELLED, 0), NOW)
     read = read_dispatch_log(path)
     assert read.torn_bytes == 0 and read.entries["outcome"].tolist() == [DELIVERED, DELIVERED, CANCELLED]
