@@ -88,3 +88,26 @@ class DispatchWriter:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
+    """Append one frame to a segment's dispatch log from outside the engine (replay, `check`), durably:
+    one O_APPEND write (so it interleaves whole with the engine's), fsynced, with a new log's name too.
+
+    Unlike the engine's own writer it never cuts a torn tail: the engine may be writing there.
+    """
+    if len(entries) == 0:
+        return
+    path = layout.dispatch_log(segment_ms)
+    frame = _dispatch.encode_frame(entries, now_ms)
+    new = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        write_all(fd, frame)
+        os.fsync(fd)
+    except OSError as e:
+        raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}") from e
+    finally:
+        os.close(fd)
+    if new:
+        fsync_path(path.parent)

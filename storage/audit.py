@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from storage import dispatch as _dispatch
+from storage._dispatch_writer import append_dispatch
 from storage._files import size_of
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_ENTRY_SIZE, read_index
@@ -276,8 +277,7 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
             if todo:
                 arr = np.array(todo, dtype=np.int64)
                 entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
-                with open(dl, "ab") as f:
-                    f.write(_dispatch.encode_frame(entries, now_ms))
+                append_dispatch(layout, start, entries, now_ms)
                 rep.fixed += len(todo)
     return rep
 

@@ -31,7 +31,7 @@ assert _HEADER_DTYPE.itemsize == ROW_SIZE
 FRAME_MAGIC = 0x32445754  # "TWD2": the CRC covers the header too
 FRAME_MAGIC_V1 = 0x50445754  # "TWDP": the CRC covers the entry rows only; read, never written
 _MAGICS = (FRAME_MAGIC, FRAME_MAGIC_V1)
-_CRC_AT = _HEADER_DTYPE.fields["crc"][1]
+_CRC_AT = _HEADER_DTYPE["magic"].itemsize + _HEADER_DTYPE["count"].itemsize  # the crc field follows them
 _CRC_END = _CRC_AT + _HEADER_DTYPE["crc"].itemsize
 
 DELIVERED = 1

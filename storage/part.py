@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from storage.errors import CorruptRecordError
-from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, read_index
+from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.record import HEADER_SIZE, header_fields
 from storage._files import size_of, write_all
 
@@ -44,11 +44,7 @@ def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
         offs.append(pos)
         lens.append(length)
         pos += length
-    entries = np.empty(len(dues), INDEX_DTYPE)
-    entries["due_ms"] = dues
-    entries["offset"] = offs
-    entries["length"] = lens
-    return ScanResult(entries, pos, reason)
+    return ScanResult(index_entries(dues, offs, lens), pos, reason)
 
 
 def tiling_prefix(idx: np.ndarray, log_size: int) -> tuple[int, str | None]:

@@ -24,6 +24,17 @@ def _schedule(e: Engine, n: int, prefix: str = "m") -> list[str]:
                        for i in range(n)])
 
 
+def _stored(data: Path, n: int) -> tuple[ManualClock, RecordingSink, list[str], SegmentLayout, int]:
+    """An engine that stored `n` messages in one segment and stopped: (clock, sink, ids, layout, segment)."""
+    clock = ManualClock(T0)
+    sink = RecordingSink(clock)
+    e = _engine(data, clock, sink)
+    ids = _schedule(e, n)
+    e.stop()
+    layout = SegmentLayout.open_existing(data)
+    return clock, sink, ids, layout, layout.list_segments()[0]
+
+
 def test_flipped_bytes_are_never_served_and_the_rest_is_delivered(tmp_path: Path) -> None:
     clock, sink = ManualClock(T0), None
     sink = RecordingSink(clock)
@@ -51,13 +62,7 @@ def test_flipped_bytes_are_never_served_and_the_rest_is_delivered(tmp_path: Path
 
 
 def test_torn_tail_and_missing_index_are_repaired_and_reported(tmp_path: Path) -> None:
-    clock = ManualClock(T0)
-    sink = RecordingSink(clock)
-    e = _engine(tmp_path / "d", clock, sink)
-    ids = _schedule(e, 30)
-    e.stop()
-    layout = SegmentLayout.open_existing(tmp_path / "d")
-    seg = layout.list_segments()[0]
+    clock, sink, ids, layout, seg = _stored(tmp_path / "d", 30)
     with open(layout.part_log(seg, 0), "ab") as f:
         f.write(b"\xa7\x01\x00\x00\xff\xff")  # a record that never finished
     layout.part_index(seg, 0).unlink()
@@ -124,13 +129,7 @@ def test_index_due_time_never_serves_a_record_before_its_own(tmp_path: Path) -> 
 
 
 def test_index_offset_past_the_part_is_reported_and_repaired(tmp_path: Path) -> None:
-    clock = ManualClock(T0)
-    sink = RecordingSink(clock)
-    e = _engine(tmp_path / "d", clock, sink)
-    ids = _schedule(e, 10)
-    e.stop()
-    layout = SegmentLayout.open_existing(tmp_path / "d")
-    seg = layout.list_segments()[0]
+    clock, sink, ids, layout, seg = _stored(tmp_path / "d", 10)
     idx_path = layout.part_index(seg, 0)
     idx = read_index(idx_path)
     idx["offset"][3] = 0x7FFF0000  # a flipped high bit: past the end of the part
