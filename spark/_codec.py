@@ -19,13 +19,14 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from storage import (DISPATCH_DTYPE, CorruptRecordError, PartStager, Record, decode, decode_keys, decode_properties,
-                     read_dispatch_log, read_index, record_keys)
+                     read_dispatch_log, read_index, record_keys, trusted_index)
 from storage.audit import NO_TIME, OUTCOME_COUNTS, outcomes_of
 from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
 
@@ -310,15 +311,17 @@ def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = N
               max_rows: int = 1 << 16) -> Iterator[dict[str, pa.Array]]:
     """Arrow columns of a part's records due in [since_ms, until_ms), in batches.
 
-    Index entries past the end of the log (a torn write not yet repaired) are skipped, as the
-    engine skips them.
+    The index is taken as far as it agrees with the log (`storage.trusted_index`), as the engine
+    takes it: entries past the end of the log (a torn write not yet repaired) are skipped, and
+    where entries stop tiling the log the records are found by a scan.
     """
-    idx = read_index(pf.index)
-    if not len(idx):
-        return
     try:
         f = open(pf.log, "rb")
     except FileNotFoundError:
+        return
+    idx = trusted_index(Path(pf.log), read_index(pf.index))
+    if not len(idx):
+        f.close()
         return
     with f:
         size = os.fstat(f.fileno()).st_size

@@ -14,6 +14,7 @@ from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record import MAX_BODY, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode
+from storage.part import trusted_index
 from storage.recovery import RecoveryReport
 from storage.sealed import PartStager, SealedPartWriter
 from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
@@ -26,5 +27,5 @@ __all__ = [
     "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "append_dispatch", "check", "decode", "decode_keys", "decode_properties", "dispatch_entries",
     "encode", "encode_frame", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
-    "summarize", "summarize_segment",
+    "summarize", "summarize_segment", "trusted_index",
 ]

@@ -19,7 +19,7 @@ from storage.errors import CorruptRecordError
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
-from storage.part import repair_part
+from storage.part import repair_part, trusted_index
 from storage.record import header_fields
 
 
@@ -86,12 +86,11 @@ class Outcomes:
 
 
 def known_keys(parts: Sequence[tuple[int, str | os.PathLike[str], str | os.PathLike[str]]]) -> np.ndarray:
-    """Sorted record keys of parts given as (number, log, index): their index entries whose record
-    lies within the log (readers skip the others, a torn write not yet repaired)."""
+    """Sorted record keys of parts given as (number, log, index): their index entries as far as they
+    agree with the log (`trusted_index`), as every reader takes them."""
     keys = []
     for part, log, index in parts:
-        idx = read_index(Path(index))
-        idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= size_of(Path(log))]
+        idx = trusted_index(Path(log), read_index(Path(index)))
         keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
     return np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
 
@@ -134,10 +133,8 @@ def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
     keys = []
     for part in layout.list_parts(start_ms):
         log = layout.part_log(start_ms, part)
-        idx = read_index(layout.part_index(start_ms, part))
+        idx = trusted_index(log, read_index(layout.part_index(start_ms, part)))
         log_size = size_of(log)
-        if len(idx):
-            idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
         s.parts += 1
         s.records += len(idx)
         s.bytes += log_size + size_of(layout.part_index(start_ms, part))

@@ -116,6 +116,17 @@ def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_stor
     assert [r["msg_id"] for r in rows] == ["m2", "m3", "m4"]
 
 
+def test_an_index_that_stops_tiling_the_log_hides_no_record(make_store) -> None:
+    s = make_store()
+    s.append(records(10), T0)
+    pf = _part(s, T0)
+    idx = read_index(pf.index)
+    idx["offset"][4] = 0x7FFF0000  # past the end of the part: the record it named is intact
+    idx.tofile(pf.index)
+    rows = _rows(pf, ["msg_id", "crc_ok"])
+    assert [(r["msg_id"], r["crc_ok"]) for r in rows] == [(f"m{i}", True) for i in range(10)]
+
+
 def test_outcome_columns_count_entries_per_record(make_store) -> None:
     s = make_store()
     s.append(records(4), T0)
