@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from storage import DELIVERED, ScheduleStore, check, dispatch_entries, encode
+from storage import DELIVERED, ScheduleStore, check, dispatch_entries, encode, encode_frame, read_dispatch_log
 from storage.dispatch import FRAME_MAGIC_V1 as FRAME_MAGIC_V1_DISPATCH
-from storage.ingest_log import FRAME_MAGIC_V1, LOCATION_DTYPE
+from storage.ingest_log import FRAME_MAGIC_V1, LOCATION_DTYPE, IngestLog
 from storage.record import crc32c
 from tests.storage.test_store import NOW, crash, recs
 
@@ -98,3 +101,52 @@ def test_first_version_dispatch_frames_are_still_read(tmp_path: Path) -> None:
     read = s.dispatch_log(seg)
     s.close()
     assert len(read.entries) == 3 and read.corrupt_frames == 0
+
+
+def _dispatch_frames(sizes: list[int]) -> list[np.ndarray]:
+    out, offset = [], 0
+    for n in sizes:
+        offs = np.arange(offset, offset + n, dtype=np.uint32) * 100
+        out.append(dispatch_entries(0, offs, offs.astype(np.int64) + NOW, NOW, DELIVERED))
+        offset += n
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=6), st.data())
+def test_a_flipped_byte_in_a_dispatch_log_loses_only_its_own_frame(sizes: list[int], data: st.DataObject) -> None:
+    frames = _dispatch_frames(sizes)
+    raw = bytearray(b"".join(encode_frame(f, NOW) for f in frames))
+    at = data.draw(st.integers(0, len(raw) - 1))
+    raw[at] ^= data.draw(st.integers(1, 255))
+    hit = int(np.searchsorted(np.cumsum([24 * (1 + n) for n in sizes]), at, side="right"))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "dispatch.log"
+        path.write_bytes(bytes(raw))
+        read = read_dispatch_log(path)
+    want = np.concatenate([f for i, f in enumerate(frames) if i != hit] or [frames[0][:0]])
+    assert read.entries.tobytes() == want.tobytes()
+    assert read.corrupt_frames + (read.torn_bytes > 0) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.data())
+def test_a_flipped_byte_in_the_ingest_log_ends_replay_before_its_frame(sizes: list[int], data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        wal = IngestLog(Path(d))
+        wal.open_new(0)
+        ends = []
+        for k, n in enumerate(sizes):
+            blobs = [encode(r, NOW) for r in recs(n, prefix=f"f{k}-")]
+            locs = np.zeros(n, LOCATION_DTYPE)
+            locs["length"] = [len(b) for b in blobs]
+            wal.append(locs, blobs, NOW, sync=False)
+            ends.append(wal.position)
+        wal.close()
+        path = next(Path(d).glob("*.wal"))
+        raw = bytearray(path.read_bytes())
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] ^= data.draw(st.integers(1, 255))
+        path.write_bytes(bytes(raw))
+        got = [f.end for f in IngestLog(Path(d)).frames(0, 0)]
+    assert got == [e for e in ends if e <= at]
