@@ -11,7 +11,8 @@ columns (the audit reads no bodies). Options:
 
 Writing (`df.write.format("timewheel").mode("append").save(DATA_DIR)`): rows of
 `spark.schema.BACKFILL_INPUT`, already validated and deduplicated (see `spark.backfill`). Each task
-encodes its rows into parts staged under `<data_dir>/_staging/<job>/`, named by the task attempt;
+stages its rows through `storage.PartStager` under `<data_dir>/_staging/<job>/`, named by the task attempt
+(a failed attempt removes its own);
 `commit()` in the driver publishes them with `SegmentLayout.publish_part`, `abort()` removes them.
 Options: `job` (names the staging directory), `enqueue_ms`, `report` (a JSON file `commit()`
 writes: the parts published).
