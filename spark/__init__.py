@@ -7,8 +7,9 @@
     spark.read.format("timewheel_audit").option("now_ms", NOW).load(DATA_DIR)  # the audit's cells
 
 Modules: `source`, `dispatch_source` and `audit_source` (the formats; `source` also holds the
-backfill writer), `_codec` (part files to Arrow and back, numpy/pyarrow only), `_cells` (the
+backfill writer), `_codec` (part files to Arrow, and Arrow rows into `storage.PartStager`), `_cells` (the
 audit's per-record work, numpy only), `backfill`, `audit`,
 `replay`, `export` (jobs: `DataFrame -> DataFrame` functions plus one function doing the I/O),
-`session`, `progress`. The byte layouts come from `storage`; nothing here redefines one.
+`session`, `progress`. The byte layouts come from `storage`, and so does every write and fsync of
+a part or dispatch log; nothing here redefines one.
 """

@@ -10,22 +10,23 @@ byte range it covers. Keys and properties, whose encoding is nested, go through 
 decoders for the records that have any. A record that fails any check yields a row with `crc_ok = false`
 and null fields, never an exception.
 
-Writing a part: rows are encoded by `storage.encode` into a staged .log and .idx, which the driver
-later moves into place with `SegmentLayout.publish_part`.
+Writing: rows go through `storage.PartStager` (records and index sidecars in the engine's own byte
+layout and fsync order) into staged parts, which the driver later moves into place with
+`SegmentLayout.publish_part`.
 """
 from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from storage import (DISPATCH_DTYPE, INDEX_DTYPE, CorruptRecordError, Record, decode, decode_keys, decode_properties,
-                     encode, read_dispatch_log, read_index, record_keys)
+from storage import (DISPATCH_DTYPE, CorruptRecordError, PartStager, Record, decode, decode_keys, decode_properties,
+                     read_dispatch_log, read_index, record_keys, trusted_index)
 from storage.audit import NO_TIME, OUTCOME_COUNTS, outcomes_of
 from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
 
@@ -310,15 +311,17 @@ def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = N
               max_rows: int = 1 << 16) -> Iterator[dict[str, pa.Array]]:
     """Arrow columns of a part's records due in [since_ms, until_ms), in batches.
 
-    Index entries past the end of the log (a torn write not yet repaired) are skipped, as the
-    engine skips them.
+    The index is taken as far as it agrees with the log (`storage.trusted_index`), as the engine
+    takes it: entries past the end of the log (a torn write not yet repaired) are skipped, and
+    where entries stop tiling the log the records are found by a scan.
     """
-    idx = read_index(pf.index)
-    if not len(idx):
-        return
     try:
         f = open(pf.log, "rb")
     except FileNotFoundError:
+        return
+    idx = trusted_index(Path(pf.log), read_index(pf.index))
+    if not len(idx):
+        f.close()
         return
     with f:
         size = os.fstat(f.fileno()).st_size
@@ -352,123 +355,25 @@ def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = N
 # ---- writing --------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class StagedPart:
-    """One part being written in the staging directory."""
-
-    segment_ms: int
-    log: Path
-    index: Path
-    records: int = 0
-    size: int = 0
-    _blobs: list[bytes] = field(default_factory=list)
-    _entries: list[tuple[int, int, int]] = field(default_factory=list)
-
-    def add(self, blob: bytes, due_ms: int) -> None:
-        """Append one encoded record (buffered until `flush`)."""
-        self._blobs.append(blob)
-        self._entries.append((due_ms, self.size, len(blob)))
-        self.size += len(blob)
-        self.records += 1
-
-    def flush(self) -> None:
-        """Write what is buffered to the staged files."""
-        if not self._blobs:
-            return
-        with open(self.log, "ab") as f:
-            f.write(b"".join(self._blobs))
-        idx = np.array(self._entries, dtype=np.int64)
-        entries = np.empty(len(idx), INDEX_DTYPE)
-        entries["due_ms"] = idx[:, 0]
-        entries["offset"] = idx[:, 1]
-        entries["length"] = idx[:, 2]
-        with open(self.index, "ab") as f:
-            f.write(entries.tobytes())
-        self._blobs, self._entries = [], []
-
-    def finish(self) -> None:
-        """Flush and fsync both files."""
-        self.flush()
-        for p in (self.log, self.index):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-class PartStager:
-    """Encodes records into staged parts, one open part per segment, rolled at `max_part_bytes`."""
-
-    def __init__(self, staging_dir: Path, prefix: str, segment_ms: int, enqueue_ms: int,
-                 max_part_bytes: int = 1 << 30, buffer_bytes: int = 64 << 20) -> None:
-        """Stage into `staging_dir`, file names starting with `prefix` (unique to the task attempt)."""
-        self.dir = staging_dir
-        self.prefix = prefix
-        self.segment_len = segment_ms
-        self.enqueue_ms = enqueue_ms
-        self.max_part_bytes = max_part_bytes
-        self.buffer_bytes = buffer_bytes
-        self.open: dict[int, StagedPart] = {}
-        self.done: list[StagedPart] = []
-        self.counts = {"written": 0, "existing": 0, "duplicates": 0}
-        self._n = 0
-        self._buffered = 0
-
-    def _new(self, seg: int) -> StagedPart:
-        """Open a new staged part for a segment."""
-        self._n += 1
-        stem = self.dir / f"{self.prefix}-{seg}-{self._n:05d}"
-        part = StagedPart(seg, stem.with_suffix(".log"), stem.with_suffix(".idx"))
-        part.log.touch(exist_ok=False)
-        part.index.touch(exist_ok=False)
-        self.open[seg] = part
-        return part
-
-    def add(self, rec: Record) -> None:
-        """Encode and stage one record in its segment's part."""
-        blob = encode(rec, self.enqueue_ms)
-        seg = rec.due_ms - rec.due_ms % self.segment_len
-        part = self.open.get(seg)
-        if part is None:
-            part = self._new(seg)
-        elif part.size + len(blob) > self.max_part_bytes:
-            part.finish()
-            self.done.append(self.open.pop(seg))
-            part = self._new(seg)
-        part.add(blob, rec.due_ms)
-        self.counts["written"] += 1
-        self._buffered += len(blob)
-        if self._buffered >= self.buffer_bytes:  # bounded memory however many segments are open
-            for p in self.open.values():
-                p.flush()
-            self._buffered = 0
-
-    def add_batch(self, batch: pa.RecordBatch) -> None:
-        """Stage the rows of an Arrow batch (columns of `spark.schema.BACKFILL_PLAN`); rows whose
-        status is "existing" are only counted."""
-        names = set(batch.schema.names)
-        cols = {name: batch.column(name).to_pylist() for name in
-                ("msg_id", "topic", "body", "due_ms", "tags", "keys", "properties")}
-        n = batch.num_rows
-        status = batch.column("status").to_pylist() if "status" in names else [None] * n
-        copies = batch.column("copies").to_pylist() if "copies" in names else [1] * n
-        for mid, topic, body, due, tags, keys, props, st, cp in zip(
-                cols["msg_id"], cols["topic"], cols["body"], cols["due_ms"], cols["tags"], cols["keys"],
-                cols["properties"], status, copies):
-            if st == "existing":
-                self.counts["existing"] += cp or 1
-                continue
-            self.counts["duplicates"] += (cp or 1) - 1
-            self.add(Record(mid, topic, body, due, 0, tags or "", tuple(keys or ()), dict(props or ())))
-
-    def finish(self) -> list[StagedPart]:
-        """Close every part; returns all staged parts."""
-        for part in self.open.values():
-            part.finish()
-            self.done.append(part)
-        self.open = {}
-        return self.done
+def stage_batch(stager: PartStager, batch: pa.RecordBatch, counts: dict[str, int]) -> None:
+    """Stage the rows of an Arrow batch (columns of `spark.schema.BACKFILL_PLAN`) through storage's
+    `PartStager`; rows whose status is "existing" are only counted. `counts` gains "written",
+    "existing" and "duplicates" (input rows beyond the first with the same id)."""
+    names = set(batch.schema.names)
+    cols = {name: batch.column(name).to_pylist() for name in
+            ("msg_id", "topic", "body", "due_ms", "tags", "keys", "properties")}
+    n = batch.num_rows
+    status = batch.column("status").to_pylist() if "status" in names else [None] * n
+    copies = batch.column("copies").to_pylist() if "copies" in names else [1] * n
+    for mid, topic, body, due, tags, keys, props, st, cp in zip(
+            cols["msg_id"], cols["topic"], cols["body"], cols["due_ms"], cols["tags"], cols["keys"],
+            cols["properties"], status, copies):
+        if st == "existing":
+            counts["existing"] = counts.get("existing", 0) + (cp or 1)
+            continue
+        counts["duplicates"] = counts.get("duplicates", 0) + (cp or 1) - 1
+        stager.add(Record(mid, topic, body, due, 0, tags or "", tuple(keys or ()), dict(props or ())))
+        counts["written"] = counts.get("written", 0) + 1
 
 
 def arrow_batch(columns: Mapping[str, pa.Array], schema: pa.Schema) -> pa.RecordBatch:

@@ -11,7 +11,6 @@ writes nothing: it says what would be sent.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,23 +116,15 @@ class _Pace:
 
 
 def _record_replays(data_dir: str, segment_ms: int, part: int, offsets: list[int], dues: list[int]) -> None:
-    """Append one frame of REPLAYED entries to a segment's dispatch log (a single O_APPEND write)."""
+    """Append one frame of REPLAYED entries to a segment's dispatch log (`storage.append_dispatch`)."""
     import numpy as np
 
-    from storage import REPLAYED, SegmentLayout, dispatch_entries, encode_frame
+    from storage import REPLAYED, SegmentLayout, append_dispatch, dispatch_entries
 
     now = time.time_ns() // 1_000_000
     layout = SegmentLayout.open_existing(data_dir)
-    frame = encode_frame(dispatch_entries(part, np.asarray(offsets, np.uint32), np.asarray(dues, np.int64), now,
-                                          REPLAYED, 1), now)
-    fd = os.open(layout.dispatch_log(segment_ms), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_dispatch(layout, segment_ms, dispatch_entries(part, np.asarray(offsets, np.uint32),
+                                                         np.asarray(dues, np.int64), now, REPLAYED, 1), now)
 
 
 def send_partition(batches: Iterator, *, data_dir: str, sender_factory: Callable[[], Sender],

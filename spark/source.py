@@ -11,7 +11,8 @@ columns (the audit reads no bodies). Options:
 
 Writing (`df.write.format("timewheel").mode("append").save(DATA_DIR)`): rows of
 `spark.schema.BACKFILL_INPUT`, already validated and deduplicated (see `spark.backfill`). Each task
-encodes its rows into parts staged under `<data_dir>/_staging/<job>/`, named by the task attempt;
+stages its rows through `storage.PartStager` under `<data_dir>/_staging/<job>/`, named by the task attempt
+(a failed attempt removes its own);
 `commit()` in the driver publishes them with `SegmentLayout.publish_part`, `abort()` removes them.
 Options: `job` (names the staging directory), `enqueue_ms`, `report` (a JSON file `commit()`
 writes: the parts published).
@@ -122,16 +123,22 @@ class BackfillWriter(DataSourceArrowWriter):
         """Encode this task's rows into staged parts named after the task attempt."""
         from pyspark import TaskContext
 
-        from spark._codec import PartStager
+        from spark._codec import stage_batch
+        from storage import PartStager
 
         ctx = TaskContext.get()
         attempt = f"t{ctx.partitionId()}-a{ctx.attemptNumber()}-{ctx.taskAttemptId()}" if ctx else uuid.uuid4().hex
         self.staging.mkdir(parents=True, exist_ok=True)
         stager = PartStager(self.staging, attempt, self.segment_ms, self.enqueue_ms, self.max_part_bytes)
-        for batch in iterator:
-            stager.add_batch(batch)
-        parts = [(p.segment_ms, str(p.log), str(p.index), p.records) for p in stager.finish() if p.records]
-        return StagedParts(parts, stager.counts)
+        counts = {"written": 0, "existing": 0, "duplicates": 0}
+        try:
+            for batch in iterator:
+                stage_batch(stager, batch, counts)
+            parts = [(p.segment_ms, str(p.log), str(p.index), p.records) for p in stager.finish() if p.records]
+        except BaseException:
+            stager.abort()  # a retried attempt stages under its own names; this one's are never published
+            raise
+        return StagedParts(parts, counts)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         """Publish every staged part into its segment, oldest segment first, then report them."""

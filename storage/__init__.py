@@ -2,6 +2,8 @@
 
 Imports nothing of the project; every other package reads and writes these bytes through here.
 """
+from storage._dispatch_writer import append_dispatch
+from storage._reader import SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
 from storage.dispatch import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES, REPLAYED,
                               TERMINAL, DispatchLogRead, dispatch_entries, encode_frame, read_dispatch_log)
@@ -11,15 +13,19 @@ from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
-from storage.record import MAX_BODY, Record, decode, decode_keys, decode_properties, encode
-from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, RecoveryReport, ScheduleStore, SegmentIndex
+from storage.record import MAX_BODY, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode
+from storage.part import trusted_index
+from storage.recovery import RecoveryReport
+from storage.sealed import PartStager, SealedPartWriter
+from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
 
 __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
-    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MetaStore", "OUTCOME_NAMES", "REPLAYED",
-    "Record", "RecoveryReport", "ScheduleStore", "SegmentIndex", "SegmentLayout", "SegmentSummary", "StorageError",
-    "StorageWriteError", "StoreClosedError", "TERMINAL", "TWO_YEARS_MS", "check", "decode", "decode_keys",
-    "decode_properties", "dispatch_entries", "encode", "encode_frame", "parse_segment_name", "read_dispatch_log",
-    "read_index", "record_keys", "segment_name", "summarize", "summarize_segment",
+    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",
+    "PartStager", "REPLAYED", "Record", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
+    "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
+    "TWO_YEARS_MS", "append_dispatch", "check", "decode", "decode_keys", "decode_properties", "dispatch_entries",
+    "encode", "encode_frame", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
+    "summarize", "summarize_segment", "trusted_index",
 ]

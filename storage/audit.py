@@ -13,12 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from storage import dispatch as _dispatch
+from storage._dispatch_writer import append_dispatch
 from storage._files import size_of
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
-from storage.part import repair_part
+from storage.part import repair_part, trusted_index
 from storage.record import header_fields
 
 
@@ -85,12 +86,11 @@ class Outcomes:
 
 
 def known_keys(parts: Sequence[tuple[int, str | os.PathLike[str], str | os.PathLike[str]]]) -> np.ndarray:
-    """Sorted record keys of parts given as (number, log, index): their index entries whose record
-    lies within the log (readers skip the others, a torn write not yet repaired)."""
+    """Sorted record keys of parts given as (number, log, index): their index entries as far as they
+    agree with the log (`trusted_index`), as every reader takes them."""
     keys = []
     for part, log, index in parts:
-        idx = read_index(Path(index))
-        idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= size_of(Path(log))]
+        idx = trusted_index(Path(log), read_index(Path(index)))
         keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
     return np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
 
@@ -133,10 +133,8 @@ def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
     keys = []
     for part in layout.list_parts(start_ms):
         log = layout.part_log(start_ms, part)
-        idx = read_index(layout.part_index(start_ms, part))
+        idx = trusted_index(log, read_index(layout.part_index(start_ms, part)))
         log_size = size_of(log)
-        if len(idx):
-            idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
         s.parts += 1
         s.records += len(idx)
         s.bytes += log_size + size_of(layout.part_index(start_ms, part))
@@ -221,7 +219,13 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
             elif size_of(idx_path) % INDEX_ENTRY_SIZE:
                 rep.findings.append(Finding("torn_index", str(idx_path), "index ends in a partial entry"))
             tail = repair_part(log, idx_path, fix=fix)
-            if tail.changed:
+            if tail.bad_index:
+                rep.findings.append(Finding(
+                    "bad_index", str(idx_path),
+                    f"{tail.bad_index}; {tail.index_dropped} entries from there on "
+                    + ("were rebuilt from the log" if fix else "are to be rebuilt from the log (fix=True)")))
+                rep.fixed += int(fix)
+            elif tail.changed:
                 rep.findings.append(Finding(
                     "tail_mismatch", str(log),
                     f"index entries past the log: {tail.index_dropped}; unindexed whole records: "
@@ -270,8 +274,7 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
             if todo:
                 arr = np.array(todo, dtype=np.int64)
                 entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
-                with open(dl, "ab") as f:
-                    f.write(_dispatch.encode_frame(entries, now_ms))
+                append_dispatch(layout, start, entries, now_ms)
                 rep.fixed += len(todo)
     return rep
 

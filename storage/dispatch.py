@@ -2,12 +2,16 @@
 
 The file is a sequence of frames; a frame is one header row followed by `count` entry rows.
 
-    header row: magic uint32 (0x50445754, "TWDP"), count uint32, crc uint32 (CRC32C of the
-                entry rows), reserved uint32, written_ms int64
+    header row: magic uint32 (0x32445754, "TWD2"), count uint32, crc uint32, reserved uint32,
+                written_ms int64
     entry row:  due_ms int64, dispatch_ms int64, offset uint32, part uint16, outcome uint8,
                 attempts uint8
 
-A frame's CRC covers its entries, so a torn or corrupt frame is found and its rows never served.
+A frame's CRC32C covers every other byte of it: the header's magic and count, its reserved and
+written_ms fields, then the entry rows. Frames of the first version (magic 0x50445754, "TWDP",
+CRC of the entry rows only) are still read. A frame that fails its checks is skipped and counted,
+and reading resyncs on the next row that starts a valid frame (rows are fixed width), so one bad
+frame never hides the frames after it; bytes after the last valid frame are a torn tail.
 """
 from __future__ import annotations
 
@@ -24,7 +28,11 @@ _HEADER_DTYPE = np.dtype([("magic", "<u4"), ("count", "<u4"), ("crc", "<u4"), ("
                           ("written_ms", "<i8")])
 ROW_SIZE = DISPATCH_DTYPE.itemsize
 assert _HEADER_DTYPE.itemsize == ROW_SIZE
-FRAME_MAGIC = 0x50445754
+FRAME_MAGIC = 0x32445754  # "TWD2": the CRC covers the header too
+FRAME_MAGIC_V1 = 0x50445754  # "TWDP": the CRC covers the entry rows only; read, never written
+_MAGICS = (FRAME_MAGIC, FRAME_MAGIC_V1)
+_CRC_AT = _HEADER_DTYPE["magic"].itemsize + _HEADER_DTYPE["count"].itemsize  # the crc field follows them
+_CRC_END = _CRC_AT + _HEADER_DTYPE["crc"].itemsize
 
 DELIVERED = 1
 DEAD_LETTERED = 2
@@ -55,9 +63,14 @@ def encode_frame(entries: np.ndarray, written_ms: int) -> bytes:
     header = np.zeros(1, _HEADER_DTYPE)
     header["magic"] = FRAME_MAGIC
     header["count"] = len(entries)
-    header["crc"] = crc32c(body)
     header["written_ms"] = written_ms
+    header["crc"] = frame_crc(header.tobytes(), body)
     return header.tobytes() + body
+
+
+def frame_crc(header: bytes, body: bytes) -> int:
+    """CRC32C of a frame: its header row without the crc field, then its entry rows."""
+    return crc32c(body, crc32c(header[_CRC_END:ROW_SIZE], crc32c(header[:_CRC_AT])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +84,7 @@ class DispatchLogRead:
 
 
 def read_dispatch_log(path: str | os.PathLike[str]) -> DispatchLogRead:
-    """Read every valid frame; stops at a torn tail, skips frames whose CRC fails."""
+    """Read every valid frame; skips (and counts) bad frames, resyncing on the next valid one."""
     try:
         raw = np.fromfile(path, dtype=np.uint8)
     except FileNotFoundError:
@@ -79,18 +92,29 @@ def read_dispatch_log(path: str | os.PathLike[str]) -> DispatchLogRead:
     n_rows = len(raw) // ROW_SIZE
     rows = raw[: n_rows * ROW_SIZE]
     headers = rows.view(_HEADER_DTYPE)
+    starts = np.flatnonzero(np.isin(headers["magic"], _MAGICS))  # rows that may start a frame
     chunks: list[np.ndarray] = []
-    row = corrupt = 0
+    row = end = corrupt = 0
     while row < n_rows:
-        h = headers[row]
-        count = int(h["count"])
-        if int(h["magic"]) != FRAME_MAGIC or row + 1 + count > n_rows:
-            break  # torn tail, or a header we cannot trust: nothing after it can be framed
-        body = rows[(row + 1) * ROW_SIZE:(row + 1 + count) * ROW_SIZE]
-        if crc32c(body.tobytes()) == int(h["crc"]):
-            chunks.append(body.view(DISPATCH_DTYPE))
-        else:
-            corrupt += 1
-        row += 1 + count
+        count = _frame_at(rows, headers, row)
+        if count is not None:
+            chunks.append(rows[(row + 1) * ROW_SIZE:(row + 1 + count) * ROW_SIZE].view(DISPATCH_DTYPE))
+            row = end = row + 1 + count
+            continue
+        # a bad frame: its count cannot be trusted, so look for the next row that starts a valid one
+        later = starts[np.searchsorted(starts, row, side="right"):].tolist()
+        row = next((r for r in later if _frame_at(rows, headers, r) is not None), n_rows)
+        corrupt += row < n_rows  # with no valid frame after it, it is the torn tail
     entries = np.concatenate(chunks) if chunks else np.empty(0, DISPATCH_DTYPE)
-    return DispatchLogRead(entries, row * ROW_SIZE, corrupt, len(raw) - row * ROW_SIZE)
+    return DispatchLogRead(entries, end * ROW_SIZE, corrupt, len(raw) - end * ROW_SIZE)
+
+
+def _frame_at(rows: np.ndarray, headers: np.ndarray, row: int) -> int | None:
+    """The entry count of the valid frame starting at `row`, or None."""
+    magic, count = int(headers["magic"][row]), int(headers["count"][row])
+    if magic not in _MAGICS or row + 1 + count > len(headers):
+        return None
+    body = rows[(row + 1) * ROW_SIZE:(row + 1 + count) * ROW_SIZE].tobytes()
+    found = frame_crc(rows[row * ROW_SIZE:(row + 1) * ROW_SIZE].tobytes(), body) if magic == FRAME_MAGIC \
+        else crc32c(body)
+    return count if found == int(headers["crc"][row]) else None

@@ -9,6 +9,7 @@ Loading a segment's index is one `numpy.fromfile` per part.
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import numpy as np
 
@@ -26,8 +27,10 @@ def read_index(path: str | os.PathLike[str]) -> np.ndarray:
     return np.fromfile(path, dtype=INDEX_DTYPE, count=size // INDEX_ENTRY_SIZE)
 
 
-def index_entries(due_ms: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Build index entries from columns."""
+def index_entries(due_ms: np.ndarray | Sequence[int], offsets: np.ndarray | Sequence[int],
+                  lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Index entries from columns: the one writer of the layout, for the engine, recovery and
+    sealed parts alike."""
     out = np.empty(len(due_ms), INDEX_DTYPE)
     out["due_ms"] = due_ms
     out["offset"] = offsets

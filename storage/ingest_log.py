@@ -4,10 +4,15 @@ and, with `flush="sync"`, one fsync, whatever the number of segments it touches.
 Frames are replayed into the part files on recovery from the last checkpoint; older log files are
 deleted once a checkpoint has made the parts durable on their own.
 
-    frame header (24 bytes): magic uint32 (0x4C495754, "TWIL"), count uint32, payload_len uint32,
-                             crc uint32 (CRC32C of the payload), written_ms int64
+    frame header (24 bytes): magic uint32 (0x32495754, "TWI2"), count uint32, payload_len uint32,
+                             crc uint32, written_ms int64
     payload:                 count location rows (LOCATION_DTYPE, 32 bytes each), then the
                              count encoded records back to back
+
+The CRC32C covers every other byte of the frame: the header's magic, count, payload_len and
+written_ms (in that order), then the payload. Frames of the first version (magic 0x4C495754,
+"TWIL", CRC of the payload only) are still read, with their count checked against the payload's
+layout, so a log written before the upgrade replays.
 """
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ from typing import Iterator
 
 import numpy as np
 
+from storage._files import fsync_path
 from storage.record import crc32c
 
-FRAME_MAGIC = 0x4C495754
+FRAME_MAGIC = 0x32495754  # "TWI2": the CRC covers the header too
+FRAME_MAGIC_V1 = 0x4C495754  # "TWIL": the CRC covers the payload only; read, never written
 FRAME_HEADER = struct.Struct("<IIIIq")
+_CRC_AT = struct.calcsize("<III")  # the crc field; the CRC covers the bytes before and after it
+_CRC_END = struct.calcsize("<IIII")
 LOCATION_DTYPE = np.dtype([("segment_ms", "<i8"), ("due_ms", "<i8"), ("offset", "<u4"), ("length", "<u4"),
                            ("part", "<u2"), ("reserved", "<u2"), ("reserved2", "<u4")])
 _SUFFIX = ".wal"
@@ -42,12 +51,20 @@ class IngestFrame:
     records: memoryview
 
 
+def frame_crc(header: bytes | bytearray | memoryview, payload: bytes | memoryview) -> int:
+    """CRC32C of a frame: its header without the crc field, then its payload."""
+    return crc32c(payload, crc32c(header[_CRC_END:FRAME_HEADER.size], crc32c(header[:_CRC_AT])))
+
+
 class IngestLog:
     """Append-only frames in numbered files under one directory."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, sync_dir: bool = False) -> None:
+        """Frames in `directory`; with `sync_dir`, a new file's name is made durable before any
+        frame is written to it (flush="sync" acknowledges a frame once it is fsynced)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.sync_dir = sync_dir
         self._fd: int | None = None
         self.seq = -1
         self.position = 0
@@ -60,6 +77,8 @@ class IngestLog:
         """Start appending to a fresh file number `seq`."""
         self.close()
         self._fd = os.open(self.dir / _file_name(seq), os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_APPEND, 0o644)
+        if self.sync_dir:
+            fsync_path(self.dir)
         self.seq = seq
         self.position = 0
 
@@ -68,7 +87,9 @@ class IngestLog:
         if self._fd is None:
             raise RuntimeError("ingest log is not open")
         payload = b"".join([np.ascontiguousarray(locations, LOCATION_DTYPE).tobytes(), *records])
-        frame = FRAME_HEADER.pack(FRAME_MAGIC, len(records), len(payload), crc32c(payload), written_ms) + payload
+        header = bytearray(FRAME_HEADER.pack(FRAME_MAGIC, len(records), len(payload), 0, written_ms))
+        struct.pack_into("<I", header, _CRC_AT, frame_crc(header, payload))
+        frame = bytes(header) + payload
         view = memoryview(frame)
         while view:
             n = os.write(self._fd, view)
@@ -99,13 +120,18 @@ class IngestLog:
             while pos + FRAME_HEADER.size <= len(data):
                 magic, count, plen, crc, _written = FRAME_HEADER.unpack_from(data, pos)
                 end = pos + FRAME_HEADER.size + plen
-                if magic != FRAME_MAGIC or end > len(data):
+                if magic not in (FRAME_MAGIC, FRAME_MAGIC_V1) or end > len(data):
                     break
                 payload = mv[pos + FRAME_HEADER.size:end]
-                if crc32c(payload) != crc:
+                header = mv[pos:pos + FRAME_HEADER.size]
+                if (frame_crc(header, payload) if magic == FRAME_MAGIC else crc32c(payload)) != crc:
                     break
                 loc_bytes = count * LOCATION_DTYPE.itemsize
+                if loc_bytes > plen:
+                    break  # a first-version frame whose count its CRC did not cover
                 locs = np.frombuffer(payload[:loc_bytes], dtype=LOCATION_DTYPE)
+                if int(locs["length"].sum(dtype=np.int64)) != plen - loc_bytes:
+                    break
                 yield IngestFrame(seq, end, locs, payload[loc_bytes:])
                 pos = end
 

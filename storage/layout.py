@@ -28,6 +28,28 @@ PART_LOG_SUFFIX = ".log"
 PART_INDEX_SUFFIX = ".idx"
 DISPATCH_LOG_NAME = "dispatch.log"
 MAX_PART = 0xFFFF
+MARKER_NAME = "timewheel.json"
+
+
+def read_marker(path: Path) -> dict[str, int]:
+    """The data directory's metadata file, checked: {"format": int, "segment_minutes": int}.
+
+    Raises StorageError naming the file and what to do when it cannot be read, is not JSON or
+    holds fields of the wrong type.
+    """
+    fix = (f"restore it from a backup, or rewrite it as {{\"format\": {FORMAT_VERSION}, \"segment_minutes\": N}} "
+           "with the segment length the directory was written with (its segment names are N minutes apart)")
+    try:
+        info = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: JSON or UTF-8 errors
+        raise StorageError(f"cannot read {path}: {e}; {fix}") from e
+    if not isinstance(info, dict):
+        raise StorageError(f"{path} holds {type(info).__name__}, not a JSON object; {fix}")
+    for key in ("format", "segment_minutes"):
+        value = info.get(key)
+        if type(value) is not int:  # bool is an int subclass, and no answer here
+            raise StorageError(f"{path}: {key!r} is {value!r}, not an integer; {fix}")
+    return {"format": info["format"], "segment_minutes": info["segment_minutes"]}
 
 
 def segment_name(start_ms: int) -> str:
@@ -67,14 +89,14 @@ class SegmentLayout:
         self._check_format(create)
 
     def _check_format(self, create: bool) -> None:
-        marker = self.root / "timewheel.json"
+        marker = self.root / MARKER_NAME
         if marker.exists():
-            info = json.loads(marker.read_text())
-            if info.get("format") != FORMAT_VERSION:
-                raise StorageError(f"{self.root} holds format {info.get('format')}, this build reads {FORMAT_VERSION}")
-            if info.get("segment_minutes") != self.segment_minutes:
+            info = read_marker(marker)
+            if info["format"] != FORMAT_VERSION:
+                raise StorageError(f"{self.root} holds format {info['format']}, this build reads {FORMAT_VERSION}")
+            if info["segment_minutes"] != self.segment_minutes:
                 raise StorageError(
-                    f"{self.root} was written with segment_minutes={info.get('segment_minutes')}, "
+                    f"{self.root} was written with segment_minutes={info['segment_minutes']}, "
                     f"not {self.segment_minutes}; open it with the same value")
             return
         if not create:
@@ -88,10 +110,10 @@ class SegmentLayout:
     @classmethod
     def open_existing(cls, data_dir: str | os.PathLike[str]) -> "SegmentLayout":
         """Open a data directory with the segment length it was written with."""
-        marker = Path(data_dir) / "timewheel.json"
+        marker = Path(data_dir) / MARKER_NAME
         if not marker.exists():
-            raise StorageError(f"{data_dir} is not a timewheel data directory (no timewheel.json)")
-        return cls(data_dir, json.loads(marker.read_text())["segment_minutes"], create=False)
+            raise StorageError(f"{data_dir} is not a timewheel data directory (no {MARKER_NAME})")
+        return cls(data_dir, read_marker(marker)["segment_minutes"], create=False)
 
     def segment_start(self, due_ms: int) -> int:
         """Start (epoch ms) of the segment holding a message due at `due_ms`."""

@@ -1,6 +1,7 @@
 """Reading and repairing one part: its records (.log) against its index sidecar (.idx)."""
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 from dataclasses import dataclass
@@ -9,9 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from storage.errors import CorruptRecordError
-from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, read_index
-from storage.record import header_fields
+from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
+from storage.record import HEADER_SIZE, header_fields
 from storage._files import size_of, write_all
+
+log = logging.getLogger("timewheel.storage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +44,33 @@ def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
         offs.append(pos)
         lens.append(length)
         pos += length
-    entries = np.empty(len(dues), INDEX_DTYPE)
-    entries["due_ms"] = dues
-    entries["offset"] = offs
-    entries["length"] = lens
-    return ScanResult(entries, pos, reason)
+    return ScanResult(index_entries(dues, offs, lens), pos, reason)
+
+
+def tiling_prefix(idx: np.ndarray, log_size: int) -> tuple[int, str | None]:
+    """How many leading index entries can be trusted, and why the next one cannot.
+
+    The records of a part lie back to back from offset 0, so its index entries tile the log: each
+    starts where the one before ends, and none runs past the log. The first entry that breaks
+    this is wrong, or the one before it is (a bad length moves the next start), so both go. An
+    index whose only fault is entries past the end of the log (a torn write) loses just those.
+    """
+    n = len(idx)
+    if not n:
+        return 0, None
+    off = idx["offset"].astype(np.int64)
+    ends = off + idx["length"]
+    starts_ok = np.empty(n, bool)
+    starts_ok[0] = off[0] == 0
+    starts_ok[1:] = off[1:] == ends[:-1]
+    starts_ok &= idx["length"] >= HEADER_SIZE
+    bad = np.flatnonzero(~starts_ok)
+    if len(bad):
+        k = int(bad[0])
+        expected = int(ends[k - 1]) if k else 0
+        return max(k - 1, 0), (f"index entry {k} says offset {int(off[k])} length {int(idx['length'][k])}; "
+                               f"the entries must tile the log (expected offset {expected})")
+    return int(np.searchsorted(ends, log_size, side="right")), None
 
 
 @dataclass(slots=True)
@@ -57,6 +82,7 @@ class PartRepair:
     index_dropped: int = 0
     log_bytes_cut: int = 0
     reason: str | None = None
+    bad_index: str | None = None  # why entries that do not tile the log were dropped and re-scanned
 
     @property
     def changed(self) -> bool:
@@ -74,8 +100,9 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
     """Make a part's index and log agree, looking only at the part's tail when the index exists.
 
     A missing index is rebuilt by scanning the log. Index entries past the end of the log are
-    dropped. Log bytes past the last indexed record are scanned: whole valid records are indexed,
-    and the first torn or corrupt byte onwards is cut.
+    dropped, and so are entries from the first that does not tile the log (`tiling_prefix`).
+    Log bytes past the last kept entry are scanned: whole valid records are indexed, and the first
+    torn or corrupt byte onwards is cut.
     """
     rep = PartRepair()
     log_size = size_of(log_path)
@@ -93,11 +120,8 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         return rep
     idx_size = size_of(idx_path)
     idx = read_index(idx_path)
-    keep = len(idx)
-    if keep and int(idx["offset"][-1]) + int(idx["length"][-1]) > log_size:
-        ends = idx["offset"].astype(np.int64) + idx["length"]
-        keep = int(np.searchsorted(ends, log_size, side="right"))
-        rep.index_dropped = len(idx) - keep
+    keep, rep.bad_index = tiling_prefix(idx, log_size)
+    rep.index_dropped = len(idx) - keep
     indexed_end = int(idx["offset"][keep - 1]) + int(idx["length"][keep - 1]) if keep else 0
     scan = None
     if log_size > indexed_end:
@@ -117,6 +141,23 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
     if fix and rep.log_bytes_cut and scan is not None:
         os.truncate(log_path, scan.end)
     return rep
+
+
+def trusted_index(log_path: Path, idx: np.ndarray) -> np.ndarray:
+    """The entries of a part's index that agree with its log, without changing either file.
+
+    Entries past the end of the log (a torn write not yet repaired) are left out. Where entries
+    stop tiling the log, the rest come from a scan of the CRC-checked records instead (rare: a
+    damaged index, until recovery or `check(fix=True)` rewrites it).
+    """
+    keep, bad = tiling_prefix(idx, size_of(log_path))
+    if keep == len(idx):
+        return idx
+    if bad is None:
+        return idx[:keep]
+    log.warning("part %s: %s; reading its records from the log instead", log_path, bad)
+    start = int(idx["offset"][keep - 1]) + int(idx["length"][keep - 1]) if keep else 0
+    return np.concatenate((idx[:keep], scan_log(_read_log(log_path, 0), start).entries))
 
 
 class PartReader:

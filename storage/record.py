@@ -41,9 +41,12 @@ _PREFIX = struct.Struct("<BBHI")  # magic, version, flags, length: enough to fin
 _U16 = struct.Struct("<H")
 _PREFIX_CRC = struct.Struct("<BBHII")
 _FIELDS = struct.Struct("<qqHHHHII")
-MAX_FIELD = 0xFFFF
+# The limits, defined once and checked by both encode and decode (a record that encodes decodes).
+MAX_FIELD = 0xFFFF  # id, topic, tags and the encoded keys: uint16 length fields
+MAX_PROPERTIES = 64 * 1024 * 1024  # the encoded properties (a uint32 field, held to this)
 MAX_BODY = 64 * 1024 * 1024
-MAX_RECORD = HEADER_SIZE + 5 * MAX_FIELD + MAX_BODY
+MAX_RECORD = HEADER_SIZE + 4 * MAX_FIELD + MAX_PROPERTIES + MAX_BODY
+MIN_TIME, MAX_TIME = -(2**63), 2**63 - 1  # due_ms and enqueue_ms are int64
 
 crc32c = _crc32c.crc32c
 
@@ -96,21 +99,30 @@ def encode(rec: Record, enqueue_ms: int | None = None) -> bytes:
 
     Raises InvalidRecordError when a field does not fit the layout.
     """
-    idb = rec.msg_id.encode()
-    tb = rec.topic.encode()
-    tagb = rec.tags.encode() if rec.tags else b""
-    kb = _encode_keys(rec.keys) if rec.keys else b""
-    pb = _encode_properties(rec.properties) if rec.properties else b""
+    enqueue = rec.enqueue_ms if enqueue_ms is None else enqueue_ms
+    if not (MIN_TIME <= rec.due_ms <= MAX_TIME and MIN_TIME <= enqueue <= MAX_TIME):
+        raise InvalidRecordError(f"due time {rec.due_ms} or enqueue time {enqueue} of record {rec.msg_id!r} "
+                                 "is outside int64 epoch milliseconds")
+    try:
+        idb = rec.msg_id.encode()
+        tb = rec.topic.encode()
+        tagb = rec.tags.encode() if rec.tags else b""
+        kb = _encode_keys(rec.keys) if rec.keys else b""
+        pb = _encode_properties(rec.properties) if rec.properties else b""
+    except UnicodeEncodeError as e:
+        raise InvalidRecordError(f"a text field of record {rec.msg_id!r} is not encodable as UTF-8: {e.reason}") from e
     body = rec.body
     li, lt, lg, lk, lp, lb = len(idb), len(tb), len(tagb), len(kb), len(pb), len(body)
     if not li or not lt:
         raise InvalidRecordError("a record needs a message id and a target topic")
     if li > MAX_FIELD or lt > MAX_FIELD or lg > MAX_FIELD or lk > MAX_FIELD:
         raise InvalidRecordError(f"id, topic, tags or keys of record {rec.msg_id!r} exceed {MAX_FIELD} bytes")
-    if lb > MAX_BODY or lp > MAX_BODY:
+    if lb > MAX_BODY:
         raise InvalidRecordError(f"body of {lb} bytes exceeds the maximum of {MAX_BODY}")
+    if lp > MAX_PROPERTIES:
+        raise InvalidRecordError(f"properties of {lp} bytes exceed the maximum of {MAX_PROPERTIES}")
     length = HEADER_SIZE + li + lt + lg + lk + lp + lb
-    tail = b"".join((_FIELDS.pack(rec.due_ms, rec.enqueue_ms if enqueue_ms is None else enqueue_ms, li, lt, lg, lk, lp, lb), idb, tb, tagb, kb, pb, body))
+    tail = b"".join((_FIELDS.pack(rec.due_ms, enqueue, li, lt, lg, lk, lp, lb), idb, tb, tagb, kb, pb, body))
     return _PREFIX_CRC.pack(MAGIC, VERSION, 0, length, crc32c(tail)) + tail
 
 
@@ -145,6 +157,9 @@ def decode(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
         raise CorruptRecordError(f"CRC32C 0x{found:08x}, header says 0x{crc:08x}", offset=offset)
     if HEADER_SIZE + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
         raise CorruptRecordError("field lengths do not add up to the record length", offset=offset)
+    if props_len > MAX_PROPERTIES or body_len > MAX_BODY:
+        raise CorruptRecordError(f"properties of {props_len} or body of {body_len} bytes past the limits "
+                                 f"({MAX_PROPERTIES}, {MAX_BODY})", offset=offset)
     p = HEADER_SIZE
     try:
         msg_id = raw[p:p + id_len].decode(); p += id_len

@@ -8,22 +8,38 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from storage._files import size_of, write_all
-from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, read_index
+from storage.index import INDEX_ENTRY_SIZE, index_entries, read_index
+from storage.layout import SegmentLayout
+from storage.part import repair_part
 from storage.record import decode
 
 if TYPE_CHECKING:
-    from storage.store import RecoveryReport, ScheduleStore
+    from storage.store import ScheduleStore
 
 
-def recover(store: "ScheduleStore") -> "RecoveryReport":
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the store found and repaired."""
+
+    replayed_frames: int = 0
+    replayed_records: int = 0
+    ingest_bytes_cut: int = 0
+    parts_checked: int = 0
+    parts_repaired: int = 0
+    index_entries_added: int = 0
+    index_entries_dropped: int = 0
+    log_bytes_cut: int = 0
+    findings: list[str] = field(default_factory=list)
+
+
+def recover(store: "ScheduleStore") -> RecoveryReport:
     """Bring parts, indexes and the meta store back to what was acknowledged."""
-    from storage.store import RecoveryReport, repair_all_parts
-
     rep = RecoveryReport()
     cp = store.meta.get_document("checkpoint") or {"seq": 0, "pos": 0}
     wal = store._wal
@@ -60,7 +76,7 @@ def recover(store: "ScheduleStore") -> "RecoveryReport":
     if ids:
         store.meta.put_records(ids, segs, parts, offs, keys)
     done = store.meta.done_segments()
-    tails = repair_all_parts(store, [s for s in store.layout.list_segments() if s not in done])
+    tails = repair_all_parts(store.layout, [s for s in store.layout.list_segments() if s not in done])
     rep.parts_checked = tails.parts_checked
     rep.parts_repaired = tails.parts_repaired
     rep.index_entries_added = tails.index_entries_added
@@ -75,7 +91,10 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     """Rewrite a part from its first replayed offset on: idempotent, whatever the crash left."""
     log_path = store.layout.part_log(seg, part)
     idx_path = store.layout.part_index(seg, part)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if not log_path.parent.exists():
+        log_path.parent.mkdir(parents=True)
+        store.writer.new_dirs.add(store.layout.schedule_dir)
+    store.writer.new_dirs.add(log_path.parent)  # the part may be new: its name goes in the checkpoint
     first = min(int(loc["offset"]) for loc, _ in items)
     size = size_of(log_path)
     if size < first:
@@ -90,10 +109,8 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
         write_all(fd, b"".join(bytes(blob) for _, blob in items))
     finally:
         os.close(fd)
-    new_idx = np.empty(len(items), INDEX_DTYPE)
-    new_idx["due_ms"] = [int(loc["due_ms"]) for loc, _ in items]
-    new_idx["offset"] = [int(loc["offset"]) for loc, _ in items]
-    new_idx["length"] = [int(loc["length"]) for loc, _ in items]
+    locs = np.array([loc for loc, _ in items])
+    new_idx = index_entries(locs["due_ms"], locs["offset"], locs["length"])
     fd = os.open(idx_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, keep * INDEX_ENTRY_SIZE)
@@ -101,4 +118,25 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
         write_all(fd, new_idx.tobytes())
     finally:
         os.close(fd)
-    store._dirty.add((seg, part))
+    store.writer.dirty.add((seg, part))
+
+
+def repair_all_parts(layout: SegmentLayout, segments: Sequence[int] | None = None) -> RecoveryReport:
+    """Check every part's tail against its index (cost: one stat per part, a scan only of tails)."""
+    rep = RecoveryReport()
+    for seg in layout.list_segments() if segments is None else segments:
+        for part in layout.list_parts(seg):
+            rep.parts_checked += 1
+            pr = repair_part(layout.part_log(seg, part), layout.part_index(seg, part))
+            if pr.changed:
+                rep.parts_repaired += 1
+                rep.index_entries_added += pr.index_added
+                rep.index_entries_dropped += pr.index_dropped
+                rep.log_bytes_cut += pr.log_bytes_cut
+                what = [f"{k}={v}" for k, v in (("rebuilt", pr.index_rebuilt), ("indexed", pr.index_added),
+                                                  ("dropped", pr.index_dropped), ("cut_bytes", pr.log_bytes_cut))
+                        if v]
+                why = "; ".join(r for r in (pr.bad_index, pr.reason) if r)
+                rep.findings.append(f"part {layout.part_log(seg, part)}: repaired ({', '.join(what)})"
+                                    + (f": {why}" if why else ""))
+    return rep

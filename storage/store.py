@@ -1,4 +1,6 @@
-"""The schedule store: appends with group commit, recovery on open, reads, dispatch records.
+"""The schedule store: appends with group commit, recovery on open, checkpoints; a facade over the
+write path (`storage._writer`), reads (`storage._reader`), dispatch logs (`storage._dispatch_writer`)
+and retention (`storage.retention`).
 
 Write path of one group commit (many callers' batches merged into one):
   1. dedup: ids already stored (meta store) or repeated in the batch are not written again;
@@ -6,36 +8,41 @@ Write path of one group commit (many callers' batches merged into one):
   3. each touched segment's live part gets one write of records and one of index entries;
   4. ids and business keys go to the meta store in one write batch.
 A crash anywhere in 2-4 is repaired on open by replaying the ingest log from the last checkpoint.
-A checkpoint fsyncs the parts written since the previous one and lets older log files go, so a
-restart replays at most `checkpoint_bytes` of frames, whatever the backlog.
+A checkpoint fsyncs the parts and dispatch logs written since the previous one and the directories
+that gained a name, then lets older log files go, so a restart replays at most `checkpoint_bytes`
+of frames, whatever the backlog.
 """
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 import numpy as np
 
 from storage import dispatch as _dispatch
-from storage._files import fsync_path, size_of, write_all
+from storage._dispatch_writer import DispatchWriter
+from storage._files import fsync_path
+from storage._reader import RecordReader, SegmentIndex, segment_index
+from storage._writer import PartWriter, UndoPoint
 from storage.errors import CorruptRecordError, DelayTooLongError, StorageWriteError, StoreClosedError
-from storage.index import INDEX_DTYPE, MAX_PART_BYTES, read_index
+from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout
 from storage.meta import MetaStore
-from storage.part import PartReader, repair_part
-from storage.record import HEADER_SIZE, Record, decode, encode, record_length
+from storage.record import Record, encode
+from storage.recovery import RecoveryReport, recover
 
 log = logging.getLogger("timewheel.storage")
 FlushPolicy = Literal["async", "sync"]
 TWO_YEARS_MS = 17_568 * 3_600_000
-_MAX_OPEN_FDS = 128
+#: what a checkpoint fsyncs: new ingest-log file number, descriptors, files by path, directories
+_Snapshot = tuple[int, list[int], list[Path], list[Path]]
+
+__all__ = ["AppendResult", "FlushPolicy", "RecoveryReport", "ScheduleStore", "SegmentIndex", "TWO_YEARS_MS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,48 +55,6 @@ class AppendResult:
 
     def __len__(self) -> int:
         return len(self.msg_ids)
-
-
-@dataclass(slots=True)
-class RecoveryReport:
-    """What opening the store found and repaired."""
-
-    replayed_frames: int = 0
-    replayed_records: int = 0
-    ingest_bytes_cut: int = 0
-    parts_checked: int = 0
-    parts_repaired: int = 0
-    index_entries_added: int = 0
-    index_entries_dropped: int = 0
-    log_bytes_cut: int = 0
-    findings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentIndex:
-    """A segment's index over all its parts, concatenated in (part, offset) order."""
-
-    segment_ms: int
-    due_ms: np.ndarray
-    part: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-    part_ranges: list[tuple[int, int, int]]  # (part, start, end) rows of each part, in order
-
-    def __len__(self) -> int:
-        return len(self.due_ms)
-
-    def keys(self) -> np.ndarray:
-        """part << 32 | offset: sorted ascending, unique per record."""
-        return (self.part.astype(np.uint64) << np.uint64(32)) | self.offset.astype(np.uint64)
-
-
-@dataclass(slots=True)
-class _LivePart:
-    segment_ms: int
-    part: int
-    size: int
-    entries: int
 
 
 @dataclass(slots=True)
@@ -116,17 +81,12 @@ class ScheduleStore:
         self.max_part_bytes = max_part_bytes
         self.checkpoint_bytes = checkpoint_bytes
         self.meta = MetaStore(self.layout.meta_dir)
-        self._wal = IngestLog(self.layout.ingest_dir)
-        self._live: dict[int, _LivePart] = {}
-        self._fds: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
-        self._dirty: set[tuple[int, int]] = set()
-        self._dispatch_fds: dict[int, int] = {}
-        self._dispatch_dirty: set[int] = set()
-        self._readers: dict[tuple[int, int], PartReader] = {}
+        self._wal = IngestLog(self.layout.ingest_dir, sync_dir=flush == "sync")
+        self.writer = PartWriter(self.layout, max_part_bytes)
+        self.reader = RecordReader(self.layout)
+        self.dispatch_writer = DispatchWriter(self.layout, sync=flush == "sync")
         self._write_lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
-        self._dispatch_lock = threading.Lock()
-        self._read_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: list[_Pending] = []
         self._committing = False
@@ -134,10 +94,7 @@ class ScheduleStore:
         #: called under the write lock with each commit's new records (LOCATION_DTYPE), in commit
         #: order; a listener must be quick and must not call back into the store's writers
         self.commit_listeners: list[Callable[[np.ndarray], None]] = []
-        self._due_checkpoint: tuple[int, list[int], list[Path]] | None = None
-        self.corrupt_records_found = 0
-        from storage.recovery import recover  # recovery needs the layout and meta built above
-
+        self._due_checkpoint: _Snapshot | None = None
         self.recovery: RecoveryReport = recover(self)
         self._checkpoint_locked()
 
@@ -215,7 +172,7 @@ class ScheduleStore:
         if blobs:
             dues = [records[i].due_ms for i in new_pos]
             undo = self._undo_point()
-            written = self._place(dues, blobs)
+            written = self.writer.place(dues, blobs)
             pos = np.asarray(new_pos)
             new[pos] = True
             locs[pos] = written
@@ -223,7 +180,7 @@ class ScheduleStore:
                 locs[i] = locs[j]
             try:
                 self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
-                self._write_parts(written, blobs)
+                self.writer.write(written, blobs)
             except OSError as e:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
@@ -242,101 +199,18 @@ class ScheduleStore:
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._rotate_locked()
 
-    def _undo_point(self) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
+    def _undo_point(self) -> tuple[int, int, UndoPoint]:
         """Where the ingest log and every live part end now, to return to if a commit fails."""
-        return self._wal.seq, self._wal.position, {seg: (lp.part, lp.size, lp.entries)
-                                                    for seg, lp in self._live.items()}
+        return self._wal.seq, self._wal.position, self.writer.undo_point()
 
-    def _roll_back(self, undo: tuple[int, int, dict[int, tuple[int, int, int]]]) -> None:
+    def _roll_back(self, undo: tuple[int, int, UndoPoint]) -> None:
         """Cut what a failed commit wrote (a torn frame or record would hide later ones)."""
         seq, pos, live = undo
         try:
             self._wal.truncate(seq, pos)
         except OSError:
             log.exception("could not cut the ingest log back after a failed write")
-        for seg, lp in list(self._live.items()):
-            part, size, entries = live.get(seg, (lp.part, 0, 0))
-            for p in {part, lp.part}:
-                end_size, end_entries = (size, entries) if p == part else (0, 0)
-                try:
-                    if self.layout.part_log(seg, p).exists():
-                        os.truncate(self.layout.part_log(seg, p), end_size)
-                        os.truncate(self.layout.part_index(seg, p), end_entries * INDEX_DTYPE.itemsize)
-                except OSError:
-                    log.exception("could not cut part %s/%s back after a failed write", seg, p)
-            if seg in live:
-                lp.part, lp.size, lp.entries = part, size, entries
-            else:
-                del self._live[seg]
-
-    def _place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
-        """Give each new record its segment, part and offset: a segment's records go to its live
-        part in order. Plain Python: batches touch many segments with few records each, where
-        per-group numpy calls would cost more than they save."""
-        seg_size = self.layout.segment_ms
-        segs, parts, offs, lens = [], [], [], []
-        live_of: dict[int, _LivePart] = {}
-        for due, blob in zip(dues, blobs):
-            seg = due - due % seg_size
-            ln = len(blob)
-            live = live_of.get(seg)
-            if live is None or live.size + ln > self.max_part_bytes:
-                live = live_of[seg] = self._live_part(seg, ln)
-            segs.append(seg)
-            parts.append(live.part)
-            offs.append(live.size)
-            lens.append(ln)
-            live.size += ln
-            live.entries += 1
-        written = np.zeros(len(blobs), LOCATION_DTYPE)
-        written["segment_ms"] = segs
-        written["due_ms"] = dues
-        written["part"] = parts
-        written["offset"] = offs
-        written["length"] = lens
-        return written
-
-    def _live_part(self, segment_ms: int, need: int) -> _LivePart:
-        live = self._live.get(segment_ms)
-        if live is None or live.size + need > self.max_part_bytes:
-            part = self.layout.claim_part(segment_ms)
-            open(self.layout.part_index(segment_ms, part), "wb").close()
-            live = _LivePart(segment_ms, part, 0, 0)
-            self._live[segment_ms] = live
-        return live
-
-    def _part_fds(self, segment_ms: int, part: int) -> tuple[int, int]:
-        key = (segment_ms, part)
-        fds = self._fds.get(key)
-        if fds is not None:
-            self._fds.move_to_end(key)
-            return fds
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        fds = (os.open(self.layout.part_log(segment_ms, part), flags, 0o644),
-               os.open(self.layout.part_index(segment_ms, part), flags, 0o644))
-        self._fds[key] = fds
-        if len(self._fds) > _MAX_OPEN_FDS:
-            _, (a, b) = self._fds.popitem(last=False)
-            os.close(a)
-            os.close(b)
-        return fds
-
-    def _write_parts(self, locs: np.ndarray, blobs: list[bytes]) -> None:
-        """One write of records and one of index entries per touched part."""
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, key in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist())):
-            groups.setdefault(key, []).append(i)
-        idx_bytes = np.empty(len(locs), INDEX_DTYPE)
-        idx_bytes["due_ms"] = locs["due_ms"]
-        idx_bytes["offset"] = locs["offset"]
-        idx_bytes["length"] = locs["length"]
-        raw = idx_bytes.tobytes()
-        w = INDEX_DTYPE.itemsize
-        for (seg, part), grp in groups.items():
-            log_fd, idx_fd = self._part_fds(seg, part)
-            write_all(log_fd, b"".join([blobs[i] for i in grp]))
-            write_all(idx_fd, b"".join([raw[i * w:(i + 1) * w] for i in grp]))
-            self._dirty.add((seg, part))
+        self.writer.roll_back(live)
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -353,30 +227,17 @@ class ScheduleStore:
     def _checkpoint_locked(self) -> None:
         self._finish_checkpoint(self._rotate_locked())
 
-    def _rotate_locked(self) -> tuple[int, list[int], list[Path]]:
-        """Under the write lock: take the dirty parts and roll the ingest log to a new file."""
-        fds: list[int] = []
-        paths: list[Path] = []
-        for seg, part in self._dirty:
-            open_fds = self._fds.get((seg, part))
-            if open_fds is not None:
-                fds.extend(os.dup(fd) for fd in open_fds)
-            else:
-                paths += [self.layout.part_log(seg, part), self.layout.part_index(seg, part)]
-        self._dirty = set()
-        with self._dispatch_lock:
-            for seg in self._dispatch_dirty:
-                fd = self._dispatch_fds.get(seg)
-                if fd is not None:
-                    fds.append(os.dup(fd))
-            self._dispatch_dirty = set()
+    def _rotate_locked(self) -> _Snapshot:
+        """Under the write lock: take what is unsynced and roll the ingest log to a new file."""
+        parts = self.writer.take_unsynced()
+        dispatch_fds, dispatch_dirs = self.dispatch_writer.take_unsynced()
         new_seq = max([self._wal.seq, *self._wal.sequences()], default=-1) + 1
         self._wal.open_new(new_seq)
-        return new_seq, fds, paths
+        return new_seq, parts.fds + dispatch_fds, parts.paths, [*dispatch_dirs, *parts.dirs]
 
-    def _finish_checkpoint(self, snapshot: tuple[int, list[int], list[Path]]) -> None:
+    def _finish_checkpoint(self, snapshot: _Snapshot) -> None:
         """fsync what the rotation took, then move the checkpoint to the new ingest log file."""
-        new_seq, fds, paths = snapshot
+        new_seq, fds, paths, dirs = snapshot
         with self._checkpoint_lock:
             for fd in fds:
                 try:
@@ -385,6 +246,8 @@ class ScheduleStore:
                     os.close(fd)
             for path in paths:
                 fsync_path(path)
+            for d in dirs:  # a new part's or dispatch log's name: lost with its directory otherwise
+                fsync_path(d)
             self.meta.flush()
             fsync_path(self.layout.ingest_dir)
             current = self.meta.get_document("checkpoint")
@@ -397,30 +260,7 @@ class ScheduleStore:
 
     def record_dispatch(self, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
         """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame."""
-        if len(entries) == 0:
-            return
-        frame = _dispatch.encode_frame(entries, now_ms)
-        with self._dispatch_lock:
-            fd = self._dispatch_fds.get(segment_ms)
-            if fd is None:
-                path = self.layout.dispatch_log(segment_ms)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                read = _dispatch.read_dispatch_log(path)
-                if read.torn_bytes:  # a torn frame would hide every frame written after it
-                    os.truncate(path, read.valid_bytes)
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                self._dispatch_fds[segment_ms] = fd
-            end = os.lseek(fd, 0, os.SEEK_END)
-            try:
-                write_all(fd, frame)
-                if self.flush == "sync":
-                    os.fdatasync(fd)
-            except OSError as e:
-                os.ftruncate(fd, end)  # a torn frame would hide every frame written after it
-                raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
-                                        f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
-            if self.flush != "sync":
-                self._dispatch_dirty.add(segment_ms)
+        self.dispatch_writer.append(segment_ms, entries, now_ms)
 
     def dispatch_log(self, segment_ms: int) -> _dispatch.DispatchLogRead:
         """A segment's dispatch log as read now."""
@@ -429,109 +269,50 @@ class ScheduleStore:
     # ---- reads ----------------------------------------------------------------------------------
 
     def segment_index(self, segment_ms: int, parts: Sequence[int] | None = None) -> SegmentIndex:
-        """The index of a segment (or of some of its parts), entries past a part's log dropped."""
-        chunks, part_ids, bounds = [], [], []
-        n = 0
-        for part in (self.layout.list_parts(segment_ms) if parts is None else parts):
-            idx_path = self.layout.part_index(segment_ms, part)
-            if not idx_path.exists():
-                continue  # a part being published, or one recovery has not indexed yet
-            idx = read_index(idx_path)
-            if len(idx):
-                log_size = size_of(self.layout.part_log(segment_ms, part))
-                if int(idx["offset"][-1]) + int(idx["length"][-1]) > log_size:
-                    idx = idx[idx["offset"].astype(np.int64) + idx["length"] <= log_size]
-            chunks.append(idx)
-            part_ids.append(np.full(len(idx), part, np.uint16))
-            bounds.append((part, n, n + len(idx)))
-            n += len(idx)
-        if not chunks:
-            e = np.empty(0, INDEX_DTYPE)
-            return SegmentIndex(segment_ms, e["due_ms"], np.empty(0, np.uint16), e["offset"], e["length"], [])
-        idx = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-        part = part_ids[0] if len(part_ids) == 1 else np.concatenate(part_ids)
-        return SegmentIndex(segment_ms, idx["due_ms"], part, idx["offset"], idx["length"], bounds)
+        """The index of a segment (or of some of its parts), as far as it agrees with the logs."""
+        return segment_index(self.layout, segment_ms, parts)
 
     def read_record(self, segment_ms: int, part: int, offset: int) -> Record:
         """Decode one record; raises CorruptRecordError (and counts it) when its bytes are bad."""
-        out = self.read_records([segment_ms], [part], [offset])[0]
+        out = self.reader.read([segment_ms], [part], [offset])[0]
         if isinstance(out, CorruptRecordError):
             raise out
         return out
 
-    def read_records(self, segment_ms: Sequence[int], parts: Sequence[int],
-                     offsets: Sequence[int]) -> list[Record | CorruptRecordError]:
-        """Decode many records; a corrupt one yields its error in its place (and is counted)."""
-        out: list[Record | CorruptRecordError] = []
-        with self._read_lock:
-            reader = None
-            last_key = None
-            for seg, part, off in zip(segment_ms, parts, offsets):
-                key = (seg, part)
-                try:
-                    if key != last_key:
-                        reader = self._readers.get(key)
-                        if reader is None:
-                            reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
-                        last_key = key
-                    assert reader is not None
-                    view = reader.view(off + HEADER_SIZE)
-                    length = record_length(view, off)
-                    if off + length > len(view):
-                        view = reader.view(off + length)
-                    out.append(decode(view, off)[0])
-                except (CorruptRecordError, OSError) as e:
-                    self.corrupt_records_found += 1
-                    reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
-                    err = CorruptRecordError(reason, offset=off, path=str(self.layout.part_log(seg, part)))
-                    err.__cause__ = e
-                    out.append(err)
-        return out
+    def read_records(self, segment_ms: Sequence[int], parts: Sequence[int], offsets: Sequence[int],
+                     due_ms: Sequence[int] | None = None) -> list[Record | CorruptRecordError]:
+        """Decode many records; a corrupt one yields its error in its place (and is counted).
+
+        With `due_ms` (what the index said), a record whose own CRC-checked due time differs is
+        corrupt too: an index entry is never trusted to serve a record at another time.
+        """
+        return self.reader.read(segment_ms, parts, offsets, due_ms)
+
+    @property
+    def corrupt_records_found(self) -> int:
+        """Records found corrupt by reads since the store was opened."""
+        return self.reader.corrupt_found
 
     def release_segment(self, segment_ms: int) -> None:
-        """Drop read maps and the dispatch-log handle of a segment no longer in memory."""
-        with self._read_lock:
-            for key in [k for k in self._readers if k[0] == segment_ms]:
-                self._readers.pop(key).close()
+        """Drop the read maps of a segment no longer in memory."""
+        self.reader.release(segment_ms)
 
-    # ---- retention ------------------------------------------------------------------------------
+    # ---- retention and lifecycle ----------------------------------------------------------------
 
     def retire(self, now_ms: int, min_age_ms: int, *, archive: bool = False) -> list[int]:
-        """Remove (or move to archive/) segments that ended at least `min_age_ms` ago and whose
-        every record was dispatched, dead-lettered, cancelled or found corrupt; never others."""
-        from storage.audit import summarize_segment
+        """Remove (or archive) old segments whose every record is done (`storage.retention.retire`)."""
+        from storage.retention import retire  # retention reads segments through the audit
 
-        retired = []
-        for seg in self.layout.list_segments():
-            if seg + self.layout.segment_ms + min_age_ms > now_ms:
-                break
-            if seg in self._live:
-                continue
-            if summarize_segment(self.layout, seg).pending:
-                continue
-            self.release_segment(seg)
-            with self._dispatch_lock:
-                fd = self._dispatch_fds.pop(seg, None)
-                if fd is not None:
-                    os.close(fd)
-                self._dispatch_dirty.discard(seg)
-            src = self.layout.segment_dir(seg)
-            if archive:
-                self.layout.archive_dir.mkdir(parents=True, exist_ok=True)
-                os.replace(src, self.layout.archive_dir / src.name)
-            else:
-                shutil.rmtree(src)
-            self.meta.forget_segment(seg)
-            retired.append(seg)
-        return retired
+        return retire(self, now_ms, min_age_ms, archive=archive)
 
-    # ---- lifecycle ------------------------------------------------------------------------------
+    def is_live(self, segment_ms: int) -> bool:
+        """Whether the store is appending to a part of this segment."""
+        return segment_ms in self.writer.live
 
     def seal_live_parts(self, before_ms: int) -> None:
         """Stop appending to live parts of segments that end at or before `before_ms`."""
         with self._write_lock:
-            for seg in [s for s in self._live if s + self.layout.segment_ms <= before_ms]:
-                del self._live[seg]
+            self.writer.seal(before_ms)
 
     def close(self) -> None:
         """Checkpoint and close every file."""
@@ -540,19 +321,10 @@ class ScheduleStore:
         with self._write_lock:
             self._checkpoint_locked()
             self._closed = True
-            for a, b in self._fds.values():
-                os.close(a)
-                os.close(b)
-            self._fds.clear()
+            self.writer.close()
             self._wal.close()
-        with self._dispatch_lock:
-            for fd in self._dispatch_fds.values():
-                os.close(fd)
-            self._dispatch_fds.clear()
-        with self._read_lock:
-            for r in self._readers.values():
-                r.close()
-            self._readers.clear()
+        self.dispatch_writer.close()
+        self.reader.close()
         self.meta.close()
 
     def __enter__(self) -> "ScheduleStore":
@@ -560,23 +332,3 @@ class ScheduleStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def repair_all_parts(store: ScheduleStore, segments: Sequence[int] | None = None) -> RecoveryReport:
-    """Check every part's tail against its index (cost: one stat per part, a scan only of tails)."""
-    rep = RecoveryReport()
-    for seg in store.layout.list_segments() if segments is None else segments:
-        for part in store.layout.list_parts(seg):
-            rep.parts_checked += 1
-            pr = repair_part(store.layout.part_log(seg, part), store.layout.part_index(seg, part))
-            if pr.changed:
-                rep.parts_repaired += 1
-                rep.index_entries_added += pr.index_added
-                rep.index_entries_dropped += pr.index_dropped
-                rep.log_bytes_cut += pr.log_bytes_cut
-                what = [f"{k}={v}" for k, v in (("rebuilt", pr.index_rebuilt), ("indexed", pr.index_added),
-                                                  ("dropped", pr.index_dropped), ("cut_bytes", pr.log_bytes_cut))
-                        if v]
-                rep.findings.append(f"part {store.layout.part_log(seg, part)}: repaired ({', '.join(what)})"
-                                    + (f": {pr.reason}" if pr.reason else ""))
-    return rep

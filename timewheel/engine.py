@@ -698,7 +698,8 @@ class Engine:
         ok_idx: list[int] = []
         corrupt: list[int] = []
         from_record = Message.from_record
-        for i, (rec, att) in enumerate(zip(store.read_records(segs.tolist(), parts.tolist(), offsets.tolist()),
+        for i, (rec, att) in enumerate(zip(store.read_records(segs.tolist(), parts.tolist(), offsets.tolist(),
+                                                             due.tolist()),
                                            attempts.tolist())):
             if isinstance(rec, CorruptRecordError):
                 log.error("corrupt record skipped, never served: %s", rec)

@@ -8,7 +8,9 @@ import errno
 from pathlib import Path
 
 
-from storage import SegmentLayout, StorageWriteError, check, summarize
+import numpy as np
+
+from storage import SegmentLayout, StorageWriteError, check, read_index, summarize
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from tests.timewheel.conftest import T0, RecordingSink, drive
 
@@ -20,6 +22,17 @@ def _engine(data: Path, clock: ManualClock, sink: RecordingSink) -> Engine:
 def _schedule(e: Engine, n: int, prefix: str = "m") -> list[str]:
     return e.schedule([Message("T", f"{prefix}{i}".encode(), T0 + 60_000 + i * 10, msg_id=f"{prefix}{i}")
                        for i in range(n)])
+
+
+def _stored(data: Path, n: int) -> tuple[ManualClock, RecordingSink, list[str], SegmentLayout, int]:
+    """An engine that stored `n` messages in one segment and stopped: (clock, sink, ids, layout, segment)."""
+    clock = ManualClock(T0)
+    sink = RecordingSink(clock)
+    e = _engine(data, clock, sink)
+    ids = _schedule(e, n)
+    e.stop()
+    layout = SegmentLayout.open_existing(data)
+    return clock, sink, ids, layout, layout.list_segments()[0]
 
 
 def test_flipped_bytes_are_never_served_and_the_rest_is_delivered(tmp_path: Path) -> None:
@@ -49,13 +62,7 @@ def test_flipped_bytes_are_never_served_and_the_rest_is_delivered(tmp_path: Path
 
 
 def test_torn_tail_and_missing_index_are_repaired_and_reported(tmp_path: Path) -> None:
-    clock = ManualClock(T0)
-    sink = RecordingSink(clock)
-    e = _engine(tmp_path / "d", clock, sink)
-    ids = _schedule(e, 30)
-    e.stop()
-    layout = SegmentLayout.open_existing(tmp_path / "d")
-    seg = layout.list_segments()[0]
+    clock, sink, ids, layout, seg = _stored(tmp_path / "d", 30)
     with open(layout.part_log(seg, 0), "ab") as f:
         f.write(b"\xa7\x01\x00\x00\xff\xff")  # a record that never finished
     layout.part_index(seg, 0).unlink()
@@ -95,3 +102,43 @@ def test_full_disk_refuses_cleanly_and_recovers_when_space_returns(small_disk: P
     e.stop()
     assert set(accepted) <= {m for m, _ in sink.sent}
     assert not [f for f in check(SegmentLayout.open_existing(data)).findings if f.kind != "unknown_file"]
+
+
+def test_index_due_time_never_serves_a_record_before_its_own(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    sink = RecordingSink(clock)
+    e = _engine(tmp_path / "d", clock, sink)
+    ids = _schedule(e, 5)
+    [late] = e.schedule([Message("T", b"late", T0 + 700_000, msg_id="late")])
+    e.stop()
+    layout = SegmentLayout.open_existing(tmp_path / "d")
+    seg = layout.list_segments()[0]
+    idx_path = layout.part_index(seg, 0)
+    idx = read_index(idx_path)
+    idx["due_ms"][-1] = T0 + 95_000  # the index says 605 s earlier than the record
+    idx.tofile(idx_path)
+    e = _engine(tmp_path / "d", clock, sink)
+    drive(e, clock, T0 + 800_000)
+    st = e.stats()
+    e.stop()
+    assert [at for m, at in sink.sent if m == late and at < T0 + 700_000] == []
+    assert sorted(m for m, _ in sink.sent if m != late) == sorted(ids)
+    assert st["corrupt"] == 1
+    [finding] = check(layout).findings
+    assert finding.kind == "corrupt_record" and "index says" in finding.detail
+
+
+def test_index_offset_past_the_part_is_reported_and_repaired(tmp_path: Path) -> None:
+    clock, sink, ids, layout, seg = _stored(tmp_path / "d", 10)
+    idx_path = layout.part_index(seg, 0)
+    idx = read_index(idx_path)
+    idx["offset"][3] = 0x7FFF0000  # a flipped high bit: past the end of the part
+    idx.tofile(idx_path)
+    found = check(layout).findings
+    assert [f.kind for f in found] == ["bad_index"], found
+    e = _engine(tmp_path / "d", clock, sink)  # recovery rebuilds the index from the CRC-checked records
+    drive(e, clock, T0 + 120_000)
+    st = e.stats()
+    e.stop()
+    assert sorted(m for m, _ in sink.sent) == sorted(ids) and st["corrupt"] == 0
+    assert check(layout).ok and summarize(layout)["totals"]["dispatched"] == 10

@@ -1,5 +1,5 @@
 """The numpy/pyarrow side of the sources, without Spark: bulk decode against storage.decode,
-corrupt and torn records, outcome columns, and staged parts."""
+corrupt and torn records, outcome columns."""
 from __future__ import annotations
 
 import struct
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark._codec import HEADER_DTYPE, RECORD_COLUMNS, PartFiles, PartStager, read_part
+from spark._codec import HEADER_DTYPE, RECORD_COLUMNS, PartFiles, read_part
 from storage import (DELIVERED, REPLAYED, Record, ScheduleStore, SegmentLayout, decode, dispatch_entries, encode,
                      read_index, segment_name)
 from storage.record import HEADER
@@ -116,6 +116,17 @@ def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_stor
     assert [r["msg_id"] for r in rows] == ["m2", "m3", "m4"]
 
 
+def test_an_index_that_stops_tiling_the_log_hides_no_record(make_store) -> None:
+    s = make_store()
+    s.append(records(10), T0)
+    pf = _part(s, T0)
+    idx = read_index(pf.index)
+    idx["offset"][4] = 0x7FFF0000  # past the end of the part: the record it named is intact
+    idx.tofile(pf.index)
+    rows = _rows(pf, ["msg_id", "crc_ok"])
+    assert [(r["msg_id"], r["crc_ok"]) for r in rows] == [(f"m{i}", True) for i in range(10)]
+
+
 def test_outcome_columns_count_entries_per_record(make_store) -> None:
     s = make_store()
     s.append(records(4), T0)
@@ -133,28 +144,3 @@ def test_outcome_columns_count_entries_per_record(make_store) -> None:
         {"msg_id": "m3", "delivered": 0, "replayed": 0, "cancelled": 0, "first_delivered_ms": None},
     ]
     assert len(ix) == 4
-
-
-def test_staged_parts_publish_into_their_segments(tmp_path: Path) -> None:
-    layout = SegmentLayout(tmp_path / "data")
-    staging = tmp_path / "data" / "_staging" / "job"
-    staging.mkdir(parents=True)
-    stager = PartStager(staging, "t0", layout.segment_ms, enqueue_ms=T0, max_part_bytes=400)
-    recs = records(6, step=30 * 60_000)  # 3 hours, 2 per hour
-    for r in recs:
-        stager.add(r)
-    staged = stager.finish()
-    assert stager.counts["written"] == 6 and {p.segment_ms for p in staged} == {T0, T0 + 3_600_000, T0 + 7_200_000}
-    for p in staged:
-        layout.publish_part(p.segment_ms, p.log, p.index)
-    got = []
-    for seg in layout.list_segments():
-        for part in layout.list_parts(seg):
-            raw = layout.part_log(seg, part).read_bytes()
-            for e in read_index(layout.part_index(seg, part)):
-                rec, n = decode(raw, int(e["offset"]))
-                assert n == int(e["length"]) and rec.due_ms == int(e["due_ms"]) and rec.enqueue_ms == T0
-                assert layout.segment_start(rec.due_ms) == seg
-                got.append(rec.msg_id)
-    assert sorted(got) == sorted(r.msg_id for r in recs)
-    assert not list(staging.iterdir())

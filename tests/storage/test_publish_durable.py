@@ -1,12 +1,16 @@
-"""publish_part makes the published names durable: the segment directory is fsynced after the links."""
+"""New names are durable before anything depends on them: published parts, parts and segments a
+checkpoint relies on, and in flush="sync" mode new dispatch and ingest log files."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import storage.layout
-from storage import SegmentLayout
+from storage import DELIVERED, LOCATION_DTYPE, Record, ScheduleStore, SegmentLayout, dispatch_entries, encode
+from storage.ingest_log import IngestLog
 
 SEG = 1_800_000_000_000
 
@@ -40,3 +44,68 @@ def test_segment_directory_is_fsynced_after_both_links(tmp_path: Path, monkeypat
     log, idx = _stage(tmp_path / "d", "b")
     assert layout.publish_part(SEG, log, idx) == 1
     assert [c[0] for c in calls] == [layout.segment_dir(SEG)], "an existing segment needs only its own fsync"
+
+
+class _Syncs:
+    """Records what is fsynced (by path, whichever module asks) and when the checkpoint moves."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[str, Path]] = []
+        real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+        def fsync(fd: int) -> None:
+            self.events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}"))))
+            real_fsync(fd)
+
+        def fdatasync(fd: int) -> None:
+            self.events.append(("fdatasync", Path(os.readlink(f"/proc/self/fd/{fd}"))))
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    def fsynced(self) -> list[Path]:
+        return [p for kind, p in self.events if kind == "fsync"]
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_checkpoint_makes_new_parts_and_segments_durable_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   flush: str) -> None:
+    s = ScheduleStore(tmp_path / "d", flush=flush)  # type: ignore[arg-type]
+    syncs = _Syncs(monkeypatch)
+    real_put = s.meta.put_document
+    monkeypatch.setattr(s.meta, "put_document",
+                        lambda name, doc: (syncs.events.append(("checkpoint", Path(name))), real_put(name, doc)))
+    s.append([Record("m", "T", b"x", SEG + 1000)], SEG)
+    s.checkpoint()  # the ingest log that held the record is let go: the part must be found without it
+    s.close()
+    moved = syncs.events.index(("checkpoint", Path("checkpoint")))
+    before = [p for kind, p in syncs.events[:moved] if kind == "fsync"]
+    layout = s.layout
+    assert layout.part_log(SEG, 0).resolve() in before and layout.part_index(SEG, 0).resolve() in before
+    assert layout.segment_dir(SEG).resolve() in before and layout.schedule_dir.resolve() in before
+
+
+def test_sync_mode_makes_a_new_dispatch_log_durable_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ScheduleStore(tmp_path / "d", flush="sync")
+    s.append([Record("m", "T", b"x", SEG + 1000)], SEG)
+    ix = s.segment_index(SEG)
+    syncs = _Syncs(monkeypatch)
+    s.record_dispatch(SEG, dispatch_entries(ix.part, ix.offset, ix.due_ms, SEG, DELIVERED), SEG)
+    assert ("fdatasync", s.layout.dispatch_log(SEG).resolve()) in syncs.events
+    assert s.layout.segment_dir(SEG).resolve() in syncs.fsynced()  # before the entry is relied on
+    s.close()
+
+
+def test_sync_mode_ingest_log_file_is_durable_by_name_before_its_first_frame(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    wal = IngestLog(tmp_path / "ingest", sync_dir=True)
+    syncs = _Syncs(monkeypatch)
+    wal.open_new(7)
+    blob = encode(Record("m", "T", b"x", SEG), SEG)
+    locs = np.zeros(1, LOCATION_DTYPE)
+    locs["length"] = len(blob)
+    wal.append(locs, [blob], SEG, sync=True)
+    wal.close()
+    assert [kind for kind, _ in syncs.events] == ["fsync", "fdatasync"]
+    assert syncs.events[0][1] == (tmp_path / "ingest").resolve()

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import CorruptRecordError, InvalidRecordError, Record, decode, encode
-from storage.record import HEADER_SIZE
+from storage.record import HEADER_SIZE, MAX_BODY, MAX_FIELD, MAX_PROPERTIES
 
 text = st.text(min_size=1, max_size=40)
 records = st.builds(
@@ -91,3 +91,40 @@ def test_layout_of_pinned_record() -> None:
 def test_invalid_records_are_refused(rec: Record, msg: str) -> None:
     with pytest.raises(InvalidRecordError, match=msg):
         encode(rec)
+
+
+def _props_of_size(total: int) -> dict[str, str]:
+    """Properties whose encoding is exactly `total` bytes (0, or at least 5)."""
+    props: dict[str, str] = {}
+    full = 4 + 5 + MAX_FIELD  # one entry: two uint16 lengths, a 5-byte key, the longest value
+    while total >= full + 5:
+        props[f"k{len(props):04d}"] = "v" * MAX_FIELD
+        total -= full
+    if total:
+        props["z"] = "v" * (total - 5)
+    return props
+
+
+def _near(limit: int) -> st.SearchStrategy[int]:
+    """Sizes a little under, at and over a limit, and small ones."""
+    return st.one_of(st.integers(1, 4), st.integers(limit - 2, limit + 2))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_anything_encode_accepts_decode_returns(data: st.DataObject) -> None:
+    """The limits of encode and decode are one definition: a record near every limit either is refused
+    when encoded or round-trips."""
+    id_len, topic_len, tags_len = (data.draw(_near(MAX_FIELD)) for _ in range(3))
+    keys_len = data.draw(_near(MAX_FIELD))
+    props_len = data.draw(st.one_of(st.just(0), _near(MAX_PROPERTIES).filter(lambda n: n >= 5)))
+    body_len = data.draw(st.one_of(st.integers(0, 4), st.integers(MAX_BODY - 2, MAX_BODY + 2)))
+    due = data.draw(st.one_of(st.integers(-(2**63) - 1, -(2**63) + 1), st.integers(2**63 - 2, 2**63),
+                              st.integers(0, 2**41)))
+    rec = Record("i" * id_len, "t" * topic_len, b"b" * body_len, due, 0, "g" * tags_len,
+                 ("k" * max(keys_len - 2, 0),), _props_of_size(props_len))
+    try:
+        blob = encode(rec)
+    except InvalidRecordError:
+        return
+    assert decode(blob) == (rec, len(blob))

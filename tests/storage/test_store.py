@@ -21,9 +21,7 @@ HOUR = 3_600_000
 def crash(s: ScheduleStore) -> None:
     """Drop a store as a killed process would: no checkpoint, no flush."""
     s._wal.close()
-    for a, b in s._fds.values():
-        os.close(a)
-        os.close(b)
+    s.writer.close()
     s.meta._db.close()
 
 
@@ -184,7 +182,7 @@ def test_dispatch_log_round_trip_and_torn_tail(store: ScheduleStore) -> None:
     read = read_dispatch_log(path)
     assert len(read.entries) == 2 and read.torn_bytes == 30
     store.release_segment(seg)
-    store._dispatch_fds.pop(seg)  # reopen as after a restart: the torn frame is cut before appending
+    store.dispatch_writer.forget(seg)  # reopen as after a restart: the torn frame is cut before appending
     store.record_dispatch(seg, dispatch_entries(ix.part[2:3], ix.offset[2:3], ix.due_ms[2:3], NOW, CANCELLED, 0), NOW)
     read = read_dispatch_log(path)
     assert read.torn_bytes == 0 and read.entries["outcome"].tolist() == [DELIVERED, DELIVERED, CANCELLED]
@@ -215,6 +213,25 @@ def test_inspect_refuses_a_directory_that_is_not_a_store(tmp_path: Path) -> None
     res = subprocess.run([sys.executable, "-m", "timewheel", "inspect", "--data-dir", str(tmp_path)],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "not a timewheel data directory" in res.stderr
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(b'{"format": 1, "segm', id="cut-short"),
+    pytest.param(b"\xff\xfe{}", id="not-utf8"),
+    pytest.param(b"[1, 60]", id="not-an-object"),
+    pytest.param(b'{"format": 1}', id="no-segment-minutes"),
+    pytest.param(b'{"format": 1, "segment_minutes": "60"}', id="text-minutes"),
+    pytest.param(b'{"format": 1, "segment_minutes": 7}', id="minutes-not-dividing-a-day"),
+])
+def test_inspect_explains_a_bad_metadata_file(tmp_path: Path, content: bytes) -> None:
+    ScheduleStore(tmp_path / "d").close()
+    (tmp_path / "d" / "timewheel.json").write_bytes(content)
+    res = subprocess.run([sys.executable, "-m", "timewheel", "inspect", "--data-dir", str(tmp_path / "d")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("timewheel: ") and ("timewheel.json" in res.stderr or "segment_minutes" in res.stderr)
+    with pytest.raises(StorageError):
+        ScheduleStore(tmp_path / "d")
 
 
 def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:

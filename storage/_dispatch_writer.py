@@ -1,0 +1,113 @@
+"""Appending to segments' dispatch logs: one open descriptor per segment, one write per frame."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from storage import dispatch as _dispatch
+from storage._files import fsync_path, write_all
+from storage.errors import StorageWriteError
+from storage.layout import SegmentLayout
+
+
+class DispatchWriter:
+    """Appends frames to dispatch logs; with `sync`, each frame (and a new log's name) is durable
+    before `append` returns."""
+
+    def __init__(self, layout: SegmentLayout, sync: bool) -> None:
+        self.layout = layout
+        self.sync = sync
+        self.lock = threading.Lock()
+        self._fds: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self._new_dirs: set[Path] = set()
+
+    def append(self, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
+        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame."""
+        if len(entries) == 0:
+            return
+        frame = _dispatch.encode_frame(entries, now_ms)
+        with self.lock:
+            fd = self._fds.get(segment_ms)
+            if fd is None:
+                fd = self._fds[segment_ms] = self._open(segment_ms)
+            end = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                write_all(fd, frame)
+                if self.sync:
+                    os.fdatasync(fd)
+            except OSError as e:
+                os.ftruncate(fd, end)  # a torn frame would stand between the frames before and after it
+                raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
+                                        f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
+            if not self.sync:
+                self._dirty.add(segment_ms)
+
+    def _open(self, segment_ms: int) -> int:
+        """Open a segment's dispatch log for appending, its torn tail cut first."""
+        path = self.layout.dispatch_log(segment_ms)
+        seg_dir_new = not path.parent.exists()
+        log_new = seg_dir_new or not path.exists()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        read = _dispatch.read_dispatch_log(path)
+        if read.torn_bytes:  # appended after, a torn frame would cost a resync on every read
+            os.truncate(path, read.valid_bytes)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if log_new:
+            dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]
+            if self.sync:  # the frames about to be synced are only as durable as the file's name
+                for d in dirs:
+                    fsync_path(d)
+            else:
+                self._new_dirs.update(dirs)
+        return fd
+
+    def take_unsynced(self) -> tuple[list[int], list[Path]]:
+        """Duplicated descriptors of the logs written, and directories that gained a log, since the
+        last call (for a checkpoint to fsync)."""
+        with self.lock:
+            fds = [os.dup(self._fds[seg]) for seg in self._dirty if seg in self._fds]
+            dirs = sorted(self._new_dirs, key=lambda d: len(d.parts), reverse=True)  # children first
+            self._dirty, self._new_dirs = set(), set()
+        return fds, dirs
+
+    def forget(self, segment_ms: int) -> None:
+        """Close a segment's log (the segment is being retired)."""
+        with self.lock:
+            fd = self._fds.pop(segment_ms, None)
+            if fd is not None:
+                os.close(fd)
+            self._dirty.discard(segment_ms)
+
+    def close(self) -> None:
+        """Close every log."""
+        with self.lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
+    """Append one frame to a segment's dispatch log from outside the engine (replay, `check`), durably:
+    one O_APPEND write (so it interleaves whole with the engine's), fsynced, with a new log's name too.
+
+    Unlike the engine's own writer it never cuts a torn tail: the engine may be writing there.
+    """
+    if len(entries) == 0:
+        return
+    path = layout.dispatch_log(segment_ms)
+    frame = _dispatch.encode_frame(entries, now_ms)
+    new = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        write_all(fd, frame)
+        os.fsync(fd)
+    except OSError as e:
+        raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}") from e
+    finally:
+        os.close(fd)
+    if new:
+        fsync_path(path.parent)

@@ -1,0 +1,115 @@
+"""The read side of the store: a segment's index over its parts, and records by location."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from storage.errors import CorruptRecordError
+from storage.index import INDEX_DTYPE, read_index
+from storage.layout import SegmentLayout
+from storage.part import PartReader, trusted_index
+from storage.record import HEADER_SIZE, Record, decode, record_length
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentIndex:
+    """A segment's index over all its parts, concatenated in (part, offset) order."""
+
+    segment_ms: int
+    due_ms: np.ndarray
+    part: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    part_ranges: list[tuple[int, int, int]]  # (part, start, end) rows of each part, in order
+
+    def __len__(self) -> int:
+        return len(self.due_ms)
+
+    def keys(self) -> np.ndarray:
+        """part << 32 | offset: sorted ascending, unique per record."""
+        return (self.part.astype(np.uint64) << np.uint64(32)) | self.offset.astype(np.uint64)
+
+
+def segment_index(layout: SegmentLayout, segment_ms: int, parts: Sequence[int] | None = None) -> SegmentIndex:
+    """The index of a segment (or of some of its parts), as far as it agrees with the logs
+    (`trusted_index`)."""
+    chunks, part_ids, bounds = [], [], []
+    n = 0
+    for part in (layout.list_parts(segment_ms) if parts is None else parts):
+        idx_path = layout.part_index(segment_ms, part)
+        if not idx_path.exists():
+            continue  # a part being published, or one recovery has not indexed yet
+        idx = trusted_index(layout.part_log(segment_ms, part), read_index(idx_path))
+        chunks.append(idx)
+        part_ids.append(np.full(len(idx), part, np.uint16))
+        bounds.append((part, n, n + len(idx)))
+        n += len(idx)
+    if not chunks:
+        e = np.empty(0, INDEX_DTYPE)
+        return SegmentIndex(segment_ms, e["due_ms"], np.empty(0, np.uint16), e["offset"], e["length"], [])
+    idx = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    part_arr = part_ids[0] if len(part_ids) == 1 else np.concatenate(part_ids)
+    return SegmentIndex(segment_ms, idx["due_ms"], part_arr, idx["offset"], idx["length"], bounds)
+
+
+class RecordReader:
+    """Decodes records by (segment, part, offset) through one read-only map per part."""
+
+    def __init__(self, layout: SegmentLayout) -> None:
+        self.layout = layout
+        self._readers: dict[tuple[int, int], PartReader] = {}
+        self._lock = threading.Lock()
+        self.corrupt_found = 0
+
+    def read(self, segment_ms: Sequence[int], parts: Sequence[int], offsets: Sequence[int],
+             due_ms: Sequence[int] | None = None) -> list[Record | CorruptRecordError]:
+        """Decode many records; a corrupt one yields its error in its place (and is counted).
+
+        With `due_ms` (what the index said), a record whose own CRC-checked due time differs is
+        corrupt too: an index entry is never trusted to serve a record at another time.
+        """
+        out: list[Record | CorruptRecordError] = []
+        dues: Sequence[int | None] = [None] * len(offsets) if due_ms is None else due_ms
+        with self._lock:
+            reader = None
+            last_key = None
+            for seg, part, off, due in zip(segment_ms, parts, offsets, dues, strict=True):
+                key = (seg, part)
+                try:
+                    if key != last_key:
+                        reader = self._readers.get(key)
+                        if reader is None:
+                            reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
+                        last_key = key
+                    assert reader is not None
+                    view = reader.view(off + HEADER_SIZE)
+                    length = record_length(view, off)
+                    if off + length > len(view):
+                        view = reader.view(off + length)
+                    rec = decode(view, off)[0]
+                    if due is not None and rec.due_ms != due:
+                        raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off)
+                    out.append(rec)
+                except (CorruptRecordError, OSError) as e:
+                    self.corrupt_found += 1
+                    reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
+                    err = CorruptRecordError(reason, offset=off, path=str(self.layout.part_log(seg, part)))
+                    err.__cause__ = e
+                    out.append(err)
+        return out
+
+    def release(self, segment_ms: int) -> None:
+        """Drop the read maps of a segment."""
+        with self._lock:
+            for key in [k for k in self._readers if k[0] == segment_ms]:
+                self._readers.pop(key).close()
+
+    def close(self) -> None:
+        """Unmap everything."""
+        with self._lock:
+            for r in self._readers.values():
+                r.close()
+            self._readers.clear()

@@ -1,0 +1,171 @@
+"""The write path's files: each segment's live part, its descriptors, and what a checkpoint must fsync.
+
+A segment's new records go to its live part in order; a part is claimed with O_EXCL
+(`SegmentLayout.claim_part`) and rolled at `max_part_bytes`. A commit writes each touched part
+once for its records, then once for their index entries, so an index entry never points past its
+record. A failed commit is cut back to its undo point: a torn record would hide later ones.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from storage._files import write_all
+from storage.index import INDEX_ENTRY_SIZE, index_entries
+from storage.ingest_log import LOCATION_DTYPE
+from storage.layout import SegmentLayout
+
+log = logging.getLogger("timewheel.storage")
+_MAX_OPEN_FDS = 128
+#: where every live part ends: segment -> (part, bytes, entries)
+UndoPoint = dict[int, tuple[int, int, int]]
+
+
+@dataclass(slots=True)
+class _LivePart:
+    segment_ms: int
+    part: int
+    size: int
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unsynced:
+    """What a checkpoint must fsync: duplicated descriptors, files by path, then directories."""
+
+    fds: list[int]
+    paths: list[Path]
+    dirs: list[Path]
+
+
+class PartWriter:
+    """Places records in live parts and writes them; the caller holds the store's write lock."""
+
+    def __init__(self, layout: SegmentLayout, max_part_bytes: int) -> None:
+        self.layout = layout
+        self.max_part_bytes = max_part_bytes
+        self.live: dict[int, _LivePart] = {}
+        self._fds: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
+        #: parts written since the last checkpoint
+        self.dirty: set[tuple[int, int]] = set()
+        #: directories that gained a name since the last checkpoint (new parts, new segments)
+        self.new_dirs: set[Path] = set()
+
+    def place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
+        """Give each new record its segment, part and offset (LOCATION_DTYPE): a segment's records go
+        to its live part in order. Plain Python: batches touch many segments with few records each,
+        where per-group numpy calls would cost more than they save."""
+        seg_size = self.layout.segment_ms
+        segs, parts, offs, lens = [], [], [], []
+        live_of: dict[int, _LivePart] = {}
+        for due, blob in zip(dues, blobs):
+            seg = due - due % seg_size
+            ln = len(blob)
+            live = live_of.get(seg)
+            if live is None or live.size + ln > self.max_part_bytes:
+                live = live_of[seg] = self._live_part(seg, ln)
+            segs.append(seg)
+            parts.append(live.part)
+            offs.append(live.size)
+            lens.append(ln)
+            live.size += ln
+            live.entries += 1
+        written = np.zeros(len(blobs), LOCATION_DTYPE)
+        written["segment_ms"] = segs
+        written["due_ms"] = dues
+        written["part"] = parts
+        written["offset"] = offs
+        written["length"] = lens
+        return written
+
+    def _live_part(self, segment_ms: int, need: int) -> _LivePart:
+        live = self.live.get(segment_ms)
+        if live is None or live.size + need > self.max_part_bytes:
+            part = self.layout.claim_part(segment_ms)
+            open(self.layout.part_index(segment_ms, part), "wb").close()
+            self.new_dirs.update((self.layout.segment_dir(segment_ms), self.layout.schedule_dir))
+            live = _LivePart(segment_ms, part, 0, 0)
+            self.live[segment_ms] = live
+        return live
+
+    def _part_fds(self, segment_ms: int, part: int) -> tuple[int, int]:
+        key = (segment_ms, part)
+        fds = self._fds.get(key)
+        if fds is not None:
+            self._fds.move_to_end(key)
+            return fds
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fds = (os.open(self.layout.part_log(segment_ms, part), flags, 0o644),
+               os.open(self.layout.part_index(segment_ms, part), flags, 0o644))
+        self._fds[key] = fds
+        if len(self._fds) > _MAX_OPEN_FDS:
+            _, (a, b) = self._fds.popitem(last=False)
+            os.close(a)
+            os.close(b)
+        return fds
+
+    def write(self, locs: np.ndarray, blobs: list[bytes]) -> None:
+        """One write of records and one of index entries per touched part."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, key in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist())):
+            groups.setdefault(key, []).append(i)
+        raw = index_entries(locs["due_ms"], locs["offset"], locs["length"]).tobytes()
+        w = INDEX_ENTRY_SIZE
+        for (seg, part), grp in groups.items():
+            log_fd, idx_fd = self._part_fds(seg, part)
+            write_all(log_fd, b"".join([blobs[i] for i in grp]))
+            write_all(idx_fd, b"".join([raw[i * w:(i + 1) * w] for i in grp]))
+            self.dirty.add((seg, part))
+
+    def undo_point(self) -> UndoPoint:
+        """Where every live part ends now, to return to if a commit fails."""
+        return {seg: (lp.part, lp.size, lp.entries) for seg, lp in self.live.items()}
+
+    def roll_back(self, undo: UndoPoint) -> None:
+        """Cut every live part back to `undo` (parts claimed since are emptied)."""
+        for seg, lp in list(self.live.items()):
+            part, size, entries = undo.get(seg, (lp.part, 0, 0))
+            for p in {part, lp.part}:
+                end_size, end_entries = (size, entries) if p == part else (0, 0)
+                try:
+                    if self.layout.part_log(seg, p).exists():
+                        os.truncate(self.layout.part_log(seg, p), end_size)
+                        os.truncate(self.layout.part_index(seg, p), end_entries * INDEX_ENTRY_SIZE)
+                except OSError:
+                    log.exception("could not cut part %s/%s back after a failed write", seg, p)
+            if seg in undo:
+                lp.part, lp.size, lp.entries = part, size, entries
+            else:
+                del self.live[seg]
+
+    def take_unsynced(self) -> Unsynced:
+        """What was written since the last call, for a checkpoint to fsync (descriptors duplicated,
+        so the fsyncs can run outside the write lock)."""
+        fds: list[int] = []
+        paths: list[Path] = []
+        for seg, part in self.dirty:
+            open_fds = self._fds.get((seg, part))
+            if open_fds is not None:
+                fds.extend(os.dup(fd) for fd in open_fds)
+            else:
+                paths += [self.layout.part_log(seg, part), self.layout.part_index(seg, part)]
+        dirs = sorted(self.new_dirs, key=lambda d: len(d.parts), reverse=True)  # children first
+        self.dirty, self.new_dirs = set(), set()
+        return Unsynced(fds, paths, dirs)
+
+    def seal(self, before_ms: int) -> None:
+        """Stop appending to live parts of segments that end at or before `before_ms`."""
+        for seg in [s for s in self.live if s + self.layout.segment_ms <= before_ms]:
+            del self.live[seg]
+
+    def close(self) -> None:
+        """Close every descriptor."""
+        for a, b in self._fds.values():
+            os.close(a)
+            os.close(b)
+        self._fds.clear()
