@@ -31,8 +31,9 @@ from bench.engine_latency import _machine
 from bench.rocketmq_e2e import Receiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage
-from forwarder.remoting import RemotingProducer
+from forwarder._rmq_native import LogLevel, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage
+from forwarder.rocketmq import RemotingProducer
 from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
 from tests.reliability.kill_loop import serve_env, start_serve

@@ -15,12 +15,8 @@ the rates. Results of a run are kept in bench/forwarder_client_throughput_result
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import os
 import platform
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +27,10 @@ from pathlib import Path
 from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer, RecvMessage
 from rocketmq.exceptions import RocketMQException
 
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage, SendResult
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage, RemotingProducer, SendResult
 from forwarder.errors import SendError
-from forwarder.local_rocketmq import LocalRocketMQ, topic_route
+from forwarder.local_rocketmq import LocalRocketMQ
 
 WARMUP_TOPIC = "BENCH_WARMUP"
 SEND_TOPIC = "BENCH_SEND"
@@ -210,122 +207,30 @@ def bench_batch(producer: NativeProducer, total: int, body: bytes, size: int) ->
     return Row(f"SendBatchMessage, batches of {size}", batches * size, elapsed, "UNUSABLE: stored as 1 message/batch")
 
 
-class WireBatchSender:
-    """PROTOTYPE, for measurement: a batch sender speaking RocketMQ's remoting protocol directly.
-
-    The bundled client's SendBatchMessage is unusable (its batch flag reaches the broker as
-    false), so this sends SEND_BATCH_MESSAGE (code 320) itself, one batch per round trip over one
-    connection. Each message carries its own UNIQ_KEY (made here, so the caller knows every id),
-    tags, keys and properties. No retries, one broker, no failover: enough to show the cost.
-    """
-
-    _SEND_BATCH_MESSAGE = 320
-
-    def __init__(self, namesrv_addr: str, group: str, topic: str) -> None:
-        """Look the topic's route up and connect to its master broker."""
-        route = topic_route(namesrv_addr, topic)
-        if route is None:
-            raise RuntimeError(f"no route for {topic}")
-        host, port = route["brokerDatas"][0]["brokerAddrs"]["0"].rsplit(":", 1)
-        self._queues = route["queueDatas"][0]["writeQueueNums"]
-        self._sock = socket.create_connection((host, int(port)), timeout=10)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._group, self._topic = group, topic
-        self._opaque = itertools.count(1)
-        self._queue = itertools.cycle(range(self._queues))
-        self._id_prefix = struct.pack(">4sHI", socket.inet_aton("127.0.0.1"), os.getpid() & 0xFFFF, id(self) & 0xFFFFFFFF).hex().upper()
-        self._seq = itertools.count()
-
-    def _uniq_key(self) -> str:
-        """A 32-hex-digit id in the layout of RocketMQ's own (ip, pid, salt, time, counter)."""
-        return self._id_prefix + struct.pack(">IH", int(time.time()) & 0xFFFFFFFF, next(self._seq) & 0xFFFF).hex().upper()
-
-    @staticmethod
-    def _encode(body: bytes, properties: dict[str, str]) -> bytes:
-        """One message of a batch: size, magic 0, body CRC 0, flag 0, body, properties."""
-        props = "".join(f"{k}\x01{v}\x02" for k, v in properties.items()).encode()
-        size = 20 + len(body) + 2 + len(props)
-        return struct.pack(">iiiii", size, 0, 0, 0, len(body)) + body + struct.pack(">h", len(props)) + props
-
-    def send(self, msgs: list[OutgoingMessage]) -> list[str]:
-        """Send one batch and return the UNIQ_KEY of each message."""
-        ids: list[str] = []
-        parts: list[bytes] = []
-        for m in msgs:
-            uniq = self._uniq_key()
-            ids.append(uniq)
-            props = {**m.properties, "UNIQ_KEY": uniq, "WAIT": "true"}
-            if m.tags:
-                props["TAGS"] = m.tags
-            if m.keys:
-                props["KEYS"] = m.keys
-            parts.append(self._encode(m.body, props))
-        body = b"".join(parts)
-        # SEND_BATCH_MESSAGE takes the compact header (SendMessageRequestHeaderV2): one letter a field.
-        ext = {
-            "a": self._group,  # producerGroup
-            "b": self._topic,  # topic
-            "c": "TBW102",  # defaultTopic
-            "d": "4",  # defaultTopicQueueNums
-            "e": str(next(self._queue)),  # queueId
-            "f": "0",  # sysFlag
-            "g": str(int(time.time() * 1000)),  # bornTimestamp
-            "h": "0",  # flag
-            "i": "",  # properties of the batch itself
-            "j": "0",  # reconsumeTimes
-            "k": "false",  # unitMode
-            "m": "true",  # batch
-        }
-        header = json.dumps(
-            {"code": self._SEND_BATCH_MESSAGE, "language": "PYTHON", "version": 479,
-             "opaque": next(self._opaque), "flag": 0, "extFields": ext}
-        ).encode()
-        self._sock.sendall(struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body)
-        (length,) = struct.unpack(">i", self._recv(4))
-        data = self._recv(length)
-        header_len = struct.unpack(">i", data[:4])[0] & 0xFFFFFF
-        reply = json.loads(data[4 : 4 + header_len])
-        if reply["code"] != 0:
-            raise RuntimeError(f"broker answered {reply['code']}: {reply.get('remark')}")
-        return ids
-
-    def _recv(self, n: int) -> bytes:
-        """Read exactly n bytes."""
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self._sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("broker closed the connection")
-            buf += chunk
-        return bytes(buf)
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._sock.close()
-
-
 def bench_wire_batch(ns: str, total: int, body: bytes, size: int) -> Row:
-    """The WireBatchSender prototype: correct batches, one round trip per batch."""
-    sender = WireBatchSender(ns, "bench_wire", SEND_TOPIC)
+    """The wire client (RemotingProducer): correct batches, one round trip per batch of `size`."""
+    sender = RemotingProducer(ns, "bench_wire", max_batch_messages=size)
     msgs = [OutgoingMessage(SEND_TOPIC, body, tags="t", keys=f"k{i}", properties={"i": str(i)}) for i in range(size)]
     batches = max(1, total // size)
     try:
         start = time.perf_counter()
         for _ in range(batches):
-            sender.send(msgs)
+            sender.send_batch(SEND_TOPIC, msgs)
         elapsed = time.perf_counter() - start
     finally:
         sender.close()
-    return Row(f"wire SEND_BATCH_MESSAGE (Python prototype), batches of {size}", batches * size, elapsed)
+    return Row(f"wire SEND_BATCH_MESSAGE (RemotingProducer), batches of {size}", batches * size, elapsed)
 
 
 def check_wire_batch(mq: LocalRocketMQ) -> str:
     """Verify that a wire batch arrives as separate messages with their own tags and properties."""
     topic = "BENCH_WIRE_CHECK"
     mq.create_topics([topic], queues=1)
-    sender = WireBatchSender(mq.namesrv_addr, "bench_wire_check", topic)
+    sender = RemotingProducer(mq.namesrv_addr, "bench_wire_check")
     try:
-        ids = sender.send([OutgoingMessage(topic, b"m%d" % i, tags=f"t{i}", properties={"i": str(i)}) for i in range(3)])
+        receipts = sender.send_batch(topic, [OutgoingMessage(topic, b"m%d" % i, tags=f"t{i}", properties={"i": str(i)})
+                                             for i in range(3)])
+        ids = [r.msg_id for r in receipts]
     finally:
         sender.close()
     got: list[ReceivedMessage] = []

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.forwarder_client_throughput import CpuMeter, Row
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.rocketmq import ReceivedMessage, RemotingProducer
 from forwarder.contract import to_outgoing
 from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import ROCKETMQ_VERSION, LocalRocketMQ
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = RocketMQConfig(namesrv=mq.namesrv_addr, producer_group="bench_sink", dead_letter_topic=WARMUP_TOPIC)
         meter = CpuMeter(mq.broker_pid)
         with NativeProducer("bench_sink_native", mq.namesrv_addr, log_level=LogLevel.ERROR) as producer:
-            sink = RocketMQSink(cfg, producer)
+            dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group)
+            sink = RocketMQSink(cfg, dead_letters)
             try:
                 print("warm-up", run_sink(sink, _messages(args.warmup, [WARMUP_TOPIC], body), 128, "warm-up").row)
                 for topics in (TOPICS[:1], TOPICS):
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
                 stored_expected = sum(c.row.messages for c in cases)
             finally:
                 sink.close()
+                dead_letters.close()
             native = NativePoolSink(producer)
             try:
                 msgs = _messages(args.native_messages, [WARMUP_TOPIC], body)

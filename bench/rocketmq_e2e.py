@@ -29,8 +29,9 @@ from typing import Sequence
 import numpy as np
 
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativePushConsumer, OutgoingMessage, ReceivedMessage
-from forwarder.remoting import Receipt, RemotingProducer
+from forwarder._rmq_native import LogLevel, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from forwarder.rocketmq import Receipt, RemotingProducer
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
 from timewheel.app.service import Service
@@ -177,7 +178,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--dispatch", type=int, default=50_000, help="messages due at one millisecond")
     ap.add_argument("--rate", type=int, action="append", help="steady due rate for lateness (repeatable)")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each lateness run")
-    ap.add_argument("--consume-threads", type=int, default=RocketMQConfig.consume_threads)
     ap.add_argument("--send-threads", type=int, default=RocketMQConfig.send_threads,
                     help="delivery producers, one dispatch thread each (rocketmq.send_threads)")
     ap.add_argument("--out", type=Path, default=RESULTS / "rocketmq_e2e.json", help="where to write the figures")
@@ -191,8 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
     mq.start()
     try:
-        cfg = RocketMQConfig(namesrv=mq.namesrv_addr, consume_threads=args.consume_threads,
-                             send_threads=args.send_threads)
+        cfg = RocketMQConfig(namesrv=mq.namesrv_addr, send_threads=args.send_threads)
         mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, "BENCH_OUT"], queues=8)
         producer = RemotingProducer(mq.namesrv_addr, "bench-producer")
         recv = RemoteReceiver(mq.namesrv_addr, "BENCH_OUT")
@@ -216,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         first = first or (t0, 0)
         out["ingest"] = {"messages": n, "stored": got, "seconds": round(t1 - t0, 2), "per_s": round(got / (t1 - t0)),
                          "per_s_after_first_stored": round((got - first[1]) / max(1e-3, t1 - first[0])),
-                         "ingest_client": cfg.ingest_client,
+                         "ingest_client": "pull",
                          "note": "per_s includes the consumer's start-up (route lookup, rebalance)"}
         print("ingest", out["ingest"], flush=True)
         # 2. dispatch: everything due at one millisecond, through the broker to BENCH_OUT

@@ -1,15 +1,35 @@
-"""Everything RocketMQ: local broker, ingest consumer, delivery sink, traffic shaping."""
-from forwarder._rmq_native import (SYSTEM_PROPERTIES, LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage,
-                                   ReceivedMessage, SendResult, read_message, user_properties)
+"""Everything RocketMQ: the wire client, ingest consumer, delivery sink, traffic shaping, local broker.
+
+Importing `forwarder` loads no native library: the engine speaks RocketMQ through `forwarder.rocketmq`.
+The bundled client (`NativeProducer`, `NativePushConsumer`, `read_message`, `LogLevel`) is for a user's
+own Python producer or consumer; its names are loaded from `forwarder._rmq_native` on first use.
+"""
+from typing import Any
+
+from forwarder.config import RocketMQConfig
 from forwarder.contract import ContractLimits, ContractViolation, to_message, to_outgoing
 from forwarder.delivery import CircuitBreaker, RocketMQSink
 from forwarder.endpoints import RocketMQEndpoints, connect_rocketmq
 from forwarder.errors import ForwarderError, LocalRocketMQError, NativeClientError, NativeLayoutError, SendError
 from forwarder.ingest import DelayTopicIngest
-from forwarder.local_rocketmq import LocalRocketMQ, ensure_distribution, run_foreground, topic_route
+from forwarder.local_rocketmq import LocalRocketMQ, ensure_distribution, run_foreground
+from forwarder.rocketmq import (SYSTEM_PROPERTIES, OutgoingMessage, ReceivedMessage, RemotingError, RemotingProducer,
+                                RemotingPullConsumer, SendResult, SendStatus, topic_route, user_properties)
+
+_NATIVE = frozenset({"LogLevel", "NativeProducer", "NativePushConsumer", "read_message"})
 
 __all__ = ["CircuitBreaker", "ContractLimits", "ContractViolation", "DelayTopicIngest", "ForwarderError",
            "LocalRocketMQ", "LocalRocketMQError", "LogLevel", "NativeClientError", "NativeLayoutError",
-           "NativeProducer", "NativePushConsumer", "OutgoingMessage", "ReceivedMessage", "RocketMQEndpoints",
-           "RocketMQSink", "SYSTEM_PROPERTIES", "SendError", "SendResult", "connect_rocketmq", "ensure_distribution",
+           "NativeProducer", "NativePushConsumer", "OutgoingMessage", "ReceivedMessage", "RemotingError",
+           "RemotingProducer", "RemotingPullConsumer", "RocketMQConfig", "RocketMQEndpoints", "RocketMQSink",
+           "SYSTEM_PROPERTIES", "SendError", "SendResult", "SendStatus", "connect_rocketmq", "ensure_distribution",
            "read_message", "run_foreground", "to_message", "to_outgoing", "topic_route", "user_properties"]
+
+
+def __getattr__(name: str) -> Any:
+    """The bundled client's names, importing (and so loading librocketmq.so) only when one is asked for."""
+    if name in _NATIVE:
+        from forwarder import _rmq_native
+
+        return getattr(_rmq_native, name)
+    raise AttributeError(f"module 'forwarder' has no attribute {name!r}")

@@ -1,8 +1,9 @@
 """Where the engine meets RocketMQ: the typed `[rocketmq]` configuration."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
 from timewheel.errors import ConfigError
 
@@ -16,14 +17,20 @@ class RocketMQConfig:
     dead_letter_topic: str = "TW_DLQ"
     consumer_group: str = "timewheel-ingest"
     producer_group: str = "timewheel-delivery"
-    ingest_client: Literal["pull", "push"] = "pull"  # pull: batches over the wire protocol; push: the bundled client
-    consume_threads: int = 4  # push only
     consume_batch: int = 32
     send_threads: int = 4
     send_linger_ms: int = 2  # a small batch waits this long after it was due for more to join it
     send_timeout_ms: int = 3000
     breaker_failures: int = 20
     breaker_open_seconds: float = 5.0
+
+    #: Keys earlier versions accepted, with what to do instead: a config setting one fails loudly.
+    REMOVED_KEYS: ClassVar[Mapping[str, str]] = {
+        "ingest_client": "ingest always pulls batches over the wire protocol (the push client was slower "
+                         "and crashed on shutdown); delete the key",
+        "consume_threads": "it configured the removed push client; delete the key (consume_batch sizes "
+                           "the pulled batches)",
+    }
 
     def __post_init__(self) -> None:
         host, _, port = self.namesrv.rpartition(":")
@@ -34,8 +41,6 @@ class RocketMQConfig:
             ("dead_letter_topic", bool(self.dead_letter_topic), "a topic name"),
             ("consumer_group", bool(self.consumer_group), "a group name"),
             ("producer_group", bool(self.producer_group), "a group name"),
-            ("ingest_client", self.ingest_client in ("pull", "push"), '"pull" or "push"'),
-            ("consume_threads", 1 <= self.consume_threads <= 64, "between 1 and 64"),
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
             ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),
             ("send_linger_ms", 0 <= self.send_linger_ms <= 1000, "between 0 and 1000"),

@@ -18,8 +18,8 @@ import crc32c
 from dataclasses import dataclass
 from typing import Mapping
 
-from forwarder._rmq_native import (_NAME_VALUE_SEPARATOR, _PROPERTY_SEPARATOR, OutgoingMessage, ReceivedMessage,
-                                   join_properties, user_properties)
+from forwarder.rocketmq.message import (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, OutgoingMessage, ReceivedMessage,
+                                        join_properties, user_properties)
 from timewheel.message import Message
 
 TARGET_TOPIC = "TW_TARGET_TOPIC"
@@ -122,7 +122,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
                    engine_id(msg, target, due, passthrough))
 
 
-_NO_SEPARATORS = str.maketrans("", "", _NAME_VALUE_SEPARATOR + _PROPERTY_SEPARATOR)
+_NO_SEPARATORS = str.maketrans("", "", NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR)
 
 
 def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[str, str] | None = None) -> str:
@@ -139,7 +139,7 @@ def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[s
     digest = crc32c.crc32c(msg.body, crc32c.crc32c(head))
     # The same library has been seen to send a UNIQ_KEY with a NUL in it; as a property of the
     # delivered message that would be refused forever. Read it as the C API does (up to the NUL),
-    # without separators, so both ingest clients give one message the same id.
+    # without separators, so that every client reading one message gives it the same id.
     uniq = msg.msg_id.split("\x00", 1)[0].translate(_NO_SEPARATORS) or f"{msg.commit_log_offset:016X}"
     return f"{uniq}:{digest:08x}"
 

@@ -1,9 +1,9 @@
 """Delivery: a Sink that sends due messages to their target topics, and the dead-letter path.
 
-Due messages go out through `forwarder.remoting.RemotingProducer`: grouped by topic, cut into
+Due messages go out through `forwarder.rocketmq.RemotingProducer`: grouped by topic, cut into
 SEND_BATCH_MESSAGE requests of up to 128 messages / 1 MiB, each stored by the broker as separate
-messages with their own ids. The bundled native client cannot do that (its single sends cost
-~100 µs of CPU each, its batches are stored as one message); it only carries dead letters.
+messages with their own ids. Dead letters go through the wire client too (a producer of their own,
+shared with ingest), so the engine never loads the bundled native client.
 
 Up to `send_threads` batches are in flight at once (`max_in_flight`: the engine runs that many
 dispatch threads), each on its own producer and connections, so one slow answer holds up only its
@@ -23,9 +23,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from forwarder._rmq_native import NativeProducer
-from forwarder.contract import ORIGINAL_MSG_ID, to_dead_letter, to_outgoing
-from forwarder.remoting import Receipt, RemotingError, RemotingProducer
+from forwarder.contract import ORIGINAL_MSG_ID, TARGET_TOPIC, to_dead_letter, to_outgoing
+from forwarder.rocketmq import Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
 from timewheel.message import Message
 
@@ -70,10 +69,10 @@ class CircuitBreaker:
 class RocketMQSink:
     """Sends due messages to their target topics; also the engine's dead-letter sink."""
 
-    def __init__(self, cfg: RocketMQConfig, producer: NativeProducer, *,
+    def __init__(self, cfg: RocketMQConfig, producer: RemotingProducer, *,
                  sender: RemotingProducer | None = None) -> None:
         """Deliver through `cfg.send_threads` RemotingProducers for `cfg` (or through `sender` alone);
-        dead letters through `producer`."""
+        dead letters through `producer` (the caller closes it)."""
         self.cfg = cfg
         self.producer = producer
         self.senders = [sender] if sender is not None else [
@@ -150,10 +149,12 @@ class RocketMQSink:
 
     def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
         """Park messages on the dead-letter topic with the reason; raises if the broker refuses."""
+        letters = []
         for m in messages:
             props = dict(m.properties or {})
             props[ORIGINAL_MSG_ID] = m.msg_id or ""
-            props["TW_TARGET_TOPIC"] = m.topic
-            self.producer.send(to_dead_letter(self.cfg.dead_letter_topic, m.body, m.tags, " ".join(m.keys), props,
-                                              reason))
-            self._count(dead_lettered=1)
+            props[TARGET_TOPIC] = m.topic
+            letters.append(to_dead_letter(self.cfg.dead_letter_topic, m.body, m.tags, " ".join(m.keys), props,
+                                          reason))
+        self.producer.send_batch(self.cfg.dead_letter_topic, letters)
+        self._count(dead_lettered=len(letters))

@@ -4,32 +4,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from forwarder._rmq_native import LogLevel, NativeProducer
+from forwarder.config import RocketMQConfig
 from forwarder.contract import ContractLimits
 from forwarder.delivery import RocketMQSink
 from forwarder.ingest import DelayTopicIngest
-from forwarder.config import RocketMQConfig
+from forwarder.rocketmq import RemotingProducer
 
 
 @dataclass
 class RocketMQEndpoints:
-    """The ingest Source and the delivery Sink (also the dead-letter sink) of one engine."""
+    """The ingest Source and the delivery Sink of one engine, and the producer of their dead letters."""
 
     source: DelayTopicIngest
     sink: RocketMQSink
-    producer: NativeProducer
+    dead_letters: RemotingProducer
 
     def close(self) -> None:
-        """Stop the consumer and shut the producer down (after its sends in flight)."""
+        """Stop the consumer, then close the senders' connections."""
         self.source.stop()
         self.sink.close()
-        self.producer.shutdown()
+        self.dead_letters.close()
 
 
-def connect_rocketmq(cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int],
-                     *, instance_name: str | None = None) -> RocketMQEndpoints:
-    """Start a producer for delivery and dead letters, and build (not start) the ingest consumer."""
-    producer = NativeProducer(cfg.producer_group, cfg.namesrv, send_timeout_ms=cfg.send_timeout_ms,
-                              instance_name=instance_name, log_level=LogLevel.ERROR)
-    producer.start()
-    return RocketMQEndpoints(DelayTopicIngest(cfg, limits, now_ms, producer), RocketMQSink(cfg, producer), producer)
+def connect_rocketmq(cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int]) -> RocketMQEndpoints:
+    """Build the delivery sink and (not started) the ingest consumer; nothing connects before first use."""
+    dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
+    return RocketMQEndpoints(DelayTopicIngest(cfg, limits, now_ms, dead_letters), RocketMQSink(cfg, dead_letters),
+                             dead_letters)

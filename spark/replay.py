@@ -7,6 +7,9 @@ batch), so the audit tells replays from duplicates. A replayed message carries w
 delivery carries: body, tags, keys, properties, the original id in `TW_ORIGINAL_MSG_ID`, and
 `TW_REPLAY=1`. Records that fail their checks are counted and skipped. A dry run sends nothing and
 writes nothing: it says what would be sent.
+
+Spark only reads: the sending side is a `Sender` from a factory the caller passes in (for RocketMQ,
+`forwarder.replay_sender.replay_sender`, which sends through the wire client).
 """
 from __future__ import annotations
 
@@ -38,46 +41,6 @@ class Sender(Protocol):
     def close(self) -> None:
         """Release the connection."""
         ...
-
-
-class RocketMQSender:
-    """A `rocketmq.client.Producer`, sending synchronously (binary-safe bodies)."""
-
-    def __init__(self, namesrv: str, group: str, timeout_ms: int = 3000) -> None:
-        """Start a producer of `group` on the NameServer `namesrv`."""
-        from rocketmq.client import Producer
-
-        self._producer = Producer(group, timeout=timeout_ms)
-        self._producer.set_namesrv_addr(namesrv)
-        self._producer.start()
-
-    def send(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str], properties: Mapping[str, str]) -> None:
-        """Send one message; raises on any failure the client reports."""
-        from rocketmq.client import Message
-        from rocketmq.exceptions import ffi_check
-        from rocketmq.ffi import dll
-
-        msg = Message(topic)
-        try:
-            if tags:
-                msg.set_tags(tags)
-            if keys:
-                msg.set_keys(" ".join(keys))  # RocketMQ's key separator
-            for k, v in properties.items():
-                msg.set_property(k, v)
-            ffi_check(dll.SetByteMessageBody(msg._handle, body, len(body)))  # set_body stops at a NUL byte
-            self._producer.send_sync(msg)
-        finally:
-            msg.destroy()
-
-    def close(self) -> None:
-        """Shut the producer down."""
-        self._producer.shutdown()
-
-
-def rocketmq_sender(namesrv: str, group: str, timeout_ms: int = 3000) -> Callable[[], Sender]:
-    """A picklable factory of RocketMQ senders, one per task."""
-    return functools.partial(RocketMQSender, namesrv, group, timeout_ms)
 
 
 def select(records: DataFrame, *, since_ms: int, until_ms: int, topic: str | None = None) -> DataFrame:
@@ -252,7 +215,8 @@ def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms
             chosen.unpersist()
         return result
     if sender_factory is None:
-        raise ValueError("give a sender factory (e.g. rocketmq_sender(namesrv, group)) or dry_run=True")
+        raise ValueError("give a sender factory (e.g. forwarder.replay_sender.replay_sender(namesrv, group)) "
+                         "or dry_run=True")
     check_dispatch_logs(data_dir, since_ms, until_ms)
     fn = functools.partial(send_partition, data_dir=data_dir, sender_factory=sender_factory,
                            rate_per_task=rate / task_slots(spark) if rate > 0 else 0.0)

@@ -25,7 +25,8 @@ from bench.peers.common import (BenchMessage, Deliver, Recorder, dir_allocated_b
 from bench.peers.heap_engine import HeapEngine
 from bench.peers.servers import PostgresServer, RedisServer
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 
 DAY_MS = 86_400_000
 #: RocketMQ's delay levels (messageDelayLevel default), level n at index n-1, in ms.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from forwarder._rmq_native import ReceivedMessage
+from forwarder.rocketmq import ReceivedMessage
 from forwarder.contract import ContractLimits, ContractViolation, to_dead_letter, to_message, to_outgoing
 from timewheel import Message
 
@@ -45,7 +45,7 @@ def test_delivered_message_carries_original_id_and_due_time() -> None:
 
 
 def test_outgoing_properties_cannot_smuggle_separators() -> None:
-    from forwarder._rmq_native import _build
+    from forwarder._rmq_library import _build
 
     with pytest.raises(ValueError, match="x01"):
         _build(to_outgoing(Message("ORDERS", b"b", NOW, properties={"a": "x\x02TW_TARGET_TOPIC\x01EVIL"},
@@ -70,7 +70,7 @@ def test_an_id_with_a_nul_or_separators_is_read_up_to_the_nul() -> None:
     assert dirty.msg_id == clean.msg_id and "\x00" not in (dirty.msg_id or "")
     sep = to_message(ReceivedMessage("TW_DELAY", b"b", "", "", "\x01\x02", props, 0, 0, 77, 0, NOW, NOW), NOW, LIMITS)
     assert sep.msg_id is not None and sep.msg_id.startswith(f"{77:016X}:")
-    from forwarder.remoting import encode_message
+    from forwarder.rocketmq import encode_message
     encode_message(to_outgoing(dirty), "0" * 32)  # the broker would take it: no separator in TW_ORIGINAL_MSG_ID
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
@@ -54,13 +55,11 @@ class World:
         self.producer.send(OutgoingMessage(self.cfg.delay_topic, body, tags, keys, p))
 
 
-@pytest.fixture(scope="module", params=["pull", "push"])
-def world(request: pytest.FixtureRequest, rocketmq: LocalRocketMQ,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """The whole pipeline, once with each ingest client (the default pull consumer, the bundled push one)."""
+@pytest.fixture(scope="module")
+def world(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The whole pipeline: a user's producer and consumer (the bundled client) around the engine."""
     run = uuid.uuid4().hex[:8]
     cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_{run}", dead_letter_topic=f"TW_DLQ_{run}",
-                         ingest_client=request.param,
                          consumer_group=f"tw_ingest_{run}", producer_group=f"tw_delivery_{run}",
                          breaker_failures=5, breaker_open_seconds=1.0, send_timeout_ms=2000)
     targets = (f"ORDERS_{run}", f"PAYMENTS_{run}")

@@ -9,16 +9,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer, RecvMessage
 
-from forwarder._rmq_native import (
-    NativeProducer,
-    NativePushConsumer,
-    OutgoingMessage,
-    ReceivedMessage,
-    SendResult,
-    SendStatus,
-    read_message,
-    user_properties,
-)
+from forwarder._rmq_native import NativeProducer, NativePushConsumer, read_message
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage, SendResult, SendStatus, user_properties
 from forwarder.errors import SendError
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.polling import unique, wait_for

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ

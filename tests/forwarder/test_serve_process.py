@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from forwarder._rmq_native import NativePushConsumer, ReceivedMessage
+from forwarder._rmq_native import NativePushConsumer
+from forwarder.rocketmq import ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.shaping_control import RULES_DOCUMENT
 from forwarder.config import RocketMQConfig

@@ -23,7 +23,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 
 ROOT = Path(__file__).resolve().parents[2]

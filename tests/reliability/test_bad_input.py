@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from forwarder import _rmq_native as rmq
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+from forwarder import _rmq_library as rmq
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, RemotingProducer
 from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import LocalRocketMQ
 from spark.backfill import backfill, read_input
@@ -39,7 +40,8 @@ def test_backfilled_rows_arrive_once_through_rocketmq(spark, rocketmq: LocalRock
     producer = NativeProducer(f"tw_backfill_probe_{run}", rocketmq.namesrv_addr)
     producer.start()
     data = tmp_path / "data"
-    sink = RocketMQSink(cfg, producer)
+    dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group)
+    sink = RocketMQSink(cfg, dead_letters)
     # the engine is all that runs: backfilled parts reach it through its rescan of the data directory
     engine = Engine(EngineConfig(data, rescan_seconds=0.5), sink).start()
     try:
@@ -69,6 +71,7 @@ def test_backfilled_rows_arrive_once_through_rocketmq(spark, rocketmq: LocalRock
     finally:
         engine.stop()
         sink.close()
+        dead_letters.close()
         producer.shutdown()
         consumer.shutdown()
     by_id = {m.properties["TW_ORIGINAL_MSG_ID"]: (m, at) for m, at in got}

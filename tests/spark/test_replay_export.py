@@ -130,8 +130,9 @@ def test_replay_through_a_real_rocketmq(spark, rocketmq, make_store) -> None:
     import threading
     import uuid
 
-    from forwarder._rmq_native import NativePushConsumer, ReceivedMessage
-    from spark.replay import rocketmq_sender
+    from forwarder._rmq_native import NativePushConsumer
+    from forwarder.rocketmq import ReceivedMessage
+    from forwarder.replay_sender import replay_sender
 
     topic = f"tw_replay_{uuid.uuid4().hex[:8]}"
     rocketmq.create_topics([topic])
@@ -153,7 +154,7 @@ def test_replay_through_a_real_rocketmq(spark, rocketmq, make_store) -> None:
     consumer.start()
     try:
         res = replay(spark, s.layout.root, since_ms=T0, until_ms=T0 + 100,
-                     sender_factory=rocketmq_sender(rocketmq.namesrv_addr, f"tw_replay_{uuid.uuid4().hex[:8]}"),
+                     sender_factory=replay_sender(rocketmq.namesrv_addr, f"tw_replay_{uuid.uuid4().hex[:8]}"),
                      rate=0)
         assert (res.sent, res.failed) == (5, 0)
         assert done.wait(60)

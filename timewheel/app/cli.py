@@ -120,7 +120,8 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
          delay_topic: Annotated[str, typer.Option(help="The engine's delay topic.")] = "TW_DELAY") -> None:
     """Send one delayed message through the delay topic, as a producer would."""
     from forwarder import ForwarderError
-    from forwarder._rmq_native import LogLevel, NativeProducer, OutgoingMessage
+    from forwarder._rmq_native import LogLevel, NativeProducer
+    from forwarder.rocketmq import OutgoingMessage
 
     if (delay is None) == (at is None):
         _fail("give exactly one of --delay or --at")

@@ -300,13 +300,13 @@ def replay(
     if until_ms <= since_ms:
         _fail("--until must be after --since")
     from spark.progress import stage_progress
+    from forwarder.replay_sender import replay_sender
     from spark.replay import replay as run
-    from spark.replay import rocketmq_sender
 
     with _spark(master, conf, verbose) as spark:
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
-                         sender_factory=None if dry_run else rocketmq_sender(namesrv, group), rate=rate, sample=show)
+                         sender_factory=None if dry_run else replay_sender(namesrv, group), rate=rate, sample=show)
     if as_json:
         _print_json(result.as_dict())
     else:

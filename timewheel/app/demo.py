@@ -30,7 +30,8 @@ from timewheel.app.service import Service
 from timewheel.app.settings import AdminConfig, Settings
 
 if TYPE_CHECKING:
-    from forwarder._rmq_native import NativeProducer, OutgoingMessage, SendResult
+    from forwarder._rmq_native import NativeProducer
+    from forwarder.rocketmq import OutgoingMessage, SendResult
 
 TOPICS = ("ORDERS", "PAYMENTS", "REMINDERS")
 
@@ -94,7 +95,7 @@ def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) 
 
 def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console) -> None:
     """Wait until a probe went producer -> engine -> consumer: consumer groups take seconds to rebalance."""
-    from forwarder._rmq_native import OutgoingMessage
+    from forwarder.rocketmq import OutgoingMessage
 
     console.print("waiting for the consumers to join their groups ...")
     deadline = time.monotonic() + 120
@@ -116,7 +117,8 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
              console: Console | None = None) -> dict[str, object]:
     """Run the whole demo; returns (and with as_json prints last) the summary."""
     from forwarder import LocalRocketMQ
-    from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage
+    from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+    from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 
     console = console or Console(stderr=as_json)
     logging.basicConfig(level=logging.WARNING)

@@ -86,8 +86,7 @@ class Service:
             self.engine.stop()
             self.engine = None
         if self._endpoints is not None:
-            self._endpoints.sink.close()
-            self._endpoints.producer.shutdown()
+            self._endpoints.close()  # the source is stopped already; this closes the senders
             self._endpoints = None
         if self.admin is not None:
             self.admin.stop()

@@ -152,7 +152,10 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     for section, cls in _SECTIONS.items():
         hints = typing.get_type_hints(cls)
         known = {f.name for f in dataclasses.fields(cls)}
+        removed: Mapping[str, str] = getattr(cls, "REMOVED_KEYS", {})
         for key in raw[section]:
+            if key in removed:
+                raise ConfigError(f"config key {section}.{key} was removed: {removed[key]}")
             if key not in known:
                 raise ConfigError(f"unknown config key {section}.{key}; known: {', '.join(sorted(known))}")
         kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in raw[section].items()}

@@ -1,4 +1,4 @@
-"""A clustering consumer spoken over RocketMQ's remoting protocol: batches in, offsets committed after.
+"""The consumer: one member of a clustering consumer group, pulling batches; offsets committed after.
 
 Why: the bundled client's push consumer hands Python one message per callback, each on one of its
 threads taking the GIL in turn; ingest then spends ~200 µs of CPU per message on two cores (most
@@ -27,13 +27,7 @@ Wire formats used here (apache/rocketmq, 5.x):
       (1 commit offset, 2 suspend, 4 subscription), commitOffset, suspendTimeoutMillis,
       subscription, subVersion, expressionType. Answers: 0 found (body: messages), 19 none new,
       20 retry now, 21 offset moved; extFields nextBeginOffset, minOffset, maxOffset.
-    body: stored messages one after another (MessageDecoder), each:
-      total_size i32, magic i32 (V1 0xdaa320a7: topic length 1 byte; V2 0xdaa320a3: 2 bytes),
-      body_crc i32, queue_id i32, flag i32, queue_offset i64, physical_offset i64, sys_flag i32,
-      born_timestamp i64, born_host (4+4 bytes, 16+4 when sys_flag & 0x10), store_timestamp i64,
-      store_host (4+4, 16+4 when sys_flag & 0x20), reconsume_times i32, prepared_offset i64,
-      body_length i32, body (zlib when sys_flag & 1), topic_length, topic, props_length i16,
-      properties (name \\x01 value \\x02 ...).
+    body: stored messages one after another (`codec.decode_messages`).
     QUERY_CONSUMER_OFFSET (14) / UPDATE_CONSUMER_OFFSET (15): consumerGroup, topic, queueId
       [, commitOffset]; 22 = no offset stored. GET_MIN_OFFSET (31): topic, queueId -> offset.
     HEART_BEAT (34): body {"clientID", "producerDataSet": [], "consumerDataSet": [...]}.
@@ -46,7 +40,6 @@ import json
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
@@ -54,94 +47,28 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from forwarder._rmq_native import ReceivedMessage, split_properties
-from forwarder.remoting import (SUCCESS, Connection, ConnectionFailedError, ProtocolError, RemotingError,
-                                RemotingProducer, RequestTimeoutError, Response, TopicRoute, error_for_code)
+from forwarder.rocketmq.codec import decode_messages
+from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
+from forwarder.rocketmq.message import ReceivedMessage
+from forwarder.rocketmq.namesrv import NameServerClient, parse_route
+from forwarder.rocketmq.protocol import (GET_CONSUMER_LIST_BY_GROUP, GET_MIN_OFFSET, HEART_BEAT, PULL_MESSAGE,
+                                         PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
+                                         QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS, UNREGISTER_CLIENT,
+                                         UPDATE_CONSUMER_OFFSET, Response, error_for_code)
+
+__all__ = ["BatchCallback", "Queue", "RemotingPullConsumer", "allocate_averagely"]
 
 log = logging.getLogger("timewheel.pull")
-
-PULL_MESSAGE = 11
-QUERY_CONSUMER_OFFSET = 14
-UPDATE_CONSUMER_OFFSET = 15
-GET_MIN_OFFSET = 31
-HEART_BEAT = 34
-UNREGISTER_CLIENT = 35
-GET_CONSUMER_LIST_BY_GROUP = 38
-
-PULL_NOT_FOUND = 19
-PULL_RETRY_IMMEDIATELY = 20
-PULL_OFFSET_MOVED = 21
-QUERY_NOT_FOUND = 22
 
 _FLAG_COMMIT_OFFSET = 1
 _FLAG_SUSPEND = 2
 _FLAG_SUBSCRIPTION = 4
 
-_MAGIC_V1 = -626843481  # 0xdaa320a7
-_MAGIC_V2 = -626843485  # 0xdaa320a3: topic length in 2 bytes
-_SYS_COMPRESSED = 0x1
-_SYS_COMPRESSION_TYPE = 0x700
-_SYS_BORNHOST_V6 = 0x10
-_SYS_STOREHOST_V6 = 0x20
-
-_HEAD = struct.Struct(">iiiiiqqiq")  # total_size .. born_timestamp
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
-_I16 = struct.Struct(">h")
-
 #: (broker name, queue id)
 Queue = tuple[str, int]
 #: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
 BatchCallback = Callable[[list[ReceivedMessage]], bool]
-
-
-class MessageDecodeError(ProtocolError):
-    """A pulled message is not in the store format this client reads."""
-
-
-def decode_messages(body: bytes) -> list[ReceivedMessage]:
-    """The messages of a PULL_MESSAGE answer's body."""
-    out: list[ReceivedMessage] = []
-    mv = memoryview(body)
-    p, n = 0, len(body)
-    while p < n:
-        if p + _HEAD.size > n:
-            raise MessageDecodeError(f"a message header runs past the pull body ({n - p} bytes left)")
-        total, magic, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _HEAD.unpack_from(mv, p)
-        if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or p + total > n:
-            raise MessageDecodeError(f"bad message at {p} of a pull body: magic {magic:#x}, size {total}")
-        q = p + _HEAD.size + (20 if sys_flag & _SYS_BORNHOST_V6 else 8)
-        (store_ts,) = _I64.unpack_from(mv, q)
-        q += 8
-        store_host = bytes(mv[q:q + (20 if sys_flag & _SYS_STOREHOST_V6 else 8)])
-        q += len(store_host)
-        (reconsume,) = _I32.unpack_from(mv, q)
-        q += 4 + 8  # and the prepared transaction offset
-        (body_len,) = _I32.unpack_from(mv, q)
-        q += 4
-        msg_body = bytes(mv[q:q + body_len])
-        q += body_len
-        if sys_flag & _SYS_COMPRESSED:
-            if sys_flag & _SYS_COMPRESSION_TYPE:  # LZ4 / ZSTD: not readable here
-                raise MessageDecodeError(f"message at queue offset {queue_offset} is compressed with codec "
-                                         f"{(sys_flag & _SYS_COMPRESSION_TYPE) >> 8}; only zlib is supported")
-            msg_body = zlib.decompress(msg_body)
-        if magic == _MAGIC_V1:
-            topic_len = mv[q]
-            q += 1
-        else:
-            (topic_len,) = _I16.unpack_from(mv, q)
-            q += 2
-        topic = bytes(mv[q:q + topic_len]).decode("utf-8", "replace")
-        q += topic_len
-        (props_len,) = _I16.unpack_from(mv, q)
-        q += 2
-        props = split_properties(bytes(mv[q:q + props_len]).decode("utf-8", "replace"))
-        msg_id = props.get("UNIQ_KEY") or (store_host + _I64.pack(phys)).hex().upper()
-        out.append(ReceivedMessage(topic, msg_body, props.get("TAGS", ""), props.get("KEYS", ""), msg_id, props,
-                                   queue_id, queue_offset, phys, reconsume, born, store_ts))
-        p += total
-    return out
 
 
 def allocate_averagely(queues: Sequence[Queue], members: Sequence[str], me: str) -> list[Queue]:
@@ -181,7 +108,7 @@ class RemotingPullConsumer:
         self.retry_backoff_s = retry_backoff_s
         self.timeout = timeout_ms / 1000
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._routes = RemotingProducer(namesrv, group, timeout_ms=timeout_ms)  # route look-ups only
+        self._namesrv = NameServerClient(namesrv, self.timeout)
         self._lock = threading.Lock()
         self._brokers: dict[str, str] = {}  # broker name -> master address
         self._owned: dict[Queue, _QueueState] = {}
@@ -223,7 +150,7 @@ class RemotingPullConsumer:
         for c in self._control.values():
             c.close()
         self._control.clear()
-        self._routes.close()
+        self._namesrv.close()
 
     def owned(self) -> list[Queue]:
         """The queues this member consumes now."""
@@ -244,10 +171,10 @@ class RemotingPullConsumer:
                 log.exception("rebalance of %s failed", self.group)
 
     def _read_queues(self) -> list[Queue]:
-        data = self._routes.route_document(self.topic)  # read queues: the producer's route has write queues
+        data = self._namesrv.route_document(self.topic)
         if data is None:
             return []
-        route = TopicRoute.parse(self.topic, data, time.monotonic(), readable=True)
+        route = parse_route(self.topic, data, readable=True)
         with self._lock:
             self._brokers = dict(route.brokers)
         return list(route.queues)
@@ -383,10 +310,10 @@ class RemotingPullConsumer:
                 conn = None
                 time.sleep(self.retry_backoff_s)
                 continue
-            q = pending.pop(resp.opaque, None)
-            if q is None:
+            answered = pending.pop(resp.opaque, None)
+            if answered is None:
                 continue
-            self._handle_pull(q, resp)
+            self._handle_pull(answered, resp)
         if conn is not None:
             conn.close()
 
@@ -435,7 +362,3 @@ class RemotingPullConsumer:
             log.warning("pull of %s/%s answered %s: %s", self.topic, q, resp.code, resp.remark)
             st.retry_at = time.monotonic() + self.retry_backoff_s
         st.in_flight = None
-
-
-__all__ = ["RemotingPullConsumer", "allocate_averagely", "decode_messages", "MessageDecodeError",
-           "ConnectionFailedError", "RequestTimeoutError"]

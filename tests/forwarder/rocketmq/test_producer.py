@@ -1,5 +1,5 @@
-"""The remoting client: byte layouts, error mapping, framing against a scripted server, and real
-batches through the local RocketMQ (round trips, several topics, broker restarts, missing topics)."""
+"""The producer: batches against a scripted NameServer and broker, and real batches through the local
+RocketMQ (round trips, several topics, broker restarts, missing topics)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from forwarder._rmq_native import NativeProducer, NativePushConsumer, OutgoingMessage, ReceivedMessage, SendStatus
+from forwarder._rmq_native import NativeProducer, NativePushConsumer
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage, SendStatus
 from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import LocalRocketMQ
-from forwarder.remoting import (
+from forwarder.rocketmq import (
     BrokerBusyError,
-    BrokerError,
-    BrokerUnavailableError,
     ConnectionFailedError,
     MessageRejectedError,
     ProtocolError,
@@ -30,74 +29,9 @@ from forwarder.remoting import (
     RemotingProducer,
     RequestTimeoutError,
     TopicNotFoundError,
-    encode_message,
-    error_for_code,
 )
 from forwarder.config import RocketMQConfig
 from timewheel.message import Message
-
-# -- byte layouts ---------------------------------------------------------------------------------
-
-_PROPS = "p\x01v\x02TAGS\x01t\x02KEYS\x01k1 k2\x02WAIT\x01true\x02UNIQ_KEY\x01ID\x02"
-
-
-@pytest.mark.parametrize("msg,expected", [
-    pytest.param(
-        OutgoingMessage("T", b"\x00\x01", tags="t", keys="k1 k2", properties={"p": "v"}),
-        struct.pack(">iiiii", 20 + 2 + 2 + len(_PROPS), 0, 0, 0, 2) + b"\x00\x01"
-        + struct.pack(">h", len(_PROPS)) + _PROPS.encode(),
-        id="binary-body-tags-keys-property",
-    ),
-    pytest.param(
-        OutgoingMessage("T", b""),
-        bytes.fromhex("0000002c 00000000 00000000 00000000 00000000 0016") + b"WAIT\x01true\x02UNIQ_KEY\x01ID\x02",
-        id="empty-body-no-tags",
-    ),
-    pytest.param(
-        OutgoingMessage("T", b"x", properties={"名": "Zoë"}),
-        bytes.fromhex("00000036 00000000 00000000 00000000 00000001") + b"x" + bytes.fromhex("001f")
-        + "名\x01Zoë\x02WAIT\x01true\x02UNIQ_KEY\x01ID\x02".encode(),
-        id="utf8-property-length-in-bytes",
-    ),
-])
-def test_encode_message_pins_the_batch_layout(msg: OutgoingMessage, expected: bytes) -> None:
-    assert encode_message(msg, "ID") == expected
-
-
-def test_encode_message_lets_the_message_fields_win_over_same_named_properties() -> None:
-    data = encode_message(OutgoingMessage("T", b"", tags="real", properties={"TAGS": "fake", "UNIQ_KEY": "x"}), "ID")
-    props = data[22:].decode()
-    assert "TAGS\x01real\x02" in props and "fake" not in props and "UNIQ_KEY\x01ID\x02" in props
-
-
-@pytest.mark.parametrize("props", [{"a\x01": "v"}, {"a": "v\x02w"}, {"a": "nul\x00"}, {"big": "x" * 40000}])
-def test_encode_message_refuses_what_rocketmq_cannot_carry(props: dict[str, str]) -> None:
-    with pytest.raises(MessageRejectedError) as err:
-        encode_message(OutgoingMessage("T", b"", properties=props), "ID")
-    assert not err.value.retriable
-
-
-@pytest.mark.parametrize("code,cls,retriable", [
-    (1, BrokerUnavailableError, True),  # SYSTEM_ERROR
-    (2, BrokerBusyError, True),  # SYSTEM_BUSY
-    (14, BrokerUnavailableError, True),  # SERVICE_NOT_AVAILABLE
-    (16, BrokerUnavailableError, True),  # NO_PERMISSION
-    (215, BrokerBusyError, True),  # FLOW_CONTROL
-    (501, BrokerUnavailableError, True),  # NOT_LEADER_FOR_QUEUE
-    (13, MessageRejectedError, False),  # MESSAGE_ILLEGAL
-    (17, TopicNotFoundError, False),  # TOPIC_NOT_EXIST
-    (29, MessageRejectedError, False),  # INVALID_PARAMETER
-    (12345, BrokerError, False),
-])
-def test_response_codes_map_to_typed_errors(code: int, cls: type[BrokerError], retriable: bool) -> None:
-    err = error_for_code(code, "why", "broker-a")
-    assert type(err) is cls and err.retriable is retriable and err.code == code and "why" in str(err)
-
-
-@pytest.mark.parametrize("cls", [ConnectionFailedError, RequestTimeoutError, ProtocolError])
-def test_transport_errors_are_retriable(cls: type[RemotingError]) -> None:
-    assert cls("x").retriable
-
 
 # -- a scripted NameServer + broker on loopback ----------------------------------------------------
 

@@ -1,0 +1,246 @@
+"""Processes of a local RocketMQ: free ports, config files, JVMs started and stopped.
+
+The NameServer and the Broker each run in a JVM of their own, started from the cached jars with a
+run directory (configs, store, logs, JVM output), and are ready when their output says so.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from forwarder.errors import LocalRocketMQError
+
+__all__ = ["BROKER_JVM", "BROKER_READY", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
+           "tail", "terminate", "write_configs"]
+
+# Ports are drawn below Linux's default ephemeral range (32768-60999), so that the client
+# connections of a long test session cannot take a port the broker needs again on restart.
+_PORT_RANGE = (20000, 32000)
+
+NAMESRV_READY = re.compile(rb"The Name Server boot success")
+BROKER_READY = re.compile(rb"The broker\[[^\]]*\] boot success")
+_ADDRESS_IN_USE = re.compile(rb"Address already in use|BindException")
+
+# JVM flags both processes share. The two --add-* flags are what the RocketMQ start scripts pass
+# on Java 9+; -XX:-UsePerfData keeps hsperfdata files out of /tmp.
+_JVM_COMMON = (
+    "-server",
+    "-XX:-UsePerfData",
+    "--add-exports",
+    "java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens",
+    "java.base/java.lang=ALL-UNNAMED",
+    "-Djava.net.preferIPv4Stack=true",
+    "-Dtls.server.mode=disabled",
+    # The bundled logback warns about its own config at every start; keep the .out files short.
+    "-Dlogback.statusListenerClass=org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener",
+)
+NAMESRV_JVM = ("-Xms64m", "-Xmx256m", "-Drmq.logback.configurationFile=rmq.namesrv.logback.xml")
+BROKER_JVM = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:MaxDirectMemorySize=256m",
+    "-Drmq.logback.configurationFile=rmq.broker.logback.xml",
+)
+
+
+class PortTaken(Exception):
+    """A JVM could not bind a port that was free when we picked it (pick others and start again)."""
+
+
+_PDEATHSIG = shutil.which("setpriv")
+# The JVMs are forked from this one long-lived thread: with `setpriv --pdeathsig` a child gets
+# SIGTERM when the thread that forked it ends, so forking from a caller's short-lived thread
+# would stop a broker early, while forking here stops the JVMs only when this process dies
+# (even by SIGKILL), which keeps crashed test sessions from leaving brokers behind.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocketmq-launcher")
+
+
+def _launch(cmd: list[str], env: dict[str, str], out_path: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start `cmd` with stdout and stderr appended to `out_path`."""
+    if _PDEATHSIG is not None:
+        cmd = [_PDEATHSIG, "--pdeathsig", "TERM", "--", *cmd]
+
+    def spawn() -> subprocess.Popen[bytes]:
+        with out_path.open("ab") as out:
+            return subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                # Own session: a Ctrl-C meant for the Python process must not reach the JVMs
+                # before we stop them in order.
+                start_new_session=True,
+            )
+
+    return _LAUNCHER.submit(spawn).result()
+
+
+def terminate(procs: Iterable[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM every live process, wait up to `timeout` for all, then SIGKILL the rest."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _port_free(port: int) -> bool:
+    """Tell whether `port` can be bound on all interfaces (the broker's HA port binds there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(rng: random.Random) -> tuple[int, int, int]:
+    """Pick (namesrv, broker listen, broker HA) ports; listen-2 (the fast channel) is free too."""
+    low, high = _PORT_RANGE
+    for _ in range(500):
+        namesrv = rng.randrange(low, high)
+        listen = rng.randrange(low + 2, high - 1)
+        ha = listen + 1
+        broker_ports = {listen - 2, listen, ha}
+        if namesrv in broker_ports or not all(_port_free(p) for p in (namesrv, *broker_ports)):
+            continue
+        return namesrv, listen, ha
+    raise LocalRocketMQError(f"no free loopback ports in {low}-{high}: stop leftover brokers or free some ports")
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """Return the last `lines` lines of a text file (empty if absent)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def write_configs(run: Path, namesrv_port: int, broker_port: int, ha_port: int,
+                  broker_options: Mapping[str, str | int | bool]) -> None:
+    """Write namesrv.conf and broker.conf for these ports into the run directory `run`."""
+    (run / "namesrv.conf").write_text(f"listenPort={namesrv_port}\nbindAddress=127.0.0.1\n")
+    options: dict[str, str | int | bool] = {
+        "brokerClusterName": "DefaultCluster",
+        "brokerName": "broker-a",
+        "brokerId": 0,
+        "brokerIP1": "127.0.0.1",
+        "brokerIP2": "127.0.0.1",
+        "bindAddress": "127.0.0.1",
+        "listenPort": broker_port,
+        "haListenPort": ha_port,
+        "storePathRootDir": str(run / "store"),
+        "storePathCommitLog": str(run / "store" / "commitlog"),
+        # Small mapped files: the defaults (1 GB commit log, 6 MB consume queues) are sized
+        # for production disks.
+        "mappedFileSizeCommitLog": 67108864,
+        "mappedFileSizeConsumeQueue": 60000,
+        "maxHashSlotNum": 10000,
+        "maxIndexNum": 40000,
+        "autoCreateTopicEnable": True,
+        "autoCreateSubscriptionGroup": True,
+        "flushDiskType": "ASYNC_FLUSH",
+        "enableDLegerCommitLog": False,
+        "waitTimeMillsInSendQueue": 3000,
+        "osPageCacheBusyTimeOutMills": 5000,
+        # The broker's own timer is a benchmark peer: keep it on.
+        "timerWheelEnable": True,
+        # A developer's disk is often fuller than the 90 % at which the broker refuses writes
+        # and the 85 % at which it deletes commit logs by force.
+        "diskSpaceWarningLevelRatio": 98,
+        "diskSpaceCleanForciblyRatio": 97,
+    }
+    options.update(broker_options)
+    # Values are written bare: the broker silently ignores a number with trailing spaces.
+    text = "".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}\n" for k, v in options.items())
+    (run / "broker.conf").write_text(text)
+
+
+def start_jvm(
+    java: str,
+    lib: Path,
+    run: Path,
+    name: str,
+    ready: re.Pattern[bytes],
+    deadline: float,
+    main_class: str,
+    jvm_opts: tuple[str, ...],
+    args: list[str],
+) -> subprocess.Popen[bytes]:
+    """Start one JVM and wait until its output shows `ready`; raise with its log tail if not."""
+    out = run / f"{name}.out"
+    offset = out.stat().st_size if out.exists() else 0
+    env = dict(os.environ)
+    env["ROCKETMQ_HOME"] = str(run)
+    cmd = [
+        java,
+        *_JVM_COMMON,
+        *jvm_opts,
+        f"-Duser.home={run}",
+        f"-Drocketmq.home.dir={run}",
+        "-cp",
+        f"{lib}{os.sep}*",
+        main_class,
+        *args,
+    ]
+    proc = _launch(cmd, env, out, run)
+    while True:
+        text = _read_from(out, offset)
+        if ready.search(text):
+            return proc
+        if proc.poll() is not None or time.monotonic() > deadline:
+            timed_out = proc.poll() is None
+            if timed_out:
+                proc.kill()
+                proc.wait()
+            text = _read_from(out, offset)
+            if _ADDRESS_IN_USE.search(text):
+                raise PortTaken(name)
+            what = "did not come up in time" if timed_out else f"exited with code {proc.returncode}"
+            raise LocalRocketMQError(
+                f"the local RocketMQ {name} {what}{_hostname_hint()}; log tail of {out}:\n"
+                f"{tail(out)}\n-- {run / 'logs' / 'rocketmqlogs' / (name + '.log')}:\n"
+                f"{tail(run / 'logs' / 'rocketmqlogs' / (name + '.log'), 15)}"
+            )
+        time.sleep(0.05)
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """Return the content of `path` from byte `offset` (this start's output only)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _hostname_hint() -> str:
+    """Explain the one start-up failure whose log says nothing useful: an unresolvable host name."""
+    try:
+        socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return f" (host name {socket.gethostname()!r} does not resolve: map it to 127.0.0.1 in /etc/hosts)"
+    return ""

@@ -1,0 +1,35 @@
+"""RocketMQ's remoting protocol spoken directly: the engine's one RocketMQ client; loads no native library.
+
+Modules, each with one job:
+    message     plain message types, the property codec, property names
+    protocol    request and response codes; the one encoder and decoder of remoting frames
+    codec       messages inside bodies: the batch a producer sends, what a pull returns, message ids
+    connection  one TCP connection, requests pipelined and matched by opaque
+    namesrv     NameServer look-ups: topic routes
+    producer    batch sends to any topics (delivery, dead letters, replay)
+    consumer    a clustering pull consumer with group membership (ingest)
+    admin       topic creation, group members, broker registration (the local RocketMQ, tests)
+"""
+from forwarder.rocketmq.admin import broker_registered, consumer_ids, create_topics
+from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
+from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsumer, allocate_averagely
+from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError,
+                                       MessageDecodeError, MessageRejectedError, ProtocolError, RemotingError,
+                                       RequestTimeoutError, TopicNotFoundError)
+from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, SYSTEM_PROPERTIES, TAGS,
+                                        UNIQ_KEY, WAIT, OutgoingMessage, ReceivedMessage, SendResult, SendStatus,
+                                        join_properties, split_properties, user_properties)
+from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, topic_route
+from forwarder.rocketmq.producer import Receipt, RemotingProducer
+from forwarder.rocketmq.protocol import Response, error_for_code
+
+__all__ = [
+    "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
+    "Connection", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
+    "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue",
+    "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
+    "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
+    "WAIT", "allocate_averagely", "broker_registered", "consumer_ids", "create_topics", "decode_messages",
+    "encode_message", "error_for_code", "join_properties", "split_properties", "topic_route", "user_properties",
+]

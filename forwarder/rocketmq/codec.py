@@ -1,0 +1,194 @@
+"""Messages inside request and response bodies: the batch a producer sends, the messages a pull
+returns, and the message ids (UNIQ_KEY) a producer gives them.
+
+SEND_BATCH_MESSAGE body: the messages one after another (MessageDecoder.encodeMessage), each:
+    total_size      int32   bytes of this message's encoding, this field included
+    magic           int32   0 (the broker writes its own)
+    body_crc        int32   0 (the broker computes it)
+    flag            int32   0 (the message's user flag)
+    body_length     int32
+    body            bytes
+    props_length    int16   bytes of properties; at most 32767
+    properties      UTF-8   name \\x01 value \\x02, repeated: every message carries UNIQ_KEY (its id),
+                            WAIT=true, TAGS and KEYS when set, and the user's properties, exactly
+                            the properties the bundled client sends for a single message
+
+PULL_MESSAGE body: stored messages one after another (MessageDecoder), each:
+    total_size i32, magic i32 (V1 0xdaa320a7: topic length 1 byte; V2 0xdaa320a3: 2 bytes),
+    body_crc i32, queue_id i32, flag i32, queue_offset i64, physical_offset i64, sys_flag i32,
+    born_timestamp i64, born_host (4+4 bytes, 16+4 when sys_flag & 0x10), store_timestamp i64,
+    store_host (4+4, 16+4 when sys_flag & 0x20), reconsume_times i32, prepared_offset i64,
+    body_length i32, body (zlib when sys_flag & 1), topic_length, topic, props_length i16,
+    properties (name \\x01 value \\x02 ...).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import re
+import struct
+import time
+import zlib
+
+from forwarder.rocketmq.errors import MessageDecodeError, MessageRejectedError
+from forwarder.rocketmq.message import (KEYS, TAGS, UNIQ_KEY, WAIT, OutgoingMessage, ReceivedMessage,
+                                        join_properties, split_properties)
+from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
+
+__all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "decode_messages", "encode_message"]
+
+# Bytes that would split a property (\x01, \x02), or cut it short in the C++ clients (\x00).
+_RESERVED_CHARS = re.compile("[\x00-\x02]")
+_MAX_PROPERTIES_BYTES = 32767  # props_length is a signed 16-bit field
+BROKER_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # broker default maxMessageSize: the limit of one batch body
+
+#: one message of a batch body, up to its body
+_MESSAGE_HEAD = struct.Struct(
+    ">"
+    "i"  # total_size: this message's encoding, this field included
+    "i"  # magic: 0, the broker writes its own
+    "i"  # body_crc: 0, the broker computes it
+    "i"  # flag: the user flag, 0
+    "i"  # body_length
+)
+#: after the body: the length of the properties that follow
+_PROPERTIES_LENGTH = struct.Struct(">h")
+_MESSAGE_OVERHEAD = _MESSAGE_HEAD.size + _PROPERTIES_LENGTH.size
+
+#: a stored message, from total_size to born_timestamp
+_STORED_HEAD = struct.Struct(
+    ">"
+    "i"  # total_size
+    "i"  # magic
+    "i"  # body_crc
+    "i"  # queue_id
+    "i"  # flag
+    "q"  # queue_offset
+    "q"  # physical_offset (commit log)
+    "i"  # sys_flag
+    "q"  # born_timestamp
+)
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+_MAGIC_V1 = -626843481  # 0xdaa320a7
+_MAGIC_V2 = -626843485  # 0xdaa320a3: topic length in 2 bytes
+_SYS_COMPRESSED = 0x1
+_SYS_COMPRESSION_TYPE = 0x700
+_SYS_BORNHOST_V6 = 0x10
+_SYS_STOREHOST_V6 = 0x20
+
+#: UNIQ_KEY's fixed part (20 hex digits)
+_ID_PREFIX = struct.Struct(
+    ">"
+    "4s"  # IPv4 address of this host, as the brokers see it
+    "H"  # pid, low 16 bits
+    "I"  # random salt (the Java client uses its class loader's hash)
+)
+#: UNIQ_KEY's per-message part (12 hex digits)
+_ID_SUFFIX = struct.Struct(
+    ">"
+    "I"  # ms since the start of the month, local time
+    "H"  # counter, wraps
+)
+_COUNTER_MASK = 0xFFFF
+
+
+def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
+    """Encode one message of a batch body; MessageRejectedError if RocketMQ cannot carry it."""
+    props = dict(msg.properties)
+    if msg.tags:
+        props[TAGS] = msg.tags
+    if msg.keys:
+        props[KEYS] = msg.keys
+    # One search over every name and value (the ones added below are known to be clean).
+    if _RESERVED_CHARS.search("".join(itertools.chain.from_iterable(props.items()))):
+        name, value = next((k, v) for k, v in props.items() if _RESERVED_CHARS.search(k + v))
+        raise MessageRejectedError(f"property {name!r}={value!r:.100} contains \\x00, \\x01 or \\x02, which "
+                                   f"RocketMQ uses as separators", code=MESSAGE_ILLEGAL)
+    props[WAIT] = "true"
+    props[UNIQ_KEY] = msg_id
+    properties = join_properties(props).encode()
+    if len(properties) > _MAX_PROPERTIES_BYTES:
+        raise MessageRejectedError(f"properties of {len(properties)} bytes exceed RocketMQ's {_MAX_PROPERTIES_BYTES}",
+                                   code=MESSAGE_ILLEGAL)
+    body = msg.body
+    return b"".join((_MESSAGE_HEAD.pack(_MESSAGE_OVERHEAD + len(body) + len(properties), 0, 0, 0, len(body)), body,
+                     _PROPERTIES_LENGTH.pack(len(properties)), properties))
+
+
+def decode_messages(body: bytes) -> list[ReceivedMessage]:
+    """The messages of a PULL_MESSAGE answer's body."""
+    out: list[ReceivedMessage] = []
+    mv = memoryview(body)
+    p, n = 0, len(body)
+    while p < n:
+        if p + _STORED_HEAD.size > n:
+            raise MessageDecodeError(f"a message header runs past the pull body ({n - p} bytes left)")
+        total, magic, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _STORED_HEAD.unpack_from(mv, p)
+        if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or p + total > n:
+            raise MessageDecodeError(f"bad message at {p} of a pull body: magic {magic:#x}, size {total}")
+        q = p + _STORED_HEAD.size + (20 if sys_flag & _SYS_BORNHOST_V6 else 8)
+        (store_ts,) = _I64.unpack_from(mv, q)
+        q += 8
+        store_host = bytes(mv[q:q + (20 if sys_flag & _SYS_STOREHOST_V6 else 8)])
+        q += len(store_host)
+        (reconsume,) = _I32.unpack_from(mv, q)
+        q += 4 + 8  # and the prepared transaction offset
+        (body_len,) = _I32.unpack_from(mv, q)
+        q += 4
+        msg_body = bytes(mv[q:q + body_len])
+        q += body_len
+        if sys_flag & _SYS_COMPRESSED:
+            if sys_flag & _SYS_COMPRESSION_TYPE:  # LZ4 / ZSTD: not readable here
+                raise MessageDecodeError(f"message at queue offset {queue_offset} is compressed with codec "
+                                         f"{(sys_flag & _SYS_COMPRESSION_TYPE) >> 8}; only zlib is supported")
+            msg_body = zlib.decompress(msg_body)
+        if magic == _MAGIC_V1:
+            topic_len = mv[q]
+            q += 1
+        else:
+            (topic_len,) = _I16.unpack_from(mv, q)
+            q += 2
+        topic = bytes(mv[q:q + topic_len]).decode("utf-8", "replace")
+        q += topic_len
+        (props_len,) = _I16.unpack_from(mv, q)
+        q += 2
+        props = split_properties(bytes(mv[q:q + props_len]).decode("utf-8", "replace"))
+        msg_id = props.get(UNIQ_KEY) or (store_host + _I64.pack(phys)).hex().upper()
+        out.append(ReceivedMessage(topic, msg_body, props.get(TAGS, ""), props.get(KEYS, ""), msg_id, props,
+                                   queue_id, queue_offset, phys, reconsume, born, store_ts))
+        p += total
+    return out
+
+
+class IdMaker:
+    """Message ids (UNIQ_KEY) laid out as RocketMQ's clients make them, so tools can read them back.
+
+    32 hex digits: IPv4 (4 bytes), pid (2), a random salt (4), ms since the start of the current
+    month in local time (4; how the Java client's MessageClientIDSetter decodes it), a counter (2).
+    """
+
+    def __init__(self, ip: bytes) -> None:
+        """Ids for a host of IPv4 address `ip` (4 bytes)."""
+        self._prefix = _ID_PREFIX.pack(ip, os.getpid() & _COUNTER_MASK, random.getrandbits(32)).hex().upper()
+        self._counter = itertools.count(random.getrandbits(16))  # next() is atomic under the GIL
+        self._month_start_ms, self._next_month_ms = _month_bounds(time.time())
+
+    def next_ids(self, n: int) -> list[str]:
+        """`n` new ids (one clock read for all of them: the counter keeps them apart)."""
+        now = int(time.time() * 1000)
+        if now >= self._next_month_ms:
+            self._month_start_ms, self._next_month_ms = _month_bounds(now / 1000)
+        prefix, since, counter = self._prefix, now - self._month_start_ms, self._counter
+        return [prefix + _ID_SUFFIX.pack(since, next(counter) & _COUNTER_MASK).hex().upper() for _ in range(n)]
+
+
+def _month_bounds(now_s: float) -> tuple[int, int]:
+    """Epoch ms of the start of this month and of the next, local time."""
+    t = time.localtime(now_s)
+    start = time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1))
+    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    end = time.mktime((year, month, 1, 0, 0, 0, 0, 0, -1))
+    return int(start * 1000), int(end * 1000)

@@ -1,0 +1,155 @@
+"""One TCP connection to a NameServer or a broker: requests pipelined, answers matched by opaque."""
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+from forwarder.rocketmq.errors import ConnectionFailedError, RemotingError, RequestTimeoutError
+from forwarder.rocketmq.protocol import Response, decode_response, encode_request, take_frame
+
+__all__ = ["Connection", "call"]
+
+_RECV_CHUNK = 256 * 1024
+
+
+class Connection:
+    """One TCP connection to a NameServer or broker; requests are pipelined and matched by opaque.
+
+    Not thread-safe by itself: callers hold `lock` from `submit` to the matching `collect`.
+    """
+
+    def __init__(self, addr: str, timeout: float) -> None:
+        """Connect to "host:port" within `timeout` seconds; ConnectionFailedError if that fails."""
+        self.addr = addr
+        self.lock = threading.Lock()
+        host, _, port = addr.rpartition(":")
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+        except (OSError, ValueError) as e:
+            raise ConnectionFailedError(f"cannot connect to {addr}: {e}") from e
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
+        self._opaque = itertools.count(1)
+        self._buf = bytearray()
+        self.closed = False
+
+    @property
+    def local_ip(self) -> str:
+        """The address this side of the connection has (what the peer sees)."""
+        return str(self._sock.getsockname()[0])
+
+    def alive(self) -> bool:
+        """False once the peer closed the connection (a restarted broker, an idle timeout).
+
+        A connection another thread is using counts as alive: that thread finds out if it is not.
+        Peeking under its feet would race it for the bytes, then wait out its socket timeout.
+        """
+        if self.closed:
+            return False
+        if not self.lock.acquire(blocking=False):
+            return True
+        try:
+            if self._poll.poll(0):  # readable while nothing is awaited: end of stream, or a stray frame
+                try:
+                    if not self._sock.recv(1, socket.MSG_PEEK):
+                        self.close()
+                except OSError:
+                    self.close()
+        finally:
+            self.lock.release()
+        return not self.closed
+
+    def submit(self, requests: Sequence[tuple[int, Mapping[str, str], bytes]], deadline: float) -> list[int]:
+        """Write requests (code, extFields, body) in one go; return their opaques."""
+        opaques = [next(self._opaque) for _ in requests]
+        data = b"".join(encode_request(code, o, ext, body) for o, (code, ext, body) in zip(opaques, requests))
+        try:
+            self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            self._sock.sendall(data)
+        except TimeoutError as e:
+            self.close()
+            raise RequestTimeoutError(f"writing {len(requests)} request(s) to {self.addr} timed out") from e
+        except OSError as e:
+            self.close()
+            raise ConnectionFailedError(f"connection to {self.addr} broke while writing: {e}") from e
+        return opaques
+
+    def collect(self, opaques: Iterable[int], deadline: float) -> dict[int, Response | RemotingError]:
+        """Read until every opaque is answered; on failure the unanswered ones get the error."""
+        waiting = set(opaques)
+        out: dict[int, Response | RemotingError] = {}
+        try:
+            while waiting:
+                resp = self.read_response(deadline)
+                if resp.opaque in waiting:
+                    waiting.discard(resp.opaque)
+                    out[resp.opaque] = resp
+                # else: the answer to a request given up on earlier; nobody waits for it any more
+        except RemotingError as e:
+            self.close()
+            out.update((o, e) for o in waiting)
+        return out
+
+    def request(self, code: int, ext: Mapping[str, str], body: bytes, deadline: float) -> Response:
+        """One request and its response; raises the RemotingError instead of returning it."""
+        with self.lock:
+            [opaque] = self.submit([(code, ext, body)], deadline)
+            answer = self.collect([opaque], deadline)[opaque]
+        if isinstance(answer, RemotingError):
+            raise answer
+        return answer
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame may be read now: bytes are buffered, or arrive within `timeout` seconds."""
+        return bool(self._buf) or bool(self._poll.poll(timeout * 1000))
+
+    def read_response(self, deadline: float) -> Response:
+        """The next response frame (frames the peer sends as requests are skipped)."""
+        while True:
+            resp = decode_response(self._read_frame(deadline), self.addr)
+            if resp is not None:
+                return resp
+
+    def _read_frame(self, deadline: float) -> bytes:
+        """Bytes of the next frame after its length field."""
+        buf = self._buf
+        while True:
+            frame = take_frame(buf, self.addr)
+            if frame is not None:
+                return frame
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeoutError(f"no answer from {self.addr} in time")
+            try:
+                self._sock.settimeout(left)
+                chunk = self._sock.recv(_RECV_CHUNK)
+            except TimeoutError as e:
+                raise RequestTimeoutError(f"no answer from {self.addr} in time") from e
+            except OSError as e:
+                raise ConnectionFailedError(f"connection to {self.addr} broke while reading: {e}") from e
+            if not chunk:
+                raise ConnectionFailedError(f"{self.addr} closed the connection")
+            buf += chunk
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+
+
+def call(addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float) -> Response:
+    """One request on a connection of its own (admin requests, one-off look-ups), closed after."""
+    conn = Connection(addr, timeout)
+    try:
+        return conn.request(code, ext, body, time.monotonic() + timeout)
+    finally:
+        conn.close()

@@ -1,0 +1,77 @@
+"""Typed errors of the wire client: callers branch on the class or on `retriable`, never on messages.
+
+`protocol.error_for_code` maps a broker's or NameServer's response code to one of these.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from forwarder.errors import ForwarderError
+
+__all__ = [
+    "BrokerBusyError",
+    "BrokerError",
+    "BrokerUnavailableError",
+    "ConnectionFailedError",
+    "MessageDecodeError",
+    "MessageRejectedError",
+    "ProtocolError",
+    "RemotingError",
+    "RequestTimeoutError",
+    "TopicNotFoundError",
+]
+
+
+class RemotingError(ForwarderError):
+    """A request to the NameServer or a broker failed; `retriable` says whether trying later may help."""
+
+    retriable: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, code: int | None = None, remark: str | None = None) -> None:
+        super().__init__(message)
+        #: the response code, when the server answered one
+        self.code = code
+        #: the server's explanation, when it gave one
+        self.remark = remark
+
+
+class ConnectionFailedError(RemotingError):
+    """Could not connect, or the connection broke: the broker may be down or restarting."""
+
+
+class RequestTimeoutError(RemotingError):
+    """No answer within the timeout; the request may or may not have been carried out."""
+
+
+class ProtocolError(RemotingError):
+    """The peer sent something that is not a remoting frame; the connection was dropped."""
+
+
+class MessageDecodeError(ProtocolError):
+    """A pulled message is not in the store format this client reads."""
+
+
+class BrokerError(RemotingError):
+    """The server answered with a response code that is not success (see `protocol.error_for_code`)."""
+
+    retriable: ClassVar[bool] = False
+
+
+class BrokerBusyError(BrokerError):
+    """The broker sheds load (system busy, flow control, page cache busy): send again later."""
+
+    retriable: ClassVar[bool] = True
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker cannot take writes now (system error, not writable, not the leader, store down)."""
+
+    retriable: ClassVar[bool] = True
+
+
+class TopicNotFoundError(BrokerError):
+    """The topic does not exist (and the broker is not allowed to create it)."""
+
+
+class MessageRejectedError(BrokerError):
+    """The message or request is invalid (too large, bad properties, bad topic): resending cannot help."""

@@ -1,0 +1,177 @@
+"""RocketMQ's remoting frames: request and response codes, and the one encoder and decoder of frames.
+
+Wire format (apache/rocketmq `RemotingCommand`, JSON header serialization; integers big-endian)
+
+    frame (every request and every response)
+      length          int32   bytes after this field: 4 + header length + body length
+      header_info     int32   serialize type << 24 | header length (type 0 = JSON; the broker
+                              answers in the type of the request, so JSON is all we read)
+      header          bytes   UTF-8 JSON: code, language, version, opaque, flag, remark, extFields
+      body            bytes   whatever is left of `length`
+
+    header
+      code            the request code (below), or the response code (0 success, see
+                      `error_for_code` for the rest)
+      opaque          chosen by the client per request; the response carries it back
+      flag            bit 0 set: a response; bit 1 set: a one-way request
+      version         the client's protocol version; NameServers answer routes in standard JSON only
+                      to clients of version >= 401 (V4_9_4), so we claim 479 (V5_3_3)
+      extFields       string -> string: the request's "custom header"
+
+Every module of the client builds requests as (code, extFields, body) and reads `Response`s; only
+this one knows how they look on the wire.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, MessageRejectedError,
+                                       ProtocolError, TopicNotFoundError)
+
+# -- request codes (apache/rocketmq RequestCode) ---------------------------------------------
+
+PULL_MESSAGE = 11
+QUERY_CONSUMER_OFFSET = 14
+UPDATE_CONSUMER_OFFSET = 15
+UPDATE_AND_CREATE_TOPIC_LIST = 18
+GET_MIN_OFFSET = 31
+HEART_BEAT = 34
+UNREGISTER_CLIENT = 35
+GET_CONSUMER_LIST_BY_GROUP = 38
+GET_ROUTEINFO_BY_TOPIC = 105
+GET_BROKER_CLUSTER_INFO = 106
+SEND_BATCH_MESSAGE = 320
+
+# -- response codes (apache/rocketmq ResponseCode) -------------------------------------------
+
+SUCCESS = 0
+SYSTEM_ERROR = 1
+SYSTEM_BUSY = 2
+REQUEST_CODE_NOT_SUPPORTED = 3
+FLUSH_DISK_TIMEOUT = 10
+SLAVE_NOT_AVAILABLE = 11
+FLUSH_SLAVE_TIMEOUT = 12
+MESSAGE_ILLEGAL = 13
+SERVICE_NOT_AVAILABLE = 14
+VERSION_NOT_SUPPORTED = 15
+NO_PERMISSION = 16
+TOPIC_NOT_EXIST = 17
+PULL_NOT_FOUND = 19
+PULL_RETRY_IMMEDIATELY = 20
+PULL_OFFSET_MOVED = 21
+QUERY_NOT_FOUND = 22
+INVALID_PARAMETER = 29
+FLOW_CONTROL = 215
+NOT_LEADER_FOR_QUEUE = 501
+
+REMOTING_VERSION = 479  # V5_3_3; anything >= 401 (V4_9_4) gets routes as standard JSON
+_LANGUAGE = "PYTHON"
+_RESPONSE_FLAG = 1  # bit 0 of `flag`
+_JSON_SERIALIZE = 0  # serialize type in the top byte of header_info
+_HEADER_LENGTH_MASK = 0xFFFFFF
+MAX_FRAME_BYTES = 16 * 1024 * 1024  # the servers' own limit (NettyDecoder): more means a corrupt stream
+
+#: the start of every frame
+_FRAME_HEAD = struct.Struct(
+    ">"
+    "i"  # length: bytes after this field (header_info, header, body)
+    "i"  # header_info: serialize type << 24 | header length
+)
+#: the length field alone: how much of a frame to wait for
+_FRAME_LENGTH = struct.Struct(">i")
+
+#: Broker and NameServer response codes -> the error they mean (unknown codes: BrokerError).
+_ERRORS: dict[int, type[BrokerError]] = {
+    SYSTEM_ERROR: BrokerUnavailableError,
+    SYSTEM_BUSY: BrokerBusyError,
+    FLOW_CONTROL: BrokerBusyError,
+    SERVICE_NOT_AVAILABLE: BrokerUnavailableError,
+    # The Java client retries it on another broker: write permission is withdrawn while a broker
+    # is drained, and the route then leads elsewhere.
+    NO_PERMISSION: BrokerUnavailableError,
+    NOT_LEADER_FOR_QUEUE: BrokerUnavailableError,
+    TOPIC_NOT_EXIST: TopicNotFoundError,
+    MESSAGE_ILLEGAL: MessageRejectedError,
+    INVALID_PARAMETER: MessageRejectedError,
+    REQUEST_CODE_NOT_SUPPORTED: MessageRejectedError,
+    VERSION_NOT_SUPPORTED: MessageRejectedError,
+}
+
+
+def error_for_code(code: int, remark: str | None, where: str) -> BrokerError:
+    """The typed error for a non-success response `code` from `where`."""
+    cls = _ERRORS.get(code, BrokerError)
+    return cls(f"{where} answered code {code}: {remark or 'no remark'}", code=code, remark=remark)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A decoded response frame."""
+
+    code: int
+    opaque: int
+    remark: str | None
+    ext: dict[str, str]
+    body: bytes
+
+
+def encode_request(code: int, opaque: int, ext: Mapping[str, str], body: bytes) -> bytes:
+    """One request frame with a JSON header."""
+    header = json.dumps(
+        {"code": code, "language": _LANGUAGE, "version": REMOTING_VERSION, "opaque": opaque, "flag": 0,
+         "extFields": ext},
+        separators=(",", ":"),
+    ).encode()
+    head = _FRAME_HEAD.pack(_FRAME_HEAD.size - _FRAME_LENGTH.size + len(header) + len(body),
+                            (_JSON_SERIALIZE << 24) | len(header))
+    return head + header + body
+
+
+def take_frame(buf: bytearray, peer: str) -> bytes | None:
+    """Cut the first whole frame (after its length field) off `buf`; None while it is incomplete."""
+    if len(buf) < _FRAME_LENGTH.size:
+        return None
+    (length,) = _FRAME_LENGTH.unpack_from(buf)
+    if not _FRAME_LENGTH.size <= length <= MAX_FRAME_BYTES:
+        raise ProtocolError(f"{peer} sent a frame length of {length}, expected "
+                            f"{_FRAME_LENGTH.size} to {MAX_FRAME_BYTES}")
+    end = _FRAME_LENGTH.size + length
+    if len(buf) < end:
+        return None
+    frame = bytes(buf[_FRAME_LENGTH.size:end])
+    del buf[:end]
+    return frame
+
+
+def decode_frame(frame: bytes, peer: str) -> tuple[int, dict[str, Any], bytes]:
+    """Split a frame (without its length field) into (flag, header, body); ProtocolError if malformed."""
+    if len(frame) < _FRAME_LENGTH.size:
+        raise ProtocolError(f"{peer} sent a frame of {len(frame)} bytes, shorter than its header length field")
+    (info,) = _FRAME_LENGTH.unpack_from(frame)
+    serialize, header_len = info >> 24, info & _HEADER_LENGTH_MASK
+    if serialize != _JSON_SERIALIZE:
+        raise ProtocolError(f"{peer} sent a header serialized as type {serialize}, expected {_JSON_SERIALIZE} (JSON)")
+    end = _FRAME_LENGTH.size + header_len
+    if end > len(frame):
+        raise ProtocolError(f"{peer} sent a header of {header_len} bytes in a frame of {len(frame)}")
+    try:
+        header = json.loads(frame[_FRAME_LENGTH.size:end])
+    except ValueError as e:
+        raise ProtocolError(f"{peer} sent a header that is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise ProtocolError(f"{peer} sent a header that is not a JSON object: {header!r:.100}")
+    return int(header.get("flag", 0)), header, frame[end:]
+
+
+def decode_response(frame: bytes, peer: str) -> Response | None:
+    """The response a frame carries; None for a frame the peer sent as a request of its own."""
+    flag, header, body = decode_frame(frame, peer)
+    if not flag & _RESPONSE_FLAG:
+        return None
+    ext = header.get("extFields") or {}
+    return Response(int(header.get("code", SYSTEM_ERROR)), int(header.get("opaque", -1)), header.get("remark"), ext,
+                    body)
