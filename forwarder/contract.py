@@ -29,8 +29,16 @@ START_DELIVER_TIME = "__STARTDELIVERTIME"
 ORIGINAL_MSG_ID = "TW_ORIGINAL_MSG_ID"
 DUE_MS = "TW_DUE_MS"  # on the delivered message: when it was due, so consumers can measure lateness
 DEAD_LETTER_REASON = "TW_DEAD_LETTER_REASON"
+#: on a raw dead letter (a message that could not be read): where it was in the delay topic
+RAW_QUEUE_ID = "TW_RAW_QUEUE_ID"
+RAW_QUEUE_OFFSET = "TW_RAW_QUEUE_OFFSET"
+#: on a dead letter whose body was cut to fit the broker: the original body's length
+TRUNCATED_FROM = "TW_TRUNCATED_FROM"
+RAW_TAG = "TW_RAW"
+#: the most body a dead letter carries: the broker's message limit less room for its properties
+DEAD_LETTER_MAX_BODY = 4 * 1024 * 1024 - 64 * 1024
 CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS,
-                                 DEAD_LETTER_REASON})
+                                 DEAD_LETTER_REASON, RAW_QUEUE_ID, RAW_QUEUE_OFFSET, TRUNCATED_FROM})
 
 # A user topic: ASCII letters, digits, '_' and '-' (RocketMQ also allows '%' and '|', but only in the
 # names of its own retry, dead-letter and system topics, which no producer may write through us).
@@ -168,4 +176,13 @@ def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, 
     # letter itself can always be sent (the originals are in the body's message, untouched).
     tags = _FORBIDDEN.sub(" ", tags or "").strip() or None
     keys = _FORBIDDEN.sub(" ", keys or "").strip() or None
+    if len(body) > DEAD_LETTER_MAX_BODY:  # a body too large for the engine may be too large for the broker too
+        props[TRUNCATED_FROM] = str(len(body))
+        body = body[:DEAD_LETTER_MAX_BODY]
     return OutgoingMessage(topic, body, tags, keys, props)
+
+
+def raw_dead_letter(topic: str, stored: bytes, reason: str, queue_id: int, queue_offset: int) -> OutgoingMessage:
+    """A dead letter for a message that could not be read: its stored bytes, why, and where it was."""
+    props = {RAW_QUEUE_ID: str(queue_id), RAW_QUEUE_OFFSET: str(queue_offset)}
+    return to_dead_letter(topic, stored, RAW_TAG, None, props, reason)

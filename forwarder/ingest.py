@@ -16,7 +16,8 @@ import threading
 from typing import Callable
 
 from forwarder.config import RocketMQConfig
-from forwarder.contract import ORIGINAL_MSG_ID, ContractLimits, ContractViolation, to_dead_letter, to_message
+from forwarder.contract import (ORIGINAL_MSG_ID, ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
+                                to_message)
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from timewheel.errors import InvalidMessageError
@@ -67,7 +68,7 @@ class DelayTopicIngest:
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
-        self.counters = {"ingested": 0, "dead_lettered": 0, "redelivered": 0}
+        self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0}
 
     def start(self, schedule: ScheduleFn) -> None:
         """Subscribe to the delay topic and start consuming."""
@@ -75,7 +76,8 @@ class DelayTopicIngest:
         self._accepting.set()
         self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
                                             self._on_batch, pull_batch=self.cfg.consume_batch,
-                                            timeout_ms=self.cfg.send_timeout_ms)
+                                            timeout_ms=self.cfg.send_timeout_ms,
+                                            max_body_bytes=self.limits.max_body_bytes)
         self._puller.start()
 
     def stop(self) -> None:
@@ -112,6 +114,10 @@ class DelayTopicIngest:
         now = self.now_ms()
         todo: list[tuple[Message, ReceivedMessage]] = []
         for msg in batch:
+            if msg.undecodable is not None:
+                if not self._dead_letter_raw(msg):
+                    return False
+                continue
             try:
                 todo.append((to_message(msg, now, self.limits), msg))
             except ContractViolation as e:
@@ -138,4 +144,19 @@ class DelayTopicIngest:
             return False
         log.warning("dead-lettered delay message %s: %s", msg.msg_id, reason)
         self.counters["dead_lettered"] += 1
+        return True
+
+    def _dead_letter_raw(self, msg: ReceivedMessage) -> bool:
+        """Park a message that cannot be read: its stored bytes, why, and where it was."""
+        try:
+            dl = raw_dead_letter(self.cfg.dead_letter_topic, msg.body, msg.undecodable or "unreadable",
+                                 msg.queue_id, msg.queue_offset)
+            self._dlq.send_batch(dl.topic, [dl])
+        except (ForwarderError, ValueError):
+            log.exception("dead-lettering the unreadable message at queue %d offset %d failed; it will be pulled "
+                          "again", msg.queue_id, msg.queue_offset)
+            return False
+        log.warning("dead-lettered the unreadable message at queue %d offset %d raw: %s", msg.queue_id,
+                    msg.queue_offset, msg.undecodable)
+        self.counters["dead_lettered_raw"] += 1
         return True

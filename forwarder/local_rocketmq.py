@@ -25,8 +25,8 @@ from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, e
 from forwarder._local_process import (BROKER_JVM, BROKER_READY, NAMESRV_JVM, NAMESRV_READY, PortTaken, pick_ports,
                                       start_jvm, tail, terminate, write_configs)
 from forwarder.errors import LocalRocketMQError
-from forwarder.rocketmq import (NameServerClient, RemotingError, broker_registered, consumer_ids, create_topics,
-                                topic_route)
+from forwarder.rocketmq import (NameServerClient, RemotingError, broker_registered, consumer_ids, consumer_lag,
+                                create_topics, topic_route)
 
 __all__ = [
     "ROCKETMQ_VERSION",
@@ -227,6 +227,14 @@ class LocalRocketMQ:
             return consumer_ids(self.broker_addr, group, timeout)
         except RemotingError as e:
             raise LocalRocketMQError(f"cannot ask the broker at {self.broker_addr} for group {group}: {e}") from e
+
+    def consumer_lag(self, group: str, topic: str, timeout: float = 5.0) -> int:
+        """Messages of `topic` that `group` has not committed yet, over all its queues."""
+        self._require_started()
+        try:
+            return sum(consumer_lag(self.namesrv_addr, group, topic, timeout).values())
+        except RemotingError as e:
+            raise LocalRocketMQError(f"cannot ask for the lag of group {group} on {topic}: {e}") from e
 
     # -- internals ----------------------------------------------------------------------------
 

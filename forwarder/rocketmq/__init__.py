@@ -10,7 +10,7 @@ Modules, each with one job:
     consumer    a clustering pull consumer with group membership (ingest)
     admin       topic creation, group members, broker registration (the local RocketMQ, tests)
 """
-from forwarder.rocketmq.admin import broker_registered, consumer_ids, create_topics
+from forwarder.rocketmq.admin import broker_registered, consumer_ids, consumer_lag, create_topics
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsumer, allocate_averagely
@@ -30,6 +30,6 @@ __all__ = [
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
     "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
-    "WAIT", "allocate_averagely", "broker_registered", "consumer_ids", "create_topics", "decode_messages",
+    "WAIT", "allocate_averagely", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "decode_messages",
     "encode_message", "error_for_code", "join_properties", "split_properties", "topic_route", "user_properties",
 ]

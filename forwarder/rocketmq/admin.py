@@ -5,6 +5,8 @@
       (~4.5 s) per topic. The broker registers the new topics with its NameServers itself.
     GET_CONSUMER_LIST_BY_GROUP (38), to a broker: consumerGroup -> body {"consumerIdList": [...]};
       a group without members is answered with an error code.
+    GET_MAX_OFFSET (30) and QUERY_CONSUMER_OFFSET (14), to a broker: topic, queueId (and
+      consumerGroup) -> ext "offset": a group's lag per queue, as `mqadmin consumerProgress` shows it.
     GET_BROKER_CLUSTER_INFO (106), to a NameServer: body ClusterInfo, in Fastjson's non-standard
       JSON (integer keys), so it is searched, not parsed.
 """
@@ -15,10 +17,12 @@ from collections.abc import Iterable
 
 from forwarder.rocketmq.connection import call
 from forwarder.rocketmq.errors import ProtocolError
-from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_CONSUMER_LIST_BY_GROUP, SUCCESS,
+from forwarder.rocketmq.namesrv import TopicRoute, topic_route
+from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
+                                         QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS,
                                          UPDATE_AND_CREATE_TOPIC_LIST, error_for_code)
 
-__all__ = ["broker_registered", "consumer_ids", "create_topics"]
+__all__ = ["broker_registered", "consumer_ids", "consumer_lag", "create_topics"]
 
 _PERM_READ_WRITE = 6
 
@@ -67,3 +71,24 @@ def broker_registered(namesrv: str, broker: str, timeout: float = 5.0) -> bool:
     """Whether the NameServer at `namesrv` lists a broker at address `broker` in its cluster info."""
     resp = call(namesrv, GET_BROKER_CLUSTER_INFO, {}, b"", timeout)
     return resp.code == SUCCESS and f'"{broker}"'.encode() in resp.body
+
+
+def consumer_lag(namesrv: str, group: str, topic: str, timeout: float = 5.0) -> dict[tuple[str, int], int]:
+    """Messages of `topic` not yet committed by `group`, per (broker name, queue id)."""
+    doc = topic_route(namesrv, topic, timeout)
+    if doc is None:
+        return {}
+    route = TopicRoute.parse(topic, doc, 0.0, readable=True)
+    out: dict[tuple[str, int], int] = {}
+    for broker_name, queue in route.queues:
+        broker = route.brokers[broker_name]
+        head = {"topic": topic, "queueId": str(queue)}
+        top = call(broker, GET_MAX_OFFSET, head, b"", timeout)
+        if top.code != SUCCESS:
+            raise error_for_code(top.code, top.remark, f"broker {broker} max offset of {topic}/{queue}")
+        mine = call(broker, QUERY_CONSUMER_OFFSET, {**head, "consumerGroup": group}, b"", timeout)
+        if mine.code not in (SUCCESS, QUERY_NOT_FOUND):
+            raise error_for_code(mine.code, mine.remark, f"broker {broker} offset of {group} on {topic}/{queue}")
+        committed = int(mine.ext.get("offset", 0)) if mine.code == SUCCESS else 0
+        out[(broker_name, queue)] = max(0, int(top.ext.get("offset", 0)) - committed)
+    return out

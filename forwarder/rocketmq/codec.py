@@ -18,8 +18,8 @@ PULL_MESSAGE body: stored messages one after another (MessageDecoder), each:
     body_crc i32, queue_id i32, flag i32, queue_offset i64, physical_offset i64, sys_flag i32,
     born_timestamp i64, born_host (4+4 bytes, 16+4 when sys_flag & 0x10), store_timestamp i64,
     store_host (4+4, 16+4 when sys_flag & 0x20), reconsume_times i32, prepared_offset i64,
-    body_length i32, body (zlib when sys_flag & 1), topic_length, topic, props_length i16,
-    properties (name \\x01 value \\x02 ...).
+    body_length i32, body (compressed when sys_flag & 1: `compression`), topic_length, topic,
+    props_length i16, properties (name \\x01 value \\x02 ...).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import random
 import re
 import struct
 import time
-import zlib
 
+from forwarder.rocketmq.compression import BodyDecodeError, decompress
 from forwarder.rocketmq.errors import MessageDecodeError, MessageRejectedError
 from forwarder.rocketmq.message import (KEYS, TAGS, UNIQ_KEY, WAIT, OutgoingMessage, ReceivedMessage,
                                         join_properties, split_properties)
@@ -74,8 +74,8 @@ _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
 _MAGIC_V1 = -626843481  # 0xdaa320a7
 _MAGIC_V2 = -626843485  # 0xdaa320a3: topic length in 2 bytes
-_SYS_COMPRESSED = 0x1
-_SYS_COMPRESSION_TYPE = 0x700
+#: the smallest stored message: its fixed fields with empty body, topic and properties
+_MIN_STORED = _STORED_HEAD.size + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 _SYS_BORNHOST_V6 = 0x10
 _SYS_STOREHOST_V6 = 0x20
 
@@ -118,49 +118,84 @@ def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
                      _PROPERTIES_LENGTH.pack(len(properties)), properties))
 
 
-def decode_messages(body: bytes) -> list[ReceivedMessage]:
-    """The messages of a PULL_MESSAGE answer's body."""
+def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES) -> list[ReceivedMessage]:
+    """The messages of a PULL_MESSAGE answer's body.
+
+    A message whose body cannot be read back (an unknown codec, corrupt or over `max_body_bytes`
+    once inflated) or whose topic or properties are not UTF-8 comes back `undecodable`, with its
+    stored bytes as the body, so the caller can park it and move on. A fault in the framing itself
+    raises MessageDecodeError carrying the messages before it and the rest of the body.
+    """
     out: list[ReceivedMessage] = []
     mv = memoryview(body)
     p, n = 0, len(body)
     while p < n:
-        if p + _STORED_HEAD.size > n:
-            raise MessageDecodeError(f"a message header runs past the pull body ({n - p} bytes left)")
-        total, magic, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _STORED_HEAD.unpack_from(mv, p)
-        if magic not in (_MAGIC_V1, _MAGIC_V2) or total <= 0 or p + total > n:
-            raise MessageDecodeError(f"bad message at {p} of a pull body: magic {magic:#x}, size {total}")
-        q = p + _STORED_HEAD.size + (20 if sys_flag & _SYS_BORNHOST_V6 else 8)
-        (store_ts,) = _I64.unpack_from(mv, q)
-        q += 8
-        store_host = bytes(mv[q:q + (20 if sys_flag & _SYS_STOREHOST_V6 else 8)])
-        q += len(store_host)
-        (reconsume,) = _I32.unpack_from(mv, q)
-        q += 4 + 8  # and the prepared transaction offset
-        (body_len,) = _I32.unpack_from(mv, q)
-        q += 4
-        msg_body = bytes(mv[q:q + body_len])
-        q += body_len
-        if sys_flag & _SYS_COMPRESSED:
-            if sys_flag & _SYS_COMPRESSION_TYPE:  # LZ4 / ZSTD: not readable here
-                raise MessageDecodeError(f"message at queue offset {queue_offset} is compressed with codec "
-                                         f"{(sys_flag & _SYS_COMPRESSION_TYPE) >> 8}; only zlib is supported")
-            msg_body = zlib.decompress(msg_body)
-        if magic == _MAGIC_V1:
-            topic_len = mv[q]
-            q += 1
-        else:
-            (topic_len,) = _I16.unpack_from(mv, q)
-            q += 2
-        topic = bytes(mv[q:q + topic_len]).decode("utf-8", "replace")
-        q += topic_len
-        (props_len,) = _I16.unpack_from(mv, q)
-        q += 2
-        props = split_properties(bytes(mv[q:q + props_len]).decode("utf-8", "replace"))
-        msg_id = props.get(UNIQ_KEY) or (store_host + _I64.pack(phys)).hex().upper()
-        out.append(ReceivedMessage(topic, msg_body, props.get(TAGS, ""), props.get(KEYS, ""), msg_id, props,
-                                   queue_id, queue_offset, phys, reconsume, born, store_ts))
+        total = _I32.unpack_from(mv, p)[0] if p + 4 <= n else 0
+        if p + _STORED_HEAD.size > n or total < _MIN_STORED or p + total > n:
+            raise MessageDecodeError(f"bad message frame at byte {p} of a {n}-byte pull body (size {total})",
+                                     decoded=out, raw=bytes(mv[p:]))
+        magic = _I32.unpack_from(mv, p + 4)[0]
+        if magic not in (_MAGIC_V1, _MAGIC_V2):
+            raise MessageDecodeError(f"bad magic {magic & 0xFFFFFFFF:#x} at byte {p} of a pull body",
+                                     decoded=out, raw=bytes(mv[p:]))
+        try:
+            out.append(_decode_one(mv, p, total, magic, max_body_bytes))
+        except (struct.error, IndexError) as e:
+            raise MessageDecodeError(f"message at byte {p} of a pull body runs past its size {total}: {e}",
+                                     decoded=out, raw=bytes(mv[p:])) from e
         p += total
     return out
+
+
+def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: int) -> ReceivedMessage:
+    """One stored message of `total` bytes at `p` (framing already checked)."""
+    _, _, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _STORED_HEAD.unpack_from(mv, p)
+    end = p + total
+    q = p + _STORED_HEAD.size + (20 if sys_flag & _SYS_BORNHOST_V6 else 8)
+    (store_ts,) = _I64.unpack_from(mv, q)
+    q += 8
+    store_host = bytes(mv[q:q + (20 if sys_flag & _SYS_STOREHOST_V6 else 8)])
+    q += len(store_host)
+    (reconsume,) = _I32.unpack_from(mv, q)
+    q += 4 + 8  # and the prepared transaction offset
+    (body_len,) = _I32.unpack_from(mv, q)
+    q += 4
+    if body_len < 0 or q + body_len > end:
+        raise IndexError(f"body of {body_len} bytes")
+    stored_body = bytes(mv[q:q + body_len])
+    q += body_len
+    if magic == _MAGIC_V1:
+        topic_len = mv[q]
+        q += 1
+    else:
+        (topic_len,) = _I16.unpack_from(mv, q)
+        q += 2
+    raw_topic = bytes(mv[q:q + topic_len])
+    q += topic_len
+    (props_len,) = _I16.unpack_from(mv, q)
+    q += 2
+    if props_len < 0 or q + props_len > end:
+        raise IndexError(f"properties of {props_len} bytes")
+    raw_props = bytes(mv[q:q + props_len])
+    problem: str | None = None
+    try:
+        topic = raw_topic.decode("utf-8")
+        props = split_properties(raw_props.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        topic = raw_topic.decode("utf-8", "replace")
+        props = split_properties(raw_props.decode("utf-8", "replace"))
+        problem = f"topic or properties are not UTF-8: {e}"
+    msg_id = props.get(UNIQ_KEY) or (store_host + _I64.pack(phys)).hex().upper()
+    msg_body = stored_body
+    if problem is None:
+        try:
+            msg_body = decompress(stored_body, sys_flag, max_body_bytes)
+        except BodyDecodeError as e:
+            problem = str(e)
+    if problem is not None:
+        msg_body = bytes(mv[p:end])  # the stored message, for whoever reads the dead letter
+    return ReceivedMessage(topic, msg_body, props.get(TAGS, ""), props.get(KEYS, ""), msg_id, props, queue_id,
+                           queue_offset, phys, reconsume, born, store_ts, problem)
 
 
 class IdMaker:

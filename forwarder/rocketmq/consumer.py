@@ -43,11 +43,10 @@ import socket
 import threading
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from forwarder.rocketmq.codec import decode_messages
+from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
@@ -90,6 +89,7 @@ class _QueueState:
     in_flight: int | None = None  # opaque of the outstanding pull
     retry_at: float = 0.0  # monotonic time before which it is not pulled (a refused batch)
     released: bool = False  # assigned to another member: its pull thread commits and drops it
+    decode_failures: int = 0  # pulls in a row at this offset whose body could not be framed
 
 
 class RemotingPullConsumer:
@@ -97,8 +97,15 @@ class RemotingPullConsumer:
 
     def __init__(self, namesrv: str, group: str, topic: str, on_batch: BatchCallback, *,
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
-                 retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None) -> None:
-        """Configure (nothing connects until start())."""
+                 retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
+                 max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3) -> None:
+        """Configure (nothing connects until start()).
+
+        A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
+        unreadable rest goes to `on_batch` as one `undecodable` message and the queue moves on.
+        """
+        self.max_body_bytes = max_body_bytes
+        self.max_decode_tries = max_decode_tries
         self.group = group
         self.topic = topic
         self.on_batch = on_batch
@@ -117,7 +124,7 @@ class RemotingPullConsumer:
         self._stopping = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
         self._rebalancer: threading.Thread | None = None
-        self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0}
+        self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0}
 
     # -- lifecycle --
 
@@ -317,6 +324,11 @@ class RemotingPullConsumer:
         if conn is not None:
             conn.close()
 
+    def _unframed(self, q: Queue, offset: int, err: MessageDecodeError) -> ReceivedMessage:
+        """The unreadable rest of a pull body, as one message to park (its bytes, where, and why)."""
+        return ReceivedMessage(self.topic, err.raw, "", "", f"{q[0]}:{q[1]}:{offset}", {}, q[1], offset, -1, 0, 0,
+                               0, f"{err} (after {self.max_decode_tries} pulls)")
+
     def _pull_header(self, q: Queue, st: _QueueState) -> dict[str, str]:
         commit = st.offset > st.committed
         flags = _FLAG_SUSPEND | _FLAG_SUBSCRIPTION | (_FLAG_COMMIT_OFFSET if commit else 0)
@@ -335,11 +347,21 @@ class RemotingPullConsumer:
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
             try:
-                batch = decode_messages(resp.body)
-            except (MessageDecodeError, zlib.error) as e:
-                log.error("cannot decode a batch of %s/%s at offset %d: %s; retrying", self.topic, q, st.offset, e)
-                st.in_flight, st.retry_at = None, time.monotonic() + self.retry_backoff_s
-                return
+                batch = decode_messages(resp.body, self.max_body_bytes)
+                st.decode_failures = 0
+            except MessageDecodeError as e:
+                st.decode_failures += 1
+                if st.decode_failures < self.max_decode_tries:
+                    log.error("cannot decode a pull of %s/%s at offset %d (try %d of %d): %s; pulling it again",
+                              self.topic, q, st.offset, st.decode_failures, self.max_decode_tries, e)
+                    st.in_flight, st.retry_at = None, time.monotonic() + self.retry_backoff_s
+                    return
+                batch = [*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)]
+            undecodable = sum(1 for m in batch if m.undecodable)
+            if undecodable:
+                self.counters["undecodable"] += undecodable
+                log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
+                          self.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
             self.counters["pulled"] += len(batch)
             try:
                 accepted = self.on_batch(batch) if batch else True
@@ -351,7 +373,7 @@ class RemotingPullConsumer:
                 st.in_flight, st.retry_at = None, time.monotonic() + self.retry_backoff_s
                 return
             self.counters["batches"] += 1
-            st.offset = next_offset
+            st.offset, st.decode_failures = next_offset, 0
         elif resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
         elif resp.code == PULL_OFFSET_MOVED:

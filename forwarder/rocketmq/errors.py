@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from forwarder.errors import ForwarderError
 
@@ -48,7 +48,12 @@ class ProtocolError(RemotingError):
 
 
 class MessageDecodeError(ProtocolError):
-    """A pulled message is not in the store format this client reads."""
+    """A pull body that is not in the store format: what was read before the fault, and the rest raw."""
+
+    def __init__(self, message: str, *, decoded: list[Any] | None = None, raw: bytes = b"") -> None:
+        super().__init__(message)
+        self.decoded = decoded or []
+        self.raw = raw
 
 
 class BrokerError(RemotingError):

@@ -116,6 +116,8 @@ class ReceivedMessage:
     reconsume_times: int
     born_timestamp: int  # epoch ms, producer clock
     store_timestamp: int  # epoch ms, broker clock
+    #: why the message could not be read (then `body` holds its stored bytes as the broker keeps them)
+    undecodable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

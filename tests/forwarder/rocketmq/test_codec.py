@@ -4,6 +4,9 @@ from __future__ import annotations
 import struct
 import zlib
 
+import lz4.frame
+import zstandard
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,10 +56,13 @@ _V1, _V2 = -626843481, -626843485
 
 
 def stored(body: bytes, topic: str, props: dict[str, str], *, v2: bool = False, ipv6: bool = False,
-           compress: bool = False, queue_offset: int = 7) -> bytes:
-    """One message as a broker's store (and so a pull answer) lays it out."""
-    sys_flag = (0x10 | 0x20 if ipv6 else 0) | (1 if compress else 0)
-    payload = zlib.compress(body) if compress else body
+           compress: bool = False, queue_offset: int = 7, codec: int | None = None,
+           payload: bytes | None = None) -> bytes:
+    """One message as a broker's store (and so a pull answer) lays it out (`codec`: compressed with it,
+    as RocketMQ numbers them; `payload`: stored body bytes as given)."""
+    sys_flag = (0x10 | 0x20 if ipv6 else 0) | (1 if compress or codec is not None else 0) | ((codec or 0) << 8)
+    if payload is None:
+        payload = _compressed(codec, body) if codec is not None else zlib.compress(body) if compress else body
     host = b"\x00" * (20 if ipv6 else 8)
     t = topic.encode()
     p = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
@@ -66,6 +72,14 @@ def stored(body: bytes, topic: str, props: dict[str, str], *, v2: bool = False, 
     first = head + host
     total = len(first) + len(rest)
     return struct.pack(">i", total) + first[4:] + rest
+
+
+def _compressed(codec: int, body: bytes) -> bytes:
+    if codec in (0, 3):
+        return zlib.compress(body)
+    if codec == 1:
+        return lz4.frame.compress(body)
+    return zstandard.ZstdCompressor().compress(body)
 
 
 props_st = st.dictionaries(st.text(st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)),
@@ -98,3 +112,47 @@ def test_without_uniq_key_the_id_is_the_offset_id() -> None:
 def test_truncated_or_foreign_bytes_are_refused(raw: bytes) -> None:
     with pytest.raises(MessageDecodeError):
         decode_messages(raw)
+
+
+@pytest.mark.parametrize("codec", [pytest.param(c, id=n) for c, n in ((0, "zlib-legacy"), (1, "lz4"), (2, "zstd"),
+                                                                       (3, "zlib"))])
+def test_every_codec_a_java_producer_writes_is_read_back(codec: int) -> None:
+    body = bytes(range(256)) * 40  # 10 KiB: over the Java client's 4 KiB default threshold
+    [m] = decode_messages(stored(body, "T", {"UNIQ_KEY": "ID1"}, codec=codec))
+    assert m.body == body and m.undecodable is None
+
+
+@pytest.mark.parametrize("codec,payload,why", [
+    pytest.param(3, zlib.compress(b"\0" * (8 << 20)), "inflates past the limit", id="zlib-bomb"),
+    pytest.param(2, zstandard.ZstdCompressor().compress(b"\0" * (8 << 20)), "inflates past the limit", id="zstd-bomb"),
+    pytest.param(1, b"not lz4 at all", "corrupt", id="garbled-lz4"),
+    pytest.param(5, b"xx", "compression type 5", id="unknown-codec"),
+])
+def test_an_unreadable_body_comes_back_raw_beside_readable_ones(codec: int, payload: bytes, why: str) -> None:
+    bad = stored(b"", "T", {"UNIQ_KEY": "BAD"}, codec=codec, payload=payload, queue_offset=8)
+    good = [stored(b"ok%d" % i, "T", {"UNIQ_KEY": f"G{i}"}, queue_offset=7 + 2 * i) for i in range(2)]
+    got = decode_messages(good[0] + bad + good[1], max_body_bytes=4 << 20)
+    assert [m.undecodable is None for m in got] == [True, False, True]
+    assert why in (got[1].undecodable or "")
+    assert got[1].body == bad and got[1].queue_offset == 8 and got[1].msg_id == "BAD"
+    assert [got[0].body, got[2].body] == [b"ok0", b"ok1"]
+
+
+def test_a_framing_fault_carries_what_was_read_before_it_and_the_rest() -> None:
+    good = stored(b"ok", "T", {"UNIQ_KEY": "G"})
+    with pytest.raises(MessageDecodeError) as e:
+        decode_messages(good + b"\x00\x00\x00\x30" + b"\x01" * 44)
+    assert [m.body for m in e.value.decoded] == [b"ok"]
+    assert e.value.raw == b"\x00\x00\x00\x30" + b"\x01" * 44
+
+
+@settings(max_examples=500, deadline=200)
+@given(st.binary(max_size=600), st.integers(0, 600), st.binary(max_size=8))
+def test_any_bytes_decode_or_raise_a_decode_error(noise: bytes, at: int, patch: bytes) -> None:
+    base = stored(b"hello", "T", {"UNIQ_KEY": "X", "a": "b"}, codec=3) + stored(b"x" * 50, "T", {})
+    for raw in (noise, base[:at] + patch + base[at + len(patch):]):
+        try:
+            out = decode_messages(raw, max_body_bytes=1 << 16)
+        except MessageDecodeError:
+            continue
+        assert all(len(m.body) <= max(len(raw), 1 << 16) for m in out)
