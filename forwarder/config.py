@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
+from forwarder.rocketmq import ClientSecurity, Credentials
 from timewheel.errors import ConfigError
 
 
@@ -23,6 +25,17 @@ class RocketMQConfig:
     send_timeout_ms: int = 3000
     breaker_failures: int = 20
     breaker_open_seconds: float = 5.0
+    #: ACL user for a cluster with authentication on; the secret from `secret_key` (best set through
+    #: TIMEWHEEL_ROCKETMQ_SECRET_KEY) or from the first line of `secret_key_file`
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
+    secret_key_file: str = ""
+    tls: bool = False  # wrap every connection to NameServers and brokers in TLS
+    tls_verify: bool = False  # check the brokers' certificates (against tls_ca_file, else the system's CAs)
+    tls_ca_file: str = ""
+
+    #: keys whose values are never shown (print-config, logs)
+    SECRET_KEYS: ClassVar[frozenset[str]] = frozenset({"secret_key"})
 
     #: Keys earlier versions accepted, with what to do instead: a config setting one fails loudly.
     REMOVED_KEYS: ClassVar[Mapping[str, str]] = {
@@ -47,7 +60,29 @@ class RocketMQConfig:
             ("send_timeout_ms", self.send_timeout_ms > 0, "positive"),
             ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
             ("breaker_open_seconds", self.breaker_open_seconds > 0, "positive"),
+            ("dead_letter_topic", self.dead_letter_topic != self.delay_topic,
+             "another topic than delay_topic (dead letters would be ingested again)"),
+            ("secret_key", not (self.secret_key and self.secret_key_file), "unset when secret_key_file is set"),
+            ("access_key", bool(self.access_key) == bool(self.secret_key or self.secret_key_file),
+             "set together with secret_key or secret_key_file"),
         ]
         for name, ok, want in checks:
             if not ok and not (name == "namesrv" and ";" in self.namesrv):
-                raise ConfigError(f"rocketmq.{name} = {getattr(self, name)!r} is invalid: it must be {want}")
+                shown = "<redacted>" if name in self.SECRET_KEYS else repr(getattr(self, name))
+                raise ConfigError(f"rocketmq.{name} = {shown} is invalid: it must be {want}")
+
+    def security(self) -> ClientSecurity | None:
+        """What every connection to the cluster applies: ACL signing and/or TLS (None: neither)."""
+        if not self.access_key and not self.tls:
+            return None
+        creds = None
+        if self.access_key:
+            secret = self.secret_key
+            if self.secret_key_file:
+                try:
+                    secret = Path(self.secret_key_file).read_text().splitlines()[0].strip()
+                except (OSError, IndexError) as e:
+                    raise ConfigError(f"rocketmq.secret_key_file = {self.secret_key_file!r} cannot be read: {e}; "
+                                      f"point it at a file whose first line is the secret key") from e
+            creds = Credentials(self.access_key, secret)
+        return ClientSecurity(creds, self.tls, self.tls_verify, self.tls_ca_file or None)

@@ -76,7 +76,7 @@ class RocketMQSink:
         self.cfg = cfg
         self.producer = producer
         self.senders = [sender] if sender is not None else [
-            RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
+            RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms, security=cfg.security())
             for _ in range(cfg.send_threads)]
         self.max_in_flight = len(self.senders)
         self.linger_ms = cfg.send_linger_ms

@@ -28,6 +28,7 @@ class RocketMQEndpoints:
 
 def connect_rocketmq(cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int]) -> RocketMQEndpoints:
     """Build the delivery sink and (not started) the ingest consumer; nothing connects before first use."""
-    dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms)
+    dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms,
+                                    security=cfg.security())
     return RocketMQEndpoints(DelayTopicIngest(cfg, limits, now_ms, dead_letters), RocketMQSink(cfg, dead_letters),
                              dead_letters)

@@ -77,7 +77,8 @@ class DelayTopicIngest:
         self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
                                             self._on_batch, pull_batch=self.cfg.consume_batch,
                                             timeout_ms=self.cfg.send_timeout_ms,
-                                            max_body_bytes=self.limits.max_body_bytes)
+                                            max_body_bytes=self.limits.max_body_bytes,
+                                            security=self.cfg.security())
         self._puller.start()
 
     def stop(self) -> None:

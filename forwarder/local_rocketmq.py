@@ -10,6 +10,8 @@ store. Topics are created and registration is checked with the wire client's adm
 
 from __future__ import annotations
 
+import json
+
 import random
 import shutil
 import signal
@@ -25,8 +27,8 @@ from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, e
 from forwarder._local_process import (BROKER_JVM, BROKER_READY, NAMESRV_JVM, NAMESRV_READY, PortTaken, pick_ports,
                                       start_jvm, tail, terminate, write_configs)
 from forwarder.errors import LocalRocketMQError
-from forwarder.rocketmq import (NameServerClient, RemotingError, broker_registered, consumer_ids, consumer_lag,
-                                create_topics, topic_route)
+from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
+                                consumer_ids, consumer_lag, create_topics, topic_route)
 
 __all__ = [
     "ROCKETMQ_VERSION",
@@ -36,6 +38,23 @@ __all__ = [
     "run_foreground",
     "topic_route",
 ]
+
+
+def acl_broker_options(user: Credentials) -> dict[str, str | int | bool]:
+    """Broker settings of RocketMQ 5's authentication and authorization, with `user` as the
+    administrator (created at first start) and as the credentials of the broker's own inner client."""
+    provider = "org.apache.rocketmq.auth.{0}.provider.{1}"
+    return {
+        "authenticationEnabled": True,
+        "authorizationEnabled": True,
+        "authenticationProvider": provider.format("authentication", "DefaultAuthenticationProvider"),
+        "authenticationMetadataProvider": provider.format("authentication", "LocalAuthenticationMetadataProvider"),
+        "authorizationProvider": provider.format("authorization", "DefaultAuthorizationProvider"),
+        "authorizationMetadataProvider": provider.format("authorization", "LocalAuthorizationMetadataProvider"),
+        "initAuthenticationUser": json.dumps({"username": user.access_key, "password": user.secret_key}),
+        "innerClientAuthenticationCredentials": json.dumps({"accessKey": user.access_key,
+                                                            "secretKey": user.secret_key}),
+    }
 
 
 class LocalRocketMQ:
@@ -49,17 +68,21 @@ class LocalRocketMQ:
         version: str = ROCKETMQ_VERSION,
         broker_options: Mapping[str, str | int | bool] | None = None,
         stop_timeout: float = 30.0,
+        acl: Credentials | None = None,
     ) -> None:
         """Prepare (not start) a local RocketMQ; `run_dir` None means a temporary directory.
 
         `broker_options` add to or override the broker config; `stop_timeout` is the default
         grace period of stop() and stop_broker() before SIGKILL (a graceful broker stop takes
-        10-15 s of shutdown hooks).
+        10-15 s of shutdown hooks). With `acl`, the broker authenticates and authorizes every
+        request and that user is its administrator (and the broker's own inner client).
         """
+        self.acl = acl
+        self.security = ClientSecurity(acl) if acl is not None else None
         self._given_run_dir = Path(run_dir) if run_dir is not None else None
         self._cache_dir = cache_dir
         self._version = version
-        self._broker_options = dict(broker_options or {})
+        self._broker_options = {**(acl_broker_options(acl) if acl is not None else {}), **(broker_options or {})}
         self._stop_timeout = stop_timeout
         self._run_dir: Path | None = None
         self._lib: Path | None = None
@@ -202,7 +225,7 @@ class LocalRocketMQ:
             return
         self._require_started()
         try:
-            create_topics(self.broker_addr, topics, queues, timeout)
+            create_topics(self.broker_addr, topics, queues, timeout, self.security)
         except RemotingError as e:
             raise LocalRocketMQError(f"the broker at {self.broker_addr} did not create topics {topics}: {e}") from e
         # The broker registers new topics with the NameServer itself; wait until every route is
@@ -224,7 +247,7 @@ class LocalRocketMQ:
         """Client ids of the members of consumer group `group` the broker knows now ([] if none)."""
         self._require_started()
         try:
-            return consumer_ids(self.broker_addr, group, timeout)
+            return consumer_ids(self.broker_addr, group, timeout, self.security)
         except RemotingError as e:
             raise LocalRocketMQError(f"cannot ask the broker at {self.broker_addr} for group {group}: {e}") from e
 
@@ -232,7 +255,7 @@ class LocalRocketMQ:
         """Messages of `topic` that `group` has not committed yet, over all its queues."""
         self._require_started()
         try:
-            return sum(consumer_lag(self.namesrv_addr, group, topic, timeout).values())
+            return sum(consumer_lag(self.namesrv_addr, group, topic, timeout, self.security).values())
         except RemotingError as e:
             raise LocalRocketMQError(f"cannot ask for the lag of group {group} on {topic}: {e}") from e
 
@@ -290,8 +313,9 @@ class LocalRocketMQ:
         self._run_dir = None if self._given_run_dir is None else self._run_dir
 
 
-def run_foreground(dir: Path | None = None) -> None:
-    """Run a local RocketMQ until SIGINT/SIGTERM, printing `namesrv 127.0.0.1:PORT` once ready."""
+def run_foreground(dir: Path | None = None, acl: Credentials | None = None) -> None:
+    """Run a local RocketMQ until SIGINT/SIGTERM, printing `namesrv 127.0.0.1:PORT` once ready
+    (with `acl`: authentication and authorization on, that user its administrator)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -300,7 +324,7 @@ def run_foreground(dir: Path | None = None) -> None:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     # A temporary store is deleted on exit, so Ctrl-C need not wait for the broker's graceful
     # shutdown (10-20 s); a kept store gets it, so that the next run starts without recovery.
-    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0)
+    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0, acl=acl)
     try:
         mq.start()
         print(f"namesrv {mq.namesrv_addr}", flush=True)

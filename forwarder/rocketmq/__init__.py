@@ -8,8 +8,12 @@ Modules, each with one job:
     namesrv     NameServer look-ups: topic routes
     producer    batch sends to any topics (delivery, dead letters, replay)
     consumer    a clustering pull consumer with group membership (ingest)
-    admin       topic creation, group members, broker registration (the local RocketMQ, tests)
+    admin       topic creation, group members, broker registration, a group's lag (launcher, tests)
+    compression message bodies in every codec producers write, read back under a size bound
+    acl         the AccessKey/SecretKey request signature of RocketMQ's ACL
+    security    ACL credentials and TLS, applied by every connection
 """
+from forwarder.rocketmq.acl import Credentials
 from forwarder.rocketmq.admin import broker_registered, consumer_ids, consumer_lag, create_topics
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
 from forwarder.rocketmq.connection import Connection
@@ -23,10 +27,11 @@ from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEP
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, topic_route
 from forwarder.rocketmq.producer import Receipt, RemotingProducer
 from forwarder.rocketmq.protocol import Response, error_for_code
+from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = [
     "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
-    "Connection", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
+    "ClientSecurity", "Connection", "Credentials", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
     "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",

@@ -4,12 +4,15 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from forwarder.rocketmq.acl import sign
 from forwarder.rocketmq.errors import ConnectionFailedError, RemotingError, RequestTimeoutError
 from forwarder.rocketmq.protocol import Response, decode_response, encode_request, take_frame
+from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = ["Connection", "call"]
 
@@ -22,16 +25,23 @@ class Connection:
     Not thread-safe by itself: callers hold `lock` from `submit` to the matching `collect`.
     """
 
-    def __init__(self, addr: str, timeout: float) -> None:
-        """Connect to "host:port" within `timeout` seconds; ConnectionFailedError if that fails."""
+    def __init__(self, addr: str, timeout: float, security: ClientSecurity | None = None) -> None:
+        """Connect to "host:port" within `timeout` seconds (TLS and request signing as `security`
+        says); ConnectionFailedError if that fails."""
         self.addr = addr
         self.lock = threading.Lock()
+        self._credentials = security.credentials if security is not None else None
         host, _, port = addr.rpartition(":")
         try:
-            self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+            sock = socket.create_connection((host, int(port)), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            ctx = security.context() if security is not None else None
+            self._sock: socket.socket = sock if ctx is None else ctx.wrap_socket(
+                sock, server_hostname=host if ctx.check_hostname else None)
         except (OSError, ValueError) as e:
-            raise ConnectionFailedError(f"cannot connect to {addr}: {e}") from e
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raise ConnectionFailedError(f"cannot connect to {addr}"
+                                        f"{' over TLS' if security and security.tls else ''}: {e}") from e
+        self._tls = isinstance(self._sock, ssl.SSLSocket)
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._opaque = itertools.count(1)
@@ -54,6 +64,8 @@ class Connection:
         if not self.lock.acquire(blocking=False):
             return True
         try:
+            if self._tls:  # no peeking inside TLS records: a closed peer shows at the next request
+                return True
             if self._poll.poll(0):  # readable while nothing is awaited: end of stream, or a stray frame
                 try:
                     if not self._sock.recv(1, socket.MSG_PEEK):
@@ -67,7 +79,9 @@ class Connection:
     def submit(self, requests: Sequence[tuple[int, Mapping[str, str], bytes]], deadline: float) -> list[int]:
         """Write requests (code, extFields, body) in one go; return their opaques."""
         opaques = [next(self._opaque) for _ in requests]
-        data = b"".join(encode_request(code, o, ext, body) for o, (code, ext, body) in zip(opaques, requests))
+        creds = self._credentials
+        data = b"".join(encode_request(code, o, ext if creds is None else sign(ext, body, creds), body)
+                        for o, (code, ext, body) in zip(opaques, requests))
         try:
             self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
             self._sock.sendall(data)
@@ -106,7 +120,9 @@ class Connection:
 
     def readable(self, timeout: float) -> bool:
         """Whether a frame may be read now: bytes are buffered, or arrive within `timeout` seconds."""
-        return bool(self._buf) or bool(self._poll.poll(timeout * 1000))
+        if self._buf or (self._tls and self._sock.pending()):  # type: ignore[attr-defined]
+            return True
+        return bool(self._poll.poll(timeout * 1000))
 
     def read_response(self, deadline: float) -> Response:
         """The next response frame (frames the peer sends as requests are skipped)."""
@@ -146,9 +162,10 @@ class Connection:
                 pass
 
 
-def call(addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float) -> Response:
+def call(addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float,
+         security: ClientSecurity | None = None) -> Response:
     """One request on a connection of its own (admin requests, one-off look-ups), closed after."""
-    conn = Connection(addr, timeout)
+    conn = Connection(addr, timeout, security)
     try:
         return conn.request(code, ext, body, time.monotonic() + timeout)
     finally:

@@ -51,6 +51,7 @@ from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.namesrv import NameServerClient, parse_route
+from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (GET_CONSUMER_LIST_BY_GROUP, GET_MIN_OFFSET, HEART_BEAT, PULL_MESSAGE,
                                          PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
                                          QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS, UNREGISTER_CLIENT,
@@ -98,7 +99,8 @@ class RemotingPullConsumer:
     def __init__(self, namesrv: str, group: str, topic: str, on_batch: BatchCallback, *,
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
                  retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
-                 max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3) -> None:
+                 max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3,
+                 security: ClientSecurity | None = None) -> None:
         """Configure (nothing connects until start()).
 
         A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
@@ -115,7 +117,8 @@ class RemotingPullConsumer:
         self.retry_backoff_s = retry_backoff_s
         self.timeout = timeout_ms / 1000
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._namesrv = NameServerClient(namesrv, self.timeout)
+        self.security = security
+        self._namesrv = NameServerClient(namesrv, self.timeout, security)
         self._lock = threading.Lock()
         self._brokers: dict[str, str] = {}  # broker name -> master address
         self._owned: dict[Queue, _QueueState] = {}
@@ -257,7 +260,7 @@ class RemotingPullConsumer:
         with self._lock:
             conn = self._control.get(addr)
             if conn is None or not conn.alive():
-                conn = self._control[addr] = Connection(addr, self.timeout)
+                conn = self._control[addr] = Connection(addr, self.timeout, self.security)
         resp = conn.request(code, ext, body, time.monotonic() + self.timeout)
         if resp.code not in ok:
             raise error_for_code(resp.code, resp.remark, f"broker {addr} (request {code})")
@@ -285,7 +288,7 @@ class RemotingPullConsumer:
                 break
             try:
                 if conn is None or conn.closed:
-                    conn = Connection(addr, self.timeout)
+                    conn = Connection(addr, self.timeout, self.security)
                     pending.clear()
                     with self._lock:
                         for st in mine.values():

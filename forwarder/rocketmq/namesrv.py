@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RequestTimeoutError
 from forwarder.rocketmq.protocol import GET_ROUTEINFO_BY_TOPIC, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 
@@ -70,8 +71,9 @@ def parse_route(topic: str, data: Mapping[str, Any], **options: Any) -> TopicRou
 class NameServerClient:
     """Asks the NameServers ("host:port", several separated by ';') in turn over one connection; thread-safe."""
 
-    def __init__(self, namesrv: str, timeout: float) -> None:
+    def __init__(self, namesrv: str, timeout: float, security: ClientSecurity | None = None) -> None:
         """Configure (connects lazily); ValueError if `namesrv` names no address."""
+        self.security = security
         self.addrs = [a.strip() for a in namesrv.split(";") if a.strip()]
         if not self.addrs:
             raise ValueError(f"no NameServer address in {namesrv!r}")
@@ -89,7 +91,7 @@ class NameServerClient:
                 try:
                     if self._conn is None or not self._conn.alive():
                         addr = self.addrs[self._next % len(self.addrs)]
-                        self._conn = Connection(addr, self.timeout)
+                        self._conn = Connection(addr, self.timeout, self.security)
                     resp = self._conn.request(GET_ROUTEINFO_BY_TOPIC, ext, b"", time.monotonic() + self.timeout)
                 except (ConnectionFailedError, RequestTimeoutError, ProtocolError) as e:
                     errors.append(str(e))
@@ -124,9 +126,10 @@ class NameServerClient:
                 self._conn = None
 
 
-def topic_route(namesrv: str, topic: str, timeout: float = 5.0) -> dict[str, Any] | None:
+def topic_route(namesrv: str, topic: str, timeout: float = 5.0,
+                security: ClientSecurity | None = None) -> dict[str, Any] | None:
     """The NameServer's route document of `topic` (brokerDatas, queueDatas), or None if it has none."""
-    client = NameServerClient(namesrv, timeout)
+    client = NameServerClient(namesrv, timeout, security)
     try:
         return client.route_document(topic)
     finally:

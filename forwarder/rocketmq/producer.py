@@ -41,6 +41,7 @@ from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import ConnectionFailedError, MessageRejectedError, RemotingError, TopicNotFoundError
 from forwarder.rocketmq.message import WAIT, OutgoingMessage, SendStatus, join_properties
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, parse_route
+from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, INVALID_PARAMETER, MESSAGE_ILLEGAL,
                                          SEND_BATCH_MESSAGE, SLAVE_NOT_AVAILABLE, SUCCESS, TOPIC_NOT_EXIST, Response,
                                          error_for_code)
@@ -110,9 +111,11 @@ class RemotingProducer:
         max_batch_bytes: int = 1024 * 1024,
         max_message_bytes: int = BROKER_MAX_MESSAGE_BYTES,
         auto_create_topics: bool = True,
+        security: ClientSecurity | None = None,
     ) -> None:
         """Configure (connects lazily); `namesrv` is "host:port", several separated by ';'."""
-        self._namesrv = NameServerClient(namesrv, timeout_ms / 1000)
+        self.security = security
+        self._namesrv = NameServerClient(namesrv, timeout_ms / 1000, security)
         if max_batch_messages < 1 or max_batch_bytes < 1:
             raise ValueError("max_batch_messages and max_batch_bytes must be positive")
         self.group = group
@@ -372,7 +375,7 @@ class RemotingProducer:
                 # Connecting to a dead host can take the whole timeout: not again at once.
                 raise ConnectionFailedError(f"broker {broker} at {addr} failed moments ago")
         try:
-            fresh = Connection(addr, self.timeout)
+            fresh = Connection(addr, self.timeout, self.security)
         except ConnectionFailedError:
             with self._lock:
                 self._down_until[broker] = time.monotonic() + self.broker_backoff_s

@@ -95,16 +95,27 @@ def _parse_at(text: str) -> int:
 
 @app.command()
 def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the store and logs here "
-                                                       "(default: a temporary directory).")] = None) -> None:
+                                                       "(default: a temporary directory).")] = None,
+           acl: Annotated[Optional[str], typer.Option(
+               "--acl", metavar="ACCESS_KEY:SECRET_KEY",
+               help="Turn authentication and authorization on, with this user as the administrator; point the "
+                    "engine at it with [rocketmq] access_key and secret_key.")] = None) -> None:
     """Run a local RocketMQ (NameServer + Broker from Maven Central jars) in the foreground.
 
     Prints `namesrv 127.0.0.1:PORT` once it is ready; Ctrl-C stops it.
     """
     from forwarder import LocalRocketMQError
     from forwarder.local_rocketmq import run_foreground
+    from forwarder.rocketmq import Credentials
 
+    user = None
+    if acl is not None:
+        access_key, sep, secret_key = acl.partition(":")
+        if not sep or not access_key or not secret_key:
+            _fail("--acl takes ACCESS_KEY:SECRET_KEY, both non-empty (for example --acl admin:s3cret-key)")
+        user = Credentials(access_key, secret_key)
     try:
-        run_foreground(dir)
+        run_foreground(dir, acl=user)
     except LocalRocketMQError as e:
         _fail(str(e))
 

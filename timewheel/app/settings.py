@@ -24,7 +24,7 @@ from timewheel.config import EngineConfig
 from timewheel.errors import ConfigError
 
 DEFAULT_ADMIN = "127.0.0.1:9321"
-SECRET_KEYS = {("admin", "token")}
+SECRET_KEYS = {("admin", "token"), ("rocketmq", "secret_key")}
 
 
 @dataclass(frozen=True)
