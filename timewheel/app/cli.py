@@ -11,8 +11,8 @@ import typer
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.", exists=True,
-                                       file_okay=False, dir_okay=True)]
+# existence is checked by open_data_dir, whose error says what to run
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")]
 
 
 @app.callback()
@@ -26,6 +26,24 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 @app.command()
+def init(data_dir: DataDir,
+         segment_minutes: Annotated[Optional[int], typer.Option("--segment-minutes", help="Minutes per segment "
+                                                                "(must divide a day; default 60, the engine's).")]
+         = None) -> None:
+    """Make an empty data directory for the engine, backfill and the audit (nothing if one is there)."""
+    from timewheel.app.datadir import DataDirError, init_data_dir
+
+    try:
+        layout, made = init_data_dir(data_dir, segment_minutes)
+    except DataDirError as e:
+        _fail(str(e))
+    what = "made" if made else "already"
+    typer.echo(f"{what} a timewheel data directory: {data_dir} (segments of {layout.segment_minutes} minutes); "
+               f"next: `timewheel serve --data-dir {data_dir} --namesrv HOST:PORT` or "
+               f"`timewheel backfill INPUT --data-dir {data_dir}`")
+
+
+@app.command()
 def inspect(data_dir: DataDir,
             as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
             verify: Annotated[bool, typer.Option("--verify", help="Also check every record's CRC32C.")] = False
@@ -34,11 +52,12 @@ def inspect(data_dir: DataDir,
 
     Reads the files only, so it is safe beside a running engine.
     """
-    from storage import SegmentLayout, StorageError, check, summarize
+    from storage import check, summarize
+    from timewheel.app.datadir import DataDirError, open_data_dir
 
     try:
-        layout = SegmentLayout.open_existing(data_dir)
-    except StorageError as e:
+        layout = open_data_dir(data_dir)
+    except DataDirError as e:
         _fail(str(e))
     report = summarize(layout)
     findings = []
@@ -52,13 +71,15 @@ def inspect(data_dir: DataDir,
     from rich.console import Console
     from rich.table import Table
 
+    from timewheel.app.humantime import human_time
+
     cols = ("records", "dispatched", "cancelled", "dead_lettered", "pending", "corrupt", "bytes")
     table = Table(title=f"timewheel data in {data_dir}")
-    table.add_column("segment")
+    table.add_column("segment", no_wrap=True)
     for c in cols:
-        table.add_column(c, justify="right")
+        table.add_column(c.replace("_", " "), justify="right")
     for s in report["segments"]:
-        table.add_row(s["segment"], *(f"{s[c]:,}" for c in cols))
+        table.add_row(human_time(s["start_ms"]), *(f"{s[c]:,}" for c in cols))
     totals = report["totals"]
     table.add_row("total", *(f"{totals[c]:,}" for c in cols), style="bold")
     console = Console()
