@@ -220,6 +220,31 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
 
 
 @app.command()
+def status(admin: Annotated[str, typer.Option("--admin", help="The engine's admin HOST:PORT.")] = "127.0.0.1:9321",
+           as_json: Annotated[bool, typer.Option("--json", help="Print the admin endpoint's /status JSON "
+                                                 "(times in epoch ms).")] = False) -> None:
+    """One screen for on call: ingest lag per queue, pending per segment, ready, retrying, dead-lettered,
+    lateness p50/p99 over the last minute, and traffic shaping.
+
+    Exits 1 when the engine is not serving.
+    """
+    from rich.console import Console
+
+    from timewheel.app.status import StatusError, fetch_status, render_status
+
+    try:
+        doc = fetch_status(admin)
+    except StatusError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(doc))
+    else:
+        Console().print(render_status(doc, admin))
+    if not doc.get("serving"):
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] = 30.0,
          rate: Annotated[int, typer.Option(help="Messages per second.")] = 200,
          as_json: Annotated[bool, typer.Option("--json", help="End with the summary as one JSON line on stdout.")]
