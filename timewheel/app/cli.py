@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -257,8 +259,12 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
         summary = run_demo(duration, rate, as_json)
     except LocalRocketMQError as e:
         _fail(str(e))
-    if summary["lost"]:
-        raise typer.Exit(1)
+    # Everything is stopped and printed. Leave without running the RocketMQ client library's static
+    # destructors, which can abort while its threads wind down (as `serve` does).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(1 if summary["lost"] else 0)
 
 
 def _register_spark_commands() -> None:
