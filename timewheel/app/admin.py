@@ -123,8 +123,10 @@ def _handler_class(server: AdminServer) -> type[BaseHTTPRequestHandler]:
         def _guard(self) -> bool:
             status = server.authorized(self.headers.get("Authorization"))
             if status:
-                self._json(status, {"error": "no admin token is configured: mutations are disabled" if status == 403
-                                    else "missing or wrong token (Authorization: Bearer <token>)"})
+                self._json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token "
+                                             "or TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)"
+                                    if status == 403 else "missing or wrong token: pass --token or set "
+                                    "TIMEWHEEL_ADMIN_TOKEN (header Authorization: Bearer <token>)"})
                 return False
             return True
 

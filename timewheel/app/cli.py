@@ -157,7 +157,8 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
         producer.start()
         res = producer.send(OutgoingMessage(delay_topic, body.encode(), tags, keys, props))
     except ForwarderError as e:
-        _fail(f"send failed: {e}")
+        _fail(f"send failed: {e}; is a NameServer at {namesrv} (`timewheel broker` runs a local one) and does "
+              f"the delay topic {delay_topic} exist on its brokers?")
     finally:
         producer.shutdown()
     typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
@@ -218,7 +219,9 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:
-        _fail(f"cannot reach the admin endpoint at {admin}: {e.reason}")
+        from timewheel.app.status import unreachable
+
+        _fail(unreachable(admin, e.reason))
 
 
 @app.command()
@@ -253,11 +256,11 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
          = False) -> None:
     """Start a local RocketMQ, the engine, a producer and a consumer; show live lateness; summarize."""
     from forwarder import LocalRocketMQError
-    from timewheel.app.demo import run_demo
+    from timewheel.app.demo import DemoError, run_demo
 
     try:
         summary = run_demo(duration, rate, as_json)
-    except LocalRocketMQError as e:
+    except (LocalRocketMQError, DemoError) as e:
         _fail(str(e))
     # Everything is stopped and printed. Leave without running the RocketMQ client library's static
     # destructors, which can abort while its threads wind down (as `serve` does).

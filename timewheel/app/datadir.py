@@ -13,7 +13,7 @@ from timewheel.config import EngineConfig
 from timewheel.errors import TimewheelError
 
 #: the engine's default segment length, which `init` uses unless told otherwise
-DEFAULT_SEGMENT_MINUTES: int = EngineConfig.__dataclass_fields__["segment_minutes"].default
+DEFAULT_SEGMENT_MINUTES: int = EngineConfig.__dataclass_fields__["segment_minutes"].default  # type: ignore[assignment]
 
 
 class DataDirError(TimewheelError):

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
+from timewheel.errors import TimewheelError
 from timewheel.lateness import hdr_percentiles
 from timewheel.app.humantime import human_time
 from timewheel.app.service import Service
@@ -137,7 +138,11 @@ def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) 
         return None
 
 
-def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console) -> None:
+class DemoError(TimewheelError):
+    """The demo's pipeline did not come up; the message names the logs to read."""
+
+
+def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console, work: Path) -> None:
     """Wait until a probe went producer -> engine -> consumer: consumer groups take seconds to rebalance."""
     from forwarder._rmq_native import OutgoingMessage
 
@@ -154,7 +159,8 @@ def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, 
                     state.send_errors = 0
                     return
             time.sleep(0.1)
-    raise RuntimeError("the pipeline did not come up within 120 s: see the broker logs")
+    raise DemoError(f"no probe went through the engine within 120 s: read {work / 'demo.log'} and the broker's "
+                    f"logs under {work / 'rocketmq'}, then run the demo again")
 
 
 def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max_delay_s: float | None = None,
@@ -243,7 +249,7 @@ def _run(work: Path, duration: float, rate: int, max_delay_s: float, state: Demo
     producer = NativeProducer("timewheel-demo-producer", mq.namesrv_addr, log_level=LogLevel.ERROR)
     producer.start()
     stop_producing = threading.Event()
-    _warm_up(producer, cfg, state, console)
+    _warm_up(producer, cfg, state, console, work)
 
     def produce() -> None:
         n = 0

@@ -19,12 +19,3 @@ def human_time(ms: int | str) -> str:
         text += f":{dt.second:02d}" + (f".{sub:03d}" if sub else "")
     return text + "Z"
 
-
-def human_duration(ms: float) -> str:
-    """A short duration: `250 ms`, `4.2 s`, `3 min`, `2 h 5 min`."""
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    minutes = int(ms // 60_000)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"

@@ -59,6 +59,12 @@ def status_document(stats: Mapping[str, object], *, ready: bool, now_ms: int, la
     }
 
 
+def unreachable(admin: str, reason: object) -> str:
+    """What to say when nothing answers at the admin address, and what to check."""
+    return (f"cannot reach the admin endpoint at {admin} ({reason}): is `timewheel serve` running? "
+            "give its admin address with --admin HOST:PORT (settings: admin.listen)")
+
+
 def fetch_status(admin: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """GET http://ADMIN/status as a dict."""
     url = f"http://{admin}/status"
@@ -70,8 +76,7 @@ def fetch_status(admin: str, timeout_s: float = 10.0) -> dict[str, Any]:
         raise StatusError(f"the engine at {admin} answered HTTP {e.code} for /status: "
                           f"{e.read().decode(errors='replace').strip()}") from e
     except urllib.error.URLError as e:
-        raise StatusError(f"cannot reach the admin endpoint at {admin} ({e.reason}): is `timewheel serve` running? "
-                          "give its admin address with --admin HOST:PORT (settings: admin.listen)") from e
+        raise StatusError(unreachable(admin, e.reason)) from e
     except ValueError as e:
         raise StatusError(f"{url} did not answer JSON: is {admin} a timewheel admin endpoint?") from e
 
