@@ -48,6 +48,7 @@ class Service:
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
         self.lateness_window: LatenessWindow | None = None
+        self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
         self._want_admin = admin
 
@@ -131,7 +132,8 @@ class Service:
 
         def loop() -> None:
             while not self._stop_sampling.wait(1.0):
-                window.sample(self.clock.now_ms(), engine.lateness_buckets.counts.copy())
+                with self._window_lock:
+                    window.sample(self.clock.now_ms(), engine.lateness_buckets.counts.copy())
 
         self._sampler = threading.Thread(target=loop, name="timewheel-lateness-window", daemon=True)
         self._sampler.start()
@@ -151,9 +153,10 @@ class Service:
         late, span, count = [0.0, 0.0], 0, 0
         engine, window = self.engine, self.lateness_window
         if engine is not None and window is not None:
-            counts, span = window.recent(now, engine.lateness_buckets.counts.copy())
+            with self._window_lock:
+                counts, span = window.recent(now, engine.lateness_buckets.counts.copy())
             late, count = window.percentiles(counts, (50, 99)), int(counts.sum())
-        return status_document(self.stats(), ready=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
+        return status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
                                lateness_ms=late, lateness_count=count, lateness_span_ms=span)
 
     def stats(self) -> dict[str, object]:

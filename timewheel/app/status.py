@@ -30,7 +30,7 @@ def _num(stats: Mapping[str, object], key: str) -> int:
     return int(value) if isinstance(value, (int, float)) else 0
 
 
-def status_document(stats: Mapping[str, object], *, ready: bool, now_ms: int, lag: Sequence[QueueLag] | None,
+def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, lag: Sequence[QueueLag] | None,
                     lag_error: str | None, lateness_ms: Sequence[float], lateness_count: int,
                     lateness_span_ms: int) -> dict[str, Any]:
     """The GET /status document (epoch ms; `lateness_ms` is p50, p99 of the last minute)."""
@@ -40,7 +40,7 @@ def status_document(stats: Mapping[str, object], *, ready: bool, now_ms: int, la
     queues = [q.as_dict() for q in lag or ()]
     return {
         "now_ms": now_ms,
-        "serving": ready,
+        "serving": serving,
         "ingest": {"queues": queues, "lag": sum(q.lag for q in lag or ()), "error": lag_error, **ingest},
         "pending_by_segment": [{"segment_ms": int(k), "pending": int(v)} for k, v in sorted(segments.items())],
         **{k: _num(stats, k) for k in ("ready", "backlog", "retrying", "held_by_shaping", "wheel_entries",
