@@ -81,7 +81,7 @@ def _rows(state: DemoState, stats: Mapping[str, object]) -> list[tuple[str, str]
 
 def _table(title: str, rows: list[tuple[str, str]]) -> Table:
     """The live view: one small two-column table, so it fits 80x24 with the lines above it."""
-    t = Table(title=title, show_header=False, title_justify="left")
+    t = Table(title=title, show_header=False, title_justify="left", min_width=56)  # the title fits on one line
     t.add_column("what", no_wrap=True)
     t.add_column("n", justify="right", no_wrap=True)
     for row in rows:
@@ -301,7 +301,7 @@ def _run(work: Path, duration: float, rate: int, max_delay_s: float, state: Demo
                 now = time.time_ns() // 1_000_000
                 if outstanding <= 0 or now > last_due + 30_000:
                     break
-                view.update(f"draining: {outstanding} still due, last due in {max(0, last_due - now) / 1000:.0f} s")
+                view.update(f"draining ({outstanding} left, last due in {max(0, last_due - now) / 1000:.0f} s)")
                 time.sleep(0.25)
             time.sleep(1.0)  # a late duplicate would show here
             view.update("done", final=True)

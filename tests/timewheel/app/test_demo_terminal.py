@@ -7,6 +7,7 @@ the terminal's size, and no log line tears through it. tmux is a hard requiremen
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,13 +49,14 @@ class Tmux:
 def test_the_live_view_is_one_table_updated_in_place(tmp_path: Path, width: int, height: int) -> None:
     tmux = Tmux(tmp_path)
     pythonpath = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    cmd = (f"cd {tmp_path} && env PYTHONPATH={pythonpath} TERM=xterm-256color {sys.executable} -m "
+    # COLUMNS/LINES from the test runner would override the terminal's real size
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES PYTHONPATH={pythonpath} TERM=xterm-256color {sys.executable} -m "
            f"timewheel.app.cli demo --duration 6 --rate 50; echo __EXIT=$?__; sleep 600")
+    screens: list[str] = []
     try:
         tmux("new-session", "-d", "-s", "demo", "-x", str(width), "-y", str(height), cmd)
         assert tmux("display-message", "-p", "-t", "demo", "#{pane_width}x#{pane_height}").strip() == \
             f"{width}x{height}"
-        screens: list[str] = []
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             screen = tmux("capture-pane", "-p", "-t", "demo")
@@ -64,7 +66,7 @@ def test_the_live_view_is_one_table_updated_in_place(tmp_path: Path, width: int,
             time.sleep(0.5)
         final = screens[-1]
         live = [s for s in screens if TITLE in s]
-        print(f"--- the screen at {width}x{height}, while producing ---\n{live[len(live) // 3] if live else ''}")
+        print(f"--- the screen at {width}x{height}, while it runs ---\n{live[len(live) // 3] if live else ''}")
         print(f"--- the screen at {width}x{height}, at the end ---\n{final}")
         assert "__EXIT=0__" in final, f"the demo did not end well:\n{final}"
         assert len(live) >= 5, "the live view was seen too few times to judge it"
@@ -76,3 +78,6 @@ def test_the_live_view_is_one_table_updated_in_place(tmp_path: Path, width: int,
         assert "WARNING" not in final and "Traceback" not in final, f"log lines reached the terminal:\n{final}"
     finally:
         tmux.close()
+        # the demo keeps its directory (it names its log file there): this test's run goes
+        for work in {w for screen in screens for w in re.findall(r"log lines go to (\S+)/demo\.log", screen)}:
+            shutil.rmtree(work, ignore_errors=True)
