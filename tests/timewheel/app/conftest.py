@@ -40,7 +40,10 @@ def running(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -
                          producer_group=f"tw_delivery_{run}")
     target = f"ORDERS_{run}"
     rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
-    settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("app"), max_delay_ms=3 * 3_600_000),
+    # the next segment loads 59 minutes ahead, so a message due within minutes is in a loaded segment
+    # (and counted as pending) whatever the time of day the test runs
+    settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("app"), max_delay_ms=3 * 3_600_000,
+                                            preload_seconds=3540),
                         rocketmq=cfg, admin=AdminConfig(listen="127.0.0.1:0"))
     service = Service(settings).start()
     producer = NativeProducer(f"tw_app_producer_{run}", rocketmq.namesrv_addr)

@@ -22,8 +22,8 @@ def status_json(admin: str) -> dict:
 
 
 def test_status_shows_what_the_engine_holds(running: Running) -> None:
-    for i in range(5):  # pending: due in 20 minutes, inside the loaded segments (current and next hour)
-        running.send({"TW_TARGET_TOPIC": running.target, "TW_DELAY_MS": str(20 * 60_000)}, keys=f"later-{i}")
+    for i in range(5):  # pending: due in 5 minutes, inside the loaded segments (current and next hour)
+        running.send({"TW_TARGET_TOPIC": running.target, "TW_DELAY_MS": str(5 * 60_000)}, keys=f"later-{i}")
     running.send({"TW_DELAY_MS": "0"})  # breaks the contract: no target topic, so dead-lettered at ingest
     assert wait_for(lambda: status_json(running.admin)["dead_lettered"] >= 1
                     and sum(r["pending"] for r in status_json(running.admin)["pending_by_segment"]) >= 5, 60)
