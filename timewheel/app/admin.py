@@ -3,6 +3,8 @@
     GET  /healthz                 200 while the process serves requests
     GET  /readyz                  200 once the engine runs and consumes, else 503
     GET  /metrics                 Prometheus text
+    GET  /stats                   the engine's and RocketMQ's counters (JSON, epoch ms)
+    GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms)
     POST /cancel?id=ID | ?key=K   cancel; needs "Authorization: Bearer <token>"
     GET  /shaping                 the traffic rules in force (JSON)
     PUT  /shaping                 replace the rules (JSON body); needs the token
@@ -46,6 +48,20 @@ class AdminTarget(Protocol):
     def replace_shaping_rules(self, rules: dict[str, Any]) -> dict[str, Any]:
         """Validate and apply new rules (all or nothing); returns them."""
         ...
+
+    def stats(self) -> dict[str, object]:
+        """Engine and RocketMQ counters."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """The on-call summary (timewheel.app.status.status_document)."""
+        ...
+
+
+def _plain(value: object) -> object:
+    """JSON for what json does not know: numpy scalars and arrays (counters), else their text."""
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) else str(value)
 
 
 class AdminServer:
@@ -102,13 +118,15 @@ def _handler_class(server: AdminServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _json(self, status: int, obj: Any) -> None:
-            self._send(status, (json.dumps(obj) + "\n").encode())
+            self._send(status, (json.dumps(obj, default=_plain) + "\n").encode())
 
         def _guard(self) -> bool:
             status = server.authorized(self.headers.get("Authorization"))
             if status:
-                self._json(status, {"error": "no admin token is configured: mutations are disabled" if status == 403
-                                    else "missing or wrong token (Authorization: Bearer <token>)"})
+                self._json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token "
+                                             "or TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)"
+                                    if status == 403 else "missing or wrong token: pass --token or set "
+                                    "TIMEWHEEL_ADMIN_TOKEN (header Authorization: Bearer <token>)"})
                 return False
             return True
 
@@ -123,6 +141,10 @@ def _handler_class(server: AdminServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
             elif path == "/shaping":
                 self._json(200, server.target.shaping_rules())
+            elif path == "/stats":
+                self._json(200, server.target.stats())
+            elif path == "/status":
+                self._json(200, server.target.status())
             else:
                 self._json(404, {"error": f"no such endpoint: {path}"})
 

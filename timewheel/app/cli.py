@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,8 +13,8 @@ import typer
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.", exists=True,
-                                       file_okay=False, dir_okay=True)]
+# existence is checked by open_data_dir, whose error says what to run
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")]
 
 
 @app.callback()
@@ -26,6 +28,24 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 @app.command()
+def init(data_dir: DataDir,
+         segment_minutes: Annotated[Optional[int], typer.Option("--segment-minutes", help="Minutes per segment "
+                                                                "(must divide a day; default 60, the engine's).")]
+         = None) -> None:
+    """Make an empty data directory for the engine, backfill and the audit (nothing if one is there)."""
+    from timewheel.app.datadir import DataDirError, init_data_dir
+
+    try:
+        layout, made = init_data_dir(data_dir, segment_minutes)
+    except DataDirError as e:
+        _fail(str(e))
+    what = "made" if made else "already"
+    typer.echo(f"{what} a timewheel data directory: {data_dir} (segments of {layout.segment_minutes} minutes); "
+               f"next: `timewheel serve --data-dir {data_dir} --namesrv HOST:PORT` or "
+               f"`timewheel backfill INPUT --data-dir {data_dir}`")
+
+
+@app.command()
 def inspect(data_dir: DataDir,
             as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
             verify: Annotated[bool, typer.Option("--verify", help="Also check every record's CRC32C.")] = False
@@ -34,11 +54,12 @@ def inspect(data_dir: DataDir,
 
     Reads the files only, so it is safe beside a running engine.
     """
-    from storage import SegmentLayout, StorageError, check, summarize
+    from storage import check, summarize
+    from timewheel.app.datadir import DataDirError, open_data_dir
 
     try:
-        layout = SegmentLayout.open_existing(data_dir)
-    except StorageError as e:
+        layout = open_data_dir(data_dir)
+    except DataDirError as e:
         _fail(str(e))
     report = summarize(layout)
     findings = []
@@ -52,13 +73,15 @@ def inspect(data_dir: DataDir,
     from rich.console import Console
     from rich.table import Table
 
+    from timewheel.app.humantime import human_time
+
     cols = ("records", "dispatched", "cancelled", "dead_lettered", "pending", "corrupt", "bytes")
     table = Table(title=f"timewheel data in {data_dir}")
-    table.add_column("segment")
+    table.add_column("segment", no_wrap=True)
     for c in cols:
-        table.add_column(c, justify="right")
+        table.add_column(c.replace("_", " "), justify="right")
     for s in report["segments"]:
-        table.add_row(s["segment"], *(f"{s[c]:,}" for c in cols))
+        table.add_row(human_time(s["start_ms"]), *(f"{s[c]:,}" for c in cols))
     totals = report["totals"]
     table.add_row("total", *(f"{totals[c]:,}" for c in cols), style="bold")
     console = Console()
@@ -146,7 +169,8 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
         producer.start()
         res = producer.send(OutgoingMessage(delay_topic, body.encode(), tags, keys, props))
     except ForwarderError as e:
-        _fail(f"send failed: {e}")
+        _fail(f"send failed: {e}; is a NameServer at {namesrv} (`timewheel broker` runs a local one) and does "
+              f"the delay topic {delay_topic} exist on its brokers?")
     finally:
         producer.shutdown()
     typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
@@ -207,7 +231,34 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:
-        _fail(f"cannot reach the admin endpoint at {admin}: {e.reason}")
+        from timewheel.app.status import unreachable
+
+        _fail(unreachable(admin, e.reason))
+
+
+@app.command()
+def status(admin: Annotated[str, typer.Option("--admin", help="The engine's admin HOST:PORT.")] = "127.0.0.1:9321",
+           as_json: Annotated[bool, typer.Option("--json", help="Print the admin endpoint's /status JSON "
+                                                 "(times in epoch ms).")] = False) -> None:
+    """One screen for on call: ingest lag per queue, pending per segment, ready, retrying, dead-lettered,
+    lateness p50/p99 over the last minute, and traffic shaping.
+
+    Exits 1 when the engine is not serving.
+    """
+    from rich.console import Console
+
+    from timewheel.app.status import StatusError, fetch_status, render_status
+
+    try:
+        doc = fetch_status(admin)
+    except StatusError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(doc))
+    else:
+        Console().print(render_status(doc, admin))
+    if not doc.get("serving"):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -217,14 +268,18 @@ def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] 
          = False) -> None:
     """Start a local RocketMQ, the engine, a producer and a consumer; show live lateness; summarize."""
     from forwarder import LocalRocketMQError
-    from timewheel.app.demo import run_demo
+    from timewheel.app.demo import DemoError, run_demo
 
     try:
         summary = run_demo(duration, rate, as_json)
-    except LocalRocketMQError as e:
+    except (LocalRocketMQError, DemoError) as e:
         _fail(str(e))
-    if summary["lost"]:
-        raise typer.Exit(1)
+    # Everything is stopped and printed. Leave without running the RocketMQ client library's static
+    # destructors, which can abort while its threads wind down (as `serve` does).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(1 if summary["lost"] else 0)
 
 
 def _register_spark_commands() -> None:

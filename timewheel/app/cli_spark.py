@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 _ENGINE_DEFAULTS = {f: EngineConfig.__dataclass_fields__[f].default for f in ("max_delay_ms", "max_body_bytes")}
 
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory (holds timewheel.json).",
-                                       exists=True, file_okay=False, dir_okay=True)]
+# existence is checked by _open_layout, whose error says what to run
+DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory (holds timewheel.json; "
+                                                          "`timewheel init` makes one).")]
 Master = Annotated[str, typer.Option("--master", help="Spark master URL: local[*], local[4], spark://host:7077, "
                                                       "yarn, ...")]
 Conf = Annotated[Optional[list[str]], typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable).",
@@ -104,12 +105,12 @@ def _spark(master: str, conf: list[str] | None, verbose: bool, *,
 
 
 def _open_layout(data_dir: Path) -> None:
-    """Fail with a usage error unless `data_dir` is a timewheel data directory."""
-    from storage import SegmentLayout, StorageError
+    """Fail with a usage error, naming the command to run, unless `data_dir` is a timewheel data directory."""
+    from timewheel.app.datadir import DataDirError, open_data_dir
 
     try:
-        SegmentLayout.open_existing(data_dir)
-    except StorageError as e:
+        open_data_dir(data_dir)
+    except DataDirError as e:
         _fail(str(e))
 
 
@@ -239,18 +240,19 @@ def _print_audit(rep: object) -> None:
     from rich.table import Table
 
     from spark.audit import AuditReport
+    from timewheel.app.humantime import human_time
 
     assert isinstance(rep, AuditReport)
     console = Console()
     cols = ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "lost", "replayed",
             "duplicates")
     table = Table(title="timewheel audit")
-    table.add_column("segment")
+    table.add_column("segment", no_wrap=True)
     table.add_column("topic")
     for c in cols:
         table.add_column(c.replace("_", " "), justify="right")
     for s in rep.segments:
-        table.add_row(s["segment"], s["topic"] or "(corrupt)", *(f"{s[c]:,}" for c in cols))
+        table.add_row(human_time(s["segment_ms"]), s["topic"] or "(corrupt)", *(f"{s[c]:,}" for c in cols))
     totals = rep.as_dict()
     table.add_row("total", "", *(f"{totals[c]:,}" for c in cols), style="bold")
     console.print(table)
@@ -263,7 +265,7 @@ def _print_audit(rep: object) -> None:
         if n:
             console.print(f"[red]{kind}[/red]: {n:,}")
     for f in rep.sample_findings[:20]:
-        console.print(f"  {f['kind']} {f['segment']} part {f['part']} offset {f['offset']} "
+        console.print(f"  {f['kind']} segment {human_time(f['segment_ms'])} part {f['part']} offset {f['offset']} "
                       f"{f['msg_id'] or ''} {f['topic'] or ''}: {f['detail']}")
     if rep.findings_path:
         console.print(f"findings: {rep.findings_path}")
@@ -320,12 +322,12 @@ def _print_replay(result: object) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from spark._util import iso_ms
     from spark.replay import ReplayResult
+    from timewheel.app.humantime import human_time
 
     assert isinstance(result, ReplayResult)
     console = Console()
-    span = f"due in [{iso_ms(result.since_ms)}, {iso_ms(result.until_ms)})" + (
+    span = f"due in [{human_time(result.since_ms)}, {human_time(result.until_ms)})" + (
         f", topic {result.topic}" if result.topic else "")
     if result.dry_run:
         console.print(f"dry run: would send {result.matched - result.skipped_corrupt:,} messages {span}; "
@@ -337,8 +339,8 @@ def _print_replay(result: object) -> None:
             for c in ("due", "topic", "msg_id", "tags", "keys", "body bytes"):
                 table.add_column(c)
             for r in result.sample:
-                table.add_row(iso_ms(r["due_ms"]), r["topic"], r["msg_id"], r["tags"] or "", " ".join(r["keys"] or ()),
-                              str(r["body_bytes"]))
+                table.add_row(human_time(r["due_ms"]), r["topic"], r["msg_id"], r["tags"] or "",
+                              " ".join(r["keys"] or ()), str(r["body_bytes"]))
             console.print(table)
     else:
         console.print(f"replayed {result.sent:,} messages {span}" + (f"; {result.failed:,} failed" if result.failed

@@ -11,21 +11,25 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from hdrh.histogram import HdrHistogram
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
+from timewheel.errors import TimewheelError
 from timewheel.lateness import hdr_percentiles
+from timewheel.app.humantime import human_time
 from timewheel.app.service import Service
 from timewheel.app.settings import AdminConfig, Settings
 
@@ -62,23 +66,65 @@ class DemoState:
         return {"p50": p50 / 1000, "p99": p99 / 1000, "max": h.get_max_value() / 1000}
 
 
-def _view(state: DemoState, service: Service, phase: str) -> Group:
-    st = service.stats()
+def _rows(state: DemoState, stats: Mapping[str, object]) -> list[tuple[str, str]]:
+    """What the live view shows, as (label, value) pairs: counts, lateness, pending per segment (UTC)."""
     lat = state.lateness_ms()
-    t = Table(title=f"timewheel demo: {phase}", show_header=True)
-    for c in ("sent", "delivered", "cancelled", "dead-lettered", "in wheel", "retrying", "p50 ms", "p99 ms",
-              "max ms"):
-        t.add_column(c, justify="right")
     with state.lock:
-        t.add_row(f"{state.sent + state.sent_bad:,}", f"{len(state.delivered_ids):,}", f"{state.cancelled:,}",
-                  f"{len(state.dead_lettered_ids):,}", f"{st.get('wheel_entries', 0):,}", f"{st.get('retrying', 0):,}",
-                  f"{lat['p50']:.1f}", f"{lat['p99']:.1f}", f"{lat['max']:.1f}")
-    seg = Table(title="pending by segment (UTC start ms)")
-    seg.add_column("segment")
-    seg.add_column("pending", justify="right")
-    for k, v in sorted((st.get("loaded_segments") or {}).items()):  # type: ignore[union-attr]
-        seg.add_row(k, f"{v:,}")
-    return Group(t, seg)
+        rows = [("sent", f"{state.sent + state.sent_bad:,}"), ("delivered", f"{len(state.delivered_ids):,}"),
+                ("cancelled", f"{state.cancelled:,}"), ("dead-lettered", f"{len(state.dead_lettered_ids):,}")]
+    rows += [("in the wheel", f"{stats.get('wheel_entries', 0):,}"), ("retrying", f"{stats.get('retrying', 0):,}"),
+             ("lateness p50", f"{lat['p50']:.1f} ms"), ("lateness p99", f"{lat['p99']:.1f} ms"),
+             ("lateness max", f"{lat['max']:.1f} ms")]
+    segments: Mapping[str, int] = stats.get("loaded_segments") or {}  # type: ignore[assignment]
+    rows += [(f"pending {human_time(k)}", f"{v:,}") for k, v in sorted(segments.items())]
+    return rows
+
+
+def _table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """The live view: one small two-column table, so it fits 80x24 with the lines above it."""
+    t = Table(title=title, show_header=False, title_justify="left", min_width=56)  # the title fits on one line
+    t.add_column("what", no_wrap=True)
+    t.add_column("n", justify="right", no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def _line(title: str, rows: list[tuple[str, str]]) -> str:
+    """The same view as one plain line, for output that is not a terminal."""
+    return f"{title}: " + ", ".join(f"{k} {v}" for k, v in rows)
+
+
+class _View:
+    """Shows each update: in place in a terminal (rich Live), else as one plain line per update."""
+
+    def __init__(self, console: Console, state: DemoState, service: Service) -> None:
+        self.console = console
+        self.state = state
+        self.service = service
+        self.live: Live | None = None
+        self._last_line = 0.0
+
+    def __enter__(self) -> "_View":
+        if self.console.is_terminal:
+            first = _table("timewheel demo: starting", _rows(self.state, self.service.stats()))
+            self.live = Live(first, console=self.console, refresh_per_second=4, vertical_overflow="crop")
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def update(self, phase: str, *, final: bool = False) -> None:
+        """Show the current numbers (a plain line at most once a second, and the final one)."""
+        title = f"timewheel demo: {phase}"
+        rows = _rows(self.state, self.service.stats())
+        if self.live is not None:
+            self.live.update(_table(title, rows))
+        elif final or time.monotonic() - self._last_line >= 1.0:
+            self._last_line = time.monotonic()
+            self.console.print(_line(title, rows), soft_wrap=True, markup=False, highlight=False)
 
 
 def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) -> "SendResult | None":
@@ -93,7 +139,11 @@ def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) 
         return None
 
 
-def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console) -> None:
+class DemoError(TimewheelError):
+    """The demo's pipeline did not come up; the message names the logs to read."""
+
+
+def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console, work: Path) -> None:
     """Wait until a probe went producer -> engine -> consumer: consumer groups take seconds to rebalance."""
     from forwarder.rocketmq import OutgoingMessage
 
@@ -110,22 +160,63 @@ def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, 
                     state.send_errors = 0
                     return
             time.sleep(0.1)
-    raise RuntimeError("the pipeline did not come up within 120 s: see the broker logs")
+    raise DemoError(f"no probe went through the engine within 120 s: read {work / 'demo.log'} and the broker's "
+                    f"logs under {work / 'rocketmq'}, then run the demo again")
 
 
 def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max_delay_s: float | None = None,
              console: Console | None = None) -> dict[str, object]:
     """Run the whole demo; returns (and with as_json prints last) the summary."""
-    from forwarder import LocalRocketMQ
-    from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
-    from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
-
     console = console or Console(stderr=as_json)
-    logging.basicConfig(level=logging.WARNING)
     max_delay_s = max_delay_s if max_delay_s is not None else min(180.0, max(2.0, 2 * duration))
     state = DemoState()
     rng = random.Random(7)
     work = Path(tempfile.mkdtemp(prefix="timewheel-demo-"))
+    with _logs_to(work / "demo.log"):
+        console.print(f"log lines go to {work / 'demo.log'}")
+        summary = _run(work, duration, rate, max_delay_s, state, rng, console)
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    else:
+        console.print(_verdict(summary), highlight=False)
+    return summary
+
+
+@contextmanager
+def _logs_to(path: Path) -> Iterator[None]:
+    """Send every log line to `path` while the demo runs: lines written to the terminal would tear the live view."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
+def _verdict(summary: Mapping[str, object]) -> str:
+    """The demo's last line: where every message went."""
+    late: Mapping[str, float] = summary["lateness_ms"]  # type: ignore[assignment]
+    head = "every message accounted for" if not summary["lost"] else f"{summary['lost']:,} messages LOST"
+    return (f"{head}: {summary['sent_valid']:,} valid sent = {summary['delivered']:,} delivered "
+            f"+ {summary['cancelled']:,} cancelled + {summary['lost']:,} lost; {summary['contract_breaking_sent']:,} "
+            f"contract-breaking sent, {summary['dead_lettered']:,} dead-lettered; {summary['duplicates']:,} duplicates;"
+            f" lateness p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms (--json for the full summary)")
+
+
+def _run(work: Path, duration: float, rate: int, max_delay_s: float, state: DemoState, rng: random.Random,
+         console: Console) -> dict[str, object]:
+    """Start everything, produce for `duration` seconds, drain, stop everything; the summary."""
+    from forwarder import LocalRocketMQ
+    from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+    from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+
     console.print("starting a local RocketMQ (the first run downloads it from Maven Central) ...")
     mq = LocalRocketMQ(work / "rocketmq", stop_timeout=5.0)
     mq.start()
@@ -160,7 +251,7 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
     producer = NativeProducer("timewheel-demo-producer", mq.namesrv_addr, log_level=LogLevel.ERROR)
     producer.start()
     stop_producing = threading.Event()
-    _warm_up(producer, cfg, state, console)
+    _warm_up(producer, cfg, state, console, work)
 
     def produce() -> None:
         n = 0
@@ -198,11 +289,10 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
     threading.Thread(target=produce, name="demo-producer", daemon=True).start()
     summary: dict[str, object]
     try:
-        with Live(_view(state, service, "producing"), console=console, refresh_per_second=4,
-                  transient=as_json) as live:
+        with _View(console, state, service) as view:
             t0 = time.monotonic()
             while time.monotonic() - t0 < duration:
-                live.update(_view(state, service, f"producing ({time.monotonic() - t0:.0f}/{duration:.0f} s)"))
+                view.update(f"producing ({time.monotonic() - t0:.0f}/{duration:.0f} s)")
                 time.sleep(0.25)
             stop_producing.set()
             # drain: wait for the last due message, then for stragglers
@@ -213,11 +303,10 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
                 now = time.time_ns() // 1_000_000
                 if outstanding <= 0 or now > last_due + 30_000:
                     break
-                live.update(_view(state, service, f"draining: {outstanding} still due, last due in "
-                                                  f"{max(0, last_due - now) / 1000:.0f} s"))
+                view.update(f"draining ({outstanding} left, last due in {max(0, last_due - now) / 1000:.0f} s)")
                 time.sleep(0.25)
             time.sleep(1.0)  # a late duplicate would show here
-            live.update(_view(state, service, "done"))
+            view.update("done", final=True)
         with state.lock:
             delivered = len(state.delivered_ids & state.valid_ids)
             lost = state.sent - state.cancelled - delivered
@@ -230,11 +319,8 @@ def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max
     finally:
         stop_producing.set()
         producer.shutdown()
-        consumer.shutdown()
+        # not destroyed: a consume thread still returning from its callback would abort the process
+        consumer.shutdown(destroy=False)
         service.stop()
         mq.stop()
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        console.print_json(json.dumps(summary))
     return summary

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from timewheel.app.admin import AdminServer
+from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError
@@ -44,6 +45,10 @@ class Service:
         self.admin: AdminServer | None = None
         self._endpoints = None
         self._stop = threading.Event()
+        self._stop_sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
+        self.lateness_window: LatenessWindow | None = None
+        self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
         self._want_admin = admin
 
@@ -66,6 +71,7 @@ class Service:
         self.shaping = shaping.start(self.engine.store.meta)
         self._endpoints.source.start(self.engine.schedule)
         self._consuming = True
+        self._start_sampling(self.engine)
         if self._want_admin:
             registry = CollectorRegistry()
             engine = self.engine
@@ -78,6 +84,10 @@ class Service:
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
         self._consuming = False
+        self._stop_sampling.set()
+        if self._sampler is not None:
+            self._sampler.join()
+            self._sampler = None
         if self.shaping is not None:
             self.shaping.stop()
         if self._endpoints is not None:
@@ -114,8 +124,43 @@ class Service:
             raise ConfigError("the service is not running: traffic rules cannot be changed now")
         return self.shaping.replace(rules)
 
+    def _start_sampling(self, engine: Engine) -> None:
+        """Snapshot the lateness buckets every second, for the last-minute window of `status`."""
+        window = self.lateness_window = LatenessWindow(engine.lateness_buckets.bounds_ms)
+        window.sample(self.clock.now_ms(), engine.lateness_buckets.counts.copy())
+        self._stop_sampling.clear()
+
+        def loop() -> None:
+            while not self._stop_sampling.wait(1.0):
+                with self._window_lock:
+                    window.sample(self.clock.now_ms(), engine.lateness_buckets.counts.copy())
+
+        self._sampler = threading.Thread(target=loop, name="timewheel-lateness-window", daemon=True)
+        self._sampler.start()
+
+    def status(self) -> dict[str, Any]:
+        """One screen for whoever is on call: ingest lag, pending, retries, last-minute lateness, shaping."""
+        from timewheel.app.ingest_lag import IngestLagError, ingest_lag
+        from timewheel.app.status import status_document
+
+        now = self.clock.now_ms()
+        lag, lag_error = None, None
+        if self._endpoints is not None:
+            try:
+                lag = ingest_lag(self.settings.rocketmq)
+            except IngestLagError as e:
+                lag_error = str(e)
+        late, span, count = [0.0, 0.0], 0, 0
+        engine, window = self.engine, self.lateness_window
+        if engine is not None and window is not None:
+            with self._window_lock:
+                counts, span = window.recent(now, engine.lateness_buckets.counts.copy())
+            late, count = window.percentiles(counts, (50, 99)), int(counts.sum())
+        return status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
+                               lateness_ms=late, lateness_count=count, lateness_span_ms=span)
+
     def stats(self) -> dict[str, object]:
-        """Engine and RocketMQ counters."""
+        """Engine and RocketMQ counters (the one place that reads the engine's own stats)."""
         out = dict(self.engine.stats()) if self.engine else {}
         if self._endpoints is not None:
             out["ingest"] = dict(self._endpoints.source.counters)

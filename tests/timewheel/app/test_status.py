@@ -1,0 +1,64 @@
+"""`timewheel status` against a running engine (the real local RocketMQ)."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.polling import wait_for
+from tests.timewheel.app.conftest import Running
+from timewheel.app.cli import app
+from timewheel.app.humantime import human_time
+
+pytestmark = pytest.mark.rocketmq
+
+
+def status_json(admin: str) -> dict:
+    res = CliRunner().invoke(app, ["status", "--admin", admin, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_status_shows_what_the_engine_holds(running: Running) -> None:
+    for i in range(5):  # pending: due in 5 minutes, inside the loaded segments (current and next hour)
+        running.send({"TW_TARGET_TOPIC": running.target, "TW_DELAY_MS": str(5 * 60_000)}, keys=f"later-{i}")
+    running.send({"TW_DELAY_MS": "0"})  # breaks the contract: no target topic, so dead-lettered at ingest
+    assert wait_for(lambda: status_json(running.admin)["dead_lettered"] >= 1
+                    and sum(r["pending"] for r in status_json(running.admin)["pending_by_segment"]) >= 5, 60)
+    assert wait_for(lambda: status_json(running.admin)["ingest"]["lag"] == 0, 30), "ingest never caught up"
+    doc = status_json(running.admin)
+    assert doc["serving"] is True
+    queues = doc["ingest"]["queues"]
+    assert len(queues) == 4 and all(q["committed"] <= q["max_offset"] for q in queues)
+    assert sum(q["max_offset"] for q in queues) >= 7  # probe + 5 pending + 1 contract-breaking
+    assert doc["dead_lettered_at_ingest"] >= 1 and doc["retrying"] == 0
+    late = doc["lateness_last_minute_ms"]
+    assert late["count"] >= 1 and 0 <= late["p50"] <= late["p99"]
+    assert doc["shaping"]["circuit_open"] is False
+
+    res = CliRunner().invoke(app, ["status", "--admin", running.admin])
+    assert res.exit_code == 0, res.output
+    segment = max(doc["pending_by_segment"], key=lambda r: r["pending"])["segment_ms"]
+    assert human_time(segment) in res.output and str(segment) not in res.output
+    for text in ("serving", "ingest lag: 0", "pending by segment", "retrying", "dead-lettered", "lateness: p50",
+                 "shaping: circuit closed"):
+        assert text in res.output, f"{text!r} missing from:\n{res.output}"
+
+
+def test_stats_keep_their_keys_over_http(running: Running) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{running.admin}/stats", timeout=10) as resp:
+        stats = json.loads(resp.read())
+    assert {"delivered", "scheduled", "ready", "retrying", "loaded_segments", "ingest", "delivery"} <= set(stats)
+
+
+def test_status_without_an_engine_says_what_to_check() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(app, ["status", "--admin", f"127.0.0.1:{port}"])
+    assert res.exit_code == 2
+    assert "is `timewheel serve` running?" in res.output and "--admin HOST:PORT" in res.output

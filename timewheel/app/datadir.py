@@ -1,0 +1,60 @@
+"""Making and opening a data directory from the command line, with errors that say what to run.
+
+`timewheel init` makes one with the engine's defaults (or the segment length given); the commands
+that read or write files offline (inspect, backfill, audit, replay, export) open one through
+`open_data_dir`, whose errors name the command that fixes them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage import SegmentLayout, StorageError
+from timewheel.config import EngineConfig
+from timewheel.errors import TimewheelError
+
+#: the engine's default segment length, which `init` uses unless told otherwise
+DEFAULT_SEGMENT_MINUTES: int = EngineConfig.__dataclass_fields__["segment_minutes"].default  # type: ignore[assignment]
+
+
+class DataDirError(TimewheelError):
+    """A path is not (and cannot become) a data directory; the message says what to run."""
+
+
+def _init_hint(path: Path) -> str:
+    return (f"make one with `timewheel init --data-dir {path}` (segments of {DEFAULT_SEGMENT_MINUTES} minutes, "
+            "the engine's default), or point --data-dir at the engine's data directory")
+
+
+def open_data_dir(path: Path) -> SegmentLayout:
+    """Open an existing data directory with the segment length it was written with."""
+    if not path.exists():
+        raise DataDirError(f"{path} does not exist: {_init_hint(path)}")
+    if not path.is_dir():
+        raise DataDirError(f"{path} is a file, not a data directory: point --data-dir at a directory")
+    if not (path / "timewheel.json").exists():
+        raise DataDirError(f"{path} is not a timewheel data directory (no timewheel.json): {_init_hint(path)}")
+    try:
+        return SegmentLayout.open_existing(path)
+    except StorageError as e:
+        raise DataDirError(f"{path} cannot be opened: {e}") from e
+
+
+def init_data_dir(path: Path, segment_minutes: int | None = None) -> tuple[SegmentLayout, bool]:
+    """Make a data directory (or open the one there); returns it and whether it was made now.
+
+    `segment_minutes` None: the engine's default for a new one, whatever an existing one has.
+    Refuses a directory that already holds other files, so a mistyped path never gets mixed in.
+    """
+    if (path / "timewheel.json").exists():
+        try:
+            if segment_minutes is None:
+                return SegmentLayout.open_existing(path), False
+            return SegmentLayout(path, segment_minutes, create=False), False
+        except StorageError as e:
+            raise DataDirError(f"{path} is already a data directory, made differently: {e}") from e
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise DataDirError(f"{path} exists and is not an empty directory: give a new or empty one to init")
+    try:
+        return SegmentLayout(path, segment_minutes or DEFAULT_SEGMENT_MINUTES, create=True), True
+    except (StorageError, OSError) as e:
+        raise DataDirError(f"cannot make a data directory in {path}: {e}") from e

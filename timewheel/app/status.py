@@ -1,0 +1,136 @@
+"""`timewheel status`: one screen for whoever is on call, from the admin endpoint's GET /status.
+
+The engine side (`status_document`) turns the service's stats, the delay topic's ingest lag and
+the last minute of lateness into one JSON document (times in epoch ms); the command side
+(`fetch_status`, `render_status`) reads it over HTTP and prints it for people (times in UTC).
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Mapping, Sequence
+
+from rich.columns import Columns
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from timewheel.app.humantime import human_time
+from timewheel.app.ingest_lag import QueueLag
+from timewheel.errors import TimewheelError
+
+
+class StatusError(TimewheelError):
+    """The admin endpoint could not be read; the message says what to check."""
+
+
+def _num(stats: Mapping[str, object], key: str) -> int:
+    value = stats.get(key, 0)
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, lag: Sequence[QueueLag] | None,
+                    lag_error: str | None, lateness_ms: Sequence[float], lateness_count: int,
+                    lateness_span_ms: int) -> dict[str, Any]:
+    """The GET /status document (epoch ms; `lateness_ms` is p50, p99 of the last minute)."""
+    shaping: Mapping[str, object] = stats.get("shaping") or {}  # type: ignore[assignment]
+    segments: Mapping[str, int] = stats.get("loaded_segments") or {}  # type: ignore[assignment]
+    ingest: Mapping[str, object] = stats.get("ingest") or {}  # type: ignore[assignment]
+    queues = [q.as_dict() for q in lag or ()]
+    return {
+        "now_ms": now_ms,
+        "serving": serving,
+        "ingest": {"queues": queues, "lag": sum(q.lag for q in lag or ()), "error": lag_error, **ingest},
+        "pending_by_segment": [{"segment_ms": int(k), "pending": int(v)} for k, v in sorted(segments.items())],
+        **{k: _num(stats, k) for k in ("ready", "backlog", "retrying", "held_by_shaping", "wheel_entries",
+                                        "scheduled", "delivered", "cancelled")},
+        # to an operator both are messages on the dead-letter topic: broke the contract, or failed every attempt
+        "dead_lettered": _num(stats, "dead_lettered") + _num(ingest, "dead_lettered"),
+        "dead_lettered_at_ingest": _num(ingest, "dead_lettered"),
+        "dead_lettered_after_retries": _num(stats, "dead_lettered"),
+        "lateness_last_minute_ms": {"p50": lateness_ms[0], "p99": lateness_ms[1], "count": lateness_count,
+                                    "span_ms": lateness_span_ms},
+        "shaping": {"circuit_open": bool(stats.get("circuit_open", False)), "paused": bool(shaping.get("paused")),
+                    **{k: shaping.get(k, 0) for k in ("waiting", "backed_off_topics", "global_rate", "throttled")},
+                    "backed_off": sorted(t for t, row in (shaping.get("topics") or {}).items()  # type: ignore
+                                         if row.get("backed_off")),
+                    "rules": shaping.get("rules")},
+    }
+
+
+def unreachable(admin: str, reason: object) -> str:
+    """What to say when nothing answers at the admin address, and what to check."""
+    return (f"cannot reach the admin endpoint at {admin} ({reason}): is `timewheel serve` running? "
+            "give its admin address with --admin HOST:PORT (settings: admin.listen)")
+
+
+def fetch_status(admin: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """GET http://ADMIN/status as a dict."""
+    url = f"http://{admin}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+            return doc
+    except urllib.error.HTTPError as e:
+        raise StatusError(f"the engine at {admin} answered HTTP {e.code} for /status: "
+                          f"{e.read().decode(errors='replace').strip()}") from e
+    except urllib.error.URLError as e:
+        raise StatusError(unreachable(admin, e.reason)) from e
+    except ValueError as e:
+        raise StatusError(f"{url} did not answer JSON: is {admin} a timewheel admin endpoint?") from e
+
+
+def _lateness_text(late: Mapping[str, Any]) -> str:
+    if not late.get("count"):
+        return "no deliveries in the last minute"
+    span = f"last {late['span_ms'] / 1000:.0f} s" if late.get("span_ms") else "since start"
+    return f"p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms over {late['count']:,} deliveries ({span})"
+
+
+def _shaping_text(sh: Mapping[str, Any]) -> str:
+    parts = ["circuit OPEN: sends held back" if sh.get("circuit_open") else "circuit closed"]
+    if sh.get("paused"):
+        parts.append("PAUSED")
+    backed = sh.get("backed_off") or []
+    parts.append(f"backed off: {', '.join(backed)}" if backed else "no topic backed off")
+    parts.append(f"{sh.get('waiting', 0):,} waiting")
+    parts.append(f"global cap {sh['global_rate']:g}/s" if sh.get("global_rate") else "no global cap")
+    rules = sh.get("rules") or {}
+    if rules:
+        since = f" at {human_time(rules['applied_ms'])}" if rules.get("applied_ms") else ""
+        parts.append(f"rules from {rules.get('source', '?')}{since}")
+        if rules.get("last_error"):
+            parts.append(f"last refusal: {rules['last_error']}")
+    return "; ".join(parts)
+
+
+def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
+    """The status document as one screen: a headline, three small tables, the shaping line."""
+    head = Text.assemble(("timewheel ", "bold"), f"at {admin}, {human_time(doc['now_ms'])}: ",
+                         ("serving", "green") if doc.get("serving") else ("NOT serving", "bold red"))
+    deliver = Table(title="delivery", show_header=False)
+    deliver.add_column("what")
+    deliver.add_column("n", justify="right")
+    for label, key in (("ready to send", "ready"), ("retrying", "retrying"), ("dead-lettered", "dead_lettered"),
+                       ("catch-up backlog", "backlog"), ("held by shaping", "held_by_shaping"),
+                       ("in the wheel", "wheel_entries"), ("delivered", "delivered")):
+        deliver.add_row(label, f"{doc.get(key, 0):,}")
+    ingest = doc.get("ingest") or {}
+    lag = Table(title=f"ingest lag: {ingest.get('lag', 0):,}")
+    for c in ("queue", "offset", "committed", "lag"):
+        lag.add_column(c, justify="right" if c != "queue" else "left")
+    for q in ingest.get("queues") or []:
+        lag.add_row(f"{q['broker']}/{q['queue']}", f"{q['max_offset']:,}",
+                    f"{q['committed']:,}" if q["committed"] >= 0 else "none", f"{q['lag']:,}")
+    pending = Table(title="pending by segment")
+    pending.add_column("segment (UTC)", no_wrap=True)
+    pending.add_column("pending", justify="right")
+    for row in doc.get("pending_by_segment") or []:
+        pending.add_row(human_time(row["segment_ms"]), f"{row['pending']:,}")
+    lines: list[RenderableType] = [head, Columns([deliver, lag, pending]),
+                                   Text(f"lateness: {_lateness_text(doc.get('lateness_last_minute_ms') or {})}"),
+                                   Text(f"shaping: {_shaping_text(doc.get('shaping') or {})}")]
+    if ingest.get("error"):
+        lines.append(Text(f"ingest lag unknown: {ingest['error']}", style="red"))
+    return Group(*lines)
