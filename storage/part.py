@@ -47,6 +47,11 @@ def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
     return ScanResult(index_entries(dues, offs, lens), pos, reason)
 
 
+assert INDEX_DTYPE.fields is not None
+_OFFSET_WORD = INDEX_DTYPE.fields["offset"][1] // 4  # where offset and length sit in an entry's words
+_LENGTH_WORD = INDEX_DTYPE.fields["length"][1] // 4
+
+
 def tiling_prefix(idx: np.ndarray, log_size: int) -> tuple[int, str | None]:
     """How many leading index entries can be trusted, and why the next one cannot.
 
@@ -58,18 +63,24 @@ def tiling_prefix(idx: np.ndarray, log_size: int) -> tuple[int, str | None]:
     n = len(idx)
     if not n:
         return 0, None
-    off = idx["offset"].astype(np.int64)
-    ends = off + idx["length"]
+    # The entries as rows of four uint32 words: three passes over strided words cost a fraction of
+    # field views cast to int64 (1M entries are loaded every hour). No valid end overflows uint32:
+    # a part is at most MAX_PART_BYTES (2**32 - 1).
+    words = np.ascontiguousarray(idx).view(np.uint32).reshape(n, INDEX_ENTRY_SIZE // 4)
+    off, ln = words[:, _OFFSET_WORD], words[:, _LENGTH_WORD]
+    ends = off + ln
     starts_ok = np.empty(n, bool)
     starts_ok[0] = off[0] == 0
-    starts_ok[1:] = off[1:] == ends[:-1]
-    starts_ok &= idx["length"] >= HEADER_SIZE
-    bad = np.flatnonzero(~starts_ok)
-    if len(bad):
-        k = int(bad[0])
-        expected = int(ends[k - 1]) if k else 0
-        return max(k - 1, 0), (f"index entry {k} says offset {int(off[k])} length {int(idx['length'][k])}; "
+    np.equal(off[1:], ends[:-1], out=starts_ok[1:])
+    if int(ln.min()) < HEADER_SIZE:
+        starts_ok &= ln >= HEADER_SIZE
+    if not starts_ok.all():
+        k = int(np.argmin(starts_ok))
+        expected = int(off[k - 1]) + int(ln[k - 1]) if k else 0
+        return max(k - 1, 0), (f"index entry {k} says offset {int(off[k])} length {int(ln[k])}; "
                                f"the entries must tile the log (expected offset {expected})")
+    if int(off[-1]) + int(ln[-1]) <= log_size:
+        return n, None
     return int(np.searchsorted(ends, log_size, side="right")), None
 
 
