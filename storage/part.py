@@ -19,32 +19,52 @@ log = logging.getLogger("timewheel.storage")
 
 @dataclass(frozen=True, slots=True)
 class ScanResult:
-    """What a scan of a .log from some offset found: whole valid records, then where it stopped."""
+    """What a scan of a .log from some offset found: whole records, then where it stopped."""
 
     entries: np.ndarray
     end: int
     stopped_because: str | None
+    damaged: int = 0  # records indexed although their CRC fails (a valid record follows them)
+
+
+def _valid_at(buf: bytes | memoryview | mmap.mmap, pos: int) -> bool:
+    """Whether a whole record with a matching CRC starts at `pos`."""
+    try:
+        return bool(header_fields(buf, pos)[2])  # type: ignore[arg-type]
+    except CorruptRecordError:
+        return False
 
 
 def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
-    """Walk records from `start`, validating each CRC, until the end or the first bad record."""
-    dues, offs, lens = [], [], []
+    """Walk records from `start`, validating each CRC, until the end or a torn or corrupt tail.
+
+    A record whose CRC fails but whose length leads to a valid record is damage, not a torn
+    tail: it is indexed (readers find it corrupt, and report it, and never serve it) so that the
+    records after it are not cut. Its index due time is its successor's, its own being untrusted.
+    """
+    dues: list[int | None] = []
+    offs, lens = [], []
     pos, n = start, len(buf)
     reason = None
+    damaged = 0
     while pos < n:
         try:
-            length, due, ok = header_fields(buf, pos)
+            length, due, ok = header_fields(buf, pos)  # type: ignore[arg-type]
         except CorruptRecordError as e:
             reason = e.reason
             break
-        if not ok:
+        if not ok and not (pos + length < n and _valid_at(buf, pos + length)):
             reason = "CRC32C mismatch"
             break
-        dues.append(due)
+        damaged += not ok
+        dues.append(due if ok else None)
         offs.append(pos)
         lens.append(length)
         pos += length
-    return ScanResult(index_entries(dues, offs, lens), pos, reason)
+    for i in range(len(dues) - 2, -1, -1):  # a damaged record is always followed by a valid one
+        if dues[i] is None:
+            dues[i] = dues[i + 1]
+    return ScanResult(index_entries(dues, offs, lens), pos, reason, damaged)
 
 
 assert INDEX_DTYPE.fields is not None
@@ -94,6 +114,7 @@ class PartRepair:
     log_bytes_cut: int = 0
     reason: str | None = None
     bad_index: str | None = None  # why entries that do not tile the log were dropped and re-scanned
+    damaged: int = 0  # records indexed by the scan although their CRC fails (see `scan_log`)
 
     @property
     def changed(self) -> bool:
@@ -123,6 +144,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.index_added = len(scan.entries)
         rep.log_bytes_cut = log_size - scan.end
         rep.reason = scan.stopped_because
+        rep.damaged = scan.damaged
         if fix:
             with open(idx_path, "wb") as f:
                 f.write(scan.entries.tobytes())
@@ -141,6 +163,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.index_added = len(scan.entries)
         rep.log_bytes_cut = log_size - scan.end
         rep.reason = scan.stopped_because
+        rep.damaged = scan.damaged
     if fix and (rep.index_dropped or rep.index_added or idx_size != keep * INDEX_ENTRY_SIZE):
         os.truncate(idx_path, keep * INDEX_ENTRY_SIZE)
         if scan is not None and len(scan.entries):
