@@ -92,7 +92,7 @@ def read_dispatch_log(path: str | os.PathLike[str]) -> DispatchLogRead:
     n_rows = len(raw) // ROW_SIZE
     rows = raw[: n_rows * ROW_SIZE]
     headers = rows.view(_HEADER_DTYPE)
-    starts = np.flatnonzero(np.isin(headers["magic"], _MAGICS))  # rows that may start a frame
+    starts: np.ndarray | None = None  # rows that may start a frame, found at the first bad one
     chunks: list[np.ndarray] = []
     row = end = corrupt = 0
     while row < n_rows:
@@ -102,6 +102,8 @@ def read_dispatch_log(path: str | os.PathLike[str]) -> DispatchLogRead:
             row = end = row + 1 + count
             continue
         # a bad frame: its count cannot be trusted, so look for the next row that starts a valid one
+        if starts is None:
+            starts = np.flatnonzero(np.isin(headers["magic"], _MAGICS))
         later = starts[np.searchsorted(starts, row, side="right"):].tolist()
         row = next((r for r in later if _frame_at(rows, headers, r) is not None), n_rows)
         corrupt += row < n_rows  # with no valid frame after it, it is the torn tail

@@ -134,7 +134,8 @@ def repair_all_parts(layout: SegmentLayout, segments: Sequence[int] | None = Non
                 rep.index_entries_dropped += pr.index_dropped
                 rep.log_bytes_cut += pr.log_bytes_cut
                 what = [f"{k}={v}" for k, v in (("rebuilt", pr.index_rebuilt), ("indexed", pr.index_added),
-                                                  ("dropped", pr.index_dropped), ("cut_bytes", pr.log_bytes_cut))
+                                                  ("dropped", pr.index_dropped), ("cut_bytes", pr.log_bytes_cut),
+                                                  ("damaged", pr.damaged))
                         if v]
                 why = "; ".join(r for r in (pr.bad_index, pr.reason) if r)
                 rep.findings.append(f"part {layout.part_log(seg, part)}: repaired ({', '.join(what)})"

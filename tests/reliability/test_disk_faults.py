@@ -142,3 +142,20 @@ def test_index_offset_past_the_part_is_reported_and_repaired(tmp_path: Path) -> 
     e.stop()
     assert sorted(m for m, _ in sink.sent) == sorted(ids) and st["corrupt"] == 0
     assert check(layout).ok and summarize(layout)["totals"]["dispatched"] == 10
+
+
+def test_a_damaged_record_in_an_unindexed_part_cuts_nothing_after_it(tmp_path: Path) -> None:
+    clock, sink, ids, layout, seg = _stored(tmp_path / "d", 10)
+    idx = read_index(layout.part_index(seg, 0))
+    layout.part_index(seg, 0).unlink()  # recovery rebuilds it by scanning the records
+    log = layout.part_log(seg, 0)
+    raw = bytearray(log.read_bytes())
+    raw[int(idx["offset"][3] + idx["length"][3]) - 1] ^= 0x01  # the last byte of the fourth record's body
+    log.write_bytes(bytes(raw))
+    e = _engine(tmp_path / "d", clock, sink)
+    drive(e, clock, T0 + 120_000)
+    st = e.stats()
+    e.stop()
+    assert sorted(m for m, _ in sink.sent) == sorted(ids[:3] + ids[4:]) and st["corrupt"] == 1
+    assert log.stat().st_size == len(raw)
+    assert [f.kind for f in check(layout).findings] == ["corrupt_record"]
