@@ -13,17 +13,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from forwarder.rocketmq.connection import call
-from forwarder.rocketmq.errors import ProtocolError
+from forwarder.rocketmq.connection import Connection, call
+from forwarder.rocketmq.errors import ProtocolError, RemotingError
 from forwarder.rocketmq.namesrv import TopicRoute, topic_route
 from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
                                          QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS,
-                                         UPDATE_AND_CREATE_TOPIC_LIST, error_for_code)
+                                         UPDATE_AND_CREATE_TOPIC_LIST, Response, error_for_code)
 
-__all__ = ["broker_registered", "consumer_ids", "consumer_lag", "create_topics"]
+__all__ = ["QueueLag", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "queue_lags"]
 
 _PERM_READ_WRITE = 6
 
@@ -75,23 +77,58 @@ def broker_registered(namesrv: str, broker: str, timeout: float = 5.0, security:
     return resp.code == SUCCESS and f'"{broker}"'.encode() in resp.body
 
 
+@dataclass(frozen=True)
+class QueueLag:
+    """One queue of a topic: the broker's max offset, the group's committed offset, the difference."""
+
+    broker: str
+    queue: int
+    max_offset: int
+    committed: int  # -1: the group has committed nothing on this queue yet
+    lag: int
+
+
+def _offset(answer: Response | RemotingError, what: str, addr: str) -> int:
+    if isinstance(answer, RemotingError):
+        raise answer
+    if answer.code == QUERY_NOT_FOUND:
+        return -1
+    if answer.code != SUCCESS:
+        raise error_for_code(answer.code, answer.remark, f"broker {addr} answering the {what} request")
+    return int(answer.ext.get("offset", -1))
+
+
+def queue_lags(namesrv: str, group: str, topic: str, timeout: float = 5.0,
+               security: ClientSecurity | None = None) -> list[QueueLag]:
+    """`group`'s lag on every readable queue of `topic`, as `mqadmin consumerProgress` shows it;
+    one pipelined batch of requests per broker."""
+    doc = topic_route(namesrv, topic, timeout, security)
+    if doc is None:
+        return []
+    route = TopicRoute.parse(topic, doc, 0.0, readable=True)
+    out: list[QueueLag] = []
+    for broker_name, addr in sorted(route.brokers.items()):
+        queues = [q for b, q in route.queues if b == broker_name]
+        requests: list[tuple[int, Mapping[str, str], bytes]] = []
+        for q in queues:
+            head = {"topic": topic, "queueId": str(q)}
+            requests += [(GET_MAX_OFFSET, head, b""), (QUERY_CONSUMER_OFFSET, {**head, "consumerGroup": group}, b"")]
+        conn = Connection(addr, timeout, security)
+        try:
+            deadline = time.monotonic() + timeout
+            with conn.lock:
+                opaques = conn.submit(requests, deadline)
+                answers = conn.collect(opaques, deadline)
+        finally:
+            conn.close()
+        for i, q in enumerate(queues):
+            top = _offset(answers[opaques[2 * i]], "max offset", addr)
+            committed = _offset(answers[opaques[2 * i + 1]], "consumer offset", addr)
+            out.append(QueueLag(broker_name, q, top, committed, max(0, top - max(committed, 0))))
+    return out
+
+
 def consumer_lag(namesrv: str, group: str, topic: str, timeout: float = 5.0,
                  security: ClientSecurity | None = None) -> dict[tuple[str, int], int]:
     """Messages of `topic` not yet committed by `group`, per (broker name, queue id)."""
-    doc = topic_route(namesrv, topic, timeout, security)
-    if doc is None:
-        return {}
-    route = TopicRoute.parse(topic, doc, 0.0, readable=True)
-    out: dict[tuple[str, int], int] = {}
-    for broker_name, queue in route.queues:
-        broker = route.brokers[broker_name]
-        head = {"topic": topic, "queueId": str(queue)}
-        top = call(broker, GET_MAX_OFFSET, head, b"", timeout, security)
-        if top.code != SUCCESS:
-            raise error_for_code(top.code, top.remark, f"broker {broker} max offset of {topic}/{queue}")
-        mine = call(broker, QUERY_CONSUMER_OFFSET, {**head, "consumerGroup": group}, b"", timeout, security)
-        if mine.code not in (SUCCESS, QUERY_NOT_FOUND):
-            raise error_for_code(mine.code, mine.remark, f"broker {broker} offset of {group} on {topic}/{queue}")
-        committed = int(mine.ext.get("offset", 0)) if mine.code == SUCCESS else 0
-        out[(broker_name, queue)] = max(0, int(top.ext.get("offset", 0)) - committed)
-    return out
+    return {(q.broker, q.queue): q.lag for q in queue_lags(namesrv, group, topic, timeout, security)}

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from timewheel.app.humantime import human_time
-from timewheel.app.ingest_lag import QueueLag
+from timewheel.app.ingest_lag import QueueLag, lag_dict
 from timewheel.errors import TimewheelError
 
 
@@ -37,7 +37,7 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
     shaping: Mapping[str, object] = stats.get("shaping") or {}  # type: ignore[assignment]
     segments: Mapping[str, int] = stats.get("loaded_segments") or {}  # type: ignore[assignment]
     ingest: Mapping[str, object] = stats.get("ingest") or {}  # type: ignore[assignment]
-    queues = [q.as_dict() for q in lag or ()]
+    queues = [lag_dict(q) for q in lag or ()]
     return {
         "now_ms": now_ms,
         "serving": serving,
