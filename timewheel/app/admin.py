@@ -10,21 +10,21 @@
     PUT  /shaping                 replace the rules (JSON body); needs the token
 
 Mutations are refused with 403 when no token is configured, 401 when the request's is wrong.
-It listens on loopback unless configured otherwise.
+It listens on loopback unless configured otherwise. The HTTP server (`_http`) bounds what a client
+can hold: head, body (1 MiB), connections, time; health and readiness answer on its event loop,
+the rest on a small pool, so a slow cancel or scrape never keeps `/healthz` waiting.
 """
 from __future__ import annotations
 
 import hmac
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response
 from timewheel.errors import ConfigError
 
 log = logging.getLogger("timewheel.app.admin")
@@ -64,35 +64,40 @@ def _plain(value: object) -> object:
     return tolist() if callable(tolist) else str(value)
 
 
-class AdminServer:
-    """A small threaded HTTP server bound to `listen` (HOST:PORT)."""
+#: JSON documents nested deeper than this are refused before parsing (rules are three levels deep)
+_MAX_JSON_DEPTH = 32
 
-    def __init__(self, listen: str, token: str, target: AdminTarget, registry: CollectorRegistry) -> None:
+
+class AdminServer:
+    """The admin endpoint on `listen` (HOST:PORT), served by a bounded HTTP server."""
+
+    def __init__(self, listen: str, token: str, target: AdminTarget, registry: CollectorRegistry,
+                 limits: HttpLimits = HttpLimits()) -> None:
         host, _, port = listen.rpartition(":")
         self.token = token
         self.target = target
         self.registry = registry
-        handler = _handler_class(self)
-        self.httpd = ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="timewheel-admin", daemon=True)
+        self._routes = {("GET", "/healthz"): self._healthz, ("GET", "/readyz"): self._readyz,
+                        ("GET", "/metrics"): self._metrics, ("GET", "/shaping"): self._get_shaping,
+                        ("GET", "/stats"): self._stats, ("GET", "/status"): self._status,
+                        ("POST", "/cancel"): self._cancel, ("PUT", "/shaping"): self._put_shaping}
+        self.http = HttpServer(host.strip("[]"), int(port), self.handle, limits, name="timewheel-admin",
+                               inline=lambda r: r.path in ("/healthz", "/readyz"))
 
     @property
     def address(self) -> str:
         """HOST:PORT actually bound (port 0 picks a free one)."""
-        host, port = self.httpd.server_address[:2]
-        return f"{host}:{port}"
+        return self.http.address
 
     def start(self) -> "AdminServer":
         """Serve in a background thread."""
-        self._thread.start()
+        self.http.start()
         log.info("admin endpoint on http://%s", self.address)
         return self
 
     def stop(self) -> None:
         """Stop serving."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
     def authorized(self, header: str | None) -> int:
         """0 if the Authorization header carries the token, else the HTTP status to answer."""
@@ -102,87 +107,103 @@ class AdminServer:
             return 401
         return 0 if hmac.compare_digest(header[7:].strip().encode(), self.token.encode()) else 401
 
+    def handle(self, req: Request) -> Response:
+        """Route one request."""
+        route = self._routes.get((req.method if req.method != "HEAD" else "GET", req.path))
+        if route is None:
+            known = {p for _, p in self._routes}
+            if req.path in known:
+                return _json(405, {"error": f"{req.method} is not allowed on {req.path}"})
+            return _json(404, {"error": f"no such endpoint: {req.path}"})
+        return route(req)
 
-def _handler_class(server: AdminServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def _guard(self, req: Request) -> Response | None:
+        status = self.authorized(req.headers.get("authorization"))
+        if not status:
+            return None
+        return _json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token or "
+                                       "TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)" if status == 403
+                              else "missing or wrong token: pass --token or set TIMEWHEEL_ADMIN_TOKEN (header "
+                                   "Authorization: Bearer <token>)"})
 
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("admin %s", fmt % args)
+    def _healthz(self, req: Request) -> Response:
+        return _json(200, {"status": "ok"})
 
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def _readyz(self, req: Request) -> Response:
+        ok = self.target.ready()
+        return _json(200 if ok else 503, {"ready": ok})
 
-        def _json(self, status: int, obj: Any) -> None:
-            self._send(status, (json.dumps(obj, default=_plain) + "\n").encode())
+    def _metrics(self, req: Request) -> Response:
+        return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
-        def _guard(self) -> bool:
-            status = server.authorized(self.headers.get("Authorization"))
-            if status:
-                self._json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token "
-                                             "or TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)"
-                                    if status == 403 else "missing or wrong token: pass --token or set "
-                                    "TIMEWHEEL_ADMIN_TOKEN (header Authorization: Bearer <token>)"})
-                return False
-            return True
+    def _get_shaping(self, req: Request) -> Response:
+        return _json(200, self.target.shaping_rules())
 
-        def do_GET(self) -> None:  # noqa: N802
-            path = urlsplit(self.path).path
-            if path == "/healthz":
-                self._json(200, {"status": "ok"})
-            elif path == "/readyz":
-                ok = server.target.ready()
-                self._json(200 if ok else 503, {"ready": ok})
-            elif path == "/metrics":
-                self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
-            elif path == "/shaping":
-                self._json(200, server.target.shaping_rules())
-            elif path == "/stats":
-                self._json(200, server.target.stats())
-            elif path == "/status":
-                self._json(200, server.target.status())
-            else:
-                self._json(404, {"error": f"no such endpoint: {path}"})
+    def _stats(self, req: Request) -> Response:
+        return _json(200, self.target.stats())
 
-        def do_POST(self) -> None:  # noqa: N802
-            parts = urlsplit(self.path)
-            self._drain_body()
-            if parts.path != "/cancel":
-                self._json(404, {"error": f"no such endpoint: {parts.path}"})
-                return
-            if not self._guard():
-                return
-            q = parse_qs(parts.query)
-            ids, keys = q.get("id", []), q.get("key", [])
-            if len(ids) + len(keys) != 1:
-                self._json(400, {"error": "give exactly one of ?id= or ?key="})
-                return
-            n = server.target.cancel(ids[0] if ids else None, keys[0] if keys else None)
-            self._json(200, {"cancelled": n})
+    def _status(self, req: Request) -> Response:
+        return _json(200, self.target.status())
 
-        def do_PUT(self) -> None:  # noqa: N802
-            parts = urlsplit(self.path)
-            body = self._drain_body()
-            if parts.path != "/shaping":
-                self._json(404, {"error": f"no such endpoint: {parts.path}"})
-                return
-            if not self._guard():
-                return
-            try:
-                rules = json.loads(body or b"{}")
-                if not isinstance(rules, dict):
-                    raise ConfigError("the rules must be a JSON object")
-                self._json(200, server.target.replace_shaping_rules(rules))
-            except (ValueError, ConfigError) as e:
-                self._json(400, {"error": f"rules refused, the old ones stay in force: {e}"})
+    def _cancel(self, req: Request) -> Response:
+        refused = self._guard(req)
+        if refused is not None:
+            return refused
+        ids, keys = req.query.get("id", []), req.query.get("key", [])
+        if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
+            return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
+        return _json(200, {"cancelled": self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)})
 
-        def _drain_body(self) -> bytes:
-            n = int(self.headers.get("Content-Length") or 0)
-            return self.rfile.read(min(n, 1 << 20)) if n else b""
+    def _put_shaping(self, req: Request) -> Response:
+        refused = self._guard(req)
+        if refused is not None:
+            return refused
+        try:
+            rules = parse_json_object(req.body)
+            return _json(200, self.target.replace_shaping_rules(rules))
+        except (ValueError, ConfigError) as e:
+            return _json(400, {"error": f"rules refused, the old ones stay in force: {e}"})
 
-    return Handler
 
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """A JSON object from a request body; ValueError (naming the problem) for anything else.
+
+    Nesting is bounded before parsing (the parser recurses), and numbers too long to be a rate are
+    refused by the rules' own validation, not converted here.
+    """
+    if not body.strip():
+        return {}
+    depth = 0
+    in_string = escaped = False
+    for ch in body.decode("utf-8", "strict"):
+        if in_string:
+            escaped = not escaped and ch == "\\"
+            if ch == '"' and not escaped:
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > _MAX_JSON_DEPTH:
+                raise ValueError(f"the JSON nests deeper than {_MAX_JSON_DEPTH} levels")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        doc = json.loads(body, parse_constant=_no_constant)
+    except RecursionError as e:  # belt and braces: the scan above should have refused it
+        raise ValueError("the JSON nests too deep") from e
+    if not isinstance(doc, dict):
+        raise ValueError("the rules must be a JSON object")
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number the rules accept")
+
+
+def _json(status: int, obj: Any) -> Response:
+    return Response(status, (json.dumps(obj, default=_plain) + "\n").encode())
+
+
+__all__ = ["AdminServer", "AdminTarget", "HttpError", "HttpLimits", "parse_json_object"]
