@@ -25,7 +25,7 @@ import threading
 from ctypes import POINTER, Structure, c_char, c_char_p, c_int, c_longlong, c_size_t, c_void_p
 from typing import Any, Protocol
 
-from rocketmq import ffi as _wrapper_ffi  # type: ignore[import-untyped]
+from rocketmq import ffi as _wrapper_ffi
 
 from forwarder.errors import NativeClientError, NativeLayoutError
 from forwarder.rocketmq.message import (OutgoingMessage, ReceivedMessage, SendResult, SendStatus,
@@ -244,7 +244,7 @@ class _MessageLayout:
         if count == 0:
             return not parent and left == header and right == header
         # A non-empty tree's root points back at the header; the leftmost/rightmost are set.
-        return bool(parent and left and right) and c_void_p.from_address(parent + 8).value == header
+        return parent is not None and bool(left and right) and c_void_p.from_address(parent + 8).value == header
 
     @staticmethod
     def _agrees(handle: int, map_addr: int) -> bool:

@@ -46,7 +46,7 @@ def _header_dtype() -> np.dtype:
 
 
 HEADER_DTYPE = _header_dtype()
-_CRC_FROM = HEADER_DTYPE.fields["crc"][1] + HEADER_DTYPE["crc"].itemsize  # the CRC covers what follows it
+_CRC_FROM = HEADER_DTYPE.fields["crc"][1] + HEADER_DTYPE["crc"].itemsize  # type: ignore[index]  # the CRC covers what follows it
 # the variable fields follow the header in the order of their length fields
 _VAR_FIELDS = tuple(n for n in _HEADER_NAMES if n.endswith("_len"))
 
@@ -186,7 +186,7 @@ def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str,
     rows = np.flatnonzero(sel & ok)
     ks, kl = starts["keys_len"][rows].tolist(), hdr["keys_len"][rows].tolist()
     ps, pl = starts["props_len"][rows].tolist(), hdr["props_len"][rows].tolist()
-    mv = memoryview(buf)
+    mv = memoryview(buf)  # type: ignore[arg-type]  # a uint8 array exports the buffer protocol
     for i, k0, kn, p0, pn in zip(rows.tolist(), ks, kl, ps, pl):
         try:
             keys = decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()

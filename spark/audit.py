@@ -317,7 +317,8 @@ def write_chart(series: list[dict], path: Path) -> str | None:
     t = [datetime.fromtimestamp(r["bucket_ms"] / 1000, tz=timezone.utc) for r in series]
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
     for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("max_ms", "max")):
-        ax.plot(t, [max(r[key], 0.5) for r in series], label=label, linewidth=1.2, marker="." if len(t) < 60 else None)
+        ax.plot(t, [max(r[key], 0.5) for r in series],  # type: ignore[arg-type]  # matplotlib plots datetimes
+                label=label, linewidth=1.2, marker="." if len(t) < 60 else None)
     ax.set_yscale("log")
     ax.set_ylabel("lateness (ms): dispatch - due")
     ax.set_xlabel("due time (UTC)")

@@ -85,10 +85,10 @@ class RecordReader:
                             reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
                         last_key = key
                     assert reader is not None
-                    view = reader.view(off + HEADER_SIZE)
+                    view = memoryview(reader.view(off + HEADER_SIZE))
                     length = record_length(view, off)
                     if off + length > len(view):
-                        view = reader.view(off + length)
+                        view = memoryview(reader.view(off + length))
                     rec = decode(view, off)[0]
                     if due is not None and rec.due_ms != due:
                         raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off)

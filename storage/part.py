@@ -6,6 +6,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -64,7 +65,7 @@ def scan_log(buf: bytes | memoryview | mmap.mmap, start: int) -> ScanResult:
     for i in range(len(dues) - 2, -1, -1):  # a damaged record is always followed by a valid one
         if dues[i] is None:
             dues[i] = dues[i + 1]
-    return ScanResult(index_entries(dues, offs, lens), pos, reason, damaged)
+    return ScanResult(index_entries(cast("list[int]", dues), offs, lens), pos, reason, damaged)
 
 
 assert INDEX_DTYPE.fields is not None
@@ -138,6 +139,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
     """
     rep = PartRepair()
     log_size = size_of(log_path)
+    scan: ScanResult | None
     if not idx_path.exists():
         scan = scan_log(_read_log(log_path, 0), 0) if log_size else ScanResult(np.empty(0, INDEX_DTYPE), 0, None)
         rep.index_rebuilt = True

@@ -624,7 +624,7 @@ def _as_int(name: str, value: object) -> int:
     if isinstance(value, bool | np.bool_):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     try:
-        return operator.index(value)
+        return operator.index(value)  # type: ignore[arg-type]  # a TypeError is what we want for non-ints
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
 

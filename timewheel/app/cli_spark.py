@@ -21,7 +21,8 @@ from timewheel.config import EngineConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-_ENGINE_DEFAULTS = {f: EngineConfig.__dataclass_fields__[f].default for f in ("max_delay_ms", "max_body_bytes")}
+_ENGINE_DEFAULTS: dict[str, int] = {f: EngineConfig.__dataclass_fields__[f].default  # type: ignore[misc]
+                                    for f in ("max_delay_ms", "max_body_bytes")}
 
 # existence is checked by _open_layout, whose error says what to run
 DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory (holds timewheel.json; "

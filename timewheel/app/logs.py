@@ -18,7 +18,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """The handler setup_logging installs: calling it again replaces this one only."""
 
 
