@@ -15,6 +15,14 @@ The dispatch policy lives here, because only here are both sides visible under o
   due): it goes with the next request instead of in a second small one beside it;
 - with a sink's `linger_ms`, one thread waits that long after the oldest entry was due, for
   company; the others and `nudge()` leave it alone until the batch is full.
+
+Example: four dispatch threads, a sink answering in 5 ms, 2,000 messages due a second. Thread A
+takes the entries due so far and sends them. During its 5 ms ten more come due; the timer pushes
+them and nudges, but a send is in flight and they fit one request, so no thread is woken. When A's
+send returns, A looks again at once and takes the ten. The 2,000 go in about 200 sends, one at a
+time, instead of several hundred small ones side by side. Ten thousand due at one millisecond are
+ten full batches: each `take()` that leaves more behind wakes another thread, and they go four at
+a time.
 """
 from __future__ import annotations
 

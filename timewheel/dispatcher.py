@@ -7,12 +7,12 @@ backlog), reads the records from disk, and
 - with one, adds them to per-topic held queues and sends what the shaper grants, highest share
   first; past `_MAX_HELD` held messages, due entries stay in the queue as arrays;
 then writes each outcome to its segment's dispatch log (delivered, corrupt, dead-lettered), tells
-the timer's loader, and records lateness. A failed send goes back to the queue with exponential
-backoff and jitter; after `max_attempts` it goes to the dead-letter sink (if that fails too, it
-keeps retrying rather than being lost).
+the loaded segments' keeper (`Segments`: the timer driver), and records lateness. A failed send
+goes back to the queue with exponential backoff and jitter; after `max_attempts` it goes to the
+dead-letter sink (if that fails too, it keeps retrying rather than being lost).
 
-The dispatcher owns the held queues, its counters and the lateness recorder under its own lock;
-it never holds that lock while calling the Sink or the timer.
+The dispatcher's lock guards the held queues and its counters; it is never held while calling the
+Sink, the store or the segments' keeper (the shaper and the queue are called under it).
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
-from storage import CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, ScheduleStore, StorageWriteError, \
-    dispatch_entries
+from storage import (CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, ScheduleStore, StorageWriteError,
+                     dispatch_entries)
 from timewheel._arrays import groups
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
@@ -34,10 +35,21 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
-from timewheel.timer import TimerDriver
 
 log = logging.getLogger("timewheel.dispatcher")
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
+
+
+class Segments(Protocol):
+    """What the dispatcher asks of the loaded segments' keeper (the `TimerDriver`)."""
+
+    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment_ms, part, offset) arrays of refs."""
+        ...
+
+    def note_done(self, segments: np.ndarray) -> None:
+        """Terminal outcomes were recorded for entries of these segments (one each)."""
+        ...
 
 
 @dataclass
@@ -55,12 +67,12 @@ class DispatchCounters:
 class Dispatcher:
     """Sends due entries through the Sink (and the Shaper), retries, dead-letters, records outcomes."""
 
-    def __init__(self, config: EngineConfig, store: ScheduleStore, timer: TimerDriver, queue: DispatchQueue,
+    def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
                  sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None) -> None:
         self.config = config
         self.store = store
-        self.timer = timer
+        self.segments = segments
         self.queue = queue
         self.sink = sink
         self.shaper = shaper
@@ -147,7 +159,7 @@ class Dispatcher:
 
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
-        segs, parts, offsets = self.timer.locate(refs)
+        segs, parts, offsets = self.segments.locate(refs)
         messages: list[Message] = []
         ok_idx: list[int] = []
         corrupt: list[int] = []
@@ -277,4 +289,4 @@ class Dispatcher:
         for seg, m in groups(b.segs):
             self.store.record_dispatch(seg, dispatch_entries(b.parts[m], b.offsets[m], b.due[m], now, outcome,
                                                              attempts[m]), now)
-        self.timer.note_done(b.segs)
+        self.segments.note_done(b.segs)

@@ -1,9 +1,9 @@
 """The engine: a facade over a timer driver and a dispatcher that meet at one queue.
 
-    schedule() ──► ScheduleStore ──commit listener──► TimerDriver ──push, nudge──► DispatchQueue
-                                                    (wheel, loader)                     │
-                                                                      await_turn, take  ▼
-                   dispatch log ◄── outcomes ── Dispatcher (held queues, Sink, retries, dead letters)
+    schedule() ─► ScheduleStore ─commit listener─► TimerDriver ─push, nudge─► DispatchQueue
+                                                  (wheel, loader)                   │
+                                                                  await_turn, take  ▼
+                 dispatch log ◄─ outcomes ─ Dispatcher (held queues, Sink, retries, dead letters)
 
 Threads, when started in the background, and what each owns:
 - the caller's threads run `schedule()` and `cancel()`: the store appends (its own write lock) and
