@@ -69,7 +69,9 @@ class Dispatcher:
 
     def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
                  sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
-                 dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None) -> None:
+                 dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None,
+                 counters: DispatchCounters | None = None) -> None:
+        """`counters`: to count on from (an engine started again keeps its totals)."""
         self.config = config
         self.store = store
         self.segments = segments
@@ -79,7 +81,7 @@ class Dispatcher:
         self.dead_letter_sink = dead_letter_sink
         self.clock = clock
         self.lateness = lateness
-        self.counters = DispatchCounters()
+        self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters

@@ -43,7 +43,7 @@ from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, S
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
-from timewheel.dispatcher import Dispatcher
+from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
@@ -84,6 +84,9 @@ class Engine:
         self._scheduled = 0
         self._duplicates = 0
         self._cancelled = 0
+        # totals of the dispatcher and the timer, kept when the engine stops and starts again
+        self._dispatch_counters = DispatchCounters()
+        self._catch_up_segments_before = 0
         self._run: _Running | None = None
 
     @property
@@ -126,7 +129,8 @@ class Engine:
                               linger_ms=int(getattr(self.sink, "linger_ms", 0)), wake_timer=timer_wake.set)
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
         dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
-                                dead_letter_sink=self._dead_letter_sink, seed=self._seed)
+                                dead_letter_sink=self._dead_letter_sink, seed=self._seed,
+                                counters=self._dispatch_counters)
         self.store = store
         self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock), background)
         if background:
@@ -151,6 +155,7 @@ class Engine:
             run.dispatcher.join()
             run.housekeeper.stop()
         run.store.close()
+        self._catch_up_segments_before += run.timer.catch_up_segments
         self._run = None
 
     def __enter__(self) -> "Engine":
@@ -247,16 +252,15 @@ class Engine:
         with self._lock:
             scheduled, duplicates, cancelled = self._scheduled, self._duplicates, self._cancelled
         run = self._run
-        if run is None:
-            return EngineStats(EngineCounters(scheduled, duplicates, cancelled=cancelled),
-                               lateness_ms=self._lateness.summary())
-        d = run.dispatcher
-        c = d.counts()
+        c = run.dispatcher.counts() if run is not None else self._dispatch_counters  # no thread counts then
+        catch_up_segments = self._catch_up_segments_before + (run.timer.catch_up_segments if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
-                                  c.send_failures, run.timer.catch_up_segments, c.dispatch_log_errors)
+                                  c.send_failures, catch_up_segments, c.dispatch_log_errors)
+        if run is None:
+            return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()
         catch_up, wheel_entries, wheel_bytes, loaded = run.timer.snapshot()
-        return EngineStats(counters, ready, backlog, retrying, catch_up, d.held_size(),
+        return EngineStats(counters, ready, backlog, retrying, catch_up, run.dispatcher.held_size(),
                            run.store.corrupt_records_found, self.shaper.stats() if self.shaper else None,
                            wheel_entries, wheel_bytes, loaded, self._lateness.summary())
 

@@ -303,3 +303,15 @@ def test_a_sink_with_max_in_flight_gets_parallel_sends_each_message_once(tmp_pat
     assert sorted(sink.ids) == sorted(ids)
     assert sink.most_in_flight == 4
     assert len([t for t in threading.enumerate() if t.name.startswith("timewheel-dispatch")]) == 0, "threads stopped"
+
+
+def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine, clock: ManualClock,
+                                                               sink: RecordingSink) -> None:
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 1000)])
+    drive(e, clock, T0 + 2000)
+    e.stop()
+    assert e.stats().counters.delivered == 1
+    e.start(background=False)
+    st = e.stats()
+    assert (st.counters.scheduled, st.counters.delivered, st.wheel_entries) == (1, 1, 0)
