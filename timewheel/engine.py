@@ -12,8 +12,8 @@ Threads, when started in the background, and what each owns:
   `SegmentLoader`, catch-up of past segments and cancels' removals from the wheel: it pops what is
   due at the exact millisecond into the `DispatchQueue` and nudges it;
 - the dispatch threads (`timewheel-dispatch-N`, `Dispatcher`; as many as the sink's
-  `max_in_flight`, default one) own the shaper's held queues, the Sink calls, retries and dead
-  letters, outcome records and lateness;
+  `max_in_flight`, default one) own the shaper's held queues, the Sink calls, backoff (failed
+  entries wait in the queue for their next attempt), dead letters, outcome records and lateness;
 - the housekeeping thread (`timewheel-housekeeping`, `Housekeeper`) checkpoints the store and
   retires old segments.
 
