@@ -97,7 +97,7 @@ def _open_loaded(data_dir: str, out: "multiprocessing.Queue[dict[str, float]]") 
     try:
         time.sleep(1.0)
         st = engine.stats()
-        out.put({"entries": float(st["wheel_entries"]), "wheel_bytes": float(st["wheel_bytes"]),  # type: ignore[arg-type]
+        out.put({"entries": float(st.wheel_entries), "wheel_bytes": float(st.wheel_bytes),
                  "rss_growth": float(_rss_bytes() - rss0)})
     finally:
         engine.stop()

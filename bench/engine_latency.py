@@ -80,8 +80,8 @@ def run_lateness(rate: int, seconds: float, data_root: Path) -> dict[str, object
         deadline = time.monotonic() + lead_ms / 1000 + seconds + 30
         while sink.count < n and time.monotonic() < deadline:
             st = engine.stats()
-            if st["wheel_entries"] > peak_entries:  # type: ignore[operator]
-                peak_entries, peak_bytes = st["wheel_entries"], st["wheel_bytes"]
+            if st.wheel_entries > peak_entries:
+                peak_entries, peak_bytes = st.wheel_entries, st.wheel_bytes
             time.sleep(0.05)
         late = sink.lateness_ms()
     finally:
@@ -129,7 +129,7 @@ def run_restart(messages: int, segments: int, data_root: Path) -> dict[str, obje
     return {"messages": messages, "segments": segments, "fill_s": round(fill_s, 1), "disk_bytes": disk,
             "start_call_ms": round((started_ns - t_start) / 1e6, 1),
             "restart_to_first_dispatch_ms": round((first_ns - t_start) / 1e6, 1),
-            "wheel_entries": st["wheel_entries"], "wheel_bytes": st["wheel_bytes"],
+            "wheel_entries": st.wheel_entries, "wheel_bytes": st.wheel_bytes,
             "max_rss_growth_mb": round((rss1 - rss0) / 1024, 1)}
 
 
@@ -150,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     re = sub.add_parser("restart", help="restart-to-first-dispatch over a large backlog")
     re.add_argument("--messages", type=int, default=10_000_000)
     re.add_argument("--segments", type=int, default=48)
+    for p in (la, re):
+        p.add_argument("--out", type=Path, default=None,
+                       help="write the JSON here instead of bench/results/ (a trial run, not the committed figures)")
     ap.add_argument("--data-root", type=Path, default=None, help="where temporary data directories go")
     args = ap.parse_args(argv)
     root = args.data_root or Path(tempfile.gettempdir())
@@ -161,13 +164,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for r in rows:
             print(f"rate {r['rate']:>6}/s  delivered {r['delivered']:>7}/{r['messages']:<7} lateness ms "
                   f"{r['lateness_ms']}  ingest {r['ingest_per_s']}/s  wheel B/entry {r['wheel_bytes_per_entry']}")
-        (RESULTS / "engine_lateness.json").write_text(json.dumps(out, indent=2) + "\n")
+        (args.out or RESULTS / "engine_lateness.json").write_text(json.dumps(out, indent=2) + "\n")
     else:
         r = run_restart(args.messages, args.segments, root)
         out = {"machine": _machine(), "command": f"python -m bench.engine_latency restart --messages "
                f"{args.messages} --segments {args.segments}", "run": r}
         print(json.dumps(r, indent=2))
-        (RESULTS / "engine_restart.json").write_text(json.dumps(out, indent=2) + "\n")
+        (args.out or RESULTS / "engine_restart.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

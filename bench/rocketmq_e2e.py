@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -204,14 +205,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         service.start()
         engine = service.engine
         assert engine is not None
-        stored = lambda: engine.stats()["scheduled"]  # noqa: E731
+        stored = lambda: engine.stats().counters.scheduled  # noqa: E731
         first = None
-        while stored() < n and time.perf_counter() - t0 < 600:  # type: ignore[operator]
+        while stored() < n and time.perf_counter() - t0 < 600:
             if first is None and stored():
                 first = (time.perf_counter(), stored())
             time.sleep(0.02)
         t1 = time.perf_counter()
-        got = int(stored())  # type: ignore[call-overload]
+        got = stored()
         first = first or (t0, 0)
         out["ingest"] = {"messages": n, "stored": got, "seconds": round(t1 - t0, 2), "per_s": round(got / (t1 - t0)),
                          "per_s_after_first_stored": round((got - first[1]) / max(1e-3, t1 - first[0])),
@@ -219,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "note": "per_s includes the consumer's start-up (route lookup, rebalance)"}
         print("ingest", out["ingest"], flush=True)
         # 2. dispatch: everything due at one millisecond, through the broker to BENCH_OUT
-        delivered0 = engine.stats()["delivered"]
+        delivered0 = engine.stats().counters.delivered
         due = time.time_ns() // 1_000_000 + 3000 + args.dispatch // 20
         from timewheel import Message
         for start in range(0, args.dispatch, 5000):
@@ -228,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if time.time_ns() // 1_000_000 >= due:
             raise SystemExit("scheduling took longer than the lead time; lower --dispatch")
         recv.reset()
-        _wait(lambda: engine.stats()["delivered"] - delivered0 >= args.dispatch, 600)  # type: ignore[operator]
+        _wait(lambda: engine.stats().counters.delivered - delivered0 >= args.dispatch, 600)
         done_ns = time.time_ns()
         d_s = max(1e-3, done_ns / 1e9 - due / 1000)
         out["dispatch"] = {"messages": args.dispatch, "seconds": round(d_s, 2), "per_s": round(args.dispatch / d_s)}
@@ -258,10 +259,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             late, dups = recv.late()
             lat[str(rate)] = {"sent": sent, "received": len(late), "duplicates": dups, **lateness_summary(late),
                               "producer_seconds": round(producer_s, 1),
-                              "engine_send_lateness_ms": engine.stats()["lateness_ms"]}
+                              "engine_send_lateness_ms": asdict(engine.stats().lateness_ms)}
             print("lateness", rate, lat[str(rate)], flush=True)
         out["lateness_ms"] = lat
-        out["engine"] = {k: v for k, v in engine.stats().items() if isinstance(v, (int, float))}
+        out["engine"] = {k: v for k, v in engine.stats().as_dict().items() if isinstance(v, (int, float))}
         out["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]  # type: ignore[index]
         service.stop()
         recv.stop()

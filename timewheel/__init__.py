@@ -1,15 +1,18 @@
 """timewheel: arbitrary-delay messages for Apache RocketMQ.
 
-The in-process API: `Engine(EngineConfig(data_dir), sink).start()`, then `schedule([Message(...)])`.
+The in-process API: `Engine(EngineConfig(data_dir), sink).start()`, then `schedule([Message(...)])`;
+`Engine.stats()` answers an `EngineStats`.
 """
 from timewheel.clock import Clock, ManualClock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.engine import Engine
 from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
                               TimewheelError)
+from timewheel.lateness import LatenessSummary
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink, Source
+from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "Engine", "EngineConfig",
-           "EngineStateError", "InvalidMessageError", "ManualClock", "Message", "Shaper", "Sink", "Source", "StorageError",
-           "SystemClock", "TimeWheel", "TimewheelError"]
+__all__ = ["Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "Engine", "EngineConfig", "EngineCounters",
+           "EngineStateError", "EngineStats", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message",
+           "Shaper", "Sink", "Source", "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]

@@ -48,3 +48,13 @@ class ManualClock:
                 raise ValueError("a ManualClock does not go back")
             self._now += ms
             return self._now
+
+
+def seconds_until(clock: Clock, wake_ms: int | None, longest_s: float) -> float:
+    """How long a thread should wait for `wake_ms` on `clock`: 0 if it has passed, at most
+    `longest_s` (None: `longest_s`), so that work nobody woke the thread for waits that long at most."""
+    if wake_ms is None:
+        return longest_s
+    if isinstance(clock, SystemClock):  # aim at the millisecond's first nanosecond
+        return min(longest_s, max(0.0, (wake_ms * 1_000_000 - time.time_ns()) / 1e9))
+    return min(longest_s, max(0.0, (wake_ms - clock.now_ms()) / 1000))

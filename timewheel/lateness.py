@@ -4,10 +4,14 @@ Both are filled a batch at a time by the dispatcher; neither calls anything per 
 """
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
+
+from timewheel._arrays import counts
 
 #: upper bounds (seconds) of the lateness histogram's buckets
 LATENESS_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -49,3 +53,37 @@ def hdr_percentiles(h: HdrHistogram, percentiles: Iterable[float]) -> list[int]:
     targets = [h.get_target_count_at_percentile(p) for p in ps]
     idx = np.searchsorted(cum, targets, side="left").tolist()
     return [h.get_highest_equivalent_value(h.get_value_from_index(min(i, len(cum) - 1))) for i in idx]
+
+
+@dataclass(frozen=True, slots=True)
+class LatenessSummary:
+    """Percentiles of send time minus due time, in ms, and how many sends they cover."""
+
+    p50: float = 0.0
+    p99: float = 0.0
+    p999: float = 0.0
+    max: float = 0.0
+    count: int = 0
+
+
+class LatenessRecorder:
+    """The engine's lateness: an HdrHistogram (µs, ms resolution) and Prometheus buckets, filled together."""
+
+    def __init__(self) -> None:
+        self.histogram = HdrHistogram(1, 3_600_000_000, 3)
+        self.buckets = LatenessBuckets()
+        self._lock = threading.Lock()  # several dispatch threads record
+
+    def observe(self, lateness_ms: np.ndarray) -> None:
+        """Count a batch of lateness values (ms, non-negative ints)."""
+        observations = counts(lateness_ms)
+        with self._lock:
+            self.buckets.observe(lateness_ms)
+            for v, c in observations:
+                self.histogram.record_value(v * 1000, c)
+
+    def summary(self) -> LatenessSummary:
+        """p50/p99/p999/max so far; read off the lock: a scrape must not hold up the dispatchers."""
+        h = self.histogram
+        p50, p99, p999 = hdr_percentiles(h, (50, 99, 99.9))
+        return LatenessSummary(p50 / 1000, p99 / 1000, p999 / 1000, h.get_max_value() / 1000, h.get_total_count())

@@ -52,7 +52,7 @@ def test_flipped_bytes_are_never_served_and_the_rest_is_delivered(tmp_path: Path
     st = e.stats()
     e.stop()
     delivered = [m for m, _ in sink.sent]
-    assert st["corrupt"] == 1 and len(delivered) == 49
+    assert st.counters.corrupt == 1 and len(delivered) == 49
     assert set(delivered) < set(ids)
     [bad] = set(ids) - set(delivered)
     assert all(m.msg_id != bad for m in sink.messages)

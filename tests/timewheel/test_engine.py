@@ -95,9 +95,9 @@ def test_crosses_hour_boundaries_with_preload(make_engine, clock: ManualClock, s
     dues = [T0 + HOUR - 1, T0 + HOUR, T0 + HOUR + 1, T0 + 2 * HOUR + 250, T0 + 5 * HOUR + 17]
     ids = e.schedule([Message("T", b"x", d) for d in dues])
     drive(e, clock, T0 + HOUR - 60_001)
-    assert not sink.sent and str(T0 + HOUR) not in e.stats()["loaded_segments"]
+    assert not sink.sent and str(T0 + HOUR) not in e.stats().loaded_segments
     drive(e, clock, T0 + HOUR - 60_000)  # preload point of the next hour
-    assert str(T0 + HOUR) in e.stats()["loaded_segments"]
+    assert str(T0 + HOUR) in e.stats().loaded_segments
     drive(e, clock, T0 + 6 * HOUR)
     assert sink.sent == list(zip(ids, dues))
 
@@ -140,7 +140,7 @@ def test_six_hour_downtime_catch_up_oldest_first(tmp_path: Path, clock: ManualCl
     caught_up = [i for i in ids if i in set(late)]
     assert late == caught_up, "catch-up must deliver the oldest first"
     assert len(sink.sent) == 56  # everything due before T0+6h, none twice
-    assert e.stats()["catch_up_segments"] >= 5
+    assert e.stats().counters.catch_up_segments >= 5
     drive(e, clock, T0 + 8 * HOUR)
     assert sorted(m for m, _ in sink.sent) == sorted(ids)
     e.stop()
@@ -159,7 +159,7 @@ def test_cancel_by_id_and_key(make_engine, clock: ManualClock, sink: RecordingSi
     assert e.cancel(msg_id=c) == 0  # already delivered
     drive(e, clock, T0 + 3 * HOUR)
     assert [m for m, _ in sink.sent] == [c]
-    assert e.stats()["cancelled"] == 2
+    assert e.stats().counters.cancelled == 2
 
 
 def test_failed_sends_retry_then_dead_letter(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
@@ -178,8 +178,8 @@ def test_failed_sends_retry_then_dead_letter(make_engine, clock: ManualClock, si
     sink.busy = True  # every send of `bad` fails
     drive(e, clock, T0 + 10_000)
     assert parked == [(bad, "not delivered after 3 attempts")]
-    st = e.stats()
-    assert (st["delivered"], st["dead_lettered"], st["retries"]) == (1, 1, 3)
+    st = e.stats().counters
+    assert (st.delivered, st.dead_lettered, st.retries) == (1, 1, 3)
 
 
 def test_invalid_messages_are_refused_whole(make_engine) -> None:
@@ -192,7 +192,7 @@ def test_invalid_messages_are_refused_whole(make_engine) -> None:
         e.schedule([Message("T", b"x" * 11, T0)])
     with pytest.raises(InvalidMessageError, match="epoch ms"):
         e.schedule([Message("T", b"x", "soon")])  # type: ignore[arg-type]
-    assert e.stats()["scheduled"] == 0
+    assert e.stats().counters.scheduled == 0
 
 
 def test_duplicate_ids_are_scheduled_once(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
@@ -201,7 +201,7 @@ def test_duplicate_ids_are_scheduled_once(make_engine, clock: ManualClock, sink:
     e.schedule([Message("T", b"x", T0 + 100, msg_id="same")])
     drive(e, clock, T0 + 1000)
     assert sink.sent == [("same", T0 + 100)]
-    assert e.stats()["duplicates"] == 3
+    assert e.stats().counters.duplicates == 3
 
 
 def test_background_threads_release_on_time(tmp_path: Path) -> None:
@@ -299,7 +299,19 @@ def test_a_sink_with_max_in_flight_gets_parallel_sends_each_message_once(tmp_pat
         while len(sink.ids) < 2000 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.2)
-        assert e.stats()["delivered"] == 2000
+        assert e.stats().counters.delivered == 2000
     assert sorted(sink.ids) == sorted(ids)
     assert sink.most_in_flight == 4
     assert len([t for t in threading.enumerate() if t.name.startswith("timewheel-dispatch")]) == 0, "threads stopped"
+
+
+def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine, clock: ManualClock,
+                                                               sink: RecordingSink) -> None:
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 1000)])
+    drive(e, clock, T0 + 2000)
+    e.stop()
+    assert e.stats().counters.delivered == 1
+    e.start(background=False)
+    st = e.stats()
+    assert (st.counters.scheduled, st.counters.delivered, st.wheel_entries) == (1, 1, 0)

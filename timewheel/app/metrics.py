@@ -8,6 +8,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.registry import Collector
 
 from timewheel.lateness import LatenessBuckets
+from timewheel.stats import EngineStats
 
 _COUNTERS = {
     "scheduled": "Messages stored for later delivery (duplicates excluded).",
@@ -23,21 +24,25 @@ _COUNTERS = {
 
 
 class EngineCollector(Collector):
-    """Reads a stats() snapshot on each scrape."""
+    """Reads an EngineStats snapshot (and, from a service, its RocketMQ endpoints' counters) on each scrape."""
 
-    def __init__(self, stats: Callable[[], Mapping[str, object]], lateness: Callable[[], LatenessBuckets]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats], lateness: Callable[[], LatenessBuckets],
+                 endpoints: Callable[[], Mapping[str, object]] | None = None) -> None:
+        """`endpoints`: a dict with `ingest` and `delivery` counter dicts and `circuit_open`, if any."""
         self._stats = stats
         self._lateness = lateness
+        self._endpoints = endpoints
 
     def collect(self) -> Iterable[Metric]:
         """Yield the metric families."""
         st = self._stats()
         for key, doc in _COUNTERS.items():
-            if key in st:
-                yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(st[key]))  # type: ignore[arg-type]
-        yield from _shaping_families(st.get("shaping") or {})  # type: ignore[arg-type]
+            yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st.counters, key)))
+        yield from _shaping_families(st.shaping or {})
+        ep = self._endpoints() if self._endpoints is not None else {}
         for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery")):
-            for key, value in (st.get(sub) or {}).items():  # type: ignore[union-attr]
+            counters = ep.get(sub)
+            for key, value in (counters.items() if isinstance(counters, Mapping) else ()):
                 if isinstance(value, (int, float)):
                     yield CounterMetricFamily(f"{prefix}_{key}", f"{sub}: {key}", value=float(value))
         for key, doc in (("wheel_entries", "Entries held by the in-memory wheel."),
@@ -46,15 +51,14 @@ class EngineCollector(Collector):
                          ("backlog", "Overdue messages of past segments waiting (catch-up)."),
                          ("retrying", "Messages waiting for their next attempt."),
                          ("storage_corrupt_records", "Corrupt records the store has found on reads.")):
-            if key in st:
-                yield GaugeMetricFamily(f"timewheel_{key}", doc, value=float(st[key]))  # type: ignore[arg-type]
-        if "circuit_open" in st:
+            yield GaugeMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st, key)))
+        if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",
-                                    value=float(bool(st["circuit_open"])))
+                                    value=float(bool(ep["circuit_open"])))
         pending = GaugeMetricFamily("timewheel_pending", "Outstanding messages of each loaded segment.",
                                     labels=["segment"])
-        for seg, n in (st.get("loaded_segments") or {}).items():  # type: ignore[union-attr]
-            pending.add_metric([str(seg)], float(n))
+        for seg, n in st.loaded_segments.items():
+            pending.add_metric([seg], float(n))
         yield pending
         yield _lateness_family(self._lateness(), "timewheel_lateness_seconds", "Send time minus due time.")
 

@@ -26,6 +26,7 @@ from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
+    from forwarder import RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
 
 log = logging.getLogger("timewheel.app.service")
@@ -43,7 +44,7 @@ class Service:
         self.clock = clock or SystemClock()
         self.engine: Engine | None = None
         self.admin: AdminServer | None = None
-        self._endpoints = None
+        self._endpoints: RocketMQEndpoints | None = None
         self._stop = threading.Event()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -75,7 +76,7 @@ class Service:
         if self._want_admin:
             registry = CollectorRegistry()
             engine = self.engine
-            registry.register(EngineCollector(self.stats, lambda: engine.lateness_buckets))
+            registry.register(EngineCollector(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats))
             self.admin = AdminServer(self.settings.admin.listen, self.settings.admin.token, self, registry).start()
         log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
                  self.settings.rocketmq.namesrv, cfg.data_dir)
@@ -159,15 +160,20 @@ class Service:
         return status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
                                lateness_ms=late, lateness_count=count, lateness_span_ms=span)
 
+    def endpoint_stats(self) -> dict[str, object]:
+        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`."""
+        if self._endpoints is None:
+            return {}
+        return {"ingest": dict(self._endpoints.source.counters), "delivery": dict(self._endpoints.sink.counters),
+                "circuit_open": self._endpoints.sink.breaker.is_open}
+
     def stats(self) -> dict[str, object]:
-        """Engine and RocketMQ counters (the one place that reads the engine's own stats)."""
-        out = dict(self.engine.stats()) if self.engine else {}
-        if self._endpoints is not None:
-            out["ingest"] = dict(self._endpoints.source.counters)
-            out["delivery"] = dict(self._endpoints.sink.counters)
-            out["circuit_open"] = self._endpoints.sink.breaker.is_open
-        if self.shaping is not None and isinstance(out.get("shaping"), dict):
-            out["shaping"] = {**out["shaping"], "rules": self.shaping.status()}  # type: ignore[dict-item]
+        """Engine and RocketMQ counters, as JSON-ready dicts (`EngineStats.as_dict()` and `endpoint_stats()`)."""
+        engine = self.engine.stats() if self.engine else None
+        out = engine.as_dict() if engine is not None else {}
+        out.update(self.endpoint_stats())
+        if self.shaping is not None and engine is not None and engine.shaping is not None:
+            out["shaping"] = {**engine.shaping, "rules": self.shaping.status()}
         return out
 
     def run_until_signalled(self) -> None:

@@ -1,0 +1,106 @@
+"""The dispatch queue: what a dispatch thread takes, in which order, and when it is told to wait."""
+from __future__ import annotations
+
+import numpy as np
+
+from timewheel import ManualClock
+from timewheel.dispatch_queue import BESIDE_AFTER_MS, DispatchQueue, Turn
+
+T0 = 1_800_000_000_000
+
+
+def _queue(clock: ManualClock, **kw: int) -> tuple[DispatchQueue, list[int]]:
+    woken: list[int] = []
+    q = DispatchQueue(clock, batch_size=kw.pop("batch_size", 4), catch_up_chunk=kw.pop("catch_up_chunk", 3),
+                      wake_timer=lambda: woken.append(clock.now_ms()), **kw)
+    return q, woken
+
+
+def _refs(*r: int) -> np.ndarray:
+    return np.array(r, np.uint64)
+
+
+def test_take_serves_ready_then_due_retries_then_backlog() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.push_backlog(np.array([T0 - 9000], np.int64), _refs(30))
+    q.retry(np.array([T0 + 500], np.int64), np.array([T0 - 100], np.int64), _refs(20), np.array([1], np.int16))
+    q.push_ready(np.array([T0, T0], np.int64), _refs(10, 11))
+    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
+    assert refs.tolist() == [10, 11] and n == 2 and attempts.tolist() == [0, 0]
+    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
+    assert refs.tolist() == [30], "a retry waits out its backoff; the backlog goes meanwhile"
+    assert q.take(4) is None and q.sizes() == (0, 0, 1) and not q.idle()
+    clock.advance(500)
+    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
+    assert refs.tolist() == [20] and attempts.tolist() == [1] and q.idle()
+
+
+def test_cancelled_refs_are_counted_as_taken_but_never_handed_out() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.push_ready(np.array([T0] * 3, np.int64), _refs(1, 2, 3))
+    q.cancel(_refs(2))
+    taken = q.take(4)
+    assert taken is not None
+    (_, refs, _), n = taken
+    assert refs.tolist() == [1, 3] and n == 3
+
+
+def test_taking_from_the_backlog_wakes_the_timer_only_when_catch_up_waits_for_room() -> None:
+    clock = ManualClock(T0)
+    q, woken = _queue(clock, catch_up_chunk=3)
+    q.push_backlog(np.arange(5, dtype=np.int64), _refs(*range(5)))
+    assert not q.backlog_has_room()
+    q.take(1)
+    assert woken == [], "no past segment waits: nobody to wake"
+    q.expect_catch_up(True)
+    q.take(1)
+    assert woken == [] and not q.backlog_has_room(), "still no room (3 of 3)"
+    q.take(1)
+    assert woken == [T0] and q.backlog_has_room()
+
+
+def test_a_full_batch_or_a_backlog_goes_beside_a_send_in_flight() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=2)
+    q.push_ready(np.array([T0] * 2, np.int64), _refs(1, 2))
+    assert q.await_turn() is Turn.SEND
+    assert q.await_turn() is Turn.SEND, "a full batch does not wait for the send in flight"
+    q.take(2)
+    q.push_backlog(np.array([T0 - 5000], np.int64), _refs(3))
+    assert q.await_turn() is Turn.SEND, "catch-up does not wait for the send in flight"
+
+
+def test_a_small_batch_waits_for_the_send_in_flight_at_most_beside_after_ms() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.push_ready(np.array([T0], np.int64), _refs(1))
+    assert q.await_turn() is Turn.SEND  # nothing in flight: it goes
+    q.take(4)
+    q.push_ready(np.array([T0], np.int64), _refs(2))
+    assert q.await_turn() is Turn.LOOK_AGAIN, "one in flight: the small batch waits to go with the next"
+    clock.advance(BESIDE_AFTER_MS)
+    assert q.await_turn() is Turn.SEND, "held long enough (a slow send): it goes beside"
+    q.end_turn()
+    q.end_turn()
+
+
+def test_a_small_batch_lingers_for_company_until_its_oldest_waited_linger_ms() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, linger_ms=3)
+    q.push_ready(np.array([T0], np.int64), _refs(1))
+    assert q.await_turn() is Turn.LOOK_AGAIN
+    clock.advance(3)
+    assert q.await_turn() is Turn.SEND
+
+
+def test_held_messages_stop_reading_and_a_closed_queue_ends_the_threads() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=1)
+    q.push_ready(np.array([T0], np.int64), _refs(1))
+    assert q.await_turn(held_full=True, held_wake_ms=T0 + 10) is Turn.LOOK_AGAIN
+    assert q.await_turn(held_full=True, held_wake_ms=T0) is Turn.SEND, "the shaper may grant now"
+    assert q.next_send_ms(T0, held_full=True) is None and q.next_send_ms(T0, held_full=False) == T0
+    q.close()
+    assert q.await_turn() is Turn.CLOSED

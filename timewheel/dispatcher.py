@@ -1,0 +1,295 @@
+"""The dispatcher: takes due entries from the dispatch queue, sends them, and records what happened.
+
+Its threads (`max_in_flight` of the sink, default one) each loop: `DispatchQueue.await_turn()`,
+then one pass, then `end_turn()`. A pass takes a batch (ready, retries that are due, then catch-up
+backlog), reads the records from disk, and
+- without a shaper, sends them through the Sink at once;
+- with one, adds them to per-topic held queues and sends what the shaper grants, highest share
+  first; past `_MAX_HELD` held messages, due entries stay in the queue as arrays;
+then writes each outcome to its segment's dispatch log (delivered, corrupt, dead-lettered), tells
+the loaded segments' keeper (`Segments`: the timer driver), and records lateness. A failed send
+goes back to the queue with exponential backoff and jitter; after `max_attempts` it goes to the
+dead-letter sink (if that fails too, it keeps retrying rather than being lost).
+
+The dispatcher's lock guards the held queues and its counters; it is never held while calling the
+Sink, the store or the segments' keeper (the shaper and the queue are called under it).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from storage import (CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, ScheduleStore, StorageWriteError,
+                     dispatch_entries)
+from timewheel._arrays import groups
+from timewheel._held import Batch, HeldQueues
+from timewheel.clock import Clock
+from timewheel.config import EngineConfig
+from timewheel.dispatch_queue import DispatchQueue, Turn
+from timewheel.lateness import LatenessRecorder
+from timewheel.message import DeadLetterSink, Message, Shaper, Sink
+
+log = logging.getLogger("timewheel.dispatcher")
+_MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
+
+
+class Segments(Protocol):
+    """What the dispatcher asks of the loaded segments' keeper (the `TimerDriver`)."""
+
+    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment_ms, part, offset) arrays of refs."""
+        ...
+
+    def note_done(self, segments: np.ndarray) -> None:
+        """Terminal outcomes were recorded for entries of these segments (one each)."""
+        ...
+
+
+@dataclass
+class DispatchCounters:
+    """What the dispatcher counted (mutable, under its lock)."""
+
+    delivered: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    corrupt: int = 0
+    send_failures: int = 0
+    dispatch_log_errors: int = 0
+
+
+class Dispatcher:
+    """Sends due entries through the Sink (and the Shaper), retries, dead-letters, records outcomes."""
+
+    def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
+                 sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
+                 dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None,
+                 counters: DispatchCounters | None = None) -> None:
+        """`counters`: to count on from (an engine started again keeps its totals)."""
+        self.config = config
+        self.store = store
+        self.segments = segments
+        self.queue = queue
+        self.sink = sink
+        self.shaper = shaper
+        self.dead_letter_sink = dead_letter_sink
+        self.clock = clock
+        self.lateness = lateness
+        self.counters = counters or DispatchCounters()
+        self._held = HeldQueues()
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()  # the held queues, the counters
+        self._threads: list[threading.Thread] = []
+
+    # ---- the threads ----------------------------------------------------------------------------
+
+    def start(self, threads: int) -> None:
+        """Start `threads` dispatch threads."""
+        self._threads = [threading.Thread(target=self._run, name=f"timewheel-dispatch-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def join(self) -> None:
+        """Wait for the threads to end (close the queue first)."""
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def _run(self) -> None:
+        while True:
+            held_full, held_wake = self._held_state(self.clock.now_ms())
+            turn = self.queue.await_turn(held_full, held_wake)
+            if turn is Turn.CLOSED:
+                return
+            if turn is Turn.LOOK_AGAIN:  # what came due may wait for company or a send
+                continue
+            try:
+                self.dispatch_pass()
+            except Exception:
+                log.exception("dispatch pass failed")
+                time.sleep(0.1)
+            finally:
+                self.queue.end_turn()
+
+    def _held_state(self, now: int) -> tuple[bool, int | None]:
+        """Whether the shaper holds enough to stop reading, and when it may grant what it holds."""
+        if self.shaper is None:
+            return False, None
+        with self._lock:
+            size = self._held.size
+        if not size:
+            return False, None
+        ng = self.shaper.next_grant_ms(now)
+        return size >= _MAX_HELD, now + 1 if ng is None else ng
+
+    def next_wakeup_ms(self, now: int) -> int | None:
+        """When a pass has something to do next (now if it has), for a caller that drives by hand."""
+        held_full, held_wake = self._held_state(now)
+        candidates = [t for t in (self.queue.next_send_ms(now, held_full), held_wake) if t is not None]
+        return min(candidates) if candidates else None
+
+    def counts(self) -> DispatchCounters:
+        """A copy of the counters."""
+        with self._lock:
+            return replace(self.counters)
+
+    def held_size(self) -> int:
+        """Due messages the shaper holds back."""
+        with self._lock:
+            return self._held.size
+
+    # ---- one pass -------------------------------------------------------------------------------
+
+    def dispatch_pass(self) -> int:
+        """Send one batch: ready first, then retries that are due, then catch-up backlog; or, with
+        nothing to read, what the shaper grants. Returns how many entries it handled."""
+        held_full, _ = self._held_state(self.clock.now_ms())
+        taken = None if held_full else self.queue.take(self.config.send_batch_size)
+        if taken is None:
+            return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
+        (due, refs, attempts), n = taken
+        if len(due):
+            self._send(due, refs, attempts)
+        return n
+
+    def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+        """Read the due records and send them (through the shaper's queues when there is one)."""
+        segs, parts, offsets = self.segments.locate(refs)
+        messages: list[Message] = []
+        ok_idx: list[int] = []
+        corrupt: list[int] = []
+        from_record = Message.from_record
+        # the index's due times go along: a record whose own (CRC-checked) due time differs is never served
+        records = self.store.read_records(segs.tolist(), parts.tolist(), offsets.tolist(), due.tolist())
+        for i, (rec, att) in enumerate(zip(records, attempts.tolist())):
+            if isinstance(rec, CorruptRecordError):
+                log.error("corrupt record skipped, never served: %s", rec)
+                corrupt.append(i)
+                continue
+            messages.append(from_record(rec, att + 1))
+            ok_idx.append(i)
+        now = self.clock.now_ms()
+        if corrupt:
+            c = np.asarray(corrupt)
+            self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
+                         attempts[c])
+            with self._lock:
+                self.counters.corrupt += len(corrupt)
+        if not messages:
+            return
+        k = np.asarray(ok_idx)
+        batch = Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k])
+        if self.shaper is None:
+            self._deliver(batch)
+            return
+        with self._lock:
+            self._held.add(batch, now)
+        self._deliver_granted()
+
+    def _deliver_granted(self) -> int:
+        """Send what the shaper grants now from the held queues, highest share first.
+
+        Tokens keep coming while a send takes time, so this would go on as long as a throttled
+        topic has a backlog: it returns after a send once due messages wait to be read instead,
+        so that those of other topics reach the held queues (and the shaper) without waiting.
+        """
+        shaper = self.shaper
+        assert shaper is not None
+        sent = 0
+        while True:
+            now = self.clock.now_ms()
+            with self._lock:
+                if sent and self._held.size < _MAX_HELD and self.queue.sendable():
+                    return sent
+                backlog = self._held.sizes()
+                if not backlog:
+                    return sent
+                grants = shaper.grant(backlog, now)
+                batch, held_since = self._held.take(grants, self.config.send_batch_size)
+                taken = Counter(m.topic for m in batch.messages) if batch is not None else Counter()
+                for topic, n in grants.items():
+                    if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
+                        shaper.release(topic, n - taken.get(topic, 0))
+            if batch is None:
+                return sent
+            self._deliver(batch, held_since)
+            sent += len(batch.messages)
+
+    def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
+        """Send one batch through the sink and record every outcome."""
+        try:
+            results = self.sink.send_batch(b.messages)
+            if len(results) != len(b.messages):
+                raise RuntimeError(f"sink answered {len(results)} results for {len(b.messages)} messages")
+            delivered = np.asarray(results, bool)
+        except Exception:
+            log.exception("sink failed a batch of %d", len(b.messages))
+            delivered = np.zeros(len(b.messages), bool)
+        sent_at = self.clock.now_ms()
+        if self.shaper is not None:
+            topics: dict[str, list[int]] = {}
+            for i, m in enumerate(b.messages):
+                topics.setdefault(m.topic, []).append(i)
+            for topic, idx in topics.items():
+                ok = int(delivered[idx].sum())
+                waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
+                self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
+        good = b.select(delivered)
+        if len(good.due):
+            try:
+                self._record(good, sent_at, DELIVERED, good.attempts + 1)
+            except StorageWriteError:
+                # Delivered, but the dispatch log could not say so (disk full?): after a restart
+                # these would be sent again. Count it; it is an operator's alarm.
+                log.exception("delivered %d messages but could not record it", len(good.due))
+                with self._lock:
+                    self.counters.dispatch_log_errors += len(good.due)
+            self.lateness.observe(np.maximum(sent_at - good.due, 0))
+            with self._lock:
+                self.counters.delivered += len(good.due)
+        if not delivered.all():
+            self._fail(b.select(~delivered), sent_at)
+
+    def _fail(self, bad: Batch, now: int) -> None:
+        """Queue failed messages for another attempt with backoff, or dead-letter them after the last."""
+        tries = bad.attempts + 1
+        final = tries >= self.config.max_attempts
+        with self._lock:
+            self.counters.send_failures += len(bad.due)
+        if final.any():
+            dead = bad.select(final)
+            if self.dead_letter_sink is not None:
+                try:
+                    self.dead_letter_sink.dead_letter(dead.messages,
+                                                      f"not delivered after {self.config.max_attempts} attempts")
+                except Exception:  # the dead-letter path is down too: keep retrying instead of losing it
+                    log.exception("dead-letter sink failed; the messages stay in the retry queue")
+                    final[:] = False
+            if final.any():
+                self._record(dead, now, DEAD_LETTERED, tries[final])
+                with self._lock:
+                    self.counters.dead_lettered += int(final.sum())
+        retry = ~final
+        if retry.any():
+            t = tries[retry].astype(np.int64)
+            backoff = np.minimum(self.config.retry_base_ms * (2 ** np.minimum(t - 1, 30)), self.config.retry_max_ms)
+            with self._lock:
+                jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
+                self.counters.retries += int(retry.sum())
+            self.queue.retry(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
+                             tries[retry].astype(np.int16))
+
+    def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray) -> None:
+        """Write outcomes (attempts aligned with the batch) to each segment's dispatch log, then
+        count them off the loader."""
+        for seg, m in groups(b.segs):
+            self.store.record_dispatch(seg, dispatch_entries(b.parts[m], b.offsets[m], b.due[m], now, outcome,
+                                                             attempts[m]), now)
+        self.segments.note_done(b.segs)

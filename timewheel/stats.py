@@ -1,0 +1,53 @@
+"""A snapshot of the engine's counters and sizes, as typed values (`Engine.stats()`)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
+
+from timewheel.lateness import LatenessSummary
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Totals since the engine started."""
+
+    scheduled: int = 0  # messages stored (duplicates excluded)
+    duplicates: int = 0  # messages whose id was already stored
+    delivered: int = 0
+    cancelled: int = 0
+    dead_lettered: int = 0
+    retries: int = 0  # failed sends queued for another attempt
+    corrupt: int = 0  # records found corrupt at dispatch (never served)
+    send_failures: int = 0  # failed sends, each attempt
+    catch_up_segments: int = 0  # past segments drained after downtime
+    dispatch_log_errors: int = 0  # delivered, but the dispatch log could not say so
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Counters, queue sizes, memory and lateness of an engine at one moment."""
+
+    counters: EngineCounters = field(default_factory=EngineCounters)
+    ready: int = 0  # due, waiting for a sender
+    backlog: int = 0  # overdue entries of past segments waiting (catch-up)
+    retrying: int = 0  # waiting for their next attempt
+    catch_up_pending_segments: int = 0
+    held_by_shaping: int = 0
+    storage_corrupt_records: int = 0
+    shaping: Mapping[str, object] | None = None  # the shaper's own stats, when there is one
+    wheel_entries: int = 0
+    wheel_bytes: int = 0
+    loaded_segments: Mapping[str, int] = field(default_factory=dict)  # segment start ms -> outstanding
+    lateness_ms: LatenessSummary = field(default_factory=LatenessSummary)
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key
+        without a shaper)."""
+        out: dict[str, object] = {f.name: getattr(self.counters, f.name) for f in fields(EngineCounters)}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "counters" or (f.name == "shaping" and value is None):
+                continue
+            out[f.name] = asdict(value) if f.name == "lateness_ms" else \
+                dict(value) if isinstance(value, Mapping) else value
+        return out

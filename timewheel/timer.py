@@ -1,0 +1,262 @@
+"""The timer driver: owns time, the wheel and the loaded segments; hands due entries to the queue.
+
+It is to the engine what Kafka's SystemTimer and its reaper are to a TimingWheel: the wheel is a
+pure data structure (`timewheel.wheel`), and this driver reads the clock, advances the wheel and
+pushes what is due into the `DispatchQueue`. It never reads the dispatchers' state: it pushes,
+nudges, and leaves the decision to send to the queue's policy.
+
+One pass (`run_pass`, under the driver's lock) does, in order:
+1. load the current segment, and the next one `preload_seconds` before it begins;
+2. take the records the store committed since the last pass (its commit listener appends their
+   locations to an inbound list, under a lock of its own) and add those of loaded segments;
+3. every `rescan_seconds`, pick up parts other writers (Spark backfill) published;
+4. remove cancelled entries from the wheel;
+5. pop what is due at the exact millisecond into the queue;
+6. catch-up: while the queue's backlog has room, load the next past segment not fully dispatched
+   (oldest first) into it; overdue entries of segments loaded meanwhile wait behind (deferred);
+7. mark over and fully dispatched segments done, and seal live parts once per segment.
+
+The timer thread runs a pass, nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
+a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+import numpy as np
+
+from storage import CANCELLED, ScheduleStore, dispatch_entries
+from timewheel._due import DueChunks
+from timewheel.clock import Clock, seconds_until
+from timewheel.config import EngineConfig
+from timewheel.dispatch_queue import DispatchQueue
+from timewheel.loader import SegmentLoader
+from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
+
+log = logging.getLogger("timewheel.timer")
+_MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
+_INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
+
+
+class TimerDriver:
+    """Drives the wheel and the segment loader with the clock; produces due entries into a queue."""
+
+    def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock, queue: DispatchQueue,
+                 wake: threading.Event | None = None) -> None:
+        """`wake`: the event that makes the timer thread run a pass (the queue sets it for catch-up)."""
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.queue = queue
+        self.loader = SegmentLoader(store)
+        self._lock = threading.Lock()  # the wheel, the loader, catch-up, deferred, removals
+        self._wake = wake or threading.Event()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        # New records arrive from the store's commit (under its write lock, so in offset order):
+        # this lock guards only the inbound list and is never held while taking another lock.
+        self._inbound_lock = threading.Lock()
+        self._inbound: list[np.ndarray] = []
+        self._deferred = DueChunks()  # overdue entries of segments loaded while older ones still wait
+        self._catch_up: deque[int] = deque()
+        self._pending_removals: list[np.ndarray] = []
+        self._next_rescan = 0
+        self._sealed_before = 0
+        self.catch_up_segments = 0  # past segments drained so far
+        now = clock.now_ms()
+        seg_ms = config.segment_ms
+        slots = -(-(2 * seg_ms + config.preload_seconds * 1000) // config.tick_ms) + 2
+        self.wheel = TimeWheel(config.tick_ms, slots, now)
+        current = store.layout.segment_start(now)
+        done = store.meta.done_segments()
+        self._catch_up.extend(s for s in store.layout.list_segments() if s < current and s not in done)
+        store.commit_listeners.append(self._on_commit)
+
+    # ---- the thread -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the timer thread."""
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="timewheel-timer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the timer thread (a pass in progress finishes)."""
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def wake(self) -> None:
+        """Make the timer thread run a pass now."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while self._running:
+            self._wake.clear()
+            with self._lock:
+                try:
+                    self._pass(self.clock.now_ms())
+                except Exception:  # keep serving; the next pass retries what failed
+                    log.exception("timer pass failed")
+                wake = self._next_wakeup(self.clock.now_ms())
+            self.queue.nudge()
+            timeout = seconds_until(self.clock, wake, _MAX_WAIT_S)
+            if timeout > 0 and self._running:
+                self._wake.wait(timeout)
+
+    # ---- what the engine calls ------------------------------------------------------------------
+
+    def run_pass(self, now: int) -> None:
+        """One pass at `now` on the caller's thread (the engine's `step()`)."""
+        with self._lock:
+            self._pass(now)
+
+    def next_wakeup_ms(self, now: int) -> int:
+        """When the timer has work next (now if it has some already)."""
+        with self._lock:
+            return self._next_wakeup(now)
+
+    def cancel(self, by_segment: dict[int, np.ndarray], now: int) -> None:
+        """Record cancels (rows of part, offset, due per segment) and keep the entries from being sent.
+
+        Under the lock, so that a segment loading at the same time sees the cancel in its dispatch log
+        or has its entries removed here.
+        """
+        with self._lock:
+            for seg, arr in by_segment.items():
+                self.store.record_dispatch(seg, dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now, CANCELLED, 0),
+                                           now)
+                if seg in self.loader.loaded:
+                    refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
+                    self.queue.cancel(refs)
+                    self._pending_removals.append(refs)
+                    self.loader.note_done(np.full(len(arr), seg))
+        self._wake.set()
+
+    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment_ms, part, offset) arrays of refs (they stay decodable after a segment is let go)."""
+        return self.loader.locate(refs)
+
+    def note_done(self, segments: np.ndarray) -> None:
+        """Terminal outcomes were recorded for entries of these segments (one each)."""
+        with self._lock:
+            self.loader.note_done(segments)
+
+    def snapshot(self) -> tuple[int, int, int, dict[str, int]]:
+        """(catch-up segments pending, wheel entries, wheel bytes, outstanding per loaded segment)."""
+        with self._lock:
+            return (len(self._catch_up), len(self.wheel), self.wheel.nbytes,
+                    {str(k): v.outstanding for k, v in self.loader.loaded.items()})
+
+    # ---- the pass -------------------------------------------------------------------------------
+
+    def _on_commit(self, locations: np.ndarray) -> None:
+        """Store callback, under its write lock: newly stored records, in commit order."""
+        with self._inbound_lock:
+            self._inbound.append(locations)
+        # The timer looks at least every _MAX_WAIT_S anyway: wake it only for what falls due
+        # before then, so heavy ingest of later messages does not cost a timer pass per commit.
+        if int(locations["due_ms"].min()) <= self.clock.now_ms() + _INBOUND_WAKE_MS:
+            self._wake.set()
+
+    def _pass(self, now: int) -> None:
+        loader, wheel, queue = self.loader, self.wheel, self.queue
+        seg_ms = self.config.segment_ms
+        current = now - now % seg_ms
+        for seg in (current, current + seg_ms):
+            if seg not in loader.loaded and (seg == current or now >= seg - self.config.preload_seconds * 1000):
+                if seg in self._catch_up:
+                    self._catch_up.remove(seg)
+                self._add(*loader.load(seg), now)
+        with self._inbound_lock:
+            inbound, self._inbound = self._inbound, []
+        if inbound:
+            self._take_inbound(inbound, now)
+        if now >= self._next_rescan:
+            self._next_rescan = now + int(self.config.rescan_seconds * 1000)
+            for seg in list(loader.loaded):
+                self._add(*loader.refresh(seg), now)
+        if self._pending_removals:
+            refs = np.concatenate(self._pending_removals)
+            self._pending_removals = []
+            wheel.remove(refs)
+        queue.push_ready(*wheel.pop_due(now))
+        if self._catch_up and queue.backlog_has_room():
+            seg = self._catch_up.popleft()
+            if seg not in loader.loaded:
+                due, refs = loader.load(seg)
+                order = np.argsort(due, kind="stable")
+                queue.push_backlog(due[order], refs[order])
+                self.catch_up_segments += 1
+        if not self._catch_up and (deferred := self._deferred.take_all()) is not None:
+            queue.push_backlog(deferred[0], deferred[1])
+        queue.expect_catch_up(bool(self._catch_up))
+        self._finish_segments(now)
+
+    def _add(self, due: np.ndarray, refs: np.ndarray, now: int, *, overdue_to_backlog: bool = True) -> None:
+        """Put loaded entries in the wheel. Those already due go to the catch-up backlog, behind
+        older segments still waiting (oldest first), or to the ready queue for late arrivals."""
+        if not len(due):
+            return
+        status = self.wheel.add(due, refs)
+        late = status == EXPIRED
+        if late.any():
+            order = np.argsort(due[late], kind="stable")
+            late_due, late_refs = due[late][order], refs[late][order]
+            if not overdue_to_backlog:
+                self.queue.push_ready(late_due, late_refs)
+            elif self._catch_up:
+                self._deferred.push(late_due, late_refs)
+            else:
+                self.queue.push_backlog(late_due, late_refs)
+        if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
+            raise AssertionError("a loaded entry lies beyond the wheel's horizon")
+
+    def _take_inbound(self, inbound: list[np.ndarray], now: int) -> None:
+        loader = self.loader
+        locs = np.concatenate(inbound)
+        current = now - now % self.config.segment_ms
+        for seg in np.unique(locs["segment_ms"]).tolist():
+            mine = locs[locs["segment_ms"] == seg]
+            if seg not in loader.loaded:
+                if seg <= current:  # due already, in a past segment: load it (this record included)
+                    if seg in self._catch_up:
+                        self._catch_up.remove(seg)
+                    self._add(*loader.load(seg), now)
+                continue  # a future segment stays on disk until its preload
+            mine = loader.not_covered(seg, mine)
+            if not len(mine):
+                continue
+            self._add(mine["due_ms"].astype(np.int64), loader.refs(seg, mine["part"], mine["offset"]), now,
+                      overdue_to_backlog=False)
+
+    def _finish_segments(self, now: int) -> None:
+        """Mark segments that are over and fully dispatched as done, and let them go."""
+        seg_ms = self.config.segment_ms
+        current = now - now % seg_ms
+        for seg, state in list(self.loader.loaded.items()):
+            if seg < current and state.outstanding <= 0 and not self._deferred.size and self.queue.idle():
+                self.store.meta.mark_segment_done(seg)
+                self.loader.unload(seg)
+        if current != self._sealed_before:  # once per segment: it takes the store's write lock
+            self._sealed_before = current
+            self.store.seal_live_parts(current)
+
+    def _next_wakeup(self, now: int) -> int:
+        seg_ms = self.config.segment_ms
+        start = now - now % seg_ms
+        preload = start + seg_ms - self.config.preload_seconds * 1000
+        candidates = [preload if preload > now else start + seg_ms]
+        nd = self.wheel.next_due_ms()
+        if nd is not None:
+            candidates.append(nd)
+        # catch-up moves on only when the backlog has room: taking from it wakes the timer then
+        catch_up_can_move = bool(self._catch_up) and self.queue.backlog_has_room()
+        if (self._inbound or (self._deferred.size and not self._catch_up) or self._pending_removals
+                or catch_up_can_move or start not in self.loader.loaded):
+            candidates.append(now)
+        return max(now, min(candidates))
