@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, cast
 
 import typer
 
@@ -80,9 +80,10 @@ def inspect(data_dir: DataDir,
     table.add_column("segment", no_wrap=True)
     for c in cols:
         table.add_column(c.replace("_", " "), justify="right")
-    for s in report["segments"]:
+    segments = cast("list[dict[str, int]]", report["segments"])
+    for s in segments:
         table.add_row(human_time(s["start_ms"]), *(f"{s[c]:,}" for c in cols))
-    totals = report["totals"]
+    totals = cast("dict[str, int]", report["totals"])
     table.add_row("total", *(f"{totals[c]:,}" for c in cols), style="bold")
     console = Console()
     console.print(table)
@@ -194,8 +195,8 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
     from timewheel.app.service import Service
     from timewheel.app.settings import load_settings
 
-    overrides = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}, "log": {"format": log_format},
-                 "admin": {"listen": admin}}
+    overrides: dict[str, dict[str, object]] = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv},
+                                               "log": {"format": log_format}, "admin": {"listen": admin}}
     try:
         settings = load_settings(config, None, overrides)
     except ConfigError as e:
