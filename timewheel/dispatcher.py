@@ -36,6 +36,7 @@ from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 
+_MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
 log = logging.getLogger("timewheel.dispatcher")
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
 
@@ -259,7 +260,9 @@ class Dispatcher:
 
     def _fail(self, bad: Batch, now: int) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last."""
-        tries = bad.attempts + 1
+        # int64 here, saturated when queued: a message the dead-letter path keeps refusing retries for
+        # as long as it takes, and its count must not wrap around int16 meanwhile
+        tries = bad.attempts.astype(np.int64) + 1
         final = tries >= self.config.max_attempts
         with self._lock:
             self.counters.send_failures += len(bad.due)
@@ -284,7 +287,7 @@ class Dispatcher:
                 jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
                 self.counters.retries += int(retry.sum())
             self.queue.retry(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
-                             tries[retry].astype(np.int16))
+                             np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16))
 
     def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray) -> None:
         """Write outcomes (attempts aligned with the batch) to each segment's dispatch log, then

@@ -1,0 +1,107 @@
+"""Sends that fail the same way every time end as dead letters; nothing retries forever."""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forwarder.contract import to_dead_letter, to_outgoing
+from forwarder.rocketmq import MessageRejectedError, encode_message
+from storage import summarize
+from timewheel import Engine, EngineConfig, ManualClock, Message
+from tests.timewheel.conftest import T0, drive
+
+MIN = 60_000
+
+
+class EncodingSink:
+    """Sends as the wire client would encode them: a message it cannot encode fails, every time."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        out = []
+        for m in messages:
+            try:
+                encode_message(to_outgoing(m), "ID")
+            except MessageRejectedError:
+                out.append(False)
+                continue
+            self.sent.append(m)
+            out.append(True)
+        return out
+
+
+class EncodingDeadLetters:
+    """A dead-letter path that encodes its messages the same way (a NUL in tags must not break it)."""
+
+    def __init__(self) -> None:
+        self.parked: list[tuple[Message, str]] = []
+
+    def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+        for m in messages:
+            encode_message(to_dead_letter("TW_DLQ", m.body, m.tags, " ".join(m.keys), dict(m.properties or {}),
+                                          reason), "ID")
+            self.parked.append((m, reason))
+
+
+def _engine(tmp_path: Path, clock: ManualClock, sink: Any, **cfg: Any) -> Iterator[Engine]:
+    e = Engine(EngineConfig(tmp_path / "data", **cfg), sink, clock, seed=1).start(background=False)
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def test_a_message_the_encoder_refuses_every_time_is_dead_lettered_and_its_segment_finishes(
+        tmp_path: Path, clock: ManualClock) -> None:
+    sink, dlq = EncodingSink(), EncodingDeadLetters()
+    engines = _engine(tmp_path, clock, sink, segment_minutes=1, preload_seconds=10, max_attempts=4,
+                      retry_base_ms=100, retry_max_ms=400)
+    e = next(engines)
+    e.dead_letter_sink = dlq
+    ok, poison = e.schedule([Message("T", b"ok", T0 + 1000), Message("T", b"poison", T0 + 1000, tags="t\x00g",
+                                                                      keys=("k\x00",))])
+    drive(e, clock, T0 + 3 * MIN)
+    assert [m.msg_id for m in sink.sent] == [ok]
+    assert [(m.msg_id, r) for m, r in dlq.parked] == [(poison, "not delivered after 4 attempts")]
+    st = e.stats()
+    assert (st.counters.delivered, st.counters.dead_lettered, st.retrying) == (1, 1, 0)
+    # the segment is over and fully dispatched: marked done, not held open by a retry
+    assert T0 in e.store.meta.done_segments()
+    [seg] = [s for s in summarize(e.store.layout)["segments"] if s["start_ms"] == T0]
+    assert seg["pending"] == 0
+    next(engines, None)
+
+
+def test_retry_counts_saturate_instead_of_wrapping(tmp_path: Path, clock: ManualClock) -> None:
+    class Refusing:
+        def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+            return [False] * len(messages)
+
+    class DeadLettersDown:
+        def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+            raise ConnectionError("the dead-letter topic is unreachable")
+
+    engines = _engine(tmp_path, clock, Refusing(), max_attempts=2, retry_base_ms=1000, retry_max_ms=1000)
+    e = next(engines)
+    e.dead_letter_sink = DeadLettersDown()
+    [mid] = e.schedule([Message("T", b"x", T0 + 10)])
+    drive(e, clock, T0 + 2500)
+    assert e.stats().retrying == 1  # the dead-letter path is down: it waits to try again, not lost
+    run = e._run
+    assert run is not None
+    # one retry away from int16's end: the next failure must not wrap the count around
+    from timewheel._held import Batch
+    loc = e.store.meta.locations([mid])[0]
+    assert loc is not None
+    near_end = Batch([Message("T", b"x", T0 + 10, msg_id=mid)], np.array([T0 + 10]), np.array([1], np.uint64),
+                     np.array([32767], np.int16), np.array([loc.segment_ms]), np.array([loc.part], np.uint16),
+                     np.array([loc.offset], np.uint32))
+    run.dispatcher._fail(near_end, T0 + 2600)
+    assert e.stats().retrying == 2 and e.stats().counters.dead_lettered == 0
+    assert run.queue._retries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
+    next(engines, None)
