@@ -35,6 +35,7 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
+from timewheel._threads import guarded
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
 log = logging.getLogger("timewheel.dispatcher")
@@ -90,9 +91,13 @@ class Dispatcher:
 
     # ---- the threads ----------------------------------------------------------------------------
 
+    def threads(self) -> list[threading.Thread]:
+        """The dispatch threads while started."""
+        return list(self._threads)
+
     def start(self, threads: int) -> None:
         """Start `threads` dispatch threads."""
-        self._threads = [threading.Thread(target=self._run, name=f"timewheel-dispatch-{i}", daemon=True)
+        self._threads = [threading.Thread(target=guarded(self._run, log), name=f"timewheel-dispatch-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()

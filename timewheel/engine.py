@@ -247,6 +247,19 @@ class Engine:
         meta.mark_cancelled(taken, now)
         return len(taken)
 
+    def dead_threads(self) -> list[str]:
+        """Names of the engine's threads that ended while it runs (an error escaped their loop).
+
+        Empty while healthy; an engine with a dead thread delivers nothing more of what that thread
+        owned, so the service reports itself not ready and exits for its supervisor to restart it
+        (nothing acknowledged is lost: it is all in the store).
+        """
+        run = self._run
+        if run is None or not run.background:
+            return []
+        threads = [*run.timer.threads(), *run.dispatcher.threads(), *run.housekeeper.threads()]
+        return [t.name for t in threads if not t.is_alive()]
+
     def stats(self) -> EngineStats:
         """Counters, queue sizes, memory and lateness percentiles (ms) of this engine since it started."""
         with self._lock:

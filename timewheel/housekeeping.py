@@ -12,6 +12,7 @@ import time
 from storage import ScheduleStore
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
+from timewheel._threads import guarded
 
 log = logging.getLogger("timewheel.housekeeping")
 
@@ -29,8 +30,12 @@ class Housekeeper:
     def start(self) -> None:
         """Start the housekeeping thread."""
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="timewheel-housekeeping", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log), name="timewheel-housekeeping", daemon=True)
         self._thread.start()
+
+    def threads(self) -> list[threading.Thread]:
+        """The housekeeping thread while started."""
+        return [self._thread] if self._thread is not None else []
 
     def stop(self) -> None:
         """Stop the thread (a checkpoint in progress finishes)."""

@@ -34,6 +34,7 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.loader import SegmentLoader
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
+from timewheel._threads import guarded
 
 log = logging.getLogger("timewheel.timer")
 _MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
@@ -79,7 +80,7 @@ class TimerDriver:
     def start(self) -> None:
         """Start the timer thread."""
         self._running = True
-        self._thread = threading.Thread(target=self._run, name="timewheel-timer", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log), name="timewheel-timer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -89,6 +90,10 @@ class TimerDriver:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def threads(self) -> list[threading.Thread]:
+        """The timer thread while started."""
+        return [self._thread] if self._thread is not None else []
 
     def wake(self) -> None:
         """Make the timer thread run a pass now."""

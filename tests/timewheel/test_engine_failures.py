@@ -105,3 +105,51 @@ def test_retry_counts_saturate_instead_of_wrapping(tmp_path: Path, clock: Manual
     assert e.stats().retrying == 2 and e.stats().counters.dead_lettered == 0
     assert run.queue._retries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
     next(engines, None)
+
+
+def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -> None:
+    """An error escaping a worker loop (here a shaper whose token clock overflows, as a 1e-320 rate
+    once did) leaves the engine unable to deliver: it must say so, not look healthy."""
+    import time
+
+    from timewheel import SystemClock
+
+    class OverflowingShaper:
+        def grant(self, backlog: Any, now_ms: int) -> dict[str, int]:
+            return {}
+
+        def next_grant_ms(self, now_ms: int) -> int | None:
+            raise OverflowError("cannot convert float infinity to integer")
+
+        def release(self, topic: str, n: int) -> None:
+            pass
+
+        def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
+            pass
+
+        def stats(self) -> dict[str, object]:
+            return {}
+
+    sink = EncodingSink()
+    e = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock(), shaper=OverflowingShaper()).start()
+    try:
+        assert e.dead_threads() == []
+        e.schedule([Message("T", b"x", int(time.time() * 1000))])
+        deadline = time.monotonic() + 10
+        while not e.dead_threads() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert e.dead_threads() == ["timewheel-dispatch-0"]
+    finally:
+        e.stop()
+
+
+def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
+    from timewheel.app.service import Service
+
+    class DeadEngine:
+        def dead_threads(self) -> list[str]:
+            return ["timewheel-timer"]
+
+    svc = Service.__new__(Service)
+    svc.engine, svc._consuming = DeadEngine(), True  # type: ignore[assignment]
+    assert svc.ready() is False

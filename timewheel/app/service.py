@@ -106,8 +106,8 @@ class Service:
     # ---- what the admin endpoint drives ----------------------------------------------------------
 
     def ready(self) -> bool:
-        """Whether the engine runs and the delay topic is being consumed."""
-        return self.engine is not None and self._consuming
+        """Whether the engine runs, all its threads alive, and the delay topic is being consumed."""
+        return self.engine is not None and self._consuming and not self.engine.dead_threads()
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         """Cancel by id or business key."""
@@ -191,12 +191,20 @@ class Service:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
+        failed = False
         try:
             while not self._stop.wait(0.5):
-                pass
+                dead = self.engine.dead_threads() if self.engine is not None else []
+                if dead:
+                    # Every acknowledged message is in the store: exit for a supervisor to restart
+                    # the engine, rather than stay up delivering nothing that thread owned.
+                    log.critical("engine thread(s) %s died (see the error above); stopping with exit code 3 so that "
+                                 "a supervisor restarts the engine", ", ".join(dead))
+                    failed = True
+                    break
         finally:
             self.stop()
         # Everything is stored, recorded and closed. Leave without running the RocketMQ client
         # library's static destructors, which can abort while its threads wind down.
         logging.shutdown()
-        os._exit(0)
+        os._exit(3 if failed else 0)
