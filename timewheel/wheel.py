@@ -2,7 +2,9 @@
 
 A pure data structure over numpy arrays. It owns no thread and reads no clock; the engine drives
 it from one thread with an injected clock. See `TimeWheel` for the algorithm, its costs, a worked
-example and the thread-safety rule.
+example and the thread-safety rule. It is longer than the other modules on purpose: one cohesive
+data structure, half of it the explanation and the argument checks, split nowhere without
+splitting the invariants that `check()` audits.
 """
 
 from __future__ import annotations
