@@ -85,11 +85,11 @@ class RecordReader:
                             reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
                         last_key = key
                     assert reader is not None
-                    view = memoryview(reader.view(off + HEADER_SIZE))
-                    length = record_length(view, off)
+                    view = reader.view(off + HEADER_SIZE)
+                    length = record_length(view, off)  # type: ignore[arg-type]  # an mmap is a buffer
                     if off + length > len(view):
-                        view = memoryview(reader.view(off + length))
-                    rec = decode(view, off)[0]
+                        view = reader.view(off + length)
+                    rec = decode(view, off)[0]  # type: ignore[arg-type]
                     if due is not None and rec.due_ms != due:
                         raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off)
                     out.append(rec)

@@ -123,7 +123,7 @@ def test_index_due_time_never_serves_a_record_before_its_own(tmp_path: Path) -> 
     e.stop()
     assert [at for m, at in sink.sent if m == late and at < T0 + 700_000] == []
     assert sorted(m for m, _ in sink.sent if m != late) == sorted(ids)
-    assert st["corrupt"] == 1
+    assert st.counters.corrupt == 1
     [finding] = check(layout).findings
     assert finding.kind == "corrupt_record" and "index says" in finding.detail
 
@@ -140,7 +140,7 @@ def test_index_offset_past_the_part_is_reported_and_repaired(tmp_path: Path) -> 
     drive(e, clock, T0 + 120_000)
     st = e.stats()
     e.stop()
-    assert sorted(m for m, _ in sink.sent) == sorted(ids) and st["corrupt"] == 0
+    assert sorted(m for m, _ in sink.sent) == sorted(ids) and st.counters.corrupt == 0
     assert check(layout).ok and summarize(layout)["totals"]["dispatched"] == 10
 
 
@@ -156,6 +156,6 @@ def test_a_damaged_record_in_an_unindexed_part_cuts_nothing_after_it(tmp_path: P
     drive(e, clock, T0 + 120_000)
     st = e.stats()
     e.stop()
-    assert sorted(m for m, _ in sink.sent) == sorted(ids[:3] + ids[4:]) and st["corrupt"] == 1
+    assert sorted(m for m, _ in sink.sent) == sorted(ids[:3] + ids[4:]) and st.counters.corrupt == 1
     assert log.stat().st_size == len(raw)
     assert [f.kind for f in check(layout).findings] == ["corrupt_record"]
