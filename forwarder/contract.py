@@ -182,7 +182,12 @@ def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, 
     return OutgoingMessage(topic, body, tags, keys, props)
 
 
-def raw_dead_letter(topic: str, stored: bytes, reason: str, queue_id: int, queue_offset: int) -> OutgoingMessage:
-    """A dead letter for a message that could not be read: its stored bytes, why, and where it was."""
-    props = {RAW_QUEUE_ID: str(queue_id), RAW_QUEUE_OFFSET: str(queue_offset)}
-    return to_dead_letter(topic, stored, RAW_TAG, None, props, reason)
+def raw_dead_letter(topic: str, stored: bytes, reason: str, queue_id: int, queue_offset: int, *,
+                    msg_id: str = "", keys: str | None = None,
+                    properties: Mapping[str, str] | None = None) -> OutgoingMessage:
+    """A dead letter for a message that could not be read: its stored bytes, why, and where it was
+    (with its id, keys and the producer's properties when those could be read)."""
+    props = {**(properties or {}), RAW_QUEUE_ID: str(queue_id), RAW_QUEUE_OFFSET: str(queue_offset)}
+    if msg_id:
+        props[ORIGINAL_MSG_ID] = msg_id
+    return to_dead_letter(topic, stored, RAW_TAG, keys, props, reason)

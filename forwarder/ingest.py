@@ -151,7 +151,8 @@ class DelayTopicIngest:
         """Park a message that cannot be read: its stored bytes, why, and where it was."""
         try:
             dl = raw_dead_letter(self.cfg.dead_letter_topic, msg.body, msg.undecodable or "unreadable",
-                                 msg.queue_id, msg.queue_offset)
+                                 msg.queue_id, msg.queue_offset, msg_id=msg.msg_id, keys=msg.keys or None,
+                                 properties=msg.properties)
             self._dlq.send_batch(dl.topic, [dl])
         except (ForwarderError, ValueError):
             log.exception("dead-lettering the unreadable message at queue %d offset %d failed; it will be pulled "

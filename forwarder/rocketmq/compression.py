@@ -60,7 +60,7 @@ def decompress(body: bytes, sys_flag: int, limit: int) -> bytes:
         raise BodyDecodeError(f"{CODEC_NAMES.get(codec, codec)} body of {len(body)} bytes is corrupt: {e}") from e
     if len(out) > limit:
         raise BodyTooLargeError(f"{CODEC_NAMES[codec]} body of {len(body)} bytes inflates past the limit of "
-                                f"{limit} bytes")
+                                f"{limit} bytes (it exceeds the maximum body size)")
     return out
 
 
