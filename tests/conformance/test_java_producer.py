@@ -38,7 +38,7 @@ class Pipeline:
     target: str
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one per test: each run counts its own deliveries and dead letters from the first offset
 def pipeline(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     run = uuid.uuid4().hex[:8]
     cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_J{run}",
