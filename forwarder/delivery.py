@@ -23,7 +23,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
-from forwarder.contract import ORIGINAL_MSG_ID, TARGET_TOPIC, to_dead_letter, to_outgoing
+from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
+                                to_outgoing)
 from forwarder.rocketmq import Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
 from timewheel.message import Message
@@ -79,6 +80,7 @@ class RocketMQSink:
             RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms, security=cfg.security())
             for _ in range(cfg.send_threads)]
         self.max_in_flight = len(self.senders)
+        self._reserved = frozenset({cfg.delay_topic, cfg.dead_letter_topic})
         self.linger_ms = cfg.send_linger_ms
         self._idle: queue.SimpleQueue[RemotingProducer] = queue.SimpleQueue()
         for s in self.senders:
@@ -117,6 +119,16 @@ class RocketMQSink:
             return [False] * len(messages)
         if not messages:
             return []
+        # Only user topics: a message scheduled in process or by backfill is held to the contract too,
+        # so that the engine's producer never writes into another group's retry or dead-letter queue.
+        allowed = [_user_topic(m.topic, self._reserved) for m in messages]
+        if not all(allowed):
+            sendable = [m for m, ok in zip(messages, allowed) if ok]
+            self._count(failed=len(messages) - len(sendable), rejected=len(messages) - len(sendable))
+            log.warning("refused %d message(s) for topics that are not delivery targets: %s",
+                        len(messages) - len(sendable), sorted({m.topic for m, ok in zip(messages, allowed) if not ok}))
+            sent = iter(self.send_batch(sendable))
+            return [next(sent) if ok else False for ok in allowed]
         outgoing = [to_outgoing(m) for m in messages]
         try:
             with self._checkout() as sender:
@@ -158,3 +170,12 @@ class RocketMQSink:
                                           reason))
         self.producer.send_batch(self.cfg.dead_letter_topic, letters)
         self._count(dead_lettered=len(letters))
+
+
+def _user_topic(topic: str, reserved: frozenset[str]) -> bool:
+    """Whether the contract allows delivering to `topic`."""
+    try:
+        check_target_topic(topic, reserved)
+    except ContractViolation:
+        return False
+    return True

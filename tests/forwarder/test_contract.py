@@ -119,3 +119,34 @@ def test_separators_in_tags_or_keys_break_the_contract_and_still_make_a_sendable
     carried = (dead.tags or "") + (dead.keys or "") + "".join(k + v for k, v in dead.properties.items())
     assert not any(c in carried for c in "\x00\x01\x02")
     assert dead.properties["TW_DEAD_LETTER_REASON"]
+
+
+def test_the_delivery_sink_refuses_topics_that_are_not_targets_without_sending() -> None:
+    from forwarder.config import RocketMQConfig
+    from forwarder.delivery import RocketMQSink
+    from forwarder.rocketmq import Receipt
+
+    class Sender:
+        def __init__(self) -> None:
+            self.topics: list[str] = []
+
+        def send(self, outgoing: list) -> list:
+            self.topics += [o.topic for o in outgoing]
+            return [Receipt.__new__(Receipt) for _ in outgoing]
+
+    sender = Sender()
+    sink = RocketMQSink(RocketMQConfig(), None, sender=sender)  # type: ignore[arg-type]
+    msgs = [Message("ORDERS", b"a", NOW), Message("%RETRY%other-group", b"b", NOW), Message("TW_DLQ", b"c", NOW),
+            Message("RMQ_SYS_TRANS_HALF_TOPIC", b"d", NOW), Message("PAYMENTS", b"e", NOW)]
+    assert sink.send_batch(msgs) == [True, False, False, False, True]
+    assert sender.topics == ["ORDERS", "PAYMENTS"]
+
+
+def test_a_dead_letter_topic_equal_to_the_delay_topic_is_refused() -> None:
+    from forwarder.config import RocketMQConfig
+    from timewheel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rocketmq.dead_letter_topic"):
+        RocketMQConfig(delay_topic="TW_DELAY", dead_letter_topic="TW_DELAY")
+    with pytest.raises(ConfigError, match="rocketmq.access_key"):
+        RocketMQConfig(secret_key="s")

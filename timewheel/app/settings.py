@@ -162,4 +162,7 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
         if section == "engine" and "data_dir" not in kwargs:
             raise ConfigError("engine.data_dir is required (config file, TIMEWHEEL_ENGINE_DATA_DIR or --data-dir)")
         built[section] = cls(**kwargs)
+    from forwarder.shaping_rules import parse_rules  # the rules are refused here, not as a traceback at serve
+
+    parse_rules(raw["shaping"])
     return Settings(shaping=raw["shaping"], **built)
