@@ -153,3 +153,41 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
     svc = Service.__new__(Service)
     svc.engine, svc._consuming = DeadEngine(), True  # type: ignore[assignment]
     assert svc.ready() is False
+
+
+def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) -> None:
+    """cancel(key=...) reads each record from disk; while it does, the timer, the dispatchers and a
+    stats scrape must not wait for it (the reads once ran under the lock they all need)."""
+    import threading
+
+    from timewheel import SystemClock
+
+    e = Engine(EngineConfig(tmp_path / "data"), EncodingSink(), SystemClock()).start()
+    try:
+        far = int(__import__("time").time() * 1000) + 3_600_000
+        e.schedule([Message("T", b"x", far, keys=("order-7",)) for _ in range(3)])
+        reading, release = threading.Event(), threading.Event()
+        store = e.store
+        original = store.read_record
+
+        def slow_read(*args: Any) -> Any:
+            reading.set()
+            release.wait(10)  # a disk that stalls
+            return original(*args)
+
+        store.read_record = slow_read  # type: ignore[method-assign]
+        canceller = threading.Thread(target=e.cancel, kwargs={"key": "order-7"})
+        canceller.start()
+        assert reading.wait(5)
+        scraped: list[object] = []
+        scraper = threading.Thread(target=lambda: scraped.append(e.stats()))
+        scraper.start()
+        scraper.join(5)
+        stalled = scraper.is_alive()
+        release.set()
+        canceller.join(10)
+        scraper.join(5)
+        assert not stalled, "stats() waited for a cancel's disk reads"
+        assert e.stats().counters.cancelled == 3
+    finally:
+        e.stop()
