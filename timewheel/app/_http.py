@@ -204,9 +204,11 @@ class HttpServer:
             self._loop.run_forever()
         finally:
             self._server.close()
-            for task in asyncio.all_tasks(self._loop):
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
                 task.cancel()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            # let every connection's task end (its socket closed) before the loop goes
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -219,9 +221,12 @@ class HttpServer:
             await self._requests(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:  # the server stops: close without waiting, and end quietly
+            writer.close()
+            return
         finally:
             self.open_connections -= 1
-            await self._close(writer)
+        await self._close(writer)
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         limits = self.limits
