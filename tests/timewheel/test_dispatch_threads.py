@@ -52,7 +52,10 @@ def test_a_trickle_goes_one_send_at_a_time_and_a_burst_in_parallel(tmp_path: Pat
         engine.schedule([Message("T", b"x", now + 300 + i // 2, msg_id=f"t{i}") for i in range(2000)])
         assert wait_for(lambda: len(sink.ids) == 2000, 30)
         trickle_beside, trickle_sends = sink.beside, len(sink.sizes)
-        # 10,000 due at one millisecond: full batches, sent side by side
+        # 10,000 due at one millisecond: full batches, sent side by side. A send of 1,000 takes a
+        # broker tens of ms; with 5 ms ones, reading the next batch's records (a few ms of CPU on a
+        # busy 2-core machine) could outlast the send in flight, and nothing would overlap to see.
+        sink.delay_s = 0.03
         now = time.time_ns() // 1_000_000
         engine.schedule([Message("T", b"x", now + 200, msg_id=f"b{i}") for i in range(10_000)])
         assert wait_for(lambda: len(sink.ids) == 12_000, 30)
