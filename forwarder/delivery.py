@@ -16,6 +16,7 @@ that does not exist or a message the broker refuses says nothing about the broke
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -172,6 +173,7 @@ class RocketMQSink:
         self._count(dead_lettered=len(letters))
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of topics take every message: check each once
 def _user_topic(topic: str, reserved: frozenset[str]) -> bool:
     """Whether the contract allows delivering to `topic`."""
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class EncodingDeadLetters:
             self.parked.append((m, reason))
 
 
+@contextmanager
 def _engine(tmp_path: Path, clock: ManualClock, sink: Any, **cfg: Any) -> Iterator[Engine]:
     e = Engine(EngineConfig(tmp_path / "data", **cfg), sink, clock, seed=1).start(background=False)
     try:
@@ -59,9 +61,12 @@ def _engine(tmp_path: Path, clock: ManualClock, sink: Any, **cfg: Any) -> Iterat
 def test_a_message_the_encoder_refuses_every_time_is_dead_lettered_and_its_segment_finishes(
         tmp_path: Path, clock: ManualClock) -> None:
     sink, dlq = EncodingSink(), EncodingDeadLetters()
-    engines = _engine(tmp_path, clock, sink, segment_minutes=1, preload_seconds=10, max_attempts=4,
-                      retry_base_ms=100, retry_max_ms=400)
-    e = next(engines)
+    with _engine(tmp_path, clock, sink, segment_minutes=1, preload_seconds=10, max_attempts=4,
+                 retry_base_ms=100, retry_max_ms=400) as e:
+        _refused_every_time(e, clock, sink, dlq)
+
+
+def _refused_every_time(e: Engine, clock: ManualClock, sink: EncodingSink, dlq: EncodingDeadLetters) -> None:
     e.dead_letter_sink = dlq
     ok, poison = e.schedule([Message("T", b"ok", T0 + 1000), Message("T", b"poison", T0 + 1000, tags="t\x00g",
                                                                       keys=("k\x00",))])
@@ -74,7 +79,6 @@ def test_a_message_the_encoder_refuses_every_time_is_dead_lettered_and_its_segme
     assert T0 in e.store.meta.done_segments()
     [seg] = [s for s in summarize(e.store.layout)["segments"] if s["start_ms"] == T0]
     assert seg["pending"] == 0
-    next(engines, None)
 
 
 def test_retry_counts_saturate_instead_of_wrapping(tmp_path: Path, clock: ManualClock) -> None:
@@ -86,9 +90,12 @@ def test_retry_counts_saturate_instead_of_wrapping(tmp_path: Path, clock: Manual
         def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
             raise ConnectionError("the dead-letter topic is unreachable")
 
-    engines = _engine(tmp_path, clock, Refusing(), max_attempts=2, retry_base_ms=1000, retry_max_ms=1000)
-    e = next(engines)
-    e.dead_letter_sink = DeadLettersDown()
+    with _engine(tmp_path, clock, Refusing(), max_attempts=2, retry_base_ms=1000, retry_max_ms=1000) as e:
+        _saturates(e, clock, DeadLettersDown())
+
+
+def _saturates(e: Engine, clock: ManualClock, dead_letters: Any) -> None:
+    e.dead_letter_sink = dead_letters
     [mid] = e.schedule([Message("T", b"x", T0 + 10)])
     drive(e, clock, T0 + 2500)
     assert e.stats().retrying == 1  # the dead-letter path is down: it waits to try again, not lost
@@ -104,7 +111,6 @@ def test_retry_counts_saturate_instead_of_wrapping(tmp_path: Path, clock: Manual
     run.dispatcher._fail(near_end, T0 + 2600)
     assert e.stats().retrying == 2 and e.stats().counters.dead_lettered == 0
     assert run.queue._retries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
-    next(engines, None)
 
 
 def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -> None:
