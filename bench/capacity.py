@@ -127,25 +127,42 @@ def loaded_memory(n: int, work: Path) -> dict[str, float]:
                                    * large["entries"]) / 2**20, 1)}
 
 
-class _Profile:
-    """py-spy sampling a process into `path` (collapsed stacks) while the block runs; nothing if no path."""
+class Profile:
+    """py-spy sampling a process into `path` (collapsed stacks) while the block runs; nothing if no path.
 
-    def __init__(self, pid: int, path: Path | None) -> None:
-        self.pid, self.path, self.proc = pid, path, None
+    With `gil`, only samples of the thread holding the GIL are kept: their count over `rate` times
+    the seconds sampled (`gil_share`) is the share of the time some thread held it.
+    """
 
-    def __enter__(self) -> "_Profile":
+    RATE = 250
+
+    def __init__(self, pid: int, path: Path | None, *, gil: bool = False) -> None:
+        self.pid, self.path, self.gil, self.proc = pid, path, gil, None
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Profile":
         if self.path is not None:
             import subprocess
-            self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(self.pid), "--rate", "250", "--nonblocking",
-                                          "--format", "raw", "--output", str(self.path)],
+            self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(self.pid), "--rate", str(self.RATE),
+                                          "--nonblocking", "--format", "raw", "--output", str(self.path),
+                                          *(["--gil"] if self.gil else [])],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # attached before the measured work starts
+            self.seconds = -time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
+            self.seconds += time.monotonic()
             self.proc.send_signal(signal.SIGINT)
             self.proc.wait(60)
+
+    def gil_share(self) -> float | None:
+        """Share of the sampled time a thread held the GIL (a `gil` profile only)."""
+        if not self.gil or self.path is None or not self.path.exists() or self.seconds <= 0:
+            return None
+        samples = sum(int(line.rpartition(" ")[2]) for line in self.path.read_text().splitlines() if line.strip())
+        return round(samples / (self.RATE * self.seconds), 3)
 
 
 def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None) -> dict[str, object]:
@@ -172,7 +189,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
             far = time.time_ns() // 1_000_000 + 7_200_000
             ingest_msgs = [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
                 "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)]
-            with _Profile(proc.pid, profile and profile / "ingest.txt"):
+            with Profile(proc.pid, profile and profile / "ingest.txt"):
                 c0, t0 = meter.sample()[1], time.monotonic()
                 sent = produce(producer, ingest_msgs)
                 _wait(lambda: _stored(data) >= sent, 600)
@@ -197,7 +214,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
             n = _stored(data) - before
             early = recv.count()  # only these messages are delivered: the ingested ones are due in two hours
             time.sleep(max(0.0, start_ms / 1000 - time.time() - 1.5))
-            with _Profile(proc.pid, profile and profile / "delivery.txt"):
+            with Profile(proc.pid, profile and profile / "delivery.txt"):
                 c0, t0 = meter.sample()[1], time.monotonic()
                 _wait(lambda: recv.count() >= n, DUE_SECONDS + 120)
                 dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0

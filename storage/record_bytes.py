@@ -92,9 +92,9 @@ class RecordBytes:
 
     def select(self, idx: np.ndarray) -> "RecordBytes":
         """The rows at `idx` (the buffer is shared, not copied)."""
-        return RecordBytes(self.data, self.start[idx], self.header[idx], self.ok[idx],
-                           {k: e for k, e in ((int(j), self.errors.get(int(i))) for j, i in enumerate(idx.tolist()))
-                            if e is not None})
+        errors = {} if not self.errors else {
+            j: e for j, e in ((j, self.errors.get(i)) for j, i in enumerate(idx.tolist())) if e is not None}
+        return RecordBytes(self.data, self.start[idx], self.header[idx], self.ok[idx], errors)
 
 
 def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: int,

@@ -65,8 +65,13 @@ def join_properties(props: Mapping[str, str]) -> str:
 
 def split_properties(text: str) -> dict[str, str]:
     """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
+    pairs = text.split(PROPERTY_SEPARATOR)
+    try:  # every pair well formed, the usual case: one C-level pass
+        return dict(pair.split(NAME_VALUE_SEPARATOR, 1) for pair in pairs if pair)  # type: ignore[misc]
+    except ValueError:  # a pair without a separator: a name with an empty value
+        pass
     props: dict[str, str] = {}
-    for pair in text.split(PROPERTY_SEPARATOR):
+    for pair in pairs:
         if pair:
             name, _, value = pair.partition(NAME_VALUE_SEPARATOR)
             props[name] = value
