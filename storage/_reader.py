@@ -135,9 +135,10 @@ class RecordReader:
                 for mv, _, _ in buffers:
                     mv.release()
                 buffers.clear()
-            for r, e in list(got.errors.items()):  # name the part, as `read` does
+            for r, found in list(got.errors.items()):  # name the part, as `read` does
                 seg, part = divmod(int(combined[r]), 65536)
-                got.errors[r] = CorruptRecordError(e.reason, offset=e.offset, path=str(self.layout.part_log(seg, part)))
+                got.errors[r] = CorruptRecordError(found.reason, offset=found.offset,
+                                                   path=str(self.layout.part_log(seg, part)))
             got.errors.update(unreadable)
             self.corrupt_found += len(got.errors)
         return got

@@ -56,8 +56,9 @@ class RecordBytes:
     def topics(self) -> list[str]:
         """Each good row's target topic (a handful of distinct topics: each decoded once)."""
         _, at, *_ = self.field_starts()
-        mv, known = memoryview(self.data), {}
-        out = []
+        mv = memoryview(self.data)
+        known: dict[bytes, str] = {}
+        out: list[str] = []
         for a, n in zip(at.tolist(), self.header["topic_len"].tolist()):
             b = mv[a:a + n].tobytes()
             t = known.get(b)
@@ -75,7 +76,9 @@ class RecordBytes:
     def concat(parts: list["RecordBytes"]) -> "RecordBytes":
         """The rows of several, in order, in one compact buffer (only the rows' own bytes are copied)."""
         slices: list[memoryview] = []
-        starts, errors, base = [], {}, 0
+        starts: list[np.ndarray] = []
+        errors: dict[int, CorruptRecordError] = {}
+        base = rows_before = 0
         for rb in parts:
             mv = memoryview(rb.data)
             lengths = rb.header["length"].astype(np.int64)
@@ -85,7 +88,8 @@ class RecordBytes:
             for s, ln in zip(rb.start[good].tolist(), lengths[good].tolist()):
                 slices.append(mv[s:s + ln])
             base += int(lengths[good].sum())
-            errors.update({k + sum(len(p) for p in starts): e for k, e in rb.errors.items()})
+            errors.update({k + rows_before: e for k, e in rb.errors.items()})
+            rows_before += len(rb)
             starts.append(new_start)
         return RecordBytes(b"".join(slices), np.concatenate(starts), np.concatenate([p.header for p in parts]),
                            np.concatenate([p.ok for p in parts]), errors)

@@ -72,8 +72,10 @@ class Batch:
         else:
             messages = [m for b in batches for m in b.messages]
         topics = [t for b in batches for t in b.topic_list()]
-        return Batch(messages, *(np.concatenate([getattr(b, f) for b in batches])
-                                 for f in ("due", "refs", "attempts", "segs", "parts", "offsets")), raw, topics)
+        return Batch(messages, np.concatenate([b.due for b in batches]), np.concatenate([b.refs for b in batches]),
+                     np.concatenate([b.attempts for b in batches]), np.concatenate([b.segs for b in batches]),
+                     np.concatenate([b.parts for b in batches]), np.concatenate([b.offsets for b in batches]),
+                     raw, topics)
 
 
 class HeldQueues:

@@ -67,7 +67,7 @@ def split_properties(text: str) -> dict[str, str]:
     """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
     pairs = text.split(PROPERTY_SEPARATOR)
     try:  # every pair well formed, the usual case: one C-level pass
-        return dict(pair.split(NAME_VALUE_SEPARATOR, 1) for pair in pairs if pair)  # type: ignore[misc]
+        return dict(pair.split(NAME_VALUE_SEPARATOR, 1) for pair in pairs if pair)
     except ValueError:  # a pair without a separator: a name with an empty value
         pass
     props: dict[str, str] = {}
