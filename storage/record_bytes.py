@@ -121,7 +121,14 @@ def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: 
         rows, offs = rows[fits], offs[fits]
         raw = np.frombuffer(mv, np.uint8)
         h = raw[offs[:, None] + _HEADER_COLUMNS].view(HEADER_DTYPE).reshape(len(offs))
-        del raw
+        # where each record's keys start, and whether they are one key (its uint16 length first): the
+        # usual case, checked here like the text fields; several keys or properties go to the decoder
+        keys_at = offs + HEADER_SIZE + h["id_len"] + h["topic_len"] + h["tags_len"]
+        keys_len = h["keys_len"].astype(np.int64)
+        first = np.minimum(keys_at, max(0, size - 2))
+        one_key = (keys_len >= 2) & ((raw[first].astype(np.int64) | raw[first + 1].astype(np.int64) << 8)
+                                     == keys_len - 2)
+        del raw, first
         length = h["length"].astype(np.int64)
         fields = (HEADER_SIZE + h["id_len"].astype(np.int64) + h["topic_len"] + h["tags_len"] + h["keys_len"]
                   + h["props_len"] + h["body_len"])
@@ -133,9 +140,11 @@ def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: 
         for r, o in zip(rows[~good].tolist(), offs[~good].tolist()):
             errors[r] = _why(mv, o, None if due_ms is None else int(due_ms[r]))
         rows, offs, h, length = rows[good], offs[good], h[good], length[good]
+        one_key, keys_len = one_key[good], keys_len[good]
         crcs = h["crc"].tolist()
         text_end = (HEADER_SIZE + h["id_len"].astype(np.int64) + h["topic_len"] + h["tags_len"]).tolist()
-        nested = ((h["keys_len"] > 0) | (h["props_len"] > 0)).tolist()
+        nested = (((keys_len > 0) & ~one_key) | (h["props_len"] > 0)).tolist()
+        key_end = [t + k if k else 0 for t, k in zip(text_end, keys_len.tolist())]
         keep = np.ones(len(rows), bool)
         texts: list[memoryview] = []
         for k, (o, ln) in enumerate(zip(offs.tolist(), length.tolist())):
@@ -153,11 +162,14 @@ def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: 
                     errors[int(rows[k])] = CorruptRecordError(e.reason, offset=o)
                     continue
             texts.append(s[HEADER_SIZE:text_end[k]])
+            if key_end[k] and not nested[k]:
+                texts.append(s[text_end[k] + 2:key_end[k]])
         # the text fields (id, topic, tags) are UTF-8, as the decoder would insist: one check for all
         # (NUL between them, so that no sequence cut at a field's end is completed by the next field)
         if texts and not _utf8(b"\x00".join(texts)):
             for k, (o, ln) in enumerate(zip(offs.tolist(), length.tolist())):
-                if keep[k] and not _utf8(mv[o + HEADER_SIZE:o + text_end[k]]):
+                if keep[k] and not (_utf8(mv[o + HEADER_SIZE:o + text_end[k]])
+                                    and (nested[k] or not key_end[k] or _utf8(mv[o + text_end[k] + 2:o + key_end[k]]))):
                     keep[k] = False
                     errors[int(rows[k])] = CorruptRecordError("a text field is not UTF-8", offset=o)
         texts.clear()

@@ -71,9 +71,10 @@ def _patch(store: ScheduleStore, seg: int, part: int, offset: int, at: int, new:
     pytest.param(dict(at=0, new=b"\x00", fix_crc=False), "magic", id="bad-magic"),
     pytest.param(dict(at=HEADER_SIZE + 4, new=b"\xff", fix_crc=True), "UTF-8", id="topic-not-utf8-crc-ok"),
     pytest.param(dict(at=12, new=struct.pack("<q", NOW + 5), fix_crc=True), "index says", id="due-not-the-index's"),
+    pytest.param(dict(at=HEADER_SIZE + 12, new=b"\xff", fix_crc=True), "UTF-8", id="key-not-utf8-crc-ok"),
 ])
 def test_a_damaged_record_is_refused_alone(store: ScheduleStore, damage: dict, words: str) -> None:
-    recs = [Record(f"id-{i}", "TOPIC", b"body", NOW + 10 + i, tags="x") for i in range(5)]
+    recs = [Record(f"id-{i}", "TOPIC", b"body", NOW + 10 + i, tags="x", keys=("kk",)) for i in range(5)]
     segs, parts, offs, due = _stored(store, recs)
     store.checkpoint()
     store.release_segment(int(segs[0]))
