@@ -134,3 +134,35 @@ def _group_scenario(rocketmq: LocalRocketMQ, records: list[str]) -> None:
     finally:
         cc.stop()
     assert set(c.ids) == set(third), "nothing accepted before is pulled again after a clean stop"
+
+
+class Sizes(Collector):
+    """A Collector that also records the size of each batch handed over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __call__(self, batch: list[ReceivedMessage]) -> bool:
+        self.sizes.append(len(batch))
+        return super().__call__(batch)
+
+
+@pytest.mark.rocketmq
+def test_answers_already_read_are_handed_over_in_one_batch(rocketmq: LocalRocketMQ) -> None:
+    """Group commit sized by load: with a backlog on every queue, the answers of several queues'
+    pulls go to the callback (and so to one store commit) together; each message once."""
+    topic, group = f"PULL_{uuid.uuid4().hex[:8]}", f"pull-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=8)
+    bodies = [f"g{i}" for i in range(1600)]
+    _send(rocketmq, topic, bodies, queues=8)
+    got = Sizes()
+    c = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, got, pull_batch=16, rebalance_interval_s=0.5)
+    c.start()
+    try:
+        got.wait(len(bodies))
+    finally:
+        c.stop()
+    assert sorted(got.ids) == sorted(bodies), "every message once"
+    assert max(got.sizes) > 16, f"no two answers went together: {got.sizes}"
+    assert len(got.sizes) < c.counters["batches"], "fewer callbacks than pull answers"
