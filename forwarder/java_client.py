@@ -91,10 +91,15 @@ class JavaClient:
         return [JavaMessage.from_json(r) for r in rows if not r.get("done")]
 
     def intake(self, topic: str, *, seconds: int = 10, threads: int = 4, batch: int = 128,
-               body_size: int = 100) -> dict[str, float]:
-        """The broker's intake ceiling: batches from several threads for `seconds`; sent, seconds, rate."""
-        rows = self._run(["intake", "--topic", topic, "--seconds", str(seconds), "--threads", str(threads),
-                          "--batch", str(batch), "--body-size", str(body_size)], timeout=seconds + 120)
+               body_size: int = 100, props: Mapping[str, str] | None = None) -> dict[str, float]:
+        """The broker's intake ceiling: batches from several threads for `seconds`; sent, seconds, rate.
+
+        `props` go on every message (a delay topic's contract, to measure an engine's batch ingest)."""
+        args = ["intake", "--topic", topic, "--seconds", str(seconds), "--threads", str(threads),
+                "--batch", str(batch), "--body-size", str(body_size)]
+        if props:
+            args += ["--props", json.dumps(dict(props))]
+        rows = self._run(args, timeout=seconds + 120)
         return {k: float(v) for k, v in rows[-1].items()}
 
 

@@ -7,7 +7,7 @@
 //                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each
 //   consume  --namesrv A --topic T --group G --count N --timeout-ms M [--ak K --sk S]
 //                                 prints each message received as JSON, then {"done":true,"received":n}
-//   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--ak K --sk S]
+//   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--props JSON] [--ak K --sk S]
 //                                 prints {"sent":n,"seconds":s,"rate":r}
 //   sign                          one JSON request a line on stdin: {"fields":{...},"body" (base64),"ak","sk"};
 //                                 prints the ext fields AclClientRPCHook sends for it
@@ -208,17 +208,23 @@ public final class JavaClient {
         int batch = Integer.parseInt(opt.getOrDefault("batch", "128"));
         byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
         long seconds = Long.parseLong(opt.getOrDefault("seconds", "10"));
+        JSONObject props = JSON.parseObject(opt.getOrDefault("props", "{}"));
         AtomicLong sent = new AtomicLong();
         long start = System.nanoTime();
         long end = start + seconds * 1_000_000_000L;
         List<Thread> workers = new ArrayList<>();
         for (int t = 0; t < threads; t++) {
             Thread w = new Thread(() -> {
-                List<Message> msgs = new ArrayList<>();
-                for (int i = 0; i < batch; i++) {
-                    msgs.add(new Message(topic, body));
-                }
                 while (System.nanoTime() < end) {
+                    // New messages each time: a message object keeps the unique id it was first sent with.
+                    List<Message> msgs = new ArrayList<>(batch);
+                    for (int i = 0; i < batch; i++) {
+                        Message m = new Message(topic, body);
+                        for (String k : props.keySet()) {
+                            m.putUserProperty(k, props.getString(k));
+                        }
+                        msgs.add(m);
+                    }
                     try {
                         p.send(msgs);
                         sent.addAndGet(batch);

@@ -64,11 +64,19 @@ def join_properties(props: Mapping[str, str]) -> str:
 
 
 def split_properties(text: str) -> dict[str, str]:
-    """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
+    """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict.
+
+    A repeated name keeps its last value, as RocketMQ's own decoder does, except UNIQ_KEY, which
+    keeps its first: a broker stores each message of a batch send with the batch's properties
+    appended to the message's own, so the batch's id follows the message's. The first one is the
+    id the producer was given for that message; the last would be the same for the whole batch.
+    """
     props: dict[str, str] = {}
     for pair in text.split(PROPERTY_SEPARATOR):
         if pair:
             name, _, value = pair.partition(NAME_VALUE_SEPARATOR)
+            if name == UNIQ_KEY and name in props:
+                continue
             props[name] = value
     return props
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import pytest
 
 from forwarder.config import RocketMQConfig
+from forwarder.contract import delay_message_id
 from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from timewheel.app.service import Service
-from timewheel.app.settings import Settings
+from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
 
@@ -47,7 +48,8 @@ def pipeline(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) 
     target = f"JAVA_TARGET_{run}"
     rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
     settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("conformance"), max_delay_ms=3_600_000,
-                                            max_body_bytes=1 << 20), rocketmq=cfg)
+                                            max_body_bytes=1 << 20), rocketmq=cfg,
+                        admin=AdminConfig(listen="127.0.0.1:0"))
     service = Service(settings).start()
     try:
         yield Pipeline(rocketmq, cfg, service, JavaClient(rocketmq.namesrv_addr), target)
@@ -120,3 +122,18 @@ def test_a_java_producers_messages_arrive_once_intact_and_on_time(pipeline: Pipe
 @pytest.mark.slow
 def test_the_full_conformance_matrix(pipeline: Pipeline) -> None:
     _run(pipeline, slow=True)
+
+
+def test_a_java_batch_of_identical_messages_arrives_whole_under_the_ids_the_producer_was_given(
+        pipeline: Pipeline) -> None:
+    # The broker appends a batch's own properties (its UNIQ_KEY among them) to each of its messages:
+    # read naively, every message of the batch has the batch's id, and identical ones look like one.
+    p = pipeline
+    same = [JavaMessage(p.cfg.delay_topic, b"the same", "same", None,
+                        {"TW_TARGET_TOPIC": p.target, "TW_DELAY_MS": "500"}) for _ in range(6)]
+    [result] = p.java.produce(same, batch=True, compress="none")
+    assert result["ok"] and result["count"] == 6, result
+    given = set(result["msgId"].split(","))
+    got = p.java.consume(p.target, 7, group=f"java_reader_{uuid.uuid4().hex[:6]}", timeout_s=20)
+    assert len(got) == 6, f"{len(got)} of 6 identical batched messages delivered"
+    assert {delay_message_id(m.props["TW_ORIGINAL_MSG_ID"]) for m in got} == given
