@@ -103,6 +103,19 @@ class JavaClient:
         return {k: float(v) for k, v in rows[-1].items()}
 
 
+    def pace(self, topic: str, *, rate: float, seconds: float, id_start: int, threads: int = 4, body_size: int = 100,
+             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7) -> dict[str, float]:
+        """Messages at a steady `rate` for `seconds`, numbered from `id_start` (property BENCH_ID) with their
+        wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a target,
+        plain messages stamped with their send time. Returns sent, failed, seconds, rate."""
+        args = ["pace", "--topic", topic, "--rate", str(rate), "--seconds", str(seconds), "--id-start", str(id_start),
+                "--threads", str(threads), "--body-size", str(body_size), "--seed", str(seed)]
+        if target:
+            args += ["--target", target, "--delay-min-ms", str(delay_ms[0]), "--delay-max-ms", str(delay_ms[1])]
+        rows = self._run(args, timeout=seconds + 120)
+        return {k: float(v) for k, v in rows[-1].items()}
+
+
 def _compile(lib: Path, cache_root: Path, version: str) -> Path:
     """Compile JavaClient.java once per source and version; the directory of its classes."""
     if shutil.which("javac") is None:

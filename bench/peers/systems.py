@@ -92,6 +92,11 @@ class System:
     def open(self) -> None:
         """Start the consumer side and whatever the system runs beyond the shared servers."""
 
+    def paced_topics(self) -> tuple[str, str | None]:
+        """(topic, delay target) for RocketMQ's Java producer at the high steady rate: the target is None
+        for plain messages. Only the systems with a `steady_high` phase have them."""
+        raise NotImplementedError(f"{self.name} has no high-rate steady phase")
+
     def send(self, msgs: Sequence[BenchMessage]) -> int:
         """Send messages as a producer of this system would; return how many were accepted."""
         raise NotImplementedError
@@ -263,6 +268,10 @@ class PlainHop(_RocketMQSystem):
     out_topic = "PEER_PLAIN"
     phases = ("steady", "steady_high")
 
+    def paced_topics(self) -> tuple[str, str | None]:
+        """Plain messages to the consumed topic."""
+        return self.out_topic, None
+
     def _message(self, m: BenchMessage, sent_ms: int) -> OutgoingMessage:
         sent = time.time_ns() / 1e6  # sub-millisecond: the floor is a few ms, whole-ms stamps would blur it
         return OutgoingMessage(self.out_topic, m.body, None, None,
@@ -321,6 +330,10 @@ class Timewheel(_RocketMQSystem):
     delay_topic = "TW_DELAY"
     probe_delay_ms = 10_000
     phases = ("steady", "steady_high", "burst", "horizon", "batch_ingest")
+
+    def paced_topics(self) -> tuple[str, str | None]:
+        """Delay messages to the delay topic, for the consumed topic."""
+        return self.delay_topic, self.out_topic
 
     def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer) -> None:
         super().__init__(deliver, work, mq, producer)
