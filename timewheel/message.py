@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 from storage import Record
+
+if TYPE_CHECKING:
+    from timewheel.cancels import CancelRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +22,9 @@ class Message:
     properties: Mapping[str, str] | None = None
     msg_id: str | None = None
     attempts: int = field(default=0, compare=False)
+    #: when its producer sent it (epoch ms, the producer's clock), if known: a cancel by key covers
+    #: the messages sent no later than the cancel
+    born_ms: int | None = field(default=None, compare=False)
 
     def to_record(self, msg_id: str) -> Record:
         """The storage record of this message under `msg_id`."""
@@ -91,3 +97,5 @@ class Source(Protocol):
 
 
 ScheduleFn = Callable[[Sequence[Message]], list[str]]
+CancelFn = Callable[[Sequence["CancelRequest"]], int]
+"""The engine's `apply_cancels`: keep cancels (durably) and apply them; returns messages cancelled."""
