@@ -127,8 +127,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
     passthrough = {k: v for k, v in user_properties(props).items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
     return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
-                   engine_id(msg, target, due, passthrough),
-                   born_ms=msg.born_timestamp if msg.born_timestamp > 0 else None)
+                   engine_id(msg, target, due, passthrough))
 
 
 _NO_SEPARATORS = str.maketrans("", "", NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR)

@@ -4,8 +4,10 @@ cancelled too (its replica may read the cancel's queue before the message's).
 A tombstone names an id or a business key:
 - an id tombstone cancels a message whose id is that id, or whose id starts with it and ':' (the
   engine's ids of delay-topic messages are `<UNIQ_KEY>:<checksum>`; a producer knows the first part);
-- a key tombstone cancels a message carrying that key and sent (its producer's born time) no later
-  than the cancel was: a key reused by a message sent after the cancel is not cancelled by it.
+- a key tombstone cancels every message carrying that key.
+Neither depends on the order in which an engine reads the cancel and the message, nor on anyone's
+clock, so every replica of a shard reaches the same outcome. A key cancelled stays cancelled for
+the retention: a new message under that key within it is cancelled too.
 
 Every tombstone is on disk (`storage.TombstoneLog`) before `add()` returns and is forgotten
 `retention_ms` after it arrived; at most `max_entries` are held (the oldest go first, counted).
@@ -35,7 +37,8 @@ _head = itemgetter(0)
 
 @dataclass(frozen=True, slots=True)
 class CancelRequest:
-    """A cancel: exactly one of `msg_id` or `key`, and when it was sent (epoch ms, its producer's clock)."""
+    """A cancel: exactly one of `msg_id` or `key`, and when it was sent (epoch ms, its producer's clock;
+    kept with the tombstone for whoever inspects it)."""
 
     msg_id: str | None
     key: str | None
@@ -59,7 +62,7 @@ class Tombstones:
         self.max_entries = max_entries
         self._lock = threading.Lock()
         self._ids: dict[str, int] = {}  # id -> expires_ms
-        self._keys: dict[str, tuple[int, int]] = {}  # key -> (born_ms, expires_ms)
+        self._keys: dict[str, int] = {}  # key -> expires_ms
         self._order: deque[tuple[int, int, str]] = deque()  # (expires_ms, kind, text) in arrival order
         self._on_disk = 0  # entries in the log file, live or not: compaction's trigger
         #: grows with every tombstone added, so a writer can tell whether one arrived meanwhile
@@ -83,19 +86,23 @@ class Tombstones:
             return len(self._ids) + len(self._keys)
 
     def add(self, requests: Sequence[CancelRequest], now_ms: int) -> int:
-        """Keep cancels as tombstones, durably; returns how many were new (a repeat changes nothing)."""
+        """Keep cancels as tombstones, durably; returns how many were written.
+
+        A repeat (the copy from another queue) writes nothing, unless it comes more than 1% of the
+        retention later: then it renews the tombstone's retention.
+        """
         expires = now_ms + self.retention_ms
+        renew_after = self.retention_ms // 100
         with self._lock:
             fresh: list[Tombstone] = []
+            seen: set[tuple[int, str]] = set()
             for r in requests:
-                if r.msg_id is not None:
-                    if r.msg_id not in self._ids and not any(t.kind == ID and t.text == r.msg_id for t in fresh):
-                        fresh.append(Tombstone(ID, r.msg_id, r.born_ms, expires))
-                else:
-                    assert r.key is not None
-                    held = self._keys.get(r.key)
-                    if held is None or held[0] < r.born_ms:
-                        fresh.append(Tombstone(KEY, r.key, r.born_ms, expires))
+                kind, text, table = (ID, r.msg_id, self._ids) if r.msg_id is not None else (KEY, r.key, self._keys)
+                assert text is not None
+                held = table.get(text)
+                if (kind, text) not in seen and (held is None or expires - held > renew_after):
+                    seen.add((kind, text))
+                    fresh.append(Tombstone(kind, text, r.born_ms, expires))
             if not fresh:
                 return 0
             self._log.append(fresh, now_ms)  # on disk before it counts
@@ -107,16 +114,12 @@ class Tombstones:
             return len(fresh)
 
     def _hold(self, t: Tombstone) -> None:
-        if t.kind == ID:
-            self._ids[t.text] = max(t.expires_ms, self._ids.get(t.text, t.expires_ms))
-        else:
-            born, expires = self._keys.get(t.text, (t.born_ms, t.expires_ms))
-            self._keys[t.text] = (max(born, t.born_ms), max(expires, t.expires_ms))
+        table = self._ids if t.kind == ID else self._keys
+        table[t.text] = max(t.expires_ms, table.get(t.text, t.expires_ms))
         self._order.append((t.expires_ms, t.kind, t.text))
 
     def screen(self, messages: Sequence[Message], now_ms: int) -> list[int]:
-        """Positions of the messages a tombstone cancels (a message without a born time counts as
-        sent now, after every key tombstone)."""
+        """Positions of the messages a tombstone cancels."""
         with self._lock:
             if self._order and self._order[0][0] <= now_ms:
                 self._expire_locked(now_ms)
@@ -132,13 +135,12 @@ class Tombstones:
             key_hit = bool(keys) and not keys.keys().isdisjoint(chain.from_iterable(map(_keys_of, messages)))
             if not id_hit and not key_hit:
                 return []
-            return [i for i, m in enumerate(messages) if self._cancels(m, now_ms)]
+            return [i for i, m in enumerate(messages) if self._cancels(m)]
 
-    def _cancels(self, m: Message, now_ms: int) -> bool:
+    def _cancels(self, m: Message) -> bool:
         if m.msg_id and (m.msg_id in self._ids or m.msg_id.partition(":")[0] in self._ids):
             return True
-        born = m.born_ms if m.born_ms is not None else now_ms
-        return any(k in self._keys and born <= self._keys[k][0] for k in m.keys)
+        return any(k in self._keys for k in m.keys)
 
     def expire(self, now_ms: int) -> None:
         """Forget tombstones past their retention (and compact the log when mostly dead)."""
@@ -149,9 +151,8 @@ class Tombstones:
         order = self._order
         while order and (order[0][0] <= now_ms or len(order) > self.max_entries):
             expires, kind, text = order.popleft()
-            table: dict[str, int] | dict[str, tuple[int, int]] = self._ids if kind == ID else self._keys
-            held = table.get(text)
-            if held is None or (held if kind == ID else held[1]) != expires:  # type: ignore[index]
+            table = self._ids if kind == ID else self._keys
+            if table.get(text) != expires:
                 continue  # superseded by a later entry still in the order
             if expires > now_ms:
                 self.evicted += 1
@@ -165,9 +166,9 @@ class Tombstones:
             self._on_disk = len(self._ids) + len(self._keys)
 
     def _live(self) -> list[Tombstone]:
-        out = [Tombstone(ID, t, 0, e) for t, e in self._ids.items()]
-        out += [Tombstone(KEY, t, b, e) for t, (b, e) in self._keys.items()]
-        return out
+        # the born times stay in the old file only: nothing reads them back
+        return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items()),
+                *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items())]
 
     def close(self) -> None:
         """Close the log file."""

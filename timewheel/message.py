@@ -22,9 +22,6 @@ class Message:
     properties: Mapping[str, str] | None = None
     msg_id: str | None = None
     attempts: int = field(default=0, compare=False)
-    #: when its producer sent it (epoch ms, the producer's clock), if known: a cancel by key covers
-    #: the messages sent no later than the cancel
-    born_ms: int | None = field(default=None, compare=False)
 
     def to_record(self, msg_id: str) -> Record:
         """The storage record of this message under `msg_id`."""

@@ -24,8 +24,8 @@ def _uniq(i: int) -> str:
 def test_cancel_by_id_before_the_message_arrives_wins(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
     e = make_engine()
     assert e.apply_cancels([CancelRequest(_uniq(1), None, T0)]) == 0  # nothing stored yet
-    e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(1)}:0badc0de", born_ms=T0 - 5),
-                Message("T", b"b", T0 + 10_000, msg_id=f"{_uniq(2)}:0badc0de", born_ms=T0 - 5)])
+    e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(1)}:0badc0de"),
+                Message("T", b"b", T0 + 10_000, msg_id=f"{_uniq(2)}:0badc0de")])
     drive(e, clock, T0 + 20_000)
     assert [m for m, _ in sink.sent] == [f"{_uniq(2)}:0badc0de"]
     st_ = e.stats()
@@ -52,18 +52,17 @@ def test_cancel_by_id_after_the_message_is_stored(make_engine, clock: ManualCloc
     assert e.stats().counters.cancelled == 1 and e.stats().tombstones == 1
 
 
-def test_key_cancel_covers_messages_sent_before_it_not_after(make_engine, clock: ManualClock,
-                                                             sink: RecordingSink) -> None:
+def test_key_cancel_covers_stored_and_later_messages_of_that_key(make_engine, clock: ManualClock,
+                                                                   sink: RecordingSink) -> None:
     e = make_engine()
-    e.apply_cancels([CancelRequest(None, "order-7", T0 + 100)])
+    e.schedule([Message("T", b"stored", T0 + 10_000, keys=("order-7",), msg_id="m0")])
+    assert e.apply_cancels([CancelRequest(None, "order-7", T0)]) == 1
     clock.set(T0 + 1000)
-    e.schedule([Message("T", b"early", T0 + 10_000, keys=("x", "order-7"), msg_id="m1", born_ms=T0 + 50),
-                Message("T", b"same-ms", T0 + 10_000, keys=("order-7",), msg_id="m2", born_ms=T0 + 100),
-                Message("T", b"later", T0 + 10_000, keys=("order-7",), msg_id="m3", born_ms=T0 + 101),
-                Message("T", b"api", T0 + 10_000, keys=("order-7",), msg_id="m4"),  # no born time: sent now
-                Message("T", b"other", T0 + 10_000, keys=("order-8",), msg_id="m5", born_ms=T0)])
+    e.schedule([Message("T", b"later", T0 + 10_000, keys=("x", "order-7"), msg_id="m1"),
+                Message("T", b"other", T0 + 10_000, keys=("order-8",), msg_id="m2")])
     drive(e, clock, T0 + 20_000)
-    assert sorted(m for m, _ in sink.sent) == ["m3", "m4", "m5"]
+    assert [m for m, _ in sink.sent] == ["m2"]
+    assert e.stats().counters.cancelled_on_arrival == 1
 
 
 def test_tombstones_survive_a_restart_and_expire(make_engine, clock: ManualClock, sink: RecordingSink,
@@ -74,10 +73,10 @@ def test_tombstones_survive_a_restart_and_expire(make_engine, clock: ManualClock
     clock.set(T0 + HOUR - 1)
     e = make_engine(tombstone_retention_hours=1.0)
     assert e.stats().tombstones == 2
-    e.schedule([Message("T", b"a", T0 + HOUR + 1000, msg_id=f"{_uniq(1)}:1", born_ms=T0 - 1),
-                Message("T", b"b", T0 + HOUR + 1000, msg_id="m2", keys=("k",), born_ms=T0 - 1)])
+    e.schedule([Message("T", b"a", T0 + HOUR + 1000, msg_id=f"{_uniq(1)}:1"),
+                Message("T", b"b", T0 + HOUR + 1000, msg_id="m2", keys=("k",))])
     clock.set(T0 + HOUR)  # retention over: forgotten, later arrivals are scheduled
-    e.schedule([Message("T", b"c", T0 + HOUR + 1000, msg_id=f"{_uniq(1)}:2", born_ms=T0 - 1)])
+    e.schedule([Message("T", b"c", T0 + HOUR + 1000, msg_id=f"{_uniq(1)}:2")])
     drive(e, clock, T0 + HOUR + 5000)
     assert [m for m, _ in sink.sent] == [f"{_uniq(1)}:2"]
     assert e.stats().tombstones == 0
@@ -124,16 +123,19 @@ def test_tombstones_are_bounded_and_the_log_compacts(tmp_path: Path) -> None:
     assert len(again) == len(t)
 
 
-def test_a_repeated_cancel_is_written_once(tmp_path: Path) -> None:
+def test_a_repeated_cancel_is_written_once_and_renewed_late(tmp_path: Path) -> None:
     log = TombstoneLog(tmp_path)
     t = Tombstones(log, retention_ms=HOUR, max_entries=100)
     t.load(T0)
-    assert t.add([CancelRequest("a", None, T0), CancelRequest(None, "k", T0)], T0) == 2
+    assert t.add([CancelRequest("a", None, T0), CancelRequest(None, "k", T0), CancelRequest("a", None, T0)], T0) == 2
     size = log.path.stat().st_size
     for _ in range(8):  # the same cancel from every queue
         assert t.add([CancelRequest("a", None, T0), CancelRequest(None, "k", T0)], T0 + 5) == 0
     assert log.path.stat().st_size == size
-    assert t.add([CancelRequest(None, "k", T0 + 1)], T0 + 6) == 1  # a later cancel of the key covers more
+    assert t.add([CancelRequest(None, "k", T0)], T0 + HOUR // 2) == 1  # sent again much later: renewed
+    t.expire(T0 + HOUR)
+    assert len(t) == 1  # "a" expired, "k" lives on
+    t.close()
 
 
 @pytest.mark.parametrize("bad", [dict(msg_id=None, key=None), dict(msg_id="a", key="b"), dict(msg_id="", key=None),
@@ -144,23 +146,22 @@ def test_a_cancel_names_exactly_one_id_or_key(bad: dict) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(["id", "key"]), st.integers(0, 5), st.integers(0, 100)), max_size=8),
-       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.lists(st.integers(0, 5), max_size=3),
-                          st.one_of(st.none(), st.integers(0, 100))), max_size=12))
+@given(st.lists(st.tuples(st.sampled_from(["id", "full-id", "key"]), st.integers(0, 5)), max_size=8),
+       st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 5)), st.integers(0, 3),
+                          st.lists(st.integers(0, 5), max_size=3)), max_size=12))
 def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytest.TempPathFactory,
                                                          cancels: list, messages: list) -> None:
     t = Tombstones(TombstoneLog(tmp_path_factory.mktemp("t")), retention_ms=HOUR, max_entries=1000)
     t.load(T0)
-    reqs = [CancelRequest(f"U{x}" if kind == "id" else None, f"k{x}" if kind == "key" else None, T0 + born)
-            for kind, x, born in cancels]
+    reqs = [CancelRequest({"id": f"U{x}", "full-id": f"U{x}:{x % 4}"}.get(kind), f"k{x}" if kind == "key" else None,
+                          T0) for kind, x in cancels]
     t.add(reqs, T0)
-    msgs = [Message("T", b"", T0, keys=tuple(f"k{k}" for k in keys), msg_id=f"U{u}:{c}",
-                    born_ms=None if born is None else T0 + born) for u, c, keys, born in messages]
+    msgs = [Message("T", b"", T0, keys=tuple(f"k{k}" for k in keys), msg_id=None if u is None else f"U{u}:{c}")
+            for u, c, keys in messages]
     want = []
     for i, m in enumerate(msgs):
-        by_id = any(r.msg_id is not None and m.msg_id.split(":")[0] == r.msg_id for r in reqs)
-        born = m.born_ms if m.born_ms is not None else T0 + 1000  # now, in the screen below
-        by_key = any(r.key in m.keys and born <= r.born_ms for r in reqs if r.key is not None)
+        by_id = m.msg_id is not None and any(r.msg_id in (m.msg_id, m.msg_id.split(":")[0]) for r in reqs)
+        by_key = any(r.key in m.keys for r in reqs)
         if by_id or by_key:
             want.append(i)
     assert t.screen(msgs, T0 + 1000) == want
