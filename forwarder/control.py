@@ -66,10 +66,12 @@ def to_cancel(msg: ReceivedMessage, now_ms: int) -> CancelRequest:
 
 
 def cancel_message(delay_topic: str, msg_id: str | None = None, key: str | None = None) -> OutgoingMessage:
-    """The control message cancelling `msg_id` or every message under `key`."""
+    """The control message cancelling `msg_id` or every message under `key` (its body, which RocketMQ
+    requires and the engine ignores, says what it cancels, for whoever reads the topic)."""
     CancelRequest(msg_id, key, 0)  # the same checks as the receiving side
-    prop = {CANCEL_ID: msg_id} if msg_id is not None else {CANCEL_KEY: key}
-    return OutgoingMessage(delay_topic, b"", CONTROL_TAG, None, {k: v for k, v in prop.items() if v is not None})
+    name, text = (CANCEL_ID, msg_id) if msg_id is not None else (CANCEL_KEY, key)
+    assert text is not None
+    return OutgoingMessage(delay_topic, f"{name}={text}".encode(), CONTROL_TAG, None, {name: text})
 
 
 @dataclass(frozen=True, slots=True)
