@@ -6,6 +6,7 @@ from typing import Callable
 
 from forwarder.config import RocketMQConfig
 from forwarder.contract import ContractLimits
+from forwarder.control import CancelSent, send_cancel
 from forwarder.delivery import RocketMQSink
 from forwarder.ingest import DelayTopicIngest
 from forwarder.rocketmq import RemotingProducer
@@ -18,6 +19,10 @@ class RocketMQEndpoints:
     source: DelayTopicIngest
     sink: RocketMQSink
     dead_letters: RemotingProducer
+
+    def send_cancel(self, msg_id: str | None, key: str | None) -> CancelSent:
+        """Put a cancel on every queue of the delay topic (`forwarder.control.send_cancel`)."""
+        return send_cancel(self.dead_letters, self.source.cfg.delay_topic, msg_id, key)
 
     def close(self) -> None:
         """Stop the consumer, then close the senders' connections."""

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 from storage import Record
+
+if TYPE_CHECKING:
+    from timewheel.cancels import CancelRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,3 +94,5 @@ class Source(Protocol):
 
 
 ScheduleFn = Callable[[Sequence[Message]], list[str]]
+CancelFn = Callable[[Sequence["CancelRequest"]], int]
+"""The engine's `apply_cancels`: keep cancels (durably) and apply them; returns messages cancelled."""

@@ -216,7 +216,11 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
            token: Annotated[Optional[str], typer.Option("--token", envvar="TIMEWHEEL_ADMIN_TOKEN",
                                                         help="Admin token (or TIMEWHEEL_ADMIN_TOKEN).")] = None
            ) -> None:
-    """Cancel a delayed message by id, or all under a business key, through the admin API."""
+    """Cancel a delayed message by id, or all under a business key, on every engine of the delay topic.
+
+    The engine behind the admin API puts the cancel on each queue of the delay topic (so every
+    replica of every shard applies it, also to messages that arrive after it) and applies it itself.
+    """
     import urllib.error
     import urllib.parse
     import urllib.request
@@ -228,7 +232,8 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
                                  headers={"Authorization": f"Bearer {token or ''}"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']}")
+            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']} here; the cancel is on every queue of "
+                       "the delay topic for the other engines")
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:

@@ -20,6 +20,8 @@ _COUNTERS = {
     "send_failures": "Sends that failed (each attempt).",
     "corrupt": "Records found corrupt at dispatch time (never served).",
     "catch_up_segments": "Past segments drained after downtime.",
+    "cancel_requests": "Cancels received as control messages on the delay topic (each copy counted).",
+    "cancelled_on_arrival": "Messages a cancel sent before them cancelled as they arrived (never stored).",
 }
 
 
@@ -50,7 +52,8 @@ class EngineCollector(Collector):
                          ("ready", "Due messages waiting for a sender."),
                          ("backlog", "Overdue messages of past segments waiting (catch-up)."),
                          ("retrying", "Messages waiting for their next attempt."),
-                         ("storage_corrupt_records", "Corrupt records the store has found on reads.")):
+                         ("storage_corrupt_records", "Corrupt records the store has found on reads."),
+                         ("tombstones", "Cancels held for messages that may still arrive.")):
             yield GaugeMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st, key)))
         if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",

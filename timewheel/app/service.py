@@ -70,7 +70,7 @@ class Service:
         self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink, shaper=shaping.shaper).start()
         assert self.engine.store is not None
         self.shaping = shaping.start(self.engine.store.meta)
-        self._endpoints.source.start(self.engine.schedule)
+        self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
@@ -110,10 +110,12 @@ class Service:
         return self.engine is not None and self._consuming and not self.engine.dead_threads()
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or business key."""
-        if self.engine is None:
+        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
+        from timewheel.app.cancel import cancel_everywhere
+
+        if self.engine is None or self._endpoints is None:
             return 0
-        return self.engine.cancel(msg_id=msg_id, key=key)
+        return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
 
     def shaping_rules(self) -> dict[str, Any]:
         """The traffic rules in force."""
