@@ -11,7 +11,7 @@ store. Topics are created and registration is checked with the wire client's adm
 from __future__ import annotations
 
 import json
-
+import os
 import random
 import shutil
 import signal
@@ -24,8 +24,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution, find_java
-from forwarder._local_process import (BROKER_JVM, BROKER_READY, NAMESRV_JVM, NAMESRV_READY, PortTaken, pick_ports,
-                                      start_jvm, tail, terminate, write_configs)
+from forwarder._local_process import (BROKER_JVM, BROKER_READY, MQADMIN_JVM, NAMESRV_JVM, NAMESRV_READY, PortTaken,
+                                      pick_ports, start_jvm, tail, terminate, write_configs)
 from forwarder.errors import LocalRocketMQError
 from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
                                 consumer_ids, consumer_lag, create_topics, topic_route)
@@ -258,6 +258,26 @@ class LocalRocketMQ:
             return sum(consumer_lag(self.namesrv_addr, group, topic, timeout, self.security).values())
         except RemotingError as e:
             raise LocalRocketMQError(f"cannot ask for the lag of group {group} on {topic}: {e}") from e
+
+    def mqadmin(self, *args: str, timeout: float = 120.0) -> str:
+        """Run RocketMQ's own admin tool (`mqadmin`: `MQAdminStartup` from the broker's jars) against
+        this NameServer with `args` (a sub-command and its options, `-n` added); its output.
+
+        LocalRocketMQError if it exits non-zero or prints a failed sub-command."""
+        self._require_started()
+        assert self._java is not None and self._lib is not None
+        cmd = [self._java, *MQADMIN_JVM, "-cp", f"{self._lib}/*", "org.apache.rocketmq.tools.command.MQAdminStartup",
+               *args, "-n", self.namesrv_addr]
+        env = {**os.environ, "ROCKETMQ_HOME": str(self.run_dir)}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env,
+                                  cwd=self.run_dir)
+        except subprocess.TimeoutExpired as e:
+            raise LocalRocketMQError(f"mqadmin {' '.join(args)} did not finish in {timeout:.0f} s") from e
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0 or "command failed" in out:
+            raise LocalRocketMQError(f"mqadmin {' '.join(args)} failed (exit {proc.returncode}):\n{out[-3000:]}")
+        return proc.stdout
 
     # -- internals ----------------------------------------------------------------------------
 
