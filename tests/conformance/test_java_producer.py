@@ -20,7 +20,7 @@ from forwarder.config import RocketMQConfig
 from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from timewheel.app.service import Service
-from timewheel.app.settings import Settings
+from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
 
@@ -47,7 +47,8 @@ def pipeline(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) 
     target = f"JAVA_TARGET_{run}"
     rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
     settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("conformance"), max_delay_ms=3_600_000,
-                                            max_body_bytes=1 << 20), rocketmq=cfg)
+                                            max_body_bytes=1 << 20), rocketmq=cfg,
+                        admin=AdminConfig(listen="127.0.0.1:0"))
     service = Service(settings).start()
     try:
         yield Pipeline(rocketmq, cfg, service, JavaClient(rocketmq.namesrv_addr), target)

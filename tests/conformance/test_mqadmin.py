@@ -20,7 +20,7 @@ from forwarder.config import RocketMQConfig
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from timewheel.app.service import Service
-from timewheel.app.settings import Settings
+from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
 
@@ -58,7 +58,8 @@ def _engine(mq: LocalRocketMQ, tmp: pytest.TempPathFactory) -> tuple[RocketMQCon
                          consumer_group=f"tw_ingest_m{run}", producer_group=f"tw_delivery_m{run}")
     target = f"ADMIN_TARGET_{run}"
     mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
-    settings = Settings(engine=EngineConfig(tmp.mktemp("mqadmin"), max_delay_ms=3_600_000), rocketmq=cfg)
+    settings = Settings(engine=EngineConfig(tmp.mktemp("mqadmin"), max_delay_ms=3_600_000), rocketmq=cfg,
+                        admin=AdminConfig(listen="127.0.0.1:0"))
     return cfg, Service(settings).start(), target
 
 
