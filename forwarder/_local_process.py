@@ -20,7 +20,7 @@ from pathlib import Path
 
 from forwarder.errors import LocalRocketMQError
 
-__all__ = ["BROKER_JVM", "BROKER_READY", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
+__all__ = ["BROKER_JVM", "BROKER_READY", "MQADMIN_JVM", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
            "tail", "terminate", "write_configs"]
 
 # Ports are drawn below Linux's default ephemeral range (32768-60999), so that the client
@@ -52,6 +52,11 @@ BROKER_JVM = (
     "-XX:MaxDirectMemorySize=256m",
     "-Drmq.logback.configurationFile=rmq.broker.logback.xml",
 )
+
+# RocketMQ's admin tool, as its `mqadmin` script starts it (a small client JVM).
+MQADMIN_JVM = ("-Xms64m", "-Xmx256m", "-XX:-UsePerfData", "-Djava.net.preferIPv4Stack=true",
+               "-Drocketmq.client.logLevel=ERROR",
+               "-Dlogback.statusListenerClass=org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener")
 
 
 class PortTaken(Exception):

@@ -54,8 +54,11 @@ class JavaClient:
     """Runs the compiled Java client against a NameServer, optionally with ACL credentials."""
 
     def __init__(self, namesrv: str, *, version: str = ROCKETMQ_VERSION, cache_dir: Path | None = None,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
+                 access_key: str | None = None, secret_key: str | None = None, tls: bool = False) -> None:
+        """A client of the NameServer `namesrv`; signing with the ACL keys if given; over TLS with `tls`
+        (RocketMQ's `-Dtls.enable=true`; the broker's certificate is not checked, as its test mode does)."""
         self.namesrv = namesrv
+        self.tls = tls
         self.lib = ensure_distribution(cache_dir, version)
         self.classes = _compile(self.lib, Path(cache_dir) if cache_dir else default_cache_dir(), version)
         self.credentials = (access_key, secret_key or "") if access_key else None
@@ -67,7 +70,7 @@ class JavaClient:
         return self._run(["sign"], "\n".join(lines) + "\n")
 
     def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
-        cmd = ["java", *_JVM_FLAGS, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
+        cmd = ["java", *_JVM_FLAGS, *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
                "--namesrv", self.namesrv]
         if self.credentials:
             cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]

@@ -11,7 +11,7 @@ store. Topics are created and registration is checked with the wire client's adm
 from __future__ import annotations
 
 import json
-
+import os
 import random
 import shutil
 import signal
@@ -24,8 +24,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution, find_java
-from forwarder._local_process import (BROKER_JVM, BROKER_READY, NAMESRV_JVM, NAMESRV_READY, PortTaken, pick_ports,
-                                      start_jvm, tail, terminate, write_configs)
+from forwarder._local_process import (BROKER_JVM, BROKER_READY, MQADMIN_JVM, NAMESRV_JVM, NAMESRV_READY, PortTaken,
+                                      pick_ports, start_jvm, tail, terminate, write_configs)
+from forwarder._local_tls import tls_jvm_flags
 from forwarder.errors import LocalRocketMQError
 from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
                                 consumer_ids, consumer_lag, create_topics, topic_route)
@@ -69,16 +70,20 @@ class LocalRocketMQ:
         broker_options: Mapping[str, str | int | bool] | None = None,
         stop_timeout: float = 30.0,
         acl: Credentials | None = None,
+        tls: bool = False,
     ) -> None:
         """Prepare (not start) a local RocketMQ; `run_dir` None means a temporary directory.
 
         `broker_options` add to or override the broker config; `stop_timeout` is the default
         grace period of stop() and stop_broker() before SIGKILL (a graceful broker stop takes
         10-15 s of shutdown hooks). With `acl`, the broker authenticates and authorizes every
-        request and that user is its administrator (and the broker's own inner client).
+        request and that user is its administrator (and the broker's own inner client). With `tls`,
+        NameServer and broker refuse plain connections (`tls.server.mode=enforcing`) and serve a
+        self-signed certificate made in the run directory; `security` then wraps clients in TLS.
         """
         self.acl = acl
-        self.security = ClientSecurity(acl) if acl is not None else None
+        self.tls = tls
+        self.security = ClientSecurity(acl, tls=tls) if acl is not None or tls else None
         self._given_run_dir = Path(run_dir) if run_dir is not None else None
         self._cache_dir = cache_dir
         self._version = version
@@ -231,7 +236,7 @@ class LocalRocketMQ:
         # The broker registers new topics with the NameServer itself; wait until every route is
         # visible, since a client that looks a topic up too early caches "no route" for a while.
         deadline = time.monotonic() + timeout
-        namesrv = NameServerClient(self.namesrv_addr, timeout)
+        namesrv = NameServerClient(self.namesrv_addr, timeout, self.security)
         try:
             for topic in topics:
                 while namesrv.route_document(topic) is None:
@@ -259,6 +264,26 @@ class LocalRocketMQ:
         except RemotingError as e:
             raise LocalRocketMQError(f"cannot ask for the lag of group {group} on {topic}: {e}") from e
 
+    def mqadmin(self, *args: str, timeout: float = 120.0) -> str:
+        """Run RocketMQ's own admin tool (`mqadmin`: `MQAdminStartup` from the broker's jars) against
+        this NameServer with `args` (a sub-command and its options, `-n` added); its output.
+
+        LocalRocketMQError if it exits non-zero or prints a failed sub-command."""
+        self._require_started()
+        assert self._java is not None and self._lib is not None
+        cmd = [self._java, *MQADMIN_JVM, *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self._lib}/*", "org.apache.rocketmq.tools.command.MQAdminStartup",
+               *args, "-n", self.namesrv_addr]
+        env = {**os.environ, "ROCKETMQ_HOME": str(self.run_dir)}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env,
+                                  cwd=self.run_dir)
+        except subprocess.TimeoutExpired as e:
+            raise LocalRocketMQError(f"mqadmin {' '.join(args)} did not finish in {timeout:.0f} s") from e
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0 or "command failed" in out:
+            raise LocalRocketMQError(f"mqadmin {' '.join(args)} failed (exit {proc.returncode}):\n{out[-3000:]}")
+        return proc.stdout
+
     # -- internals ----------------------------------------------------------------------------
 
     def _require_started(self) -> None:
@@ -269,7 +294,7 @@ class LocalRocketMQ:
     def _broker_registered(self) -> bool:
         """Tell whether the NameServer lists our broker."""
         try:
-            return broker_registered(self.namesrv_addr, self.broker_addr)
+            return broker_registered(self.namesrv_addr, self.broker_addr, security=self.security)
         except RemotingError:
             return False
 
@@ -277,12 +302,13 @@ class LocalRocketMQ:
         """Start the NameServer ("namesrv") or the broker ("broker") and wait until it is up."""
         assert self._java is not None and self._lib is not None
         run = self.run_dir
+        tls = tuple(tls_jvm_flags(run)) if self.tls else ()
         if name == "namesrv":
             return start_jvm(self._java, self._lib, run, name, NAMESRV_READY, deadline,
-                             "org.apache.rocketmq.namesrv.NamesrvStartup", NAMESRV_JVM,
+                             "org.apache.rocketmq.namesrv.NamesrvStartup", (*NAMESRV_JVM, *tls),
                              ["-c", str(run / "namesrv.conf")])
         return start_jvm(self._java, self._lib, run, name, BROKER_READY, deadline,
-                         "org.apache.rocketmq.broker.BrokerStartup", BROKER_JVM,
+                         "org.apache.rocketmq.broker.BrokerStartup", (*BROKER_JVM, *tls),
                          ["-c", str(run / "broker.conf"), "-n", self.namesrv_addr])
 
     def _wait_registered(self, deadline: float) -> None:
@@ -313,9 +339,10 @@ class LocalRocketMQ:
         self._run_dir = None if self._given_run_dir is None else self._run_dir
 
 
-def run_foreground(dir: Path | None = None, acl: Credentials | None = None) -> None:
+def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls: bool = False) -> None:
     """Run a local RocketMQ until SIGINT/SIGTERM, printing `namesrv 127.0.0.1:PORT` once ready
-    (with `acl`: authentication and authorization on, that user its administrator)."""
+    (with `acl`: authentication and authorization on, that user its administrator; with `tls`:
+    TLS only, on a self-signed certificate)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -324,10 +351,10 @@ def run_foreground(dir: Path | None = None, acl: Credentials | None = None) -> N
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     # A temporary store is deleted on exit, so Ctrl-C need not wait for the broker's graceful
     # shutdown (10-20 s); a kept store gets it, so that the next run starts without recovery.
-    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0, acl=acl)
+    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0, acl=acl, tls=tls)
     try:
         mq.start()
-        print(f"namesrv {mq.namesrv_addr}", flush=True)
+        print(f"namesrv {mq.namesrv_addr}{' (TLS only: [rocketmq] tls = true)' if tls else ''}", flush=True)
         while not stop.wait(0.5):
             if not mq.broker_running:
                 raise LocalRocketMQError(

@@ -123,7 +123,10 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
            acl: Annotated[Optional[str], typer.Option(
                "--acl", metavar="ACCESS_KEY:SECRET_KEY",
                help="Turn authentication and authorization on, with this user as the administrator; point the "
-                    "engine at it with [rocketmq] access_key and secret_key.")] = None) -> None:
+                    "engine at it with [rocketmq] access_key and secret_key.")] = None,
+           tls: Annotated[bool, typer.Option(
+               "--tls", help="Accept TLS connections only (a self-signed certificate made in the run directory); "
+                             "point the engine at it with [rocketmq] tls = true.")] = False) -> None:
     """Run a local RocketMQ (NameServer + Broker from Maven Central jars) in the foreground.
 
     Prints `namesrv 127.0.0.1:PORT` once it is ready; Ctrl-C stops it.
@@ -139,7 +142,7 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
             _fail("--acl takes ACCESS_KEY:SECRET_KEY, both non-empty (for example --acl admin:s3cret-key)")
         user = Credentials(access_key, secret_key)
     try:
-        run_foreground(dir, acl=user)
+        run_foreground(dir, acl=user, tls=tls)
     except LocalRocketMQError as e:
         _fail(str(e))
 
