@@ -3,7 +3,7 @@
 Every replica of a shard consumes the shard's queues into its own data directory; only the holder
 of the shard's lease sends. The lease is ZooKeeper's classic election: each replica creates an
 ephemeral sequential znode `<shard>/lease/replica-<seq>`, and the lowest live one holds the lease.
-Its sequence number is the lease's epoch: ZooKeeper numbers children in creation order, and the
+Its sequence number (plus one, so that 0 means none) is the lease's epoch: ZooKeeper numbers children in creation order, and the
 lowest live node's number only grows as holders die, so every new holder has a larger epoch than
 the last. The node vanishes when its session ends (the process died, or was silent for longer
 than the session timeout), and the next replica holds the lease.
@@ -18,7 +18,7 @@ A replica that does not hold the lease follows the published watermark: its engi
 due up to it as delivered elsewhere and holds the rest. When it becomes the holder it reads the
 watermark once more, and its engine sends everything due after it, overdue messages first; what
 was due between that watermark and the takeover may have been sent by the previous holder too
-(counted as `takeover_resends`).
+(counted as `possible_duplicates`).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class ReplicaCounters:
     losses: int = 0  # times it stopped holding (revoked, expired, superseded)
     peer_delivered: int = 0  # entries recorded as delivered by another replica (due by its watermark)
     held: int = 0  # entries held back because this replica could not send (standby, fence)
-    takeover_resends: int = 0  # sent after a takeover though due before it: may duplicate the last holder's
+    possible_duplicates: int = 0  # sent after a takeover, due between the last holder's watermark and its last sign of life
     watermarks_published: int = 0
 
 
@@ -77,6 +77,7 @@ class ShardReplica:
         self._epoch = 0
         self._peer_watermark = NO_WATERMARK
         self._took_over_ms = 0
+        self._duplicates_until = NO_WATERMARK
         self._published = Watermark()
         self._node: str | None = None  # our contender znode's name
         self._session: int | None = None  # the session that owns it
@@ -237,12 +238,16 @@ class ShardReplica:
             self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
 
     def _take_over(self, mark: Watermark) -> None:
-        epoch = int(self._node[len(_PREFIX):]) if self._node else 0
+        epoch = epoch_of(self._node) if self._node else 0
         with self._lock:
             self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
             self._epoch = epoch
             self._took_over_ms = self._now_ms()
             self._published = Watermark(epoch, self._peer_watermark, self.cfg.replica_id, self._took_over_ms)
+            # the last holder was alive when it published, and at most one interval longer with no
+            # further watermark: what was due by then may have gone out twice
+            self._duplicates_until = (mark.published_ms + int(self.cfg.watermark_interval_s * 1000) if mark.epoch
+                                      else NO_WATERMARK)
             self.counters.takeovers += 1
             self._active = True
         log.warning("shard %s: this replica (%s) holds the lease, epoch %d; delivering what is due after %d "
@@ -272,13 +277,19 @@ class ShardReplica:
             self._lose("a newer epoch owns the watermark")
 
     def note_sent(self, messages: Sequence[Message]) -> None:
-        """Count messages sent after a takeover that were due before it (the last holder may have sent them)."""
-        if self.counters.takeovers:
-            cutoff = self._took_over_ms
-            n = sum(1 for m in messages if m.deliver_at_ms <= cutoff)
+        """Count what this holder sent that the last one may have sent too (due after its watermark and
+        before its last sign of life: those before the watermark are never sent here)."""
+        until = self._duplicates_until
+        if until != NO_WATERMARK:
+            n = sum(1 for m in messages if m.deliver_at_ms <= until)
             if n:
                 with self._lock:
-                    self.counters.takeover_resends += n
+                    self.counters.possible_duplicates += n
+
+
+def epoch_of(node: str) -> int:
+    """The epoch of a lease node: its sequence number plus one (0 means no lease)."""
+    return int(node[len(_PREFIX):]) + 1
 
 
 class EpochStampingSink:

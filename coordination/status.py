@@ -7,6 +7,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from coordination.config import HAConfig
+from coordination.replica import epoch_of
 from coordination.watermark import read_watermark
 
 __all__ = ["ShardStatus", "shard_status"]
@@ -51,6 +52,6 @@ def shard_status(client: KazooClient, cfg: HAConfig, delay_topic: str) -> list[S
                 continue
         mark = read_watermark(client, path)
         holder = names[0] if names else None
-        out.append(ShardStatus(k, holder[1] if holder else None, int(holder[0][len(_PREFIX):]) if holder else 0,
+        out.append(ShardStatus(k, holder[1] if holder else None, epoch_of(holder[0]) if holder else 0,
                                tuple(n for _, n in names[1:]), mark.watermark_ms, mark.epoch, mark.published_ms))
     return out

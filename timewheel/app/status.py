@@ -143,8 +143,8 @@ def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:
     me = ha.get("replica") or {}
     role = f"HOLDS the lease, epoch {me.get('epoch')}" if me.get("holder") else "standby (stores, does not send)"
     out: list[RenderableType] = [Text(f"replica {me.get('replica')} of shard {me.get('shard')}/{me.get('shards')}: "
-                                      f"{role}; takeovers {me.get('takeovers', 0)}, resent after takeover "
-                                      f"{me.get('takeover_resends', 0)}, recorded as delivered by the holder "
+                                      f"{role}; takeovers {me.get('takeovers', 0)}, possible duplicates at takeover "
+                                      f"{me.get('possible_duplicates', 0)}, recorded as delivered by the holder "
                                       f"{me.get('peer_delivered', 0):,}")]
     table = Table(title="shards")
     for c in ("shard", "holder", "epoch", "standbys", "watermark (UTC)", "lag"):
