@@ -149,6 +149,11 @@ class ShardReplica:
         except KazooException:
             log.warning("closing the ZooKeeper session failed", exc_info=True)
 
+    def counter_values(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._lock:
+            return dict(vars(self.counters))
+
     def status(self) -> dict[str, object]:
         """This replica's view: holder or not, epoch, the watermarks, the fencing deadline, counters."""
         with self._lock:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from typer.testing import CliRunner
 
 from coordination import EPOCH_PROPERTY, LocalZooKeeper
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
@@ -39,6 +40,7 @@ from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from tests.reliability.kill_loop import serve_env
+from timewheel.app.cli import app
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -186,6 +188,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
         _wait("b holds the lease", b.holds, 30, b)
         takeover_s = time.monotonic() - t_fail
         took_over = b.replica()
+        shown = CliRunner().invoke(app, ["status", "--admin", f"127.0.0.1:{b.port}", "--json"])
+        assert shown.exit_code == 0, shown.output
+        shard = json.loads(shown.output)["ha"]["shards"][0]
+        assert (shard["holder"], shard["epoch"]) == ("b", took_over["epoch"]) and shard["lag_ms"] is not None
+        screen = " ".join(CliRunner().invoke(app, ["status", "--admin", f"127.0.0.1:{b.port}"]).output.split())
+        assert f"replica b of shard 0/1: HOLDS the lease, epoch {took_over['epoch']}" in screen
         resumed_ms = None
         if failure == "pause":
             time.sleep(max(0.0, t_fail + SESSION_S + 3.0 - time.monotonic()))  # well past a's session

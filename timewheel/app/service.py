@@ -170,6 +170,8 @@ class Service:
         if self._endpoints is not None:
             try:
                 lag = ingest_lag(self._rmq)
+                if self.settings.ha.enabled:  # a replica's group reads its shard's queues only
+                    lag = [q for q in lag if self.settings.ha.owns_queue(q.queue)]
             except IngestLagError as e:
                 lag_error = str(e)
         late, span, count = [0.0, 0.0], 0, 0
@@ -185,11 +187,17 @@ class Service:
         return doc
 
     def endpoint_stats(self) -> dict[str, object]:
-        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`."""
+        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
+        with [ha], `ha` (the replica's counters) and `ha_holder`."""
         if self._endpoints is None:
             return {}
-        return {"ingest": dict(self._endpoints.source.counters), "delivery": dict(self._endpoints.sink.counters),
-                "circuit_open": self._endpoints.sink.breaker.is_open}
+        out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
+                                  "delivery": dict(self._endpoints.sink.counters),
+                                  "circuit_open": self._endpoints.sink.breaker.is_open}
+        if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease
+            out["ha"] = self.replica.counter_values()
+            out["ha_holder"] = self.replica.may_send()
+        return out
 
     def stats(self) -> dict[str, object]:
         """Engine and RocketMQ counters, as JSON-ready dicts (`EngineStats.as_dict()` and `endpoint_stats()`)."""
