@@ -203,7 +203,8 @@ def run_foreground(dir: Path | None = None) -> None:
         print(f"zookeeper {zk.connect_string}", flush=True)
         while not stop.wait(0.5):
             if zk.pid is None:
-                raise LocalZooKeeperError(f"the local ZooKeeper exited unexpectedly: see {zk.run_dir / 'zookeeper.log'}")
+                raise LocalZooKeeperError(f"the local ZooKeeper exited unexpectedly: see "
+                                          f"{zk.run_dir / 'zookeeper.log'}")
     finally:
         zk.stop()
         if dir is None and zk._run_dir is not None:

@@ -3,22 +3,26 @@
 Every replica of a shard consumes the shard's queues into its own data directory; only the holder
 of the shard's lease sends. The lease is ZooKeeper's classic election: each replica creates an
 ephemeral sequential znode `<shard>/lease/replica-<seq>`, and the lowest live one holds the lease.
-Its sequence number (plus one, so that 0 means none) is the lease's epoch: ZooKeeper numbers children in creation order, and the
-lowest live node's number only grows as holders die, so every new holder has a larger epoch than
-the last. The node vanishes when its session ends (the process died, or was silent for longer
-than the session timeout), and the next replica holds the lease.
+Its sequence number (plus one, so that 0 means none) is the lease's epoch: ZooKeeper numbers
+children in creation order, and the lowest live node's number only grows as holders die, so every
+new holder has a larger epoch than the last. The node vanishes when its session ends (the process
+died, or was silent for longer than the session timeout), and the next replica holds the lease.
 
 The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
-- confirms its node every `watermark_interval_s` (and at most every sixth of the session), which
-  extends its fencing deadline (`coordination.fencing`); its engine sends only before that deadline;
-- publishes its engine's delivered-up-to watermark at the same time (`coordination.watermark`);
+- confirms its node every sixth of the session timeout (and with each watermark), which extends
+  its fencing deadline (`coordination.fencing`); its engine sends only before that deadline;
+- publishes its engine's delivered-up-to watermark every `watermark_interval_s`
+  (`coordination.watermark`);
 - stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`).
 
 A replica that does not hold the lease follows the published watermark: its engine records what is
 due up to it as delivered elsewhere and holds the rest. When it becomes the holder it reads the
 watermark once more, and its engine sends everything due after it, overdue messages first; what
 was due between that watermark and the takeover may have been sent by the previous holder too
-(counted as `possible_duplicates`).
+(counted as `possible_duplicates`: those due by the time its next watermark was due).
+
+Cancels need no lease: each replica's own ingest stores what the delay topic carries, control
+messages included, into its own engine, so a cancel sent on the delay topic reaches every replica.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ class ReplicaCounters:
     losses: int = 0  # times it stopped holding (revoked, expired, superseded)
     peer_delivered: int = 0  # entries recorded as delivered by another replica (due by its watermark)
     held: int = 0  # entries held back because this replica could not send (standby, fence)
-    possible_duplicates: int = 0  # sent after a takeover, due between the last holder's watermark and its last sign of life
+    possible_duplicates: int = 0  # sent after a takeover, due after the last holder's watermark, by its next one
     watermarks_published: int = 0
 
 
@@ -191,19 +195,22 @@ class ShardReplica:
         self._wake.set()
 
     def _run(self) -> None:
-        interval = min(self.cfg.watermark_interval_s, self.cfg.session_timeout_s / 6)
+        renew_every = self.cfg.session_timeout_s / 6  # several confirmations per fencing period
         next_publish = 0.0
         while not self._stopping.is_set():
             self._wake.clear()
+            holding = False
             try:
-                if self._step() and self._monotonic() >= next_publish:
+                holding = self._step()
+                if holding and self._monotonic() >= next_publish:
                     next_publish = self._monotonic() + self.cfg.watermark_interval_s
                     self._publish()
             except (KazooException, KazooTimeoutError, ConnectionError, OSError):
                 log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self.path,
                             exc_info=True)
                 self._lose("ZooKeeper request failed")
-            self._wake.wait(interval)
+            wait = min(renew_every, max(0.0, next_publish - self._monotonic())) if holding else renew_every
+            self._wake.wait(wait)
 
     def _step(self) -> bool:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""

@@ -14,6 +14,7 @@ from timewheel.message import DeadLetterSink, Message, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["NO_WATERMARK", "Clock", "ConfigError", "DeadLetterSink", "DeliveryGate", "DelayTooLongError", "Engine", "EngineConfig", "EngineCounters",
+__all__ = ["NO_WATERMARK", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "DeliveryGate", "Engine",
+           "EngineConfig", "EngineCounters",
            "EngineStateError", "EngineStats", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message",
            "Shaper", "Sink", "Source", "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]
