@@ -31,9 +31,11 @@ class RocketMQEndpoints:
         self.dead_letters.close()
 
 
-def connect_rocketmq(cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int]) -> RocketMQEndpoints:
-    """Build the delivery sink and (not started) the ingest consumer; nothing connects before first use."""
+def connect_rocketmq(cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int], *,
+                     queue_ids: Callable[[int], bool] | None = None) -> RocketMQEndpoints:
+    """Build the delivery sink and (not started) the ingest consumer; nothing connects before first use.
+    `queue_ids`: the ingest reads only the delay topic's queues whose id it accepts (a replica's shard)."""
     dead_letters = RemotingProducer(cfg.namesrv, cfg.producer_group, timeout_ms=cfg.send_timeout_ms,
                                     security=cfg.security())
-    return RocketMQEndpoints(DelayTopicIngest(cfg, limits, now_ms, dead_letters), RocketMQSink(cfg, dead_letters),
-                             dead_letters)
+    return RocketMQEndpoints(DelayTopicIngest(cfg, limits, now_ms, dead_letters, queue_ids=queue_ids),
+                             RocketMQSink(cfg, dead_letters), dead_letters)

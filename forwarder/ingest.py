@@ -58,8 +58,10 @@ class DelayTopicIngest:
     """A Source reading the delay topic; one per engine, all engines in one consumer group."""
 
     def __init__(self, cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int],
-                 dead_letters: RemotingProducer) -> None:
-        """Configure (nothing connects until start()); dead letters go through `dead_letters`."""
+                 dead_letters: RemotingProducer, *, queue_ids: Callable[[int], bool] | None = None) -> None:
+        """Configure (nothing connects until start()); dead letters go through `dead_letters`;
+        `queue_ids`: read only the delay topic's queues whose id it accepts (a replica's shard)."""
+        self.queue_ids = queue_ids
         self.cfg = cfg
         self.limits = limits
         self.now_ms = now_ms
@@ -83,8 +85,13 @@ class DelayTopicIngest:
                                             self._on_batch, pull_batch=self.cfg.consume_batch,
                                             timeout_ms=self.cfg.send_timeout_ms,
                                             max_body_bytes=self.limits.max_body_bytes,
-                                            security=self.cfg.security())
+                                            security=self.cfg.security(),
+                                            queue_filter=self._in_shard if self.queue_ids is not None else None)
         self._puller.start()
+
+    def _in_shard(self, queue: tuple[str, int]) -> bool:
+        """Whether a (broker, queue id) of the delay topic is read by this engine."""
+        return self.queue_ids is None or self.queue_ids(queue[1])
 
     def stop(self) -> None:
         """Stop taking messages (new ones are handed back for redelivery) and shut the consumer down."""

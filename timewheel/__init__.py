@@ -8,11 +8,13 @@ from timewheel.config import EngineConfig
 from timewheel.engine import Engine
 from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
                               TimewheelError)
+from timewheel.gate import NO_WATERMARK, DeliveryGate
 from timewheel.lateness import LatenessSummary
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "Engine", "EngineConfig", "EngineCounters",
+__all__ = ["NO_WATERMARK", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "DeliveryGate", "Engine",
+           "EngineConfig", "EngineCounters",
            "EngineStateError", "EngineStats", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message",
            "Shaper", "Sink", "Source", "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]

@@ -46,11 +46,13 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
+from timewheel.gate import DeliveryGate
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
+from timewheel.watermark import delivered_up_to
 
 log = logging.getLogger("timewheel.engine")
 
@@ -73,8 +75,10 @@ class Engine:
 
     def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, *, shaper: Shaper | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, gate: DeliveryGate | None = None) -> None:
+        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`)."""
         self.config = config
+        self.gate = gate
         self.sink = sink
         self.shaper = shaper
         self.clock: Clock = clock or SystemClock()
@@ -135,7 +139,7 @@ class Engine:
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
         dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                 dead_letter_sink=self._dead_letter_sink, seed=self._seed,
-                                counters=self._dispatch_counters)
+                                counters=self._dispatch_counters, gate=self.gate)
         tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
                                 cfg.max_tombstones)
         tombstones.load(self.clock.now_ms())
@@ -320,6 +324,12 @@ class Engine:
         return EngineStats(counters, ready, backlog, retrying, catch_up, run.dispatcher.held_size(),
                            run.store.corrupt_records_found, self.shaper.stats() if self.shaper else None,
                            wheel_entries, wheel_bytes, loaded, self._lateness.summary(), len(run.tombstones))
+
+    def delivered_up_to(self) -> int:
+        """Every message due at or before this (epoch ms) has its outcome recorded: the watermark a
+        replica holding the shard's lease publishes (-1 before the first timer pass)."""
+        run = self._require_started()
+        return delivered_up_to(run.timer, run.queue, run.dispatcher)
 
     # ---- driving by hand ------------------------------------------------------------------------
 

@@ -121,12 +121,15 @@ class RemotingPullConsumer:
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
                  retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
                  max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None,
+                 queue_filter: Callable[[Queue], bool] | None = None) -> None:
         """Configure (nothing connects until start()).
 
         A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
         unreadable rest goes to `on_batch` as one `undecodable` message and the queue moves on.
+        `queue_filter`: only queues it accepts are shared out in the group (a replica's shard).
         """
+        self.queue_filter = queue_filter
         self.max_body_bytes = max_body_bytes
         self.max_decode_tries = max_decode_tries
         self.group = group
@@ -282,7 +285,7 @@ class RemotingPullConsumer:
         route = parse_route(self.topic, data, readable=True)
         with self._lock:
             self._brokers = dict(route.brokers)
-        return list(route.queues)
+        return [q for q in route.queues if self.queue_filter is None or self.queue_filter(q)]
 
     def _heartbeat(self) -> None:
         body = json.dumps({

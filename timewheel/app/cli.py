@@ -148,6 +148,22 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
 
 
 @app.command()
+def zookeeper(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the data and logs here "
+                                                          "(default: a temporary directory).")] = None) -> None:
+    """Run a local ZooKeeper (from Maven Central jars) in the foreground, for replica sets ([ha]).
+
+    Prints `zookeeper 127.0.0.1:PORT` once it answers; Ctrl-C stops it.
+    """
+    from coordination import LocalZooKeeperError
+    from coordination.local_zookeeper import run_foreground
+
+    try:
+        run_foreground(dir)
+    except LocalZooKeeperError as e:
+        _fail(str(e))
+
+
+@app.command()
 def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:PORT.")],
          topic: Annotated[str, typer.Option(help="The target topic the message is delivered to.")],
          body: Annotated[str, typer.Option(help="Message body (UTF-8 text).")],
