@@ -10,6 +10,9 @@ TW_ORIGINAL_MSG_ID and notes each one's TW_LEASE_EPOCH and the broker's store ti
 (b) `a` is paused with SIGSTOP past its session and resumed: `b` took over meanwhile, and `a`
     sends not one message after it resumes (its fencing deadline passed while it was stopped).
 
+Before the failure, a plain producer cancels a few messages through the delay topic (TW_CANCEL_ID);
+they are due after the failure, and the replica that holds the lease then delivers none of them.
+
 Asserted, as docs/HA.md states it: nothing acknowledged is lost; the lease changes hands within
 10 s; every duplicate was due between the watermark `b` took over from and the failure, and that
 window is at most one watermark interval (plus the time to compute and publish it); nothing
@@ -51,6 +54,7 @@ SESSION_S = 4.0
 WATERMARK_S = 1.0
 PUBLISH_SLACK_MS = 500  # computing and writing a watermark on a busy two-core machine
 TAKEOVER_BOUND_S = 10.0
+CANCELLED_DUE_S = 18  # after the failure, within the run: delivered by b unless the cancel reached it
 
 
 def _now_ms() -> int:
@@ -148,6 +152,7 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     producer.start()
     due_of: dict[bytes, int] = {}
     acked: set[bytes] = set()
+    cancelled: set[bytes] = set()
     stop = threading.Event()
     a = b = None
     try:
@@ -176,6 +181,14 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
         producer_thread = threading.Thread(target=produce, daemon=True)
         producer_thread.start()
         time.sleep(12.0)  # steady state: a delivers, b stores and follows a's watermark
+        # Messages due well after the failure, cancelled at once by a plain producer through the delay topic
+        # (the shard holds every queue, so one control message each reaches both replicas).
+        for k in range(5):
+            body = f"{run}-cancelled-{k}".encode()
+            msg_id = producer.send(OutgoingMessage(delay_topic, body, None, None, {
+                "TW_TARGET_TOPIC": target, "TW_DELAY_MS": str(CANCELLED_DUE_S * 1000)})).msg_id
+            producer.send(OutgoingMessage(delay_topic, b"cancel", None, None, {"TW_CANCEL_ID": msg_id}))
+            cancelled.add(body)
         assert not b.holds()
         with lock:
             assert receipts and all(e == epoch_a for v in epochs.values() for e, _ in v)
@@ -231,10 +244,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
           f"(session {SESSION_S:g} s); epochs {epoch_a} -> {epoch_b}; the watermark b took over from was "
           f"{failed_ms - watermark} ms before the failure; {len(dups)} duplicates (messages due in that window: "
           f"{len(window)}; b counted {after['possible_duplicates']} possible); b recorded "
-          f"{after['peer_delivered']} as delivered by a"
+          f"{after['peer_delivered']} as delivered by a; {len(cancelled & set(counts))} of {len(cancelled)} "
+          "cancelled through the delay topic delivered"
           + (f"; a sent {len(after_resume)} after resuming and is a standby (epoch {after_a['epoch']})"
              if after_a is not None else ""))
     assert not lost, f"{len(lost)} acknowledged messages never delivered, e.g. {sorted(lost)[:5]}"
+    assert len(cancelled) == 5 and not cancelled & set(counts), "a message cancelled through the delay topic arrived"
     assert takeover_s <= TAKEOVER_BOUND_S
     assert epoch_b > epoch_a
     assert failed_ms - watermark <= WATERMARK_S * 1000 + PUBLISH_SLACK_MS
