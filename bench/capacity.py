@@ -28,10 +28,9 @@ from typing import Callable, Sequence
 
 
 from bench.engine_latency import _machine
-from bench.rocketmq_e2e import Receiver, lateness_summary, produce
+from bench.rocketmq_e2e import RemoteReceiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
 from forwarder import LocalRocketMQ
-from forwarder._rmq_native import LogLevel, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage
 from forwarder.rocketmq import RemotingProducer
 from storage import SegmentLayout, summarize
@@ -128,18 +127,53 @@ def loaded_memory(n: int, work: Path) -> dict[str, float]:
                                    * large["entries"]) / 2**20, 1)}
 
 
-def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, object]:
+class Profile:
+    """py-spy sampling a process into `path` (collapsed stacks) while the block runs; nothing if no path.
+
+    With `gil`, only samples of the thread holding the GIL are kept: their count over `rate` times
+    the seconds sampled (`gil_share`) is the share of the time some thread held it.
+    """
+
+    RATE = 250
+
+    def __init__(self, pid: int, path: Path | None, *, gil: bool = False) -> None:
+        self.pid, self.path, self.gil, self.proc = pid, path, gil, None
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Profile":
+        if self.path is not None:
+            import subprocess
+            self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(self.pid), "--rate", str(self.RATE),
+                                          "--nonblocking", "--format", "raw", "--output", str(self.path),
+                                          *(["--gil"] if self.gil else [])],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # attached before the measured work starts
+            self.seconds = -time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.seconds += time.monotonic()
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(60)
+
+    def gil_share(self) -> float | None:
+        """Share of the sampled time a thread held the GIL (a `gil` profile only)."""
+        if not self.gil or self.path is None or not self.path.exists() or self.seconds <= 0:
+            return None
+        samples = sum(int(line.rpartition(" ")[2]) for line in self.path.read_text().splitlines() if line.strip())
+        return round(samples / (self.RATE * self.seconds), 3)
+
+
+def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None) -> dict[str, object]:
     """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message."""
     out: dict[str, object] = {}
     with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
         run = uuid.uuid4().hex[:8]
         delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
         mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=8)
-        recv = Receiver()
-        consumer = NativePushConsumer(f"cap_consumer_{run}", mq.namesrv_addr, recv, thread_count=4,
-                                      log_level=LogLevel.ERROR)
-        consumer.subscribe(target)
-        consumer.start()
+        # in a process of its own: its callbacks would otherwise take CPU and the GIL from this one's
+        recv = RemoteReceiver(mq.namesrv_addr, target)
         producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
         data = work / "serve"
         # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
@@ -153,11 +187,13 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             out["idle"] = {"cpu_cores": round(idle, 4), "rss_mb": round(_rss_bytes(proc.pid) / 2**20, 1)}
             # ingest: due in two hours, so nothing is loaded into the wheel
             far = time.time_ns() // 1_000_000 + 7_200_000
-            c0, t0 = meter.sample()[1], time.monotonic()
-            sent = produce(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
-                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)])
-            _wait(lambda: _stored(data) >= sent, 600)
-            dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            ingest_msgs = [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)]
+            with Profile(proc.pid, profile and profile / "ingest.txt"):
+                c0, t0 = meter.sample()[1], time.monotonic()
+                sent = produce(producer, ingest_msgs)
+                _wait(lambda: _stored(data) >= sent, 600)
+                dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
             time.sleep(5.0)  # two checkpoints: the ingest log is let go
             disk = data_dir_bytes(data)
             out["ingest"] = {"messages": sent, "seconds": round(dt, 1), "per_s": round(sent / dt),
@@ -176,16 +212,17 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
                 for i in range(n)])  # what the broker acknowledged
             _wait(lambda: _stored(data) >= before + n, 600)
             n = _stored(data) - before
-            early = len(recv.seen)  # only these messages are delivered: the ingested ones are due in two hours
-            time.sleep(max(0.0, start_ms / 1000 - time.time() - 0.5))
-            c0, t0 = meter.sample()[1], time.monotonic()
-            _wait(lambda: len(recv.seen) >= n, DUE_SECONDS + 120)
-            dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
-            if len(recv.seen) < n:  # the CPU per message would be diluted by the wait: no figure
-                raise SystemExit(f"only {len(recv.seen)} of {n} due messages were delivered; see {work / 'serve.log'}")
-            with recv.lock:
-                late = lateness_summary(recv.late)
-            out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": len(recv.seen),
+            early = recv.count()  # only these messages are delivered: the ingested ones are due in two hours
+            time.sleep(max(0.0, start_ms / 1000 - time.time() - 1.5))
+            with Profile(proc.pid, profile and profile / "delivery.txt"):
+                c0, t0 = meter.sample()[1], time.monotonic()
+                _wait(lambda: recv.count() >= n, DUE_SECONDS + 120)
+                dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            received = recv.count()
+            if received < n:  # the CPU per message would be diluted by the wait: no figure
+                raise SystemExit(f"only {received} of {n} due messages were delivered; see {work / 'serve.log'}")
+            late = lateness_summary(recv.late()[0])
+            out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": received,
                                "delivered_before_measuring": early,
                                "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),
                                "lateness_ms": late}
@@ -194,7 +231,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path) -> dict[str, obje
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
             producer.close()
-            consumer.shutdown()
+            recv.stop()
     return out
 
 
@@ -237,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--messages", type=int, default=20_000, help="delay messages ingested through RocketMQ")
     ap.add_argument("--due-rate", type=int, default=2_000, help="messages due per second for 10 s")
     ap.add_argument("--loaded", type=int, default=500_000, help="messages in the wheel for the memory figure")
+    ap.add_argument("--profile", type=Path, help="directory for py-spy profiles (collapsed stacks) of the serve "
+                    "process while it ingests and while it delivers")
+    ap.add_argument("--skip-loaded", action="store_true", help="measure through RocketMQ only (no loaded memory)")
     ap.add_argument("--table", action="store_true", help="print the tables of the last results, measure nothing")
     args = ap.parse_args(argv)
     if args.table:
@@ -244,7 +284,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="tw-capacity-"))
     out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
-    measured = through_rocketmq(args.messages, args.due_rate, work)
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile)
+    if args.skip_loaded:
+        print(json.dumps(measured, indent=2))
+        return
     measured["loaded"] = loaded_memory(args.loaded, work)
     print("loaded", measured["loaded"], flush=True)
     out["measured"] = measured

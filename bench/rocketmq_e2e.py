@@ -1,11 +1,17 @@
 """End-to-end harness through a real local RocketMQ: ingest rate, dispatch rate, lateness.
 
-    python -m bench.rocketmq_e2e [--ingest 50000] [--dispatch 50000] [--rate 1000 --rate 5000] [--seconds 20]
+    python -m bench.rocketmq_e2e [--ingest 50000] [--burst 50000] [--rate 1000 --rate 5000] [--seconds 20]
+                                 [--intake-ceiling]
 
 - ingest: N delay messages are sent before the engine starts; the rate is N over the time the
-  engine takes to store them all (acknowledged = stored);
-- dispatch: N stored messages all due at the same millisecond; the rate is N over the time from
-  that millisecond to the last send the broker acknowledged;
+  engine takes to store them all (acknowledged = stored), with this process's CPU per message
+  (the harness only waits meanwhile: the CPU is the engine's);
+- dispatch (the burst): N stored messages all due at the same millisecond; the rate is N over the
+  time from that millisecond to the last send the broker acknowledged; lateness of each message
+  as the broker's acknowledgement saw it (the engine's send lateness) and as a consumer in
+  another process received it; CPU per message as for ingest;
+- intake ceiling (--intake-ceiling): RocketMQ's own Java producer sending batches from 4 threads
+  to an 8-queue topic for 10 s: what the broker takes in, the reference for both rates above;
 - lateness: a producer sends R messages/s, each due 2 s later; a consumer on the target topic
   records receive time minus due time (TW_DUE_MS on the delivered message).
 Writes bench/results/rocketmq_e2e.json.
@@ -152,6 +158,12 @@ def produce(producer: RemotingProducer, msgs: Sequence[OutgoingMessage], chunk: 
     return stored
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process (every thread)."""
+    t = os.times()
+    return t.user + t.system
+
+
 def _wait(pred, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -176,11 +188,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.rocketmq_e2e", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ingest", type=int, default=50_000, help="delay messages for the ingest rate")
-    ap.add_argument("--dispatch", type=int, default=50_000, help="messages due at one millisecond")
+    ap.add_argument("--burst", "--dispatch", dest="dispatch", type=int, default=50_000,
+                    help="messages due at one millisecond (the dispatch rate and burst lateness)")
+    ap.add_argument("--intake-ceiling", action="store_true",
+                    help="first measure the broker's intake with RocketMQ's own Java producer")
     ap.add_argument("--rate", type=int, action="append", help="steady due rate for lateness (repeatable)")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each lateness run")
     ap.add_argument("--send-threads", type=int, default=RocketMQConfig.send_threads,
                     help="delivery producers, one dispatch thread each (rocketmq.send_threads)")
+    ap.add_argument("--profile", type=Path, help="directory for py-spy profiles of this process during the burst "
+                    "(all threads, and GIL holders only: the share of the time the GIL was held)")
+    ap.add_argument("--skip-steady", action="store_true", help="stop after the burst (no lateness at steady rates)")
     ap.add_argument("--out", type=Path, default=RESULTS / "rocketmq_e2e.json", help="where to write the figures")
     args = ap.parse_args(argv)
     rates = args.rate or [1000, 5000]
@@ -194,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         cfg = RocketMQConfig(namesrv=mq.namesrv_addr, send_threads=args.send_threads)
         mq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, "BENCH_OUT"], queues=8)
+        if args.intake_ceiling:
+            from forwarder.java_client import JavaClient
+            mq.create_topics(["BENCH_INTAKE"], queues=8)
+            out["intake_ceiling"] = JavaClient(mq.namesrv_addr).intake("BENCH_INTAKE", seconds=10, threads=4,
+                                                                       batch=128, body_size=len(BODY))
+            print("intake ceiling", out["intake_ceiling"], flush=True)
         producer = RemotingProducer(mq.namesrv_addr, "bench-producer")
         recv = RemoteReceiver(mq.namesrv_addr, "BENCH_OUT")
         # 1. ingest: messages wait in the delay topic, then the engine starts and stores them
@@ -201,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         n = produce(producer, _delay_messages(cfg, "BENCH_OUT", [far] * args.ingest, "i"))
         service = Service(Settings(engine=EngineConfig(work / "data"), rocketmq=cfg,
                                    admin=AdminConfig(listen="127.0.0.1:0")))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         service.start()
         engine = service.engine
         assert engine is not None
@@ -211,17 +235,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             if first is None and stored():
                 first = (time.perf_counter(), stored())
             time.sleep(0.02)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), _cpu_s()
         got = stored()
         first = first or (t0, 0)
         out["ingest"] = {"messages": n, "stored": got, "seconds": round(t1 - t0, 2), "per_s": round(got / (t1 - t0)),
                          "per_s_after_first_stored": round((got - first[1]) / max(1e-3, t1 - first[0])),
+                         "cpu_us_per_message": round((c1 - c0) / max(1, got) * 1e6, 1),
                          "ingest_client": "pull",
                          "note": "per_s includes the consumer's start-up (route lookup, rebalance)"}
         print("ingest", out["ingest"], flush=True)
         # 2. dispatch: everything due at one millisecond, through the broker to BENCH_OUT
         delivered0 = engine.stats().counters.delivered
-        due = time.time_ns() // 1_000_000 + 3000 + args.dispatch // 20
+        due = time.time_ns() // 1_000_000 + 3000 + args.dispatch // 10  # scheduled in time on a busy machine
         from timewheel import Message
         for start in range(0, args.dispatch, 5000):
             engine.schedule([Message("BENCH_OUT", BODY + f"d{start + i}".encode(), due)
@@ -229,16 +254,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         if time.time_ns() // 1_000_000 >= due:
             raise SystemExit("scheduling took longer than the lead time; lower --dispatch")
         recv.reset()
-        _wait(lambda: engine.stats().counters.delivered - delivered0 >= args.dispatch, 600)
-        done_ns = time.time_ns()
+        engine.lateness.reset()
+        time.sleep(max(0.0, due / 1000 - time.time() - 1.5))
+        from bench.capacity import Profile
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        with Profile(os.getpid(), args.profile and args.profile / "burst_gil.txt", gil=True) as prof:
+            time.sleep(max(0.0, due / 1000 - time.time() - 0.2))
+            c0 = _cpu_s()
+            _wait(lambda: engine.stats().counters.delivered - delivered0 >= args.dispatch, 600)
+            done_ns, c1 = time.time_ns(), _cpu_s()
         d_s = max(1e-3, done_ns / 1e9 - due / 1000)
-        out["dispatch"] = {"messages": args.dispatch, "seconds": round(d_s, 2), "per_s": round(args.dispatch / d_s)}
+        dispatched = engine.stats().counters.delivered - delivered0
+        out["dispatch"] = {"messages": args.dispatch, "seconds": round(d_s, 2), "per_s": round(args.dispatch / d_s),
+                           "cpu_us_per_message": round((c1 - c0) / max(1, dispatched) * 1e6, 1),
+                           "engine_send_lateness_ms": asdict(engine.stats().lateness_ms),
+                           "gil_held_share": prof.gil_share()}
         print("dispatch", out["dispatch"], flush=True)
-        _wait(lambda: recv.count() >= args.dispatch, 120)
-        out["dispatch"]["received_by_consumer"] = recv.count()  # type: ignore[index]
+        _wait(lambda: recv.count() >= args.dispatch, 180)
+        late, dups = recv.late()
+        out["dispatch"].update({"received_by_consumer": recv.count(), "duplicates": dups,  # type: ignore[attr-defined]
+                                "consumer_lateness_ms": lateness_summary(late)})
+        print("burst lateness at the consumer", out["dispatch"]["consumer_lateness_ms"], flush=True)  # type: ignore[index]
+        if "intake_ceiling" in out:
+            ceiling = out["intake_ceiling"]["rate"]  # type: ignore[index]
+            out["of_intake_ceiling"] = {"ingest": round(out["ingest"]["per_s"] / ceiling, 2),  # type: ignore[index]
+                                        "dispatch": round(out["dispatch"]["per_s"] / ceiling, 2)}  # type: ignore[index]
         # 3. lateness at steady rates: each message due 2 s after it is produced
         lat = {}
-        for rate in rates:
+        for rate in ([] if args.skip_steady else rates):
             recv.reset()
             engine.lateness.reset()
             total = int(rate * args.seconds)

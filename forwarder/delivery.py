@@ -28,6 +28,8 @@ from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation
                                 to_outgoing)
 from forwarder.rocketmq import Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
+from forwarder.record_encoding import encode_records
+from storage import RecordBytes
 from timewheel.message import Message
 
 log = logging.getLogger("timewheel.delivery")
@@ -136,19 +138,47 @@ class RocketMQSink:
                 outcomes: list[Receipt | RemotingError] = sender.send(outgoing)
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(messages)
-        results = [isinstance(o, Receipt) for o in outcomes]
+        return self._settle([m.topic for m in messages], outcomes)
+
+    def send_records(self, records: RecordBytes) -> list[bool]:
+        """`send_batch` for stored records as they are on disk: each one's message is encoded from
+        its bytes (`record_encoding.encode_records`), no object made per message on the way."""
+        if not self.breaker.allow():
+            self._count(refused=len(records))
+            return [False] * len(records)
+        if not len(records):
+            return []
+        topics = records.topics()
+        if not all(_user_topic(t, self._reserved) for t in set(topics)):
+            # rare; the general path says which and why
+            return self.send_batch([Message.from_record(records.record(i)) for i in range(len(records))])
+        try:
+            with self._checkout() as sender:
+                ids = sender.new_ids(len(records))
+                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids), ids)
+        except RemotingError as e:  # the sender is closed
+            outcomes = [e] * len(records)
+        return self._settle(topics, outcomes)
+
+    def _settle(self, topics: Sequence[str], outcomes: Sequence[Receipt | RemotingError | None]) -> list[bool]:
+        """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request once."""
+        results = [not isinstance(o, RemotingError) for o in outcomes]
         ok = sum(results)
+        if ok == len(results):
+            self.breaker.record(ok, 0)
+            self._count(sent=ok)
+            return results
         errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message
         retriable = rejected = 0
-        for m, o in zip(messages, outcomes):
+        for topic, o in zip(topics, outcomes):
             if isinstance(o, RemotingError):
-                errors.setdefault(id(o), (m.topic, o))
+                errors.setdefault(id(o), (topic, o))
                 if o.retriable:
                     retriable += 1
                 else:
                     rejected += 1
         self.breaker.record(ok, retriable)
-        self._count(sent=ok, failed=len(messages) - ok, rejected=rejected)
+        self._count(sent=ok, failed=len(results) - ok, rejected=rejected)
         for topic, err in errors.values():
             # Not retriable means a missing topic or a refused message: someone has to act on it.
             log.log(logging.DEBUG if err.retriable else logging.WARNING, "delivery to %s failed (%s): %s", topic,

@@ -13,6 +13,7 @@ from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
+from storage.record_bytes import RecordBytes
 from storage.record import MAX_BODY, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
@@ -24,7 +25,7 @@ __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",
-    "PartStager", "REPLAYED", "Record", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
+    "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
     "decode_properties", "dispatch_entries",

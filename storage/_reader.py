@@ -12,6 +12,7 @@ from storage.index import INDEX_DTYPE, read_index
 from storage.layout import SegmentLayout
 from storage.part import PartReader, trusted_index
 from storage.record import HEADER_SIZE, Record, decode, record_length
+from storage.record_bytes import RecordBytes, gather_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,47 @@ class RecordReader:
                     err.__cause__ = e
                     out.append(err)
         return out
+
+    def read_bytes(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray,
+                   due_ms: np.ndarray | None = None) -> RecordBytes:
+        """Many records as checked bytes (`RecordBytes`), rows aligned with the arguments; corrupt
+        rows are counted and carry their error, as in `read`."""
+        n = len(offsets)
+        combined = np.asarray(segment_ms, np.int64) * 65536 + np.asarray(parts, np.int64)
+        pairs, inverse = np.unique(combined, return_inverse=True)
+        offsets = np.asarray(offsets)
+        unreadable: dict[int, CorruptRecordError] = {}
+        with self._lock:
+            buffers = []
+            for k, pair in enumerate(pairs.tolist()):
+                seg, part = divmod(pair, 65536)
+                rows = np.flatnonzero(inverse == k)
+                offs = offsets[rows]
+                try:
+                    reader = self._readers.get((seg, part))
+                    if reader is None:
+                        reader = self._readers[(seg, part)] = PartReader(self.layout.part_log(seg, part))
+                    # records past its end are found corrupt row by row; the others still serve
+                    buffers.append((memoryview(reader.whole()), rows, offs))
+                except (CorruptRecordError, OSError) as e:
+                    reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
+                    for r, o in zip(rows.tolist(), offs.tolist()):
+                        err = CorruptRecordError(reason, offset=o, path=str(self.layout.part_log(seg, part)))
+                        err.__cause__ = e
+                        unreadable[r] = err
+            try:
+                got = gather_records(buffers, n, None if due_ms is None else np.asarray(due_ms, np.int64))
+            finally:
+                for mv, _, _ in buffers:
+                    mv.release()
+                buffers.clear()
+            for r, found in list(got.errors.items()):  # name the part, as `read` does
+                seg, part = divmod(int(combined[r]), 65536)
+                got.errors[r] = CorruptRecordError(found.reason, offset=found.offset,
+                                                   path=str(self.layout.part_log(seg, part)))
+            got.errors.update(unreadable)
+            self.corrupt_found += len(got.errors)
+        return got
 
     def release(self, segment_ms: int) -> None:
         """Drop the read maps of a segment."""

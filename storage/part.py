@@ -217,6 +217,10 @@ class PartReader:
             self._size = size
         return self._map
 
+    def whole(self) -> mmap.mmap:
+        """A map covering the whole file as it is now (remapped when the live part has grown)."""
+        return self.view(max(1, os.fstat(self._f.fileno()).st_size))
+
     def close(self) -> None:
         """Unmap and close."""
         if self._map is not None:

@@ -1,4 +1,10 @@
-"""Due messages once read from disk: a batch with its aligned arrays, and the shaper's held queues."""
+"""Due messages once read from disk: a batch with its aligned arrays, and the shaper's held queues.
+
+A batch carries its messages in one of two forms: `Message` objects (a sink with only
+`send_batch`), or the records' stored bytes (`storage.RecordBytes`, for a sink with
+`send_records`: no Python object per message on the hot path). `messages` materialises the
+objects on demand, for the rare paths (dead letters) and for sinks that need them.
+"""
 from __future__ import annotations
 
 from collections import deque
@@ -6,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from storage import RecordBytes
 from timewheel.message import Message
 
 
@@ -13,19 +20,62 @@ from timewheel.message import Message
 class Batch:
     """Due messages read for sending, with their arrays aligned: where each lives and its tries."""
 
-    messages: list[Message]
+    _messages: list[Message] | None
     due: np.ndarray
     refs: np.ndarray
     attempts: np.ndarray
     segs: np.ndarray
     parts: np.ndarray
     offsets: np.ndarray
+    #: the records as stored (every row good), instead of `Message` objects
+    raw: RecordBytes | None = None
+    #: each row's target topic (kept for the shaper's queues and its accounting)
+    topics: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.due)
+
+    @property
+    def messages(self) -> list[Message]:
+        """The messages as objects (decoded from the stored bytes on first use when raw)."""
+        if self._messages is None:
+            raw = self.raw
+            assert raw is not None
+            self._messages = [Message.from_record(raw.record(i), a + 1)
+                              for i, a in zip(range(len(raw)), self.attempts.tolist())]
+        return self._messages
+
+    def topic_list(self) -> list[str]:
+        """Each row's target topic."""
+        if self.topics is None:
+            self.topics = self.raw.topics() if self.raw is not None else [m.topic for m in self.messages]
+        return self.topics
 
     def select(self, mask: np.ndarray) -> "Batch":
-        """The sub-batch where mask is True."""
-        idx = np.flatnonzero(mask)
-        return Batch([self.messages[i] for i in idx.tolist()] if self.messages else [], self.due[idx],
-                     self.refs[idx], self.attempts[idx], self.segs[idx], self.parts[idx], self.offsets[idx])
+        """The sub-batch where mask is True (or at the indices given)."""
+        idx = np.flatnonzero(mask) if mask.dtype == bool else mask
+        rows = idx.tolist()
+        return Batch([self._messages[i] for i in rows] if self._messages is not None else None, self.due[idx],
+                     self.refs[idx], self.attempts[idx], self.segs[idx], self.parts[idx], self.offsets[idx],
+                     self.raw.select(idx) if self.raw is not None else None,
+                     [self.topics[i] for i in rows] if self.topics is not None else None)
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        """One batch of the rows of several, in order (record bytes are compacted, not shared)."""
+        if len(batches) == 1:
+            return batches[0]
+        raw = None
+        if all(b.raw is not None for b in batches):
+            raw = RecordBytes.concat([b.raw for b in batches])  # type: ignore[misc]
+            messages = None
+        else:
+            messages = [m for b in batches for m in b.messages]
+        topics = [t for b in batches for t in b.topic_list()]
+        return Batch(messages, np.concatenate([b.due for b in batches]), np.concatenate([b.refs for b in batches]),
+                     np.concatenate([b.attempts for b in batches]), np.concatenate([b.segs for b in batches]),
+                     np.concatenate([b.parts for b in batches]), np.concatenate([b.offsets for b in batches]),
+                     raw, topics)
 
 
 class HeldQueues:
@@ -37,9 +87,9 @@ class HeldQueues:
 
     def add(self, b: Batch, now: int) -> None:
         """Hold every message of a batch under its topic, from `now`."""
-        for i, m in enumerate(b.messages):
-            self.queues.setdefault(m.topic, deque()).append((b, i, now))
-        self.size += len(b.messages)
+        for i, topic in enumerate(b.topic_list()):
+            self.queues.setdefault(topic, deque()).append((b, i, now))
+        self.size += len(b)
 
     def earliest_due(self) -> int | None:
         """Earliest due time of the messages held (None: none)."""
@@ -61,13 +111,11 @@ class HeldQueues:
         if not rows:
             return None, np.empty(0)
         self.size -= len(rows)
-        idx = [r[1] for r in rows]
-        src = [r[0] for r in rows]
-        out = Batch([b.messages[i] for b, i in zip(src, idx)],
-                    np.array([b.due[i] for b, i in zip(src, idx)], np.int64),
-                    np.array([b.refs[i] for b, i in zip(src, idx)], np.uint64),
-                    np.array([b.attempts[i] for b, i in zip(src, idx)], np.int16),
-                    np.array([b.segs[i] for b, i in zip(src, idx)], np.int64),
-                    np.array([b.parts[i] for b, i in zip(src, idx)], np.uint16),
-                    np.array([b.offsets[i] for b, i in zip(src, idx)], np.uint32))
-        return out, np.array([r[2] for r in rows], np.int64)
+        by_batch: dict[int, tuple[Batch, list[int], list[int]]] = {}
+        for b, i, since in rows:
+            entry = by_batch.setdefault(id(b), (b, [], []))
+            entry[1].append(i)
+            entry[2].append(since)
+        parts = [b.select(np.asarray(idx, np.int64)) for b, idx, _ in by_batch.values()]
+        held_since = np.array([s for _, _, since in by_batch.values() for s in since], np.int64)
+        return Batch.concat(parts), held_since

@@ -88,6 +88,8 @@ class Dispatcher:
         self.gate = gate
         self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
+        # a sink that sends stored records as they are spares a Message per delivered message
+        self._sends_records = callable(getattr(sink, "send_records", None))
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
         self._threads: list[threading.Thread] = []
@@ -207,11 +209,46 @@ class Dispatcher:
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
         segs, parts, offsets = self.segments.locate(refs)
+        # the index's due times go along: a record whose own (CRC-checked) due time differs is never served
+        if self._sends_records:
+            batch, corrupt = self._read_bytes(due, refs, attempts, segs, parts, offsets)
+        else:
+            batch, corrupt = self._read_messages(due, refs, attempts, segs, parts, offsets)
+        now = self.clock.now_ms()
+        if len(corrupt):
+            c = corrupt
+            self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
+                         attempts[c])
+            with self._lock:
+                self.counters.corrupt += len(corrupt)
+        if not len(batch):
+            return
+        if self.shaper is None:
+            self._deliver(batch)
+            return
+        with self._lock:
+            self._held.add(batch, now)
+        self._deliver_granted()
+
+    def _read_bytes(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
+                    parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, np.ndarray]:
+        """The good records as stored bytes (for `send_records`), and the rows found corrupt."""
+        raw = self.store.read_record_bytes(segs, parts, offsets, due)
+        for err in raw.errors.values():
+            log.error("corrupt record skipped, never served: %s", err)
+        if not raw.errors:
+            return Batch(None, due, refs, attempts, segs, parts, offsets, raw), np.empty(0, np.int64)
+        k = np.flatnonzero(raw.ok)
+        return (Batch(None, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k], raw.select(k)),
+                np.flatnonzero(~raw.ok))
+
+    def _read_messages(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
+                       parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, np.ndarray]:
+        """The good records as `Message` objects (for `send_batch`), and the rows found corrupt."""
         messages: list[Message] = []
         ok_idx: list[int] = []
         corrupt: list[int] = []
         from_record = Message.from_record
-        # the index's due times go along: a record whose own (CRC-checked) due time differs is never served
         records = self.store.read_records(segs.tolist(), parts.tolist(), offsets.tolist(), due.tolist())
         for i, (rec, att) in enumerate(zip(records, attempts.tolist())):
             if isinstance(rec, CorruptRecordError):
@@ -220,23 +257,8 @@ class Dispatcher:
                 continue
             messages.append(from_record(rec, att + 1))
             ok_idx.append(i)
-        now = self.clock.now_ms()
-        if corrupt:
-            c = np.asarray(corrupt)
-            self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
-                         attempts[c])
-            with self._lock:
-                self.counters.corrupt += len(corrupt)
-        if not messages:
-            return
-        k = np.asarray(ok_idx)
-        batch = Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k])
-        if self.shaper is None:
-            self._deliver(batch)
-            return
-        with self._lock:
-            self._held.add(batch, now)
-        self._deliver_granted()
+        k = np.asarray(ok_idx, np.int64)
+        return Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k]), np.asarray(corrupt, np.int64)
 
     def _deliver_granted(self) -> int:
         """Send what the shaper grants now from the held queues, highest share first.
@@ -260,14 +282,14 @@ class Dispatcher:
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
                 if batch is not None and len(batch.due):  # out of the held queues: the watermark sees it here
                     self.queue.note_in_hand(int(batch.due.min()))
-                taken = Counter(m.topic for m in batch.messages) if batch is not None else Counter()
+                taken = Counter(batch.topic_list()) if batch is not None else Counter()
                 for topic, n in grants.items():
                     if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
                         shaper.release(topic, n - taken.get(topic, 0))
             if batch is None:
                 return sent
             self._deliver(batch, held_since)
-            sent += len(batch.messages)
+            sent += len(batch)
 
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
         """Send one batch through the sink and record every outcome."""
@@ -276,22 +298,19 @@ class Dispatcher:
             self._hold(gate, b.due, b.refs, b.attempts)
             gate.count(0, len(b.due))
             if self.shaper is not None:
-                for topic, n in Counter(m.topic for m in b.messages).items():
+                for topic, n in Counter(b.topic_list()).items():
                     self.shaper.release(topic, n)
             return
         try:
-            results = self.sink.send_batch(b.messages)
-            if len(results) != len(b.messages):
-                raise RuntimeError(f"sink answered {len(results)} results for {len(b.messages)} messages")
-            delivered = np.asarray(results, bool)
+            delivered = self._sink_send(b)
         except Exception:
-            log.exception("sink failed a batch of %d", len(b.messages))
-            delivered = np.zeros(len(b.messages), bool)
+            log.exception("sink failed a batch of %d", len(b))
+            delivered = np.zeros(len(b), bool)
         sent_at = self.clock.now_ms()
         if self.shaper is not None:
             topics: dict[str, list[int]] = {}
-            for i, m in enumerate(b.messages):
-                topics.setdefault(m.topic, []).append(i)
+            for i, topic in enumerate(b.topic_list()):
+                topics.setdefault(topic, []).append(i)
             for topic, idx in topics.items():
                 ok = int(delivered[idx].sum())
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
@@ -311,6 +330,16 @@ class Dispatcher:
                 self.counters.delivered += len(good.due)
         if not delivered.all():
             self._fail(b.select(~delivered), sent_at)
+
+    def _sink_send(self, b: Batch) -> np.ndarray:
+        """One send batch through the sink: delivered or not, per row (raises if the sink fails whole)."""
+        if b.raw is not None:
+            results = self.sink.send_records(b.raw)  # type: ignore[attr-defined]  # checked in __init__
+        else:
+            results = self.sink.send_batch(b.messages)
+        if len(results) != len(b):
+            raise RuntimeError(f"sink answered {len(results)} results for {len(b)} messages")
+        return np.asarray(results, bool)
 
     def _fail(self, bad: Batch, now: int) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last."""

@@ -41,6 +41,10 @@ class Sink(Protocol):
     A sink may also have an int attribute `max_in_flight`: the engine then runs that many dispatch
     threads, each calling `send_batch` while the others wait on the network (one slow answer
     then holds up only its own batch). Such a sink must be thread-safe.
+
+    A sink may also have `send_records(records: storage.RecordBytes) -> list[bool]`, the same
+    contract for records as stored (CRC-checked bytes and header columns): the dispatcher then
+    hands it those instead of a `Message` per due message.
     """
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:

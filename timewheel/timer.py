@@ -29,6 +29,7 @@ import numpy as np
 
 from storage import CANCELLED, ScheduleStore, dispatch_entries
 from timewheel._due import DueChunks
+from timewheel._memory import release_free_memory
 from timewheel.clock import Clock, seconds_until
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
@@ -193,11 +194,15 @@ class TimerDriver:
         loader, wheel, queue = self.loader, self.wheel, self.queue
         seg_ms = self.config.segment_ms
         current = now - now % seg_ms
+        loaded = False
         for seg in (current, current + seg_ms):
             if seg not in loader.loaded and (seg == current or now >= seg - self.config.preload_seconds * 1000):
                 if seg in self._catch_up:
                     self._catch_up.remove(seg)
                 self._add(*loader.load(seg), now)
+                loaded = True
+        if loaded:  # the load's temporaries are freed: let the process shrink to what the wheel holds
+            release_free_memory()
         with self._inbound_lock:
             inbound, self._inbound = self._inbound, []
             self._inbound_min_due = None
@@ -219,6 +224,8 @@ class TimerDriver:
                 order = np.argsort(due, kind="stable")
                 queue.push_backlog(due[order], refs[order])
                 self.catch_up_segments += 1
+                del due, refs, order
+                release_free_memory()
         if not self._catch_up and (deferred := self._deferred.take_all()) is not None:
             queue.push_backlog(deferred[0], deferred[1])
         queue.expect_catch_up(bool(self._catch_up))

@@ -36,11 +36,15 @@ from forwarder.rocketmq.message import (KEYS, TAGS, UNIQ_KEY, WAIT, OutgoingMess
                                         join_properties, split_properties)
 from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
 
-__all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "decode_messages", "encode_message"]
+__all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "MAX_PROPERTIES_BYTES", "RESERVED_BYTES", "decode_messages",
+           "encode_message", "encode_serialized"]
 
 # Bytes that would split a property (\x01, \x02), or cut it short in the C++ clients (\x00).
 _RESERVED_CHARS = re.compile("[\x00-\x02]")
 _MAX_PROPERTIES_BYTES = 32767  # props_length is a signed 16-bit field
+MAX_PROPERTIES_BYTES = _MAX_PROPERTIES_BYTES
+#: `_RESERVED_CHARS` over UTF-8 bytes (no multi-byte sequence contains a byte below 0x80)
+RESERVED_BYTES = re.compile(b"[\x00-\x02]")
 BROKER_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # broker default maxMessageSize: the limit of one batch body
 
 #: one message of a batch body, up to its body
@@ -114,6 +118,13 @@ def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
         raise MessageRejectedError(f"properties of {len(properties)} bytes exceed RocketMQ's {_MAX_PROPERTIES_BYTES}",
                                    code=MESSAGE_ILLEGAL)
     body = msg.body
+    return b"".join((_MESSAGE_HEAD.pack(_MESSAGE_OVERHEAD + len(body) + len(properties), 0, 0, 0, len(body)), body,
+                     _PROPERTIES_LENGTH.pack(len(properties)), properties))
+
+
+def encode_serialized(body: bytes | memoryview, properties: bytes) -> bytes:
+    """One message of a batch body from properties already serialised and checked (name \\x01 value
+    \\x02, repeated, WAIT and UNIQ_KEY included, at most 32767 bytes): `encode_message` without a dict."""
     return b"".join((_MESSAGE_HEAD.pack(_MESSAGE_OVERHEAD + len(body) + len(properties), 0, 0, 0, len(body)), body,
                      _PROPERTIES_LENGTH.pack(len(properties)), properties))
 

@@ -83,6 +83,8 @@ _FLAG_SUSPEND = 2
 _FLAG_SUBSCRIPTION = 4
 #: how often the connections the broker may ask this member something on are looked at
 _SERVE_INTERVAL_S = 0.05
+#: pull answers stored in one commit at most (each up to `pull_batch` messages)
+_MAX_ANSWERS_PER_COMMIT = 32
 
 #: (broker name, queue id)
 Queue = tuple[str, int]
@@ -418,10 +420,18 @@ class RemotingPullConsumer:
                 conn = None
                 time.sleep(self.retry_backoff_s)
                 continue
-            answered = pending.pop(resp.opaque, None)
-            if answered is None:
-                continue
-            self._handle_pull(answered, resp)
+            # Group commit sized by load: answers already here (other queues') are stored together,
+            # so a busy topic goes in commits of up to every owned queue's pull, an idle one in one.
+            answers = [(resp, pending.pop(resp.opaque, None))]
+            try:
+                while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(0):
+                    more = conn.read_response(time.monotonic() + self.timeout)
+                    answers.append((more, pending.pop(more.opaque, None)))
+            except RemotingError as e:  # what was read is handled; the connection is made again
+                log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
+                conn.close()
+                conn = None
+            self._handle_pulls([(q, r) for r, q in answers if q is not None])
         if conn is not None:
             conn.close()
 
@@ -440,13 +450,39 @@ class RemotingPullConsumer:
                 "commitOffset": str(st.committed if commit else 0), "suspendTimeoutMillis": str(self.suspend_ms),
                 "subscription": "*", "subVersion": "0", "expressionType": "TAG"}
 
-    def _handle_pull(self, q: Queue, resp: Response) -> None:
+    def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
+        """Hand the messages of every answer to the callback at once; commit or retry them together."""
+        found: list[tuple[_QueueState, int, list[ReceivedMessage]]] = []
+        for q, resp in answered:
+            got = self._read_pull(q, resp)
+            if got is not None:
+                found.append(got)
+        if not found:
+            return
+        batch = [m for _, _, msgs in found for m in msgs]
+        try:
+            accepted = self.on_batch(batch) if batch else True
+        except Exception:
+            log.exception("the ingest callback failed; the batch will be pulled again")
+            accepted = False
+        for st, next_offset, _ in found:
+            if accepted:
+                self.counters["batches"] += 1
+                st.offset, st.decode_failures, st.last_consume_ms = next_offset, 0, int(time.time() * 1000)
+            else:
+                self.counters["refused"] += 1
+                st.retry_at = time.monotonic() + self.retry_backoff_s
+            st.in_flight = None
+
+    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage]] | None:
+        """A pull's answer: its messages to hand over (with the queue's state and next offset), or
+        None once handled here (nothing new, offset moved, an error, a body to pull again)."""
         with self._lock:
             st = self._owned.get(q)
         if st is None or st.released:  # released meanwhile: the next owner pulls it
-            return
+            return None
         if st.in_flight != resp.opaque:  # the queue was reset meanwhile: this answer is for the old offset
-            return
+            return None
         st.last_pull_ms = int(time.time() * 1000)
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
@@ -459,7 +495,7 @@ class RemotingPullConsumer:
                     log.error("cannot decode a pull of %s/%s at offset %d (try %d of %d): %s; pulling it again",
                               self.topic, q, st.offset, st.decode_failures, self.max_decode_tries, e)
                     st.in_flight, st.retry_at = None, time.monotonic() + self.retry_backoff_s
-                    return
+                    return None
                 batch = [*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)]
             undecodable = sum(1 for m in batch if m.undecodable)
             if undecodable:
@@ -467,18 +503,8 @@ class RemotingPullConsumer:
                 log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
                           self.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
             self.counters["pulled"] += len(batch)
-            try:
-                accepted = self.on_batch(batch) if batch else True
-            except Exception:
-                log.exception("the ingest callback failed; the batch will be pulled again")
-                accepted = False
-            if not accepted:
-                self.counters["refused"] += 1
-                st.in_flight, st.retry_at = None, time.monotonic() + self.retry_backoff_s
-                return
-            self.counters["batches"] += 1
-            st.offset, st.decode_failures, st.last_consume_ms = next_offset, 0, int(time.time() * 1000)
-        elif resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
+            return st, next_offset, batch
+        if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
         elif resp.code == PULL_OFFSET_MOVED:
             # The offset is gone from the broker, or an operator reset the group on the broker's side:
@@ -489,3 +515,4 @@ class RemotingPullConsumer:
             log.warning("pull of %s/%s answered %s: %s", self.topic, q, resp.code, resp.remark)
             st.retry_at = time.monotonic() + self.retry_backoff_s
         st.in_flight = None
+        return None

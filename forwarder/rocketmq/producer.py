@@ -146,25 +146,10 @@ class RemotingProducer:
         if not messages:
             return []
         deadline = time.monotonic() + self.timeout
-        routes: dict[str, TopicRoute | RemotingError] = {}
-        for topic in dict.fromkeys(m.topic for m in messages):
-            try:
-                if not _TOPIC_NAME.match(topic):
-                    raise MessageRejectedError(f"{topic!r} is not a valid topic name", code=INVALID_PARAMETER)
-                routes[topic] = self._route(topic)
-            except RemotingError as e:
-                routes[topic] = e
-        out: list[Receipt | RemotingError | None] = [None] * len(messages)
-        plans: dict[str, list[_Batch]] = defaultdict(list)  # broker address -> its batches
-        for batch in self._cut(messages, routes, out):
-            route = routes[batch.topic]
-            assert isinstance(route, TopicRoute)  # messages of failed topics are not cut into batches
-            try:
-                plans[self._place(route, batch)].append(batch)
-            except RemotingError as e:
-                _fail(out, [batch], e)
-        self._exchange(plans, out, deadline)
-        return [r if r is not None else ConnectionFailedError("not sent") for r in out]
+        routes = self._routes_of(m.topic for m in messages)
+        out: list[Receipt | RemotingError | bool | None] = [None] * len(messages)
+        self._dispatch(self._cut(messages, routes, out), routes, out, deadline, receipts=True)
+        return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
     def send_to_every_queue(self, message: OutgoingMessage) -> list[Receipt | RemotingError]:
         """Send a copy of `message` to each writable queue of its topic (a control message every
@@ -199,33 +184,95 @@ class RemotingProducer:
             receipts.append(r)
         return receipts
 
+    def send_encoded(self, topics: Sequence[str], encoded: Sequence[bytes | RemotingError],
+                     ids: Sequence[str]) -> list[RemotingError | None]:
+        """Send messages already encoded for a batch body (`codec.encode_message`, under `ids` from
+        `new_ids`), or the error each could not be encoded with; per message, None once stored or
+        the error of its batch. The hot path of delivery: no object per message on the way."""
+        if self._closed:
+            raise ConnectionFailedError("the producer is closed")
+        if not encoded:
+            return []
+        deadline = time.monotonic() + self.timeout
+        routes = self._routes_of(topics)
+        out: list[Receipt | RemotingError | bool | None] = [None] * len(encoded)
+        self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False)
+        return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
+                for r in out]
+
+    def new_ids(self, n: int) -> list[str]:
+        """`n` fresh message ids (UNIQ_KEY) for `send_encoded`."""
+        return self._id_maker().next_ids(n)
+
+    def _routes_of(self, topics: Iterable[str]) -> dict[str, TopicRoute | RemotingError]:
+        """Each distinct topic's route, or why it has none."""
+        routes: dict[str, TopicRoute | RemotingError] = {}
+        for topic in dict.fromkeys(topics):
+            try:
+                if not _TOPIC_NAME.match(topic):
+                    raise MessageRejectedError(f"{topic!r} is not a valid topic name", code=INVALID_PARAMETER)
+                routes[topic] = self._route(topic)
+            except RemotingError as e:
+                routes[topic] = e
+        return routes
+
+    def _dispatch(self, batches: list[_Batch], routes: Mapping[str, TopicRoute | RemotingError],
+                  out: list[Receipt | RemotingError | bool | None], deadline: float, *, receipts: bool) -> None:
+        """Place every batch on a queue of its topic and exchange them with the brokers."""
+        plans: dict[str, list[_Batch]] = defaultdict(list)  # broker address -> its batches
+        for batch in batches:
+            route = routes[batch.topic]
+            assert isinstance(route, TopicRoute)  # messages of failed topics are not cut into batches
+            try:
+                plans[self._place(route, batch)].append(batch)
+            except RemotingError as e:
+                _fail(out, [batch], e)
+        self._exchange(plans, out, deadline, receipts)
+
     def _cut(self, messages: Sequence[OutgoingMessage], routes: Mapping[str, TopicRoute | RemotingError],
-             out: list[Receipt | RemotingError | None]) -> list[_Batch]:
+             out: list[Receipt | RemotingError | bool | None]) -> list[_Batch]:
         """Encode every message of a routable topic; cut batches per topic within the count and byte limits."""
         ids = self._id_maker().next_ids(len(messages))
+        encoded: list[bytes | RemotingError] = []
+        for m, msg_id in zip(messages, ids):
+            if isinstance(routes[m.topic], RemotingError):
+                encoded.append(b"")  # not encoded: its topic's error answers for it
+                continue
+            try:
+                encoded.append(encode_message(m, msg_id))
+            except MessageRejectedError as e:
+                encoded.append(e)
+        return self._batches([m.topic for m in messages], encoded, ids, routes, out)
+
+    def _batches(self, topics: Sequence[str], encoded: Sequence[bytes | RemotingError], ids: Sequence[str],
+                 routes: Mapping[str, TopicRoute | RemotingError],
+                 out: list[Receipt | RemotingError | bool | None]) -> list[_Batch]:
+        """Cut encoded messages into batches per topic within the count and byte limits; a message of
+        a topic without a route, not encodable or too large gets its error in `out`."""
         open_batch: dict[str, _Batch] = {}
         batches: list[_Batch] = []
-        for i, (m, msg_id) in enumerate(zip(messages, ids)):
-            route = routes[m.topic]
+        max_message, max_count, max_bytes = self.max_message_bytes, self.max_batch_messages, self.max_batch_bytes
+        for i, (topic, data) in enumerate(zip(topics, encoded)):
+            route = routes[topic]
             if isinstance(route, RemotingError):
                 out[i] = route
                 continue
-            try:
-                data = encode_message(m, msg_id)
-                if len(data) > self.max_message_bytes:
-                    raise MessageRejectedError(f"message of {len(data)} bytes exceeds the maximum of "
-                                               f"{self.max_message_bytes}", code=MESSAGE_ILLEGAL)
-            except MessageRejectedError as e:
-                out[i] = e
+            if isinstance(data, RemotingError):
+                out[i] = data
                 continue
-            b = open_batch.get(m.topic)
-            if b is None or len(b.index) >= self.max_batch_messages or b.size + len(data) > self.max_batch_bytes:
-                b = open_batch[m.topic] = _Batch(m.topic)
+            size = len(data)
+            if size > max_message:
+                out[i] = MessageRejectedError(f"message of {size} bytes exceeds the maximum of {max_message}",
+                                              code=MESSAGE_ILLEGAL)
+                continue
+            b = open_batch.get(topic)
+            if b is None or len(b.index) >= max_count or b.size + size > max_bytes:
+                b = open_batch[topic] = _Batch(topic)
                 batches.append(b)
             b.index.append(i)
-            b.ids.append(msg_id)
+            b.ids.append(ids[i])
             b.parts.append(data)
-            b.size += len(data)
+            b.size += size
         return batches
 
     def _place(self, route: TopicRoute, batch: _Batch) -> str:
@@ -253,8 +300,8 @@ class RemotingProducer:
                 if len(tried) >= len(route.brokers):
                     raise
 
-    def _exchange(self, plans: Mapping[str, list[_Batch]], out: list[Receipt | RemotingError | None],
-                  deadline: float) -> None:
+    def _exchange(self, plans: Mapping[str, list[_Batch]], out: list[Receipt | RemotingError | bool | None],
+                  deadline: float, receipts: bool) -> None:
         """Write every broker's requests, then read every answer (locks taken in address order)."""
         born = str(int(time.time() * 1000))
         held: list[tuple[Connection, list[_Batch], list[int] | RemotingError]] = []
@@ -272,17 +319,17 @@ class RemotingProducer:
                     held.append((conn, plans[addr], e))
             for conn, batches, opaques in held:
                 if isinstance(opaques, RemotingError):
-                    self._settle(conn, batches, [opaques] * len(batches), out)
+                    self._settle(conn, batches, [opaques] * len(batches), out, receipts)
                 else:
                     answers = conn.collect(opaques, deadline)
-                    self._settle(conn, batches, [answers[o] for o in opaques], out)
+                    self._settle(conn, batches, [answers[o] for o in opaques], out, receipts)
         finally:
             for conn, _, _ in held:
                 conn.lock.release()
 
     def _settle(self, conn: Connection, batches: Sequence[_Batch], answers: Sequence[Response | RemotingError],
-                out: list[Receipt | RemotingError | None]) -> None:
-        """Turn each batch's answer into per-message receipts or errors."""
+                out: list[Receipt | RemotingError | bool | None], receipts: bool) -> None:
+        """Turn each batch's answer into per-message receipts (or True, without `receipts`) or errors."""
         for b, answer in zip(batches, answers):
             if isinstance(answer, RemotingError):
                 if isinstance(answer, ConnectionFailedError):
@@ -295,6 +342,10 @@ class RemotingProducer:
                 if err.retriable or isinstance(err, TopicNotFoundError):
                     self._mark_stale(b.topic)
                 _fail(out, [b], err)
+                continue
+            if not receipts:
+                for i in b.index:
+                    out[i] = True
                 continue
             try:
                 queue_id = int(answer.ext.get("queueId", b.queue[1]))
@@ -449,7 +500,7 @@ class RemotingProducer:
         self.close()
 
 
-def _fail(out: list[Receipt | RemotingError | None], batches: Iterable[_Batch], error: RemotingError) -> None:
+def _fail(out: list[Receipt | RemotingError | bool | None], batches: Iterable[_Batch], error: RemotingError) -> None:
     """Every message of the batches gets `error`."""
     for b in batches:
         for i in b.index:
