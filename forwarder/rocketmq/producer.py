@@ -161,7 +161,7 @@ class RemotingProducer:
         if route.via_default_topic:
             raise TopicNotFoundError(f"topic {message.topic} does not exist: it has no queues to send to",
                                      code=TOPIC_NOT_EXIST)
-        out: list[Receipt | RemotingError | None] = [None] * len(route.queues)
+        out: list[Receipt | RemotingError | bool | None] = [None] * len(route.queues)
         plans: dict[str, list[_Batch]] = defaultdict(list)
         for i, (queue, msg_id) in enumerate(zip(route.queues, self._id_maker().next_ids(len(route.queues)))):
             data = encode_message(message, msg_id)
@@ -170,8 +170,8 @@ class RemotingProducer:
                 plans[self._connection(queue[0], route.brokers[queue[0]]).addr].append(batch)
             except RemotingError as e:
                 _fail(out, [batch], e)
-        self._exchange(plans, out, deadline)
-        return [r if r is not None else ConnectionFailedError("not sent") for r in out]
+        self._exchange(plans, out, deadline, receipts=True)
+        return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
     def send_batch(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Receipt]:
         """Send messages of one topic in as few requests as the limits allow; raise the first error."""
