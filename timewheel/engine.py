@@ -219,15 +219,20 @@ class Engine:
         """Apply cancels that came as control messages: each is kept as a tombstone (on disk
         before this returns) for messages that arrive later, and cancels what is stored now.
 
-        Idempotent: a cancel seen again (it is sent to every queue) adds nothing. Returns how
-        many stored messages were cancelled.
+        Idempotent: a cancel seen again (it is sent to every queue) costs a look-up and changes
+        nothing. Returns how many stored messages were cancelled.
         """
         run = self._require_started()
-        run.tombstones.add(requests, self.clock.now_ms())
+        now = self.clock.now_ms()
+        # Held first, so that a message stored meanwhile is either screened out or found below;
+        # saved last, so that a tombstone on disk always means its cancel was applied.
+        todo = run.tombstones.add(requests, now)
         with self._lock:
             self._cancel_requests += len(requests)
-        return sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
-                   for r in requests)
+        cancelled = sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
+                        for r in todo)
+        run.tombstones.save(now)
+        return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
         if not isinstance(m, Message):
