@@ -87,6 +87,7 @@ class Engine:
         self._duplicates = 0
         self._cancelled = 0
         self._cancel_requests = 0
+        self._cancels_applied = 0
         self._cancelled_on_arrival = 0
         self._cancel_lock = threading.Lock()  # one cancel at a time: each records a record's outcome once
         # totals of the dispatcher and the timer, kept when the engine stops and starts again
@@ -229,6 +230,7 @@ class Engine:
         todo = run.tombstones.add(requests, now)
         with self._lock:
             self._cancel_requests += len(requests)
+            self._cancels_applied += len(todo)
         cancelled = sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
                         for r in todo)
         run.tombstones.save(now)
@@ -311,13 +313,14 @@ class Engine:
         """Counters, queue sizes, memory and lateness percentiles (ms) of this engine since it started."""
         with self._lock:
             scheduled, duplicates, cancelled = self._scheduled, self._duplicates, self._cancelled
-            cancel_requests, on_arrival = self._cancel_requests, self._cancelled_on_arrival
+            cancel_requests, applied = self._cancel_requests, self._cancels_applied
+            on_arrival = self._cancelled_on_arrival
         run = self._run
         c = run.dispatcher.counts() if run is not None else self._dispatch_counters  # no thread counts then
         catch_up_segments = self._catch_up_segments_before + (run.timer.catch_up_segments if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
                                   c.send_failures, catch_up_segments, c.dispatch_log_errors, cancel_requests,
-                                  on_arrival)
+                                  applied, on_arrival)
         if run is None:
             return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()
