@@ -12,7 +12,8 @@ the retention: a new message under that key within it is cancelled too.
 A tombstone screens arrivals from the moment `add()` holds it, and is on disk (`storage.TombstoneLog`)
 once `save()` returns, which the engine calls after applying the cancel to what is stored: a crash
 in between leaves no tombstone, so the cancel, not yet acknowledged, is applied whole again when
-it comes back. It is forgotten `retention_ms` after it arrived; at most `max_entries` are held (the oldest go first, counted).
+it comes back. It is forgotten `retention_ms` after it arrived; at most `max_entries` are held
+(the oldest go first, counted).
 Screening a batch is a few set operations over the batch in C (`isdisjoint`), no Python step per
 message unless one matches.
 """
