@@ -187,9 +187,11 @@ class Tombstones:
             self._on_disk = len(self._ids) + len(self._keys)
 
     def _live(self) -> list[Tombstone]:
-        # the born times stay in the old file only: nothing reads them back
-        return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items()),
-                *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items())]
+        # The born times stay in the old file only: nothing reads them back. Unsaved tombstones
+        # stay out: on disk, a tombstone says its cancel was applied, and theirs may not be yet.
+        unsaved = self._unsaved
+        return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items() if (ID, t) not in unsaved),
+                *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items() if (KEY, t) not in unsaved)]
 
     def close(self) -> None:
         """Close the log file."""
