@@ -192,3 +192,15 @@ def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytes
             want.append(i)
     assert t.screen(msgs, T0 + 1000) == want
     t.close()
+
+
+def test_compaction_keeps_a_cancel_still_being_applied_off_the_disk(tmp_path: Path) -> None:
+    t = Tombstones(TombstoneLog(tmp_path), retention_ms=1000, max_entries=10_000)
+    t.load(T0)
+    t.add([CancelRequest(f"old{i}", None, T0) for i in range(3000)], T0)
+    t.save(T0)
+    t.add([CancelRequest("pending", None, T0)], T0 + 5000)  # everything older expires: the log compacts
+    assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == []
+    t.save(T0 + 5000)
+    assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == ["pending"]
+    t.close()
