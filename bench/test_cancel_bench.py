@@ -68,6 +68,7 @@ def test_screen_a_batch_of_32(benchmark, tmp_path: Path, tombstones: int) -> Non
     t.load(NOW)
     t.add([CancelRequest(f"C{j:031X}", None, NOW) if j % 2 else CancelRequest(None, f"cancelled-order-{j}", NOW)
            for j in range(tombstones)], NOW)
+    t.save(NOW)
     batch = next(_batches("screen"))
     assert benchmark(t.screen, batch, NOW) == []
     benchmark.extra_info["us_per_message"] = round(benchmark.stats.stats.median / BATCH * 1e6, 3)

@@ -9,8 +9,11 @@ Neither depends on the order in which an engine reads the cancel and the message
 clock, so every replica of a shard reaches the same outcome. A key cancelled stays cancelled for
 the retention: a new message under that key within it is cancelled too.
 
-Every tombstone is on disk (`storage.TombstoneLog`) before `add()` returns and is forgotten
-`retention_ms` after it arrived; at most `max_entries` are held (the oldest go first, counted).
+A tombstone screens arrivals from the moment `add()` holds it, and is on disk (`storage.TombstoneLog`)
+once `save()` returns, which the engine calls after applying the cancel to what is stored: a crash
+in between leaves no tombstone, so the cancel, not yet acknowledged, is applied whole again when
+it comes back. It is forgotten `retention_ms` after it arrived; at most `max_entries` are held
+(the oldest go first, counted).
 Screening a batch is a few set operations over the batch in C (`isdisjoint`), no Python step per
 message unless one matches.
 """
@@ -65,6 +68,7 @@ class Tombstones:
         self._keys: dict[str, int] = {}  # key -> expires_ms
         self._order: deque[tuple[int, int, str]] = deque()  # (expires_ms, kind, text) in arrival order
         self._on_disk = 0  # entries in the log file, live or not: compaction's trigger
+        self._unsaved: dict[tuple[int, str], Tombstone] = {}  # held, not yet in the log file
         #: grows with every tombstone added, so a writer can tell whether one arrived meanwhile
         self.generation = 0
         self.evicted = 0  # tombstones dropped over `max_entries` before their time
@@ -85,33 +89,50 @@ class Tombstones:
         with self._lock:
             return len(self._ids) + len(self._keys)
 
-    def add(self, requests: Sequence[CancelRequest], now_ms: int) -> int:
-        """Keep cancels as tombstones, durably; returns how many were written.
+    def add(self, requests: Sequence[CancelRequest], now_ms: int) -> list[CancelRequest]:
+        """Hold cancels as tombstones (screening from now on; on disk once `save()` returns).
 
-        A repeat (the copy from another queue) writes nothing, unless it comes more than 1% of the
-        retention later: then it renews the tombstone's retention.
+        Returns the requests still to be applied to what is stored: those new to this engine, and
+        those whose tombstone is not saved yet (their application may not have finished). A repeat
+        (the copy from another queue) returns nothing, unless it comes more than 1% of the
+        retention later: then it renews the tombstone's retention and is applied again.
         """
         expires = now_ms + self.retention_ms
         renew_after = self.retention_ms // 100
         with self._lock:
+            todo: list[CancelRequest] = []
             fresh: list[Tombstone] = []
             seen: set[tuple[int, str]] = set()
             for r in requests:
                 kind, text, table = (ID, r.msg_id, self._ids) if r.msg_id is not None else (KEY, r.key, self._keys)
                 assert text is not None
+                if (kind, text) in seen:
+                    continue
+                seen.add((kind, text))
                 held = table.get(text)
-                if (kind, text) not in seen and (held is None or expires - held > renew_after):
-                    seen.add((kind, text))
+                if held is None or expires - held > renew_after:
                     fresh.append(Tombstone(kind, text, r.born_ms, expires))
-            if not fresh:
-                return 0
-            self._log.append(fresh, now_ms)  # on disk before it counts
-            self._on_disk += len(fresh)
+                    todo.append(r)
+                elif (kind, text) in self._unsaved:
+                    todo.append(r)
             for t in fresh:
                 self._hold(t)
-            self.generation += 1
-            self._expire_locked(now_ms)
-            return len(fresh)
+                self._unsaved[(t.kind, t.text)] = t
+            if fresh:
+                self.generation += 1
+                self._expire_locked(now_ms)
+            return todo
+
+    def save(self, now_ms: int) -> None:
+        """Write the tombstones held but not yet on disk (one frame); raises if the disk fails
+        (they stay unsaved: the next `add` of the same cancel applies and saves it again)."""
+        with self._lock:
+            if not self._unsaved:
+                return
+            pending = list(self._unsaved.values())
+            self._log.append(pending, now_ms)
+            self._on_disk += len(pending)
+            self._unsaved.clear()
 
     def _hold(self, t: Tombstone) -> None:
         table = self._ids if t.kind == ID else self._keys
@@ -149,7 +170,7 @@ class Tombstones:
 
     def _expire_locked(self, now_ms: int) -> None:
         order = self._order
-        while order and (order[0][0] <= now_ms or len(order) > self.max_entries):
+        while order and (order[0][0] <= now_ms or len(self._ids) + len(self._keys) > self.max_entries):
             expires, kind, text = order.popleft()
             table = self._ids if kind == ID else self._keys
             if table.get(text) != expires:
@@ -166,9 +187,11 @@ class Tombstones:
             self._on_disk = len(self._ids) + len(self._keys)
 
     def _live(self) -> list[Tombstone]:
-        # the born times stay in the old file only: nothing reads them back
-        return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items()),
-                *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items())]
+        # The born times stay in the old file only: nothing reads them back. Unsaved tombstones
+        # stay out: on disk, a tombstone says its cancel was applied, and theirs may not be yet.
+        unsaved = self._unsaved
+        return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items() if (ID, t) not in unsaved),
+                *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items() if (KEY, t) not in unsaved)]
 
     def close(self) -> None:
         """Close the log file."""

@@ -91,6 +91,7 @@ class Engine:
         self._duplicates = 0
         self._cancelled = 0
         self._cancel_requests = 0
+        self._cancels_applied = 0
         self._cancelled_on_arrival = 0
         self._cancel_lock = threading.Lock()  # one cancel at a time: each records a record's outcome once
         # totals of the dispatcher and the timer, kept when the engine stops and starts again
@@ -223,15 +224,21 @@ class Engine:
         """Apply cancels that came as control messages: each is kept as a tombstone (on disk
         before this returns) for messages that arrive later, and cancels what is stored now.
 
-        Idempotent: a cancel seen again (it is sent to every queue) adds nothing. Returns how
-        many stored messages were cancelled.
+        Idempotent: a cancel seen again (it is sent to every queue) costs a look-up and changes
+        nothing. Returns how many stored messages were cancelled.
         """
         run = self._require_started()
-        run.tombstones.add(requests, self.clock.now_ms())
+        now = self.clock.now_ms()
+        # Held first, so that a message stored meanwhile is either screened out or found below;
+        # saved last, so that a tombstone on disk always means its cancel was applied.
+        todo = run.tombstones.add(requests, now)
         with self._lock:
             self._cancel_requests += len(requests)
-        return sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
-                   for r in requests)
+            self._cancels_applied += len(todo)
+        cancelled = sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
+                        for r in todo)
+        run.tombstones.save(now)
+        return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
         if not isinstance(m, Message):
@@ -310,13 +317,14 @@ class Engine:
         """Counters, queue sizes, memory and lateness percentiles (ms) of this engine since it started."""
         with self._lock:
             scheduled, duplicates, cancelled = self._scheduled, self._duplicates, self._cancelled
-            cancel_requests, on_arrival = self._cancel_requests, self._cancelled_on_arrival
+            cancel_requests, applied = self._cancel_requests, self._cancels_applied
+            on_arrival = self._cancelled_on_arrival
         run = self._run
         c = run.dispatcher.counts() if run is not None else self._dispatch_counters  # no thread counts then
         catch_up_segments = self._catch_up_segments_before + (run.timer.catch_up_segments if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
                                   c.send_failures, catch_up_segments, c.dispatch_log_errors, cancel_requests,
-                                  on_arrival)
+                                  applied, on_arrival)
         if run is None:
             return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()

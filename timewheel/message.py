@@ -88,8 +88,8 @@ class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
 
-    def start(self, schedule: "ScheduleFn") -> None:
-        """Begin feeding messages to `schedule`."""
+    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None) -> None:
+        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`."""
         ...
 
     def stop(self) -> None:

@@ -21,7 +21,8 @@ class EngineCounters:
     send_failures: int = 0  # failed sends, each attempt
     catch_up_segments: int = 0  # past segments drained after downtime
     dispatch_log_errors: int = 0  # delivered, but the dispatch log could not say so
-    cancel_requests: int = 0  # cancels received as control messages (each copy, repeats included)
+    cancel_requests: int = 0  # cancels handed to the engine (each queue's copy, repeats included)
+    cancels_applied: int = 0  # of those, the ones applied (new to this engine; copies cost a look-up)
     cancelled_on_arrival: int = 0  # messages a tombstone cancelled as they arrived (never stored)
 
 

@@ -69,7 +69,8 @@ def _settings(rmq: RocketMQConfig, data_dir: Path, group: str, admin: bool) -> S
 @pytest.fixture(scope="module")
 def pair(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     run = uuid.uuid4().hex[:8]
-    rmq = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_C{run}", dead_letter_topic=f"TW_DLQ_C{run}",
+    rmq = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_C{run}",
+                         dead_letter_topic=f"TW_DLQ_C{run}",
                          consumer_group=f"tw_replica_a_{run}", producer_group=f"tw_delivery_c{run}",
                          send_timeout_ms=2000)
     target = f"ORDERS_C{run}"

@@ -49,7 +49,8 @@ def test_cancel_by_id_after_the_message_is_stored(make_engine, clock: ManualCloc
     assert e.apply_cancels([CancelRequest(_uniq(1), None, T0)]) == 0  # the copy from another queue
     drive(e, clock, T0 + 20_000)
     assert sink.sent == []
-    assert e.stats().counters.cancelled == 1 and e.stats().tombstones == 1
+    c = e.stats().counters
+    assert (c.cancelled, c.cancel_requests, c.cancels_applied, e.stats().tombstones) == (1, 2, 1, 1)
 
 
 def test_key_cancel_covers_stored_and_later_messages_of_that_key(make_engine, clock: ManualClock,
@@ -112,9 +113,11 @@ def test_tombstones_are_bounded_and_the_log_compacts(tmp_path: Path) -> None:
     t.load(T0)
     for i in range(50):
         t.add([CancelRequest(f"id{i}-{j}", None, T0) for j in range(10)], T0 + i)
+        t.save(T0 + i)
     assert len(t) == 100 and t.evicted == 400
     for i in range(3000):
         t.add([CancelRequest(f"late{i}", None, T0)], T0 + 10_000 + i * 10)  # each expires 100 adds later
+        t.save(T0 + 10_000 + i * 10)
     assert len(t) <= 101
     size = log.path.stat().st_size
     assert size < 2 * 101 * 40 + 1024 * 40 + 100, size  # rewritten when mostly dead
@@ -123,19 +126,41 @@ def test_tombstones_are_bounded_and_the_log_compacts(tmp_path: Path) -> None:
     assert len(again) == len(t)
 
 
-def test_a_repeated_cancel_is_written_once_and_renewed_late(tmp_path: Path) -> None:
+def test_a_repeated_cancel_is_applied_and_written_once_and_renewed_late(tmp_path: Path) -> None:
     log = TombstoneLog(tmp_path)
     t = Tombstones(log, retention_ms=HOUR, max_entries=100)
     t.load(T0)
-    assert t.add([CancelRequest("a", None, T0), CancelRequest(None, "k", T0), CancelRequest("a", None, T0)], T0) == 2
+    a, k = CancelRequest("a", None, T0), CancelRequest(None, "k", T0)
+    assert t.add([a, k, a], T0) == [a, k]
+    assert t.add([a], T0 + 1) == [a]  # not saved yet: its application may not have finished
+    t.save(T0)
     size = log.path.stat().st_size
     for _ in range(8):  # the same cancel from every queue
-        assert t.add([CancelRequest("a", None, T0), CancelRequest(None, "k", T0)], T0 + 5) == 0
+        assert t.add([a, k], T0 + 5) == []
+        t.save(T0 + 5)
     assert log.path.stat().st_size == size
-    assert t.add([CancelRequest(None, "k", T0)], T0 + HOUR // 2) == 1  # sent again much later: renewed
+    assert t.add([k], T0 + HOUR // 2) == [k]  # sent again much later: renewed
+    t.save(T0 + HOUR // 2)
     t.expire(T0 + HOUR)
     assert len(t) == 1  # "a" expired, "k" lives on
     t.close()
+
+
+def test_a_cancel_not_saved_before_a_crash_is_applied_again(make_engine, clock: ManualClock,
+                                                            sink: RecordingSink) -> None:
+    """A crash between holding a tombstone and saving it: the cancel comes again (it was not
+    acknowledged) and is applied whole, the stored message included."""
+    e = make_engine()
+    e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(3)}:1")])
+    run = e._run
+    run.tombstones.add([CancelRequest(_uniq(3), None, T0)], T0)  # held, then the process dies
+    run.tombstones._unsaved.clear()
+    e.stop()
+    e = make_engine()
+    assert e.stats().tombstones == 0
+    assert e.apply_cancels([CancelRequest(_uniq(3), None, T0)]) == 1
+    drive(e, clock, T0 + 20_000)
+    assert sink.sent == []
 
 
 @pytest.mark.parametrize("bad", [dict(msg_id=None, key=None), dict(msg_id="a", key="b"), dict(msg_id="", key=None),
@@ -156,6 +181,7 @@ def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytes
     reqs = [CancelRequest({"id": f"U{x}", "full-id": f"U{x}:{x % 4}"}.get(kind), f"k{x}" if kind == "key" else None,
                           T0) for kind, x in cancels]
     t.add(reqs, T0)
+    t.save(T0)
     msgs = [Message("T", b"", T0, keys=tuple(f"k{k}" for k in keys), msg_id=None if u is None else f"U{u}:{c}")
             for u, c, keys in messages]
     want = []
@@ -165,4 +191,16 @@ def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytes
         if by_id or by_key:
             want.append(i)
     assert t.screen(msgs, T0 + 1000) == want
+    t.close()
+
+
+def test_compaction_keeps_a_cancel_still_being_applied_off_the_disk(tmp_path: Path) -> None:
+    t = Tombstones(TombstoneLog(tmp_path), retention_ms=1000, max_entries=10_000)
+    t.load(T0)
+    t.add([CancelRequest(f"old{i}", None, T0) for i in range(3000)], T0)
+    t.save(T0)
+    t.add([CancelRequest("pending", None, T0)], T0 + 5000)  # everything older expires: the log compacts
+    assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == []
+    t.save(T0 + 5000)
+    assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == ["pending"]
     t.close()

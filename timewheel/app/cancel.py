@@ -19,15 +19,18 @@ class CancelNotSentError(TimewheelError):
 
 def cancel_everywhere(engine: Engine, endpoints: "RocketMQEndpoints", msg_id: str | None, key: str | None,
                       now_ms: int) -> int:
-    """Put the cancel on every queue of the delay topic, then apply it to `engine`; how many it cancelled.
+    """Apply the cancel to `engine`, then put it on every queue of the delay topic; how many this
+    engine cancelled.
 
-    Raises CancelNotSentError (nothing applied here) unless every queue took a copy.
+    Applied here first, so that the count is this engine's whoever's copy comes back first (the
+    copies it then reads are repeats). Raises CancelNotSentError unless every queue took a copy:
+    the cancel holds here already, and asking again is safe.
     """
     from forwarder.control import CancelNotSentError as NotSent
 
-    request = CancelRequest(msg_id, key, now_ms)  # refuses a malformed cancel before anything is sent
+    cancelled = engine.apply_cancels([CancelRequest(msg_id, key, now_ms)])
     try:
         endpoints.send_cancel(msg_id, key)
     except NotSent as e:
         raise CancelNotSentError(str(e)) from e
-    return engine.apply_cancels([request])
+    return cancelled

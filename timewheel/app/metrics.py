@@ -20,7 +20,8 @@ _COUNTERS = {
     "send_failures": "Sends that failed (each attempt).",
     "corrupt": "Records found corrupt at dispatch time (never served).",
     "catch_up_segments": "Past segments drained after downtime.",
-    "cancel_requests": "Cancels received as control messages on the delay topic (each copy counted).",
+    "cancel_requests": "Cancels handed to the engine (each queue's copy of a control message, and the admin API's).",
+    "cancels_applied": "Cancels applied: new to this engine (copies and repeats are only looked up).",
     "cancelled_on_arrival": "Messages a cancel sent before them cancelled as they arrived (never stored).",
 }
 
