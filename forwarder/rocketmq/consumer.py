@@ -91,6 +91,8 @@ class _QueueState:
     retry_at: float = 0.0  # monotonic time before which it is not pulled (a refused batch)
     released: bool = False  # assigned to another member: its pull thread commits and drops it
     decode_failures: int = 0  # pulls in a row at this offset whose body could not be framed
+    sent_ms: int = 0  # wall-clock ms when the pull in flight was sent
+    caught_up_ms: int = 0  # wall-clock ms before which everything stored in the queue was accepted
 
 
 class RemotingPullConsumer:
@@ -169,6 +171,13 @@ class RemotingPullConsumer:
         """The queues this member consumes now."""
         with self._lock:
             return sorted(q for q, st in self._owned.items() if not st.released)
+
+    def caught_up_ms(self) -> int | None:
+        """Wall-clock ms before which every message stored in every owned queue was accepted (None: owns
+        none): the earliest of the queues' last pulls that found nothing more to read."""
+        with self._lock:
+            marks = [st.caught_up_ms for st in self._owned.values() if not st.released]
+        return min(marks) if marks else None
 
     def members(self) -> list[str]:
         """The group's members as the broker lists them now (client ids)."""
@@ -305,10 +314,11 @@ class RemotingPullConsumer:
                             requests.append((PULL_MESSAGE, self._pull_header(q, st), b""))
                             queues.append(q)
                 if requests:
+                    sent_ms = time.time_ns() // 1_000_000
                     opaques = conn.submit(requests, now + self.timeout)
                     with self._lock:
                         for o, q in zip(opaques, queues):
-                            mine[q].in_flight = o
+                            mine[q].in_flight, mine[q].sent_ms = o, sent_ms
                             pending[o] = q
                 if not pending:
                     time.sleep(0.05)
@@ -380,8 +390,12 @@ class RemotingPullConsumer:
                 return
             self.counters["batches"] += 1
             st.offset, st.decode_failures = next_offset, 0
+            if next_offset >= int(resp.ext.get("maxOffset", next_offset + 1)):
+                st.caught_up_ms = st.sent_ms  # the queue held nothing more when the pull was answered
         elif resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
+            if resp.code == PULL_NOT_FOUND:
+                st.caught_up_ms = st.sent_ms
         elif resp.code == PULL_OFFSET_MOVED:
             log.warning("offset %d of %s/%s is gone from the broker; going on at %d", st.offset, self.topic, q,
                         next_offset)
