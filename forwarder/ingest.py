@@ -89,6 +89,12 @@ class DelayTopicIngest:
                                             queue_filter=self._in_shard if self.queue_ids is not None else None)
         self._puller.start()
 
+    def caught_up_ms(self) -> int | None:
+        """Wall-clock ms before which everything stored in the queues this engine reads was stored here
+        (None: none read yet). A replica holding its shard's lease never publishes a watermark past it."""
+        puller = self._puller
+        return puller.caught_up_ms() if puller is not None else None
+
     def _in_shard(self, queue: tuple[str, int]) -> bool:
         """Whether a (broker, queue id) of the delay topic is read by this engine."""
         return self.queue_ids is None or self.queue_ids(queue[1])

@@ -274,7 +274,10 @@ class TimerDriver:
         seg_ms = self.config.segment_ms
         current = now - now % seg_ms
         for seg, state in list(self.loader.loaded.items()):
-            if seg < current and state.outstanding <= 0 and not self._deferred.size and self.queue.idle():
+            # no entry of a past segment left in the queue (what is due now may wait there: a
+            # standby replica holds it for as long as another replica holds the lease)
+            if (seg < current and state.outstanding <= 0 and not self._deferred.size
+                    and (self.queue.earliest_due() or current) >= current):
                 self.store.meta.mark_segment_done(seg)
                 self.loader.unload(seg)
         if current != self._sealed_before:  # once per segment: it takes the store's write lock

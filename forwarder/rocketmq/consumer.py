@@ -114,6 +114,8 @@ class _QueueState:
     decode_failures: int = 0  # pulls in a row at this offset whose body could not be framed
     last_pull_ms: int = 0  # wall clock of the last answered pull (reported to admin tools)
     last_consume_ms: int = 0  # wall clock of the last batch accepted
+    sent_ms: int = 0  # wall-clock ms when the pull in flight was sent
+    caught_up_ms: int = 0  # wall-clock ms before which everything stored in the queue was accepted
 
 
 class RemotingPullConsumer:
@@ -196,6 +198,13 @@ class RemotingPullConsumer:
         """The queues this member consumes now."""
         with self._lock:
             return sorted(q for q, st in self._owned.items() if not st.released)
+
+    def caught_up_ms(self) -> int | None:
+        """Wall-clock ms before which every message stored in every owned queue was accepted (None: owns
+        none): the earliest of the queues' last pulls that found nothing more to read."""
+        with self._lock:
+            marks = [st.caught_up_ms for st in self._owned.values() if not st.released]
+        return min(marks) if marks else None
 
     def members(self) -> list[str]:
         """The group's members as the broker lists them now (client ids)."""
@@ -402,10 +411,11 @@ class RemotingPullConsumer:
                             requests.append((PULL_MESSAGE, self._pull_header(q, st), b""))
                             queues.append(q)
                 if requests:
+                    sent_ms = time.time_ns() // 1_000_000
                     opaques = conn.submit(requests, now + self.timeout)
                     with self._lock:
                         for o, q in zip(opaques, queues):
-                            mine[q].in_flight = o
+                            mine[q].in_flight, mine[q].sent_ms = o, sent_ms
                             pending[o] = q
                 if not pending:
                     time.sleep(0.05)
@@ -452,30 +462,33 @@ class RemotingPullConsumer:
 
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
-        found: list[tuple[_QueueState, int, list[ReceivedMessage]]] = []
+        found: list[tuple[_QueueState, int, list[ReceivedMessage], bool]] = []
         for q, resp in answered:
             got = self._read_pull(q, resp)
             if got is not None:
                 found.append(got)
         if not found:
             return
-        batch = [m for _, _, msgs in found for m in msgs]
+        batch = [m for _, _, msgs, _ in found for m in msgs]
         try:
             accepted = self.on_batch(batch) if batch else True
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
-        for st, next_offset, _ in found:
+        for st, next_offset, _, caught_up in found:
             if accepted:
                 self.counters["batches"] += 1
                 st.offset, st.decode_failures, st.last_consume_ms = next_offset, 0, int(time.time() * 1000)
+                if caught_up:
+                    st.caught_up_ms = st.sent_ms  # the queue held nothing more when the pull was answered
             else:
                 self.counters["refused"] += 1
                 st.retry_at = time.monotonic() + self.retry_backoff_s
             st.in_flight = None
 
-    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage]] | None:
-        """A pull's answer: its messages to hand over (with the queue's state and next offset), or
+    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage], bool] | None:
+        """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
+        that reaches the end of the queue as it was when the pull was answered), or
         None once handled here (nothing new, offset moved, an error, a body to pull again)."""
         with self._lock:
             st = self._owned.get(q)
@@ -503,9 +516,12 @@ class RemotingPullConsumer:
                 log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
                           self.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
             self.counters["pulled"] += len(batch)
-            return st, next_offset, batch
+            caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            return st, next_offset, batch, caught_up
         if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
+            if resp.code == PULL_NOT_FOUND:
+                st.caught_up_ms = st.sent_ms
         elif resp.code == PULL_OFFSET_MOVED:
             # The offset is gone from the broker, or an operator reset the group on the broker's side:
             # go on where the broker says, and tell it so with the next pull (as the Java client does).

@@ -92,3 +92,28 @@ def test_a_holder_whose_session_expires_stops_sending_and_cannot_move_its_succes
     assert read_watermark(client, path).watermark_ms == 3_000
     statuses = shard_status(client, b.cfg, b.delay_topic)
     assert statuses[0].holder == "b" and statuses[0].standbys == ("a",)
+
+
+def test_the_zookeeper_command_prints_its_address_serves_and_stops_on_sigterm() -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "timewheel", "zookeeper"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[0] == "zookeeper", proc.stderr.read() if proc.stderr else ""
+        assert ruok(line[1])
+        client = KazooClient(hosts=line[1])
+        client.start(timeout=10)
+        client.ensure_path("/probe")
+        client.stop()
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert not ruok(line[1], 0.5)

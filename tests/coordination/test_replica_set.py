@@ -41,7 +41,7 @@ from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
-from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from forwarder.rocketmq import OutgoingMessage, Receipt, ReceivedMessage, RemotingProducer
 from tests.reliability.kill_loop import serve_env
 from timewheel.app.cli import app
 
@@ -71,13 +71,14 @@ def _free_port() -> int:
 class Replica:
     """One `timewheel serve` process of the shard, with its admin port."""
 
-    def __init__(self, name: str, work: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, work: Path, env: dict[str, str], **extra: str) -> None:
         self.name, self.port = name, _free_port()
         self.log = work / f"{name}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "timewheel", "serve", "--data-dir", str(work / name), "--admin",
              f"127.0.0.1:{self.port}", "--log-format", "json"], cwd=ROOT,
-            env={**env, "TIMEWHEEL_HA_REPLICA_ID": name}, stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"))
+            env={**env, "TIMEWHEEL_HA_REPLICA_ID": name, **extra}, stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "ab"))
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=2) as resp:
@@ -272,3 +273,49 @@ def test_a_standby_takes_over_from_a_killed_replica(rocketmq: LocalRocketMQ, zoo
 def test_a_paused_replica_sends_nothing_after_resuming_and_the_standby_took_over(
         rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, tmp_path: Path) -> None:
     _run(rocketmq, zookeeper, tmp_path, "pause")
+
+
+def test_two_shards_split_the_queues_and_each_delivers_its_own_once(rocketmq: LocalRocketMQ,
+                                                                    zookeeper: LocalZooKeeper, tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:8]
+    delay_topic, target = f"TW_DELAY_{run}", f"HA_{run}"
+    rocketmq.create_topics([delay_topic], queues=4)
+    rocketmq.create_topics([f"TW_DLQ_{run}", target])
+    env = serve_env(rocketmq, run, TIMEWHEEL_HA_ZOOKEEPER=zookeeper.connect_string, TIMEWHEEL_HA_SHARDS="2")
+    lock = threading.Lock()
+    queues_of: dict[int, set[int]] = {}  # shard -> the delay-topic queues the producer's batches went to
+    receipts: Counter[bytes] = Counter()
+
+    def on_delivery(m: ReceivedMessage) -> bool:
+        with lock:
+            receipts[m.body] += 1
+        return True
+
+    consumer = NativePushConsumer(f"ha_consumer_{run}", rocketmq.namesrv_addr, on_delivery, log_level=LogLevel.ERROR)
+    consumer.subscribe(target)
+    consumer.start()
+    shards = []
+    try:
+        shards = [Replica(f"s{k}", tmp_path, env, TIMEWHEEL_HA_SHARD=str(k)).wait_ready() for k in range(2)]
+        _wait("each shard has its holder", lambda: all(r.holds() for r in shards), 30)
+        bodies = [f"{run}-{i}".encode() for i in range(400)]
+        with RemotingProducer(rocketmq.namesrv_addr, f"ha_producer_{run}", max_batch_messages=10) as producer:
+            due = _now_ms() + 2_000
+            receipts_out = producer.send([OutgoingMessage(delay_topic, b, None, None, {
+                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(due)}) for b in bodies])
+        for r in receipts_out:
+            assert isinstance(r, Receipt), r
+            queues_of.setdefault(r.queue_id % 2, set()).add(r.queue_id)
+        assert queues_of == {0: {0, 2}, 1: {1, 3}}
+        _wait("every message delivered", lambda: len(receipts) == len(bodies), 60)
+        time.sleep(2.0)  # a second copy would show up by now
+        stored = [r.status()["scheduled"] for r in shards]
+        doc = shards[0].status()["ha"]
+    finally:
+        for r in shards:
+            r.stop()
+        consumer.shutdown()
+    print(f"\ntwo shards: stored {stored}, {sum(receipts.values())} deliveries of {len(receipts)} messages")
+    assert set(receipts) == set(bodies) and set(receipts.values()) == {1}
+    assert sum(stored) == len(bodies) and all(n > 0 for n in stored)  # each shard stored its queues only
+    assert [(s["shard"], s["holder"]) for s in doc["shards"]] == [(0, "s0"), (1, "s1")]

@@ -108,3 +108,17 @@ def test_the_watermark_stops_before_the_earliest_message_not_yet_delivered(
     assert e.delivered_up_to() == T0 + 20_000
     assert len(sink.sent) == 10
     e.stop()
+
+
+def test_a_standby_finishes_past_segments_while_it_holds_what_is_due_now(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate, segment_minutes=1, preload_seconds=5)
+    e.schedule([Message("T", str(i).encode(), T0 + 500 + i * 500) for i in range(400)])  # 200 s, four segments
+    for t in range(T0, T0 + 190_000, 1_000):  # the holder's watermark trails the clock by a second
+        gate.watermark = t - 1_000
+        drive(e, clock, t)
+        assert sink.sent == []
+    assert e.stats().retrying > 0  # what came due since the watermark waits for the lease
+    assert e._require_started().store.meta.done_segments() >= {T0, T0 + 60_000, T0 + 120_000}
+    e.stop()
