@@ -21,7 +21,7 @@ from pathlib import Path
 from forwarder.errors import LocalRocketMQError
 
 __all__ = ["BROKER_JVM", "BROKER_READY", "MQADMIN_JVM", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
-           "tail", "terminate", "write_configs"]
+           "tail", "terminate", "write_broker_config", "write_configs"]
 
 # Ports are drawn below Linux's default ephemeral range (32768-60999), so that the client
 # connections of a long test session cannot take a port the broker needs again on restart.
@@ -145,19 +145,26 @@ def tail(path: Path, lines: int = 25) -> str:
 
 def write_configs(run: Path, namesrv_port: int, broker_port: int, ha_port: int,
                   broker_options: Mapping[str, str | int | bool]) -> None:
-    """Write namesrv.conf and broker.conf for these ports into the run directory `run`."""
+    """Write namesrv.conf and (the first broker's) broker.conf for these ports into the run directory `run`."""
     (run / "namesrv.conf").write_text(f"listenPort={namesrv_port}\nbindAddress=127.0.0.1\n")
+    write_broker_config(run, "broker-a", broker_port, ha_port, broker_options)
+
+
+def write_broker_config(folder: Path, name: str, broker_port: int, ha_port: int,
+                        broker_options: Mapping[str, str | int | bool]) -> None:
+    """Write `folder`/broker.conf for broker `name` on these ports, its store under `folder`/store."""
+    folder.mkdir(parents=True, exist_ok=True)
     options: dict[str, str | int | bool] = {
         "brokerClusterName": "DefaultCluster",
-        "brokerName": "broker-a",
+        "brokerName": name,
         "brokerId": 0,
         "brokerIP1": "127.0.0.1",
         "brokerIP2": "127.0.0.1",
         "bindAddress": "127.0.0.1",
         "listenPort": broker_port,
         "haListenPort": ha_port,
-        "storePathRootDir": str(run / "store"),
-        "storePathCommitLog": str(run / "store" / "commitlog"),
+        "storePathRootDir": str(folder / "store"),
+        "storePathCommitLog": str(folder / "store" / "commitlog"),
         # Small mapped files: the defaults (1 GB commit log, 6 MB consume queues) are sized
         # for production disks.
         "mappedFileSizeCommitLog": 67108864,
@@ -180,7 +187,7 @@ def write_configs(run: Path, namesrv_port: int, broker_port: int, ha_port: int,
     options.update(broker_options)
     # Values are written bare: the broker silently ignores a number with trailing spaces.
     text = "".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}\n" for k, v in options.items())
-    (run / "broker.conf").write_text(text)
+    (folder / "broker.conf").write_text(text)
 
 
 def start_jvm(
