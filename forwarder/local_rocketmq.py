@@ -26,7 +26,8 @@ from types import FrameType, TracebackType
 
 from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution, find_java
 from forwarder._local_process import (BROKER_JVM, BROKER_READY, MQADMIN_JVM, NAMESRV_JVM, NAMESRV_READY, PortTaken,
-                                      pick_ports, start_jvm, tail, terminate, write_broker_config, write_configs)
+                                      major_version, pick_ports, quiet_logback, start_jvm, tail, terminate, write_broker_config,
+                                      write_configs, write_legacy_logback)
 from forwarder._local_tls import tls_jvm_flags
 from forwarder.errors import LocalRocketMQError
 from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
@@ -111,6 +112,7 @@ class LocalRocketMQ:
         self._given_run_dir = Path(run_dir) if run_dir is not None else None
         self._cache_dir = cache_dir
         self._version = version
+        self._major = major_version(version)
         self._broker_options = {**(acl_broker_options(acl) if acl is not None else {}), **(broker_options or {})}
         self._stop_timeout = stop_timeout
         self._run_dir: Path | None = None
@@ -143,6 +145,11 @@ class LocalRocketMQ:
         """Every broker's name and remoting address."""
         self._require_started()
         return {n.name: n.addr for n in self._nodes}
+
+    @property
+    def version(self) -> str:
+        """The RocketMQ release this cluster runs."""
+        return self._version
 
     @property
     def run_dir(self) -> Path:
@@ -320,7 +327,7 @@ class LocalRocketMQ:
         LocalRocketMQError if it exits non-zero or prints a failed sub-command."""
         self._require_started()
         assert self._java is not None and self._lib is not None
-        cmd = [self._java, *MQADMIN_JVM, *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self._lib}/*", "org.apache.rocketmq.tools.command.MQAdminStartup",
+        cmd = [self._java, *MQADMIN_JVM, quiet_logback(self._major), *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self._lib}/*", "org.apache.rocketmq.tools.command.MQAdminStartup",
                *args, "-n", self.namesrv_addr]
         env = {**os.environ, "ROCKETMQ_HOME": str(self.run_dir)}
         try:
@@ -352,17 +359,21 @@ class LocalRocketMQ:
         assert self._java is not None and self._lib is not None and name == "namesrv"
         run = self.run_dir
         tls = tuple(tls_jvm_flags(run)) if self.tls else ()
+        if self._major < 5:
+            write_legacy_logback(run)
         return start_jvm(self._java, self._lib, run, name, NAMESRV_READY, deadline,
                          "org.apache.rocketmq.namesrv.NamesrvStartup", (*NAMESRV_JVM, *tls),
-                         ["-c", str(run / "namesrv.conf")])
+                         ["-c", str(run / "namesrv.conf")], self._major)
 
     def _start_broker_jvm(self, node: _BrokerNode, deadline: float) -> subprocess.Popen[bytes]:
         """Start one broker from its folder and wait until it is up."""
         assert self._java is not None and self._lib is not None
         tls = tuple(tls_jvm_flags(self.run_dir)) if self.tls else ()
+        if self._major < 5:
+            write_legacy_logback(node.folder)
         return start_jvm(self._java, self._lib, node.folder, "broker", BROKER_READY, deadline,
                          "org.apache.rocketmq.broker.BrokerStartup", (*BROKER_JVM, *tls),
-                         ["-c", str(node.folder / "broker.conf"), "-n", self.namesrv_addr])
+                         ["-c", str(node.folder / "broker.conf"), "-n", self.namesrv_addr], self._major)
 
     def _wait_registered(self, node: _BrokerNode, deadline: float) -> None:
         """Wait until the NameServer routes to the broker.
@@ -394,10 +405,11 @@ class LocalRocketMQ:
         self._run_dir = None if self._given_run_dir is None else self._run_dir
 
 
-def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls: bool = False) -> None:
+def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls: bool = False,
+                   version: str | None = None) -> None:
     """Run a local RocketMQ until SIGINT/SIGTERM, printing `namesrv 127.0.0.1:PORT` once ready
     (with `acl`: authentication and authorization on, that user its administrator; with `tls`:
-    TLS only, on a self-signed certificate)."""
+    TLS only, on a self-signed certificate; `version`: that RocketMQ release instead of the default)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -406,7 +418,8 @@ def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     # A temporary store is deleted on exit, so Ctrl-C need not wait for the broker's graceful
     # shutdown (10-20 s); a kept store gets it, so that the next run starts without recovery.
-    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0, acl=acl, tls=tls)
+    mq = LocalRocketMQ(run_dir=dir, stop_timeout=30.0 if dir is not None else 3.0, acl=acl, tls=tls,
+                       version=version or ROCKETMQ_VERSION)
     try:
         mq.start()
         print(f"namesrv {mq.namesrv_addr}{' (TLS only: [rocketmq] tls = true)' if tls else ''}", flush=True)
