@@ -20,8 +20,8 @@ from pathlib import Path
 
 from forwarder.errors import LocalRocketMQError
 
-__all__ = ["BROKER_JVM", "BROKER_READY", "MQADMIN_JVM", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
-           "tail", "terminate", "write_broker_config", "write_configs", "major_version", "quiet_logback",
+__all__ = ["BROKER_JVM", "BROKER_READY", "MQADMIN_JVM", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "major_version",
+           "pick_ports", "quiet_logback", "start_jvm", "tail", "terminate", "write_broker_config", "write_configs",
            "write_legacy_logback"]
 
 # Ports are drawn below Linux's default ephemeral range (32768-60999), so that the client

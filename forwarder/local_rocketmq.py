@@ -26,8 +26,8 @@ from types import FrameType, TracebackType
 
 from forwarder._local_distribution import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution, find_java
 from forwarder._local_process import (BROKER_JVM, BROKER_READY, MQADMIN_JVM, NAMESRV_JVM, NAMESRV_READY, PortTaken,
-                                      major_version, pick_ports, quiet_logback, start_jvm, tail, terminate, write_broker_config,
-                                      write_configs, write_legacy_logback)
+                                      major_version, pick_ports, quiet_logback, start_jvm, tail, terminate,
+                                      write_broker_config, write_configs, write_legacy_logback)
 from forwarder._local_tls import tls_jvm_flags
 from forwarder.errors import LocalRocketMQError
 from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
@@ -327,8 +327,11 @@ class LocalRocketMQ:
         LocalRocketMQError if it exits non-zero or prints a failed sub-command."""
         self._require_started()
         assert self._java is not None and self._lib is not None
-        cmd = [self._java, *MQADMIN_JVM, quiet_logback(self._major), *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self._lib}/*", "org.apache.rocketmq.tools.command.MQAdminStartup",
-               *args, "-n", self.namesrv_addr]
+        tls = ["-Dtls.enable=true"] if self.tls else []
+        if self._major < 5:
+            write_legacy_logback(self.run_dir)
+        cmd = [self._java, *MQADMIN_JVM, quiet_logback(self._major), *tls, "-cp", f"{self._lib}/*",
+               "org.apache.rocketmq.tools.command.MQAdminStartup", *args, "-n", self.namesrv_addr]
         env = {**os.environ, "ROCKETMQ_HOME": str(self.run_dir)}
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env,

@@ -1,6 +1,7 @@
-"""Two brokers on one NameServer: the engine consumes and delivers across both; one broker is killed
-mid-run (SIGKILL, as a crash) and started again. Nothing acknowledged is lost, the other broker's queues keep flowing, and
-the engine's sends fail over to the live broker. The figures are printed (run with -s to see them)."""
+"""Two brokers on one NameServer: the engine consumes and delivers across both; one broker is
+killed mid-run (SIGKILL, as a crash) and started again. Nothing acknowledged is lost, the other
+broker's queues keep flowing, and sends fail over to the live broker. The figures are printed (run
+with -s to see them)."""
 from __future__ import annotations
 
 import collections
@@ -122,13 +123,14 @@ def test_a_broker_stopped_mid_run_loses_nothing_and_the_other_keeps_flowing(
     outage_deliveries = sum(1 for t in arrivals if stopped <= t <= up_from)
     outage_s = up_from - stopped
     duplicates = sum(c - 1 for c in delivered.values() if c > 1)
-    print(f"\ntwo brokers: {len(acked)} acknowledged ({dict(by_broker)}), {feeder.failures} sends failed and were "
-          f"sent again; broker-b killed (gone from the NameServer in {stopped - down_at:.1f} s), down {outage_s:.1f} s, back in "
-          f"{up_at - up_from:.1f} s; while it was down {len(sent_while_down)} messages were acknowledged "
-          f"(all by broker-a: {all(acked[b][0] == 'broker-a' for b in sent_while_down)}) and "
+    print(f"\ntwo brokers: {len(acked)} acknowledged ({dict(by_broker)}), {feeder.failures} sends failed and "
+          f"were sent again; broker-b killed (gone from the NameServer in {stopped - down_at:.1f} s), down "
+          f"{outage_s:.1f} s, back in {up_at - up_from:.1f} s; while it was down {len(sent_while_down)} messages "
+          f"were acknowledged (all by broker-a: {all(acked[b][0] == 'broker-a' for b in sent_while_down)}) and "
           f"{outage_deliveries} deliveries arrived ({outage_deliveries / outage_s:.0f}/s); every acknowledged "
-          f"message delivered, {duplicates} sent twice by the engine ({reads - len(seen)} copies read twice by the test's "
-          f"reader: its offsets on the killed broker rolled back); the engine's delivery counters: {delivery}")
+          f"message delivered, {duplicates} sent twice by the engine ({reads - len(seen)} copies read twice by "
+          f"the test's reader: its offsets on the killed broker rolled back); the engine's delivery counters: "
+          f"{delivery}")
     assert sent_while_down and all(acked[b][0] == "broker-a" for b in sent_while_down)
     assert outage_deliveries > 0, "the live broker's queues stopped flowing while the other was down"
     assert by_broker["broker-b"] > 0 and by_broker["broker-a"] > 0
