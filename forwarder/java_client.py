@@ -70,7 +70,8 @@ class JavaClient:
         return self._run(["sign"], "\n".join(lines) + "\n")
 
     def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
-        cmd = ["java", *_JVM_FLAGS, *(["-Dtls.enable=true"] if self.tls else []), "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
+        tls = ["-Dtls.enable=true"] if self.tls else []
+        cmd = ["java", *_JVM_FLAGS, *tls, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
                "--namesrv", self.namesrv]
         if self.credentials:
             cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]

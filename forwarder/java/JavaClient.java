@@ -76,7 +76,7 @@ public final class JavaClient {
         DefaultMQProducer p = new DefaultMQProducer(opt.getOrDefault("group", "java-conformance-producer"), hook(opt));
         p.setNamesrvAddr(opt.get("namesrv"));
         p.setInstanceName("java-" + ProcessHandle.current().pid());
-        p.setSendMsgTimeout(10_000);
+        p.setSendMsgTimeout(30_000);  // a JVM starting cold on a loaded machine (TLS set-up included) is slow
         String codec = opt.getOrDefault("compress", "zlib");
         if (codec.equals("none")) {
             p.setCompressMsgBodyOverHowmuch(Integer.MAX_VALUE);

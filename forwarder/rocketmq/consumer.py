@@ -248,7 +248,8 @@ class RemotingPullConsumer:
             return SUCCESS, None, consumer_status_body(self._reports() if mine else [])
         if req.code == GET_CONSUMER_RUNNING_INFO:
             if req.ext.get("consumerGroup") != self.group:
-                return SYSTEM_ERROR, f"The Consumer Group <{req.ext.get('consumerGroup')}> not exist in this consumer", b""
+                group = req.ext.get("consumerGroup")
+                return SYSTEM_ERROR, f"The Consumer Group <{group}> not exist in this consumer", b""
             return SUCCESS, None, running_info_body(self._properties(), self.topic, self._reports(), self.counters)
         if req.oneway:
             log.warning("a broker sent request code %d, which this consumer does not handle; ignored", req.code)

@@ -4,16 +4,19 @@ the delay topic and delivers over TLS; in the slow suite, RocketMQ's Java client
 over TLS and reads the deliveries back over TLS."""
 from __future__ import annotations
 
+import pickle
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from forwarder.config import RocketMQConfig
 from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.replay_sender import replay_sender_for
 from forwarder.rocketmq import (ClientSecurity, ConnectionFailedError, OutgoingMessage, ReceivedMessage,
-                                RemotingProducer, RemotingPullConsumer)
+                                RemotingError, RemotingProducer, RemotingPullConsumer)
 from forwarder.rocketmq.connection import call
 from forwarder.rocketmq.protocol import GET_BROKER_CLUSTER_INFO, GET_MIN_OFFSET, SUCCESS
 from timewheel.app.service import Service
@@ -103,3 +106,30 @@ def test_java_clients_every_codec_over_tls(tls_only: LocalRocketMQ, engine: tupl
     got = java.consume(target, len(sent), group=f"tls_java_reader_{uuid.uuid4().hex[:6]}", timeout_s=90)
     assert sorted(m.body for m in got) == sorted(m.body for m in sent)
     assert all(m.props["codec"] == m.body.split(b"-")[0].decode() for m in got)
+
+
+def test_replay_sends_over_tls_from_the_engines_config(tls_only: LocalRocketMQ,
+                                                       engine: tuple[RocketMQConfig, str]) -> None:
+    """Replay's sender takes TLS (and ACL) from `[rocketmq]` as the engine does; Spark ships its factory
+    pickled to the executors."""
+    cfg, target = engine
+    factory = pickle.loads(pickle.dumps(replay_sender_for(cfg, f"tls_replay_{uuid.uuid4().hex[:6]}")))
+    sender = factory()
+    try:
+        sender.send(target, b"replayed over tls", "r", ["k1"], {"TW_REPLAY": "1"})
+    finally:
+        sender.close()
+    plain = replay_sender_for(replace(cfg, tls=False), "tls_replay_plain")()
+    try:
+        with pytest.raises(RemotingError):
+            plain.send(target, b"not over tls", None, [], {})
+    finally:
+        plain.close()
+    got: list[ReceivedMessage] = []
+    reader = RemotingPullConsumer(cfg.namesrv, f"tls_replay_reader_{uuid.uuid4().hex[:6]}", target,
+                                  lambda batch: got.extend(batch) or True, security=TLS)
+    reader.start()
+    try:
+        assert wait_for(lambda: any(m.body == b"replayed over tls" for m in got), timeout=30)
+    finally:
+        reader.stop()

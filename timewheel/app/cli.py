@@ -126,7 +126,11 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
                     "engine at it with [rocketmq] access_key and secret_key.")] = None,
            tls: Annotated[bool, typer.Option(
                "--tls", help="Accept TLS connections only (a self-signed certificate made in the run directory); "
-                             "point the engine at it with [rocketmq] tls = true.")] = False) -> None:
+                             "point the engine at it with [rocketmq] tls = true.")] = False,
+           version: Annotated[Optional[str], typer.Option(
+               "--version", metavar="X.Y.Z", help="The Apache RocketMQ release to run (default: the one the "
+                                                  "tests run; 4.9.7 is the newest 4.x on Maven Central).")] = None
+           ) -> None:
     """Run a local RocketMQ (NameServer + Broker from Maven Central jars) in the foreground.
 
     Prints `namesrv 127.0.0.1:PORT` once it is ready; Ctrl-C stops it.
@@ -142,7 +146,7 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
             _fail("--acl takes ACCESS_KEY:SECRET_KEY, both non-empty (for example --acl admin:s3cret-key)")
         user = Credentials(access_key, secret_key)
     try:
-        run_foreground(dir, acl=user, tls=tls)
+        run_foreground(dir, acl=user, tls=tls, version=version)
     except LocalRocketMQError as e:
         _fail(str(e))
 
