@@ -159,6 +159,6 @@ def test_a_java_batch_of_identical_messages_arrives_whole_under_the_ids_the_prod
     [result] = p.java.produce(same, batch=True, compress="none")
     assert result["ok"] and result["count"] == 6, result
     given = set(result["msgId"].split(","))
-    got = p.java.consume(p.target, 7, group=f"java_reader_{uuid.uuid4().hex[:6]}", timeout_s=20)
+    got = _consume(p, p.target, 6, timeout_s=30)
     assert len(got) == 6, f"{len(got)} of 6 identical batched messages delivered"
     assert {delay_message_id(m.props["TW_ORIGINAL_MSG_ID"]) for m in got} == given
