@@ -8,6 +8,7 @@ from typing import Any
 
 from forwarder.config import RocketMQConfig
 from forwarder.contract import ContractLimits, ContractViolation, to_message, to_outgoing
+from forwarder.control import CANCEL_ID, CANCEL_KEY, CancelNotSentError, cancel_message, send_cancel
 from forwarder.delivery import CircuitBreaker, RocketMQSink
 from forwarder.endpoints import RocketMQEndpoints, connect_rocketmq
 from forwarder.errors import ForwarderError, LocalRocketMQError, NativeClientError, NativeLayoutError, SendError
@@ -18,12 +19,13 @@ from forwarder.rocketmq import (SYSTEM_PROPERTIES, OutgoingMessage, ReceivedMess
 
 _NATIVE = frozenset({"LogLevel", "NativeProducer", "NativePushConsumer", "read_message"})
 
-__all__ = ["CircuitBreaker", "ContractLimits", "ContractViolation", "DelayTopicIngest", "ForwarderError",
-           "LocalRocketMQ", "LocalRocketMQError", "LogLevel", "NativeClientError", "NativeLayoutError",
-           "NativeProducer", "NativePushConsumer", "OutgoingMessage", "ReceivedMessage", "RemotingError",
-           "RemotingProducer", "RemotingPullConsumer", "RocketMQConfig", "RocketMQEndpoints", "RocketMQSink",
-           "SYSTEM_PROPERTIES", "SendError", "SendResult", "SendStatus", "connect_rocketmq", "ensure_distribution",
-           "read_message", "run_foreground", "to_message", "to_outgoing", "topic_route", "user_properties"]
+__all__ = ["CANCEL_ID", "CANCEL_KEY", "CancelNotSentError", "CircuitBreaker", "ContractLimits", "ContractViolation",
+           "DelayTopicIngest", "ForwarderError", "LocalRocketMQ", "LocalRocketMQError", "LogLevel",
+           "NativeClientError", "NativeLayoutError", "NativeProducer", "NativePushConsumer", "OutgoingMessage",
+           "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RocketMQConfig",
+           "RocketMQEndpoints", "RocketMQSink", "SYSTEM_PROPERTIES", "SendError", "SendResult", "SendStatus",
+           "cancel_message", "connect_rocketmq", "ensure_distribution", "read_message", "run_foreground",
+           "send_cancel", "to_message", "to_outgoing", "topic_route", "user_properties"]
 
 
 def __getattr__(name: str) -> Any:

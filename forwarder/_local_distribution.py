@@ -15,10 +15,13 @@ from pathlib import Path
 
 from forwarder.errors import LocalRocketMQError
 
-__all__ = ["ROCKETMQ_VERSION", "default_cache_dir", "ensure_distribution", "find_java"]
+__all__ = ["LEGACY_ROCKETMQ_VERSION", "ROCKETMQ_VERSION", "default_cache_dir", "ensure_distribution", "find_java"]
 
-#: The Apache RocketMQ release every local broker runs (its jars are cached per version).
+#: The Apache RocketMQ release a local broker runs unless told otherwise (jars are cached per version).
 ROCKETMQ_VERSION = "5.3.3"
+#: The 4.x release the conformance suite also runs against: the newest 4.9 on Maven Central (4.9.8 is
+#: tagged in the source but its jars were never published there). Its servers run on Java 17 as they are.
+LEGACY_ROCKETMQ_VERSION = "4.9.7"
 
 _CACHE_ENV = "TIMEWHEEL_CACHE_DIR"
 # Pinned so that the resolution does not depend on whatever plugin version Maven defaults to.

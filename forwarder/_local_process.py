@@ -20,8 +20,9 @@ from pathlib import Path
 
 from forwarder.errors import LocalRocketMQError
 
-__all__ = ["BROKER_JVM", "BROKER_READY", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "pick_ports", "start_jvm",
-           "tail", "terminate", "write_configs"]
+__all__ = ["BROKER_JVM", "BROKER_READY", "MQADMIN_JVM", "NAMESRV_JVM", "NAMESRV_READY", "PortTaken", "major_version",
+           "pick_ports", "quiet_logback", "start_jvm", "tail", "terminate", "write_broker_config", "write_configs",
+           "write_legacy_logback"]
 
 # Ports are drawn below Linux's default ephemeral range (32768-60999), so that the client
 # connections of a long test session cannot take a port the broker needs again on restart.
@@ -42,9 +43,43 @@ _JVM_COMMON = (
     "java.base/java.lang=ALL-UNNAMED",
     "-Djava.net.preferIPv4Stack=true",
     "-Dtls.server.mode=disabled",
-    # The bundled logback warns about its own config at every start; keep the .out files short.
-    "-Dlogback.statusListenerClass=org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener",
 )
+# RocketMQ 5 bundles a shaded logback that warns about its own config at every start: keep the .out
+# files short. RocketMQ 4 uses plain logback, configured from $ROCKETMQ_HOME/conf (`write_legacy_logback`).
+_QUIET_LOGBACK = {
+    5: "-Dlogback.statusListenerClass=org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener",
+    4: "-Dlogback.statusListenerClass=ch.qos.logback.core.status.NopStatusListener",
+}
+_LEGACY_LOGBACK = """<?xml version="1.0" encoding="UTF-8"?>
+<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>${{user.home}}/logs/rocketmqlogs/{name}.log</file>
+    <encoder><pattern>%d{{yyyy-MM-dd HH:mm:ss}} %p %t - %m%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+
+def quiet_logback(major: int) -> str:
+    """The JVM flag that keeps RocketMQ `major`'s logback from printing its own status at start."""
+    return _QUIET_LOGBACK[min(max(major, 4), 5)]
+
+
+def major_version(version: str) -> int:
+    """The major version of a RocketMQ release ("4.9.7" -> 4)."""
+    head = version.split(".", 1)[0]
+    if not head.isdigit():
+        raise LocalRocketMQError(f"RocketMQ version {version!r} is not of the form MAJOR.MINOR.PATCH")
+    return int(head)
+
+
+def write_legacy_logback(home: Path) -> None:
+    """The logback files a RocketMQ 4 NameServer, broker and mqadmin read from `home`/conf (the servers exit
+    without them)."""
+    (home / "conf").mkdir(parents=True, exist_ok=True)
+    for name in ("namesrv", "broker", "tools"):
+        (home / "conf" / f"logback_{name}.xml").write_text(_LEGACY_LOGBACK.format(name=name))
 NAMESRV_JVM = ("-Xms64m", "-Xmx256m", "-Drmq.logback.configurationFile=rmq.namesrv.logback.xml")
 BROKER_JVM = (
     "-Xms256m",
@@ -52,6 +87,10 @@ BROKER_JVM = (
     "-XX:MaxDirectMemorySize=256m",
     "-Drmq.logback.configurationFile=rmq.broker.logback.xml",
 )
+
+# RocketMQ's admin tool, as its `mqadmin` script starts it (a small client JVM).
+MQADMIN_JVM = ("-Xms64m", "-Xmx256m", "-XX:-UsePerfData", "-Djava.net.preferIPv4Stack=true",
+               "-Drocketmq.client.logLevel=ERROR")
 
 
 class PortTaken(Exception):
@@ -140,19 +179,26 @@ def tail(path: Path, lines: int = 25) -> str:
 
 def write_configs(run: Path, namesrv_port: int, broker_port: int, ha_port: int,
                   broker_options: Mapping[str, str | int | bool]) -> None:
-    """Write namesrv.conf and broker.conf for these ports into the run directory `run`."""
+    """Write namesrv.conf and (the first broker's) broker.conf for these ports into the run directory `run`."""
     (run / "namesrv.conf").write_text(f"listenPort={namesrv_port}\nbindAddress=127.0.0.1\n")
+    write_broker_config(run, "broker-a", broker_port, ha_port, broker_options)
+
+
+def write_broker_config(folder: Path, name: str, broker_port: int, ha_port: int,
+                        broker_options: Mapping[str, str | int | bool]) -> None:
+    """Write `folder`/broker.conf for broker `name` on these ports, its store under `folder`/store."""
+    folder.mkdir(parents=True, exist_ok=True)
     options: dict[str, str | int | bool] = {
         "brokerClusterName": "DefaultCluster",
-        "brokerName": "broker-a",
+        "brokerName": name,
         "brokerId": 0,
         "brokerIP1": "127.0.0.1",
         "brokerIP2": "127.0.0.1",
         "bindAddress": "127.0.0.1",
         "listenPort": broker_port,
         "haListenPort": ha_port,
-        "storePathRootDir": str(run / "store"),
-        "storePathCommitLog": str(run / "store" / "commitlog"),
+        "storePathRootDir": str(folder / "store"),
+        "storePathCommitLog": str(folder / "store" / "commitlog"),
         # Small mapped files: the defaults (1 GB commit log, 6 MB consume queues) are sized
         # for production disks.
         "mappedFileSizeCommitLog": 67108864,
@@ -175,7 +221,7 @@ def write_configs(run: Path, namesrv_port: int, broker_port: int, ha_port: int,
     options.update(broker_options)
     # Values are written bare: the broker silently ignores a number with trailing spaces.
     text = "".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}\n" for k, v in options.items())
-    (run / "broker.conf").write_text(text)
+    (folder / "broker.conf").write_text(text)
 
 
 def start_jvm(
@@ -188,8 +234,9 @@ def start_jvm(
     main_class: str,
     jvm_opts: tuple[str, ...],
     args: list[str],
+    major: int = 5,
 ) -> subprocess.Popen[bytes]:
-    """Start one JVM and wait until its output shows `ready`; raise with its log tail if not."""
+    """Start one JVM (of RocketMQ `major`) and wait until its output shows `ready`; raise with its log tail if not."""
     out = run / f"{name}.out"
     offset = out.stat().st_size if out.exists() else 0
     env = dict(os.environ)
@@ -197,6 +244,7 @@ def start_jvm(
     cmd = [
         java,
         *_JVM_COMMON,
+        quiet_logback(major),
         *jvm_opts,
         f"-Duser.home={run}",
         f"-Drocketmq.home.dir={run}",

@@ -18,10 +18,11 @@ from typing import Callable
 from forwarder.config import RocketMQConfig
 from forwarder.contract import (ORIGINAL_MSG_ID, ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
                                 to_message)
+from forwarder.control import split_control, to_cancel
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from timewheel.errors import InvalidMessageError
-from timewheel.message import Message, ScheduleFn
+from timewheel.message import CancelFn, Message, ScheduleFn
 
 log = logging.getLogger("timewheel.ingest")
 
@@ -57,29 +58,46 @@ class DelayTopicIngest:
     """A Source reading the delay topic; one per engine, all engines in one consumer group."""
 
     def __init__(self, cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int],
-                 dead_letters: RemotingProducer) -> None:
-        """Configure (nothing connects until start()); dead letters go through `dead_letters`."""
+                 dead_letters: RemotingProducer, *, queue_ids: Callable[[int], bool] | None = None) -> None:
+        """Configure (nothing connects until start()); dead letters go through `dead_letters`;
+        `queue_ids`: read only the delay topic's queues whose id it accepts (a replica's shard)."""
+        self.queue_ids = queue_ids
         self.cfg = cfg
         self.limits = limits
         self.now_ms = now_ms
         self._dlq = dead_letters
         self._puller: RemotingPullConsumer | None = None
         self._schedule: ScheduleFn | None = None
+        self._cancel: CancelFn | None = None
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
-        self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0}
+        self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0,
+                         "cancels_received": 0}
 
-    def start(self, schedule: ScheduleFn) -> None:
-        """Subscribe to the delay topic and start consuming."""
+    def start(self, schedule: ScheduleFn, cancel: CancelFn | None = None) -> None:
+        """Subscribe to the delay topic and start consuming; cancels (control messages) go to
+        `cancel` (without one they are dead-lettered)."""
         self._schedule = schedule
+        self._cancel = cancel
         self._accepting.set()
         self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
                                             self._on_batch, pull_batch=self.cfg.consume_batch,
                                             timeout_ms=self.cfg.send_timeout_ms,
                                             max_body_bytes=self.limits.max_body_bytes,
-                                            security=self.cfg.security())
+                                            security=self.cfg.security(),
+                                            queue_filter=self._in_shard if self.queue_ids is not None else None)
         self._puller.start()
+
+    def caught_up_ms(self) -> int | None:
+        """Wall-clock ms before which everything stored in the queues this engine reads was stored here
+        (None: none read yet). A replica holding its shard's lease never publishes a watermark past it."""
+        puller = self._puller
+        return puller.caught_up_ms() if puller is not None else None
+
+    def _in_shard(self, queue: tuple[str, int]) -> bool:
+        """Whether a (broker, queue id) of the delay topic is read by this engine."""
+        return self.queue_ids is None or self.queue_ids(queue[1])
 
     def stop(self) -> None:
         """Stop taking messages (new ones are handed back for redelivery) and shut the consumer down."""
@@ -113,6 +131,9 @@ class DelayTopicIngest:
     def _store_batch(self, batch: list[ReceivedMessage]) -> bool:
         assert self._schedule is not None
         now = self.now_ms()
+        batch, control = split_control(batch)
+        if control and not self._apply_cancels(control, now):
+            return False
         todo: list[tuple[Message, ReceivedMessage]] = []
         for msg in batch:
             if msg.undecodable is not None:
@@ -134,6 +155,27 @@ class DelayTopicIngest:
         # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
         return all(self._dead_letter(msg, refusal.reason)
                    for (_, msg), refusal in zip(todo, refusals) if refusal is not None)
+
+    def _apply_cancels(self, control: list[ReceivedMessage], now: int) -> bool:
+        """Hand a batch's cancels to the engine (kept durably before the batch is acknowledged);
+        a malformed one is dead-lettered. False hands the batch back."""
+        requests = []
+        for msg in control:
+            try:
+                if self._cancel is None:
+                    raise ContractViolation("this engine was started without a cancel handler")
+                requests.append(to_cancel(msg, now))
+            except ContractViolation as e:
+                if not self._dead_letter(msg, e.reason):
+                    return False
+        if requests and self._cancel is not None:
+            try:
+                self._cancel(requests)
+            except Exception:
+                log.exception("applying %d cancels failed; the batch will be pulled again", len(requests))
+                return False
+            self.counters["cancels_received"] += len(requests)
+        return True
 
     def _dead_letter(self, msg: ReceivedMessage, reason: str) -> bool:
         try:

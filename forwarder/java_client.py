@@ -54,8 +54,11 @@ class JavaClient:
     """Runs the compiled Java client against a NameServer, optionally with ACL credentials."""
 
     def __init__(self, namesrv: str, *, version: str = ROCKETMQ_VERSION, cache_dir: Path | None = None,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
+                 access_key: str | None = None, secret_key: str | None = None, tls: bool = False) -> None:
+        """A client of the NameServer `namesrv`; signing with the ACL keys if given; over TLS with `tls`
+        (RocketMQ's `-Dtls.enable=true`; the broker's certificate is not checked, as its test mode does)."""
         self.namesrv = namesrv
+        self.tls = tls
         self.lib = ensure_distribution(cache_dir, version)
         self.classes = _compile(self.lib, Path(cache_dir) if cache_dir else default_cache_dir(), version)
         self.credentials = (access_key, secret_key or "") if access_key else None
@@ -67,7 +70,8 @@ class JavaClient:
         return self._run(["sign"], "\n".join(lines) + "\n")
 
     def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
-        cmd = ["java", *_JVM_FLAGS, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
+        tls = ["-Dtls.enable=true"] if self.tls else []
+        cmd = ["java", *_JVM_FLAGS, *tls, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
                "--namesrv", self.namesrv]
         if self.credentials:
             cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]
@@ -91,10 +95,28 @@ class JavaClient:
         return [JavaMessage.from_json(r) for r in rows if not r.get("done")]
 
     def intake(self, topic: str, *, seconds: int = 10, threads: int = 4, batch: int = 128,
-               body_size: int = 100) -> dict[str, float]:
-        """The broker's intake ceiling: batches from several threads for `seconds`; sent, seconds, rate."""
-        rows = self._run(["intake", "--topic", topic, "--seconds", str(seconds), "--threads", str(threads),
-                          "--batch", str(batch), "--body-size", str(body_size)], timeout=seconds + 120)
+               body_size: int = 100, props: Mapping[str, str] | None = None) -> dict[str, float]:
+        """The broker's intake ceiling: batches from several threads for `seconds`; sent, seconds, rate.
+
+        `props` go on every message (a delay topic's contract, to measure an engine's batch ingest)."""
+        args = ["intake", "--topic", topic, "--seconds", str(seconds), "--threads", str(threads),
+                "--batch", str(batch), "--body-size", str(body_size)]
+        if props:
+            args += ["--props", json.dumps(dict(props))]
+        rows = self._run(args, timeout=seconds + 120)
+        return {k: float(v) for k, v in rows[-1].items()}
+
+
+    def pace(self, topic: str, *, rate: float, seconds: float, id_start: int, threads: int = 4, body_size: int = 100,
+             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7) -> dict[str, float]:
+        """Messages at a steady `rate` for `seconds`, numbered from `id_start` (property BENCH_ID) with their
+        wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a target,
+        plain messages stamped with their send time. Returns sent, failed, seconds, rate."""
+        args = ["pace", "--topic", topic, "--rate", str(rate), "--seconds", str(seconds), "--id-start", str(id_start),
+                "--threads", str(threads), "--body-size", str(body_size), "--seed", str(seed)]
+        if target:
+            args += ["--target", target, "--delay-min-ms", str(delay_ms[0]), "--delay-max-ms", str(delay_ms[1])]
+        rows = self._run(args, timeout=seconds + 120)
         return {k: float(v) for k, v in rows[-1].items()}
 
 

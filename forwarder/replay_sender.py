@@ -3,23 +3,28 @@
 `spark.replay` reads the records and hands each to a sender made by a factory on the executor;
 this module is the RocketMQ sender and its factory (picklable, so Spark ships it to executors), so
 that spark itself imports nothing of `forwarder`. The sender has the shape of `spark.replay.Sender`.
+It reaches a secured cluster as the engine does: ACL signing and TLS from `[rocketmq]`
+(`replay_sender_for`).
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from forwarder.rocketmq import OutgoingMessage, RemotingProducer
+from forwarder.config import RocketMQConfig
+from forwarder.rocketmq import ClientSecurity, OutgoingMessage, RemotingProducer
 
-__all__ = ["ReplaySender", "replay_sender"]
+__all__ = ["ReplaySender", "replay_sender", "replay_sender_for"]
 
 
 class ReplaySender:
     """Sends replayed messages one at a time through a RemotingProducer; raises when one is not stored."""
 
-    def __init__(self, namesrv: str, group: str, timeout_ms: int = 3000) -> None:
-        """A producer of `group` on the NameServer(s) `namesrv` (connects on the first send)."""
-        self._producer = RemotingProducer(namesrv, group, timeout_ms=timeout_ms)
+    def __init__(self, namesrv: str, group: str, timeout_ms: int = 3000,
+                 security: ClientSecurity | None = None) -> None:
+        """A producer of `group` on the NameServer(s) `namesrv` (connects on the first send), signing
+        and wrapping its connections as `security` says."""
+        self._producer = RemotingProducer(namesrv, group, timeout_ms=timeout_ms, security=security)
 
     def send(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str],
              properties: Mapping[str, str]) -> None:
@@ -33,6 +38,13 @@ class ReplaySender:
         self._producer.close()
 
 
-def replay_sender(namesrv: str, group: str, timeout_ms: int = 3000) -> Callable[[], ReplaySender]:
+def replay_sender(namesrv: str, group: str, timeout_ms: int = 3000,
+                  security: ClientSecurity | None = None) -> Callable[[], ReplaySender]:
     """A picklable factory of replay senders, one per Spark task."""
-    return functools.partial(ReplaySender, namesrv, group, timeout_ms)
+    return functools.partial(ReplaySender, namesrv, group, timeout_ms, security)
+
+
+def replay_sender_for(cfg: RocketMQConfig, group: str) -> Callable[[], ReplaySender]:
+    """A picklable factory of replay senders reaching the cluster of `cfg` as the engine does
+    (its NameServers, send timeout, ACL credentials and TLS settings), under producer group `group`."""
+    return replay_sender(cfg.namesrv, group, cfg.send_timeout_ms, cfg.security())

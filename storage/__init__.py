@@ -19,6 +19,7 @@ from storage.part import trusted_index
 from storage.recovery import RecoveryReport
 from storage.sealed import PartStager, SealedPartWriter
 from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
+from storage.tombstones import Tombstone, TombstoneLog, TombstoneRead
 
 __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
@@ -26,7 +27,8 @@ __all__ = [
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
-    "TWO_YEARS_MS", "append_dispatch", "check", "decode", "decode_keys", "decode_properties", "dispatch_entries",
+    "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
+    "decode_properties", "dispatch_entries",
     "encode", "encode_frame", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
     "summarize", "summarize_segment", "trusted_index",
 ]

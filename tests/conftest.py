@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from coordination.local_zookeeper import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
 
 
@@ -20,3 +21,13 @@ def rocketmq() -> Iterator[LocalRocketMQ]:
         yield mq
     finally:
         mq.stop()
+
+
+@pytest.fixture(scope="session")
+def zookeeper() -> Iterator[LocalZooKeeper]:
+    """A real Apache ZooKeeper (standalone, on loopback) shared by the whole session."""
+    zk = LocalZooKeeper().start()
+    try:
+        yield zk
+    finally:
+        zk.stop()

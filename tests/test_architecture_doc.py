@@ -6,8 +6,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-PACKAGES = ("storage", "timewheel", "forwarder", "spark")
-_ELSEWHERE = {"numpy.fromfile"}  # names of libraries the page mentions
+PACKAGES = ("storage", "timewheel", "forwarder", "spark", "coordination")
+_ELSEWHERE = {"numpy.fromfile", "kazoo"}  # names of libraries the page mentions
 
 
 def _source() -> str:

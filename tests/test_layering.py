@@ -9,10 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: package (or the core: timewheel/*.py) -> top-level names it must never import
 FORBIDDEN = {
-    "storage": ("timewheel", "forwarder", "spark"),
-    "timewheel-core": ("forwarder", "spark", "timewheel.app"),
+    "storage": ("timewheel", "forwarder", "spark", "coordination"),
+    "timewheel-core": ("forwarder", "spark", "timewheel.app", "coordination", "kazoo"),
     "spark": ("forwarder.rocketmq.producer", "timewheel.app"),
-    "forwarder": ("spark", "timewheel.app"),
+    "forwarder": ("spark", "timewheel.app", "coordination"),
+    "coordination": ("forwarder", "spark", "timewheel.app"),
 }
 
 

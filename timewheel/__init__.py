@@ -1,18 +1,22 @@
 """timewheel: arbitrary-delay messages for Apache RocketMQ.
 
 The in-process API: `Engine(EngineConfig(data_dir), sink).start()`, then `schedule([Message(...)])`;
-`Engine.stats()` answers an `EngineStats`.
+`cancel(msg_id=...)` or `apply_cancels([CancelRequest(...)])` (kept as a tombstone for messages that
+arrive later); `Engine.stats()` answers an `EngineStats`.
 """
+from timewheel.cancels import CancelRequest
 from timewheel.clock import Clock, ManualClock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.engine import Engine
 from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
                               TimewheelError)
+from timewheel.gate import NO_WATERMARK, DeliveryGate
 from timewheel.lateness import LatenessSummary
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError", "Engine", "EngineConfig", "EngineCounters",
-           "EngineStateError", "EngineStats", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message",
-           "Shaper", "Sink", "Source", "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]
+__all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError",
+           "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats",
+           "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "Shaper", "Sink", "Source",
+           "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]

@@ -84,7 +84,9 @@ class RetryArrays:
         sel = self.next_ms <= now_ms
         if not sel.any():
             return EMPTY_I64, EMPTY_U64, EMPTY_I16
-        out = self.due[sel], self.refs[sel], self.attempts[sel]
+        # oldest due first: what a replica held while it could not send goes out in due order
+        order = np.argsort(self.due[sel], kind="stable")
+        out = self.due[sel][order], self.refs[sel][order], self.attempts[sel][order]
         keep = ~sel
         self.next_ms, self.due, self.refs, self.attempts = (self.next_ms[keep], self.due[keep], self.refs[keep],
                                                             self.attempts[keep])

@@ -91,6 +91,11 @@ class HeldQueues:
             self.queues.setdefault(topic, deque()).append((b, i, now))
         self.size += len(b)
 
+    def earliest_due(self) -> int | None:
+        """Earliest due time of the messages held (None: none)."""
+        firsts = [int(min(b.due[i] for b, i, _ in q)) for q in self.queues.values() if q]
+        return min(firsts) if firsts else None
+
     def sizes(self) -> dict[str, int]:
         """Messages held per topic (topics holding none left out)."""
         return {t: len(q) for t, q in self.queues.items() if q}

@@ -32,13 +32,17 @@ class EngineConfig:
     rescan_seconds: float = 2.0
     catch_up_chunk: int = 20_000
     retention_hours: float = 0.0  # 0 keeps every segment; >0 retires fully dispatched ones this old
+    # how long a cancel is kept for messages that arrive after it (longer than the delay topic's
+    # retention plus producer retries: a message cannot arrive later than that)
+    tombstone_retention_hours: float = 168.0
+    max_tombstones: int = 1_000_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.data_dir, (str, PathLike)) or not str(self.data_dir).strip():
             raise ConfigError(f"engine.data_dir = {self.data_dir!r} is invalid: it must name a directory "
                               f"(for example --data-dir var/data)")
         object.__setattr__(self, "data_dir", Path(self.data_dir))
-        for name in ("checkpoint_seconds", "rescan_seconds", "retention_hours"):
+        for name in ("checkpoint_seconds", "rescan_seconds", "retention_hours", "tombstone_retention_hours"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"engine.{name} = {value!r} is invalid: it must be a finite number")
@@ -60,6 +64,9 @@ class EngineConfig:
             ("rescan_seconds", 0 < self.rescan_seconds <= 3600, "positive, at most 3600"),
             ("catch_up_chunk", self.catch_up_chunk >= 1, "at least 1"),
             ("retention_hours", self.retention_hours >= 0, "at least 0"),
+            ("tombstone_retention_hours", 0 < self.tombstone_retention_hours <= 24 * 365 * 10,
+             "positive, at most 87600 (ten years)"),
+            ("max_tombstones", self.max_tombstones >= 1, "at least 1"),
         ]
         for name, ok, want in checks:
             if not ok:
@@ -69,6 +76,11 @@ class EngineConfig:
     def segment_ms(self) -> int:
         """Segment length in ms."""
         return self.segment_minutes * 60_000
+
+    @property
+    def tombstone_retention_ms(self) -> int:
+        """How long a cancel is kept as a tombstone, in ms."""
+        return int(self.tombstone_retention_hours * 3_600_000)
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -65,6 +65,9 @@ class DispatchQueue:
         self._retries = RetryArrays()
         self._cancelled = np.empty(0, np.uint64)
         self._sending = 0  # dispatch passes in progress
+        # earliest due time of what each dispatch thread took and has not finished with (the
+        # delivered-up-to watermark must not pass it)
+        self._in_hand: dict[int, int] = {}
         self._lingering = False  # a dispatch thread waits for a small batch to fill
         self._catch_up_waiting = False  # the timer has past segments to add once the backlog has room
         self._closed = False
@@ -189,10 +192,36 @@ class DispatchQueue:
             if self._ready.size or self._backlog.size:
                 self._cv.notify()  # more to send: another dispatch thread may take it
             taken = len(batch[0])
+            if taken:
+                self._note_in_hand(int(batch[0].min()))
             if len(self._cancelled):
                 keep = ~np.isin(batch[1], self._cancelled)
                 batch = batch[0][keep], batch[1][keep], batch[2][keep]
             return batch, taken
+
+    def note_in_hand(self, due_ms: int) -> None:
+        """The calling thread holds an entry due at `due_ms` outside the queue until `clear_in_hand()`."""
+        with self._cv:
+            self._note_in_hand(due_ms)
+
+    def _note_in_hand(self, due_ms: int) -> None:
+        tid = threading.get_ident()
+        held = self._in_hand.get(tid)
+        self._in_hand[tid] = due_ms if held is None else min(held, due_ms)
+
+    def clear_in_hand(self) -> None:
+        """The calling thread finished with what it took (recorded, retried or held again)."""
+        with self._cv:
+            self._in_hand.pop(threading.get_ident(), None)
+
+    def earliest_due(self) -> int | None:
+        """Earliest due time of any entry here or in a dispatch thread's hands (None: nothing)."""
+        with self._cv:
+            mins = [c[0].min() for q in (self._ready, self._backlog) for c in q.chunks if len(c[0])]
+            if len(self._retries):
+                mins.append(self._retries.due.min())
+            mins.extend(self._in_hand.values())
+            return int(min(mins)) if mins else None
 
     def retry(self, next_ms: np.ndarray, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Failed entries, to be taken again from `next_ms` on."""

@@ -33,6 +33,7 @@ from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
+from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 from timewheel._threads import guarded
@@ -72,8 +73,9 @@ class Dispatcher:
     def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
                  sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None,
-                 counters: DispatchCounters | None = None) -> None:
-        """`counters`: to count on from (an engine started again keeps its totals)."""
+                 counters: DispatchCounters | None = None, gate: DeliveryGate | None = None) -> None:
+        """`counters`: to count on from (an engine started again keeps its totals); `gate`: a replica's
+        lease (`timewheel.gate`), None when this engine alone delivers what it stores."""
         self.config = config
         self.store = store
         self.segments = segments
@@ -83,6 +85,7 @@ class Dispatcher:
         self.dead_letter_sink = dead_letter_sink
         self.clock = clock
         self.lateness = lateness
+        self.gate = gate
         self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
         # a sink that sends stored records as they are spares a Message per delivered message
@@ -158,14 +161,50 @@ class Dispatcher:
     def dispatch_pass(self) -> int:
         """Send one batch: ready first, then retries that are due, then catch-up backlog; or, with
         nothing to read, what the shaper grants. Returns how many entries it handled."""
-        held_full, _ = self._held_state(self.clock.now_ms())
-        taken = None if held_full else self.queue.take(self.config.send_batch_size)
-        if taken is None:
-            return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
-        (due, refs, attempts), n = taken
-        if len(due):
-            self._send(due, refs, attempts)
-        return n
+        try:
+            held_full, _ = self._held_state(self.clock.now_ms())
+            taken = None if held_full else self.queue.take(self.config.send_batch_size)
+            if taken is None:
+                return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
+            (due, refs, attempts), n = taken
+            if self.gate is not None:
+                due, refs, attempts = self._through_gate(self.gate, due, refs, attempts)
+            if len(due):
+                self._send(due, refs, attempts)
+            return n
+        finally:
+            self.queue.clear_in_hand()
+
+    def earliest_held_due(self) -> int | None:
+        """Earliest due time of what the shaper holds (None: nothing)."""
+        with self._lock:
+            return self._held.earliest_due()
+
+    def _through_gate(self, gate: DeliveryGate, due: np.ndarray, refs: np.ndarray,
+                      attempts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Record what another replica delivered (due by its watermark) and hold the rest while this
+        replica may not send; return what may go on to be sent."""
+        elsewhere = due <= gate.delivered_elsewhere_up_to()
+        peer = int(elsewhere.sum())
+        if peer:
+            segs, parts, offsets = self.segments.locate(refs[elsewhere])
+            # attempts 0: delivered, by the replica that held the lease; this one never sent it
+            self._record(Batch([], due[elsewhere], refs[elsewhere], attempts[elsewhere], segs, parts, offsets),
+                         self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
+            keep = ~elsewhere
+            due, refs, attempts = due[keep], refs[keep], attempts[keep]
+        held = 0
+        if len(due) and not gate.may_send():
+            held = len(due)
+            self._hold(gate, due, refs, attempts)
+            due, refs, attempts = due[:0], refs[:0], attempts[:0]
+        if peer or held:
+            gate.count(peer, held)
+        return due, refs, attempts
+
+    def _hold(self, gate: DeliveryGate, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+        """Queue entries again without counting an attempt: this replica may not send them now."""
+        self.queue.retry(np.full(len(due), self.clock.now_ms() + gate.hold_ms, np.int64), due, refs, attempts)
 
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
@@ -241,6 +280,8 @@ class Dispatcher:
                     return sent
                 grants = shaper.grant(backlog, now)
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
+                if batch is not None and len(batch.due):  # out of the held queues: the watermark sees it here
+                    self.queue.note_in_hand(int(batch.due.min()))
                 taken = Counter(batch.topic_list()) if batch is not None else Counter()
                 for topic, n in grants.items():
                     if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
@@ -252,6 +293,14 @@ class Dispatcher:
 
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
         """Send one batch through the sink and record every outcome."""
+        gate = self.gate
+        if gate is not None and not gate.may_send():  # the fence, checked right before every send
+            self._hold(gate, b.due, b.refs, b.attempts)
+            gate.count(0, len(b.due))
+            if self.shaper is not None:
+                for topic, n in Counter(b.topic_list()).items():
+                    self.shaper.release(topic, n)
+            return
         try:
             delivered = self._sink_send(b)
         except Exception:

@@ -39,17 +39,20 @@ from typing import Sequence
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, ScheduleStore
+from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, ScheduleStore, TombstoneLog
+from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
+from timewheel.gate import DeliveryGate
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
+from timewheel.watermark import delivered_up_to
 
 log = logging.getLogger("timewheel.engine")
 
@@ -64,6 +67,7 @@ class _Running:
     dispatcher: Dispatcher
     housekeeper: Housekeeper
     background: bool
+    tombstones: Tombstones
 
 
 class Engine:
@@ -71,8 +75,10 @@ class Engine:
 
     def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, *, shaper: Shaper | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, gate: DeliveryGate | None = None) -> None:
+        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`)."""
         self.config = config
+        self.gate = gate
         self.sink = sink
         self.shaper = shaper
         self.clock: Clock = clock or SystemClock()
@@ -84,6 +90,10 @@ class Engine:
         self._scheduled = 0
         self._duplicates = 0
         self._cancelled = 0
+        self._cancel_requests = 0
+        self._cancels_applied = 0
+        self._cancelled_on_arrival = 0
+        self._cancel_lock = threading.Lock()  # one cancel at a time: each records a record's outcome once
         # totals of the dispatcher and the timer, kept when the engine stops and starts again
         self._dispatch_counters = DispatchCounters()
         self._catch_up_segments_before = 0
@@ -130,9 +140,13 @@ class Engine:
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
         dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                 dead_letter_sink=self._dead_letter_sink, seed=self._seed,
-                                counters=self._dispatch_counters)
+                                counters=self._dispatch_counters, gate=self.gate)
+        tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
+                                cfg.max_tombstones)
+        tombstones.load(self.clock.now_ms())
         self.store = store
-        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock), background)
+        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock), background,
+                             tombstones)
         if background:
             # Releasing at the due millisecond needs the timer thread to get the GIL within a
             # millisecond; Python's default switch interval (5 ms) would make it wait behind the
@@ -155,6 +169,7 @@ class Engine:
             run.dispatcher.join()
             run.housekeeper.stop()
         run.store.close()
+        run.tombstones.close()
         self._catch_up_segments_before += run.timer.catch_up_segments
         self._run = None
 
@@ -169,10 +184,12 @@ class Engine:
     def schedule(self, messages: Sequence[Message]) -> list[str]:
         """Store messages durably (under the flush policy) and return their ids.
 
-        Ids are generated where a message has none; a repeated id is stored once. Raises
+        Ids are generated where a message has none; a repeated id is stored once; a message a
+        tombstone cancels (a cancel that came first) is accepted and not stored. Raises
         InvalidMessageError (nothing stored) if any message breaks the contract.
         """
-        store = self._require_started().store
+        run = self._require_started()
+        store, tombstones = run.store, run.tombstones
         now = self.clock.now_ms()
         ids = []
         records = []
@@ -181,15 +198,47 @@ class Engine:
             mid = m.msg_id or uuid.uuid4().hex
             ids.append(mid)
             records.append(m.to_record(mid))
+        generation = tombstones.generation
+        cancelled = tombstones.screen(messages, now)
+        if cancelled:
+            gone = set(cancelled)
+            records = [r for i, r in enumerate(records) if i not in gone]
         try:
-            result = store.append(records, now)
+            result = store.append(records, now) if records else None
         except (DelayTooLongError, InvalidRecordError) as e:
             raise InvalidMessageError(str(e)) from e
-        fresh = int(result.new.sum())
+        fresh = int(result.new.sum()) if result is not None else 0
         with self._lock:
             self._scheduled += fresh
             self._duplicates += len(records) - fresh
+            self._cancelled_on_arrival += len(cancelled)
+        if tombstones.generation != generation:
+            # a cancel arrived while these were screened and stored: it may have looked for them
+            # before they were in the store, so they are checked again now that they are
+            late = tombstones.screen(messages, now)
+            for i in late:
+                self.cancel(msg_id=ids[i])
         return ids
+
+    def apply_cancels(self, requests: Sequence[CancelRequest]) -> int:
+        """Apply cancels that came as control messages: each is kept as a tombstone (on disk
+        before this returns) for messages that arrive later, and cancels what is stored now.
+
+        Idempotent: a cancel seen again (it is sent to every queue) costs a look-up and changes
+        nothing. Returns how many stored messages were cancelled.
+        """
+        run = self._require_started()
+        now = self.clock.now_ms()
+        # Held first, so that a message stored meanwhile is either screened out or found below;
+        # saved last, so that a tombstone on disk always means its cancel was applied.
+        todo = run.tombstones.add(requests, now)
+        with self._lock:
+            self._cancel_requests += len(requests)
+            self._cancels_applied += len(todo)
+        cancelled = sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
+                        for r in todo)
+        run.tombstones.save(now)
+        return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
         if not isinstance(m, Message):
@@ -215,6 +264,10 @@ class Engine:
         due, delivered or cancelled is not counted.
         """
         run = self._require_started()
+        with self._cancel_lock:
+            return self._cancel_locked(run, msg_id, key)
+
+    def _cancel_locked(self, run: _Running, msg_id: str | None, key: str | None) -> int:
         meta = run.store.meta
         if msg_id is not None and key is None:
             # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
@@ -264,18 +317,27 @@ class Engine:
         """Counters, queue sizes, memory and lateness percentiles (ms) of this engine since it started."""
         with self._lock:
             scheduled, duplicates, cancelled = self._scheduled, self._duplicates, self._cancelled
+            cancel_requests, applied = self._cancel_requests, self._cancels_applied
+            on_arrival = self._cancelled_on_arrival
         run = self._run
         c = run.dispatcher.counts() if run is not None else self._dispatch_counters  # no thread counts then
         catch_up_segments = self._catch_up_segments_before + (run.timer.catch_up_segments if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
-                                  c.send_failures, catch_up_segments, c.dispatch_log_errors)
+                                  c.send_failures, catch_up_segments, c.dispatch_log_errors, cancel_requests,
+                                  applied, on_arrival)
         if run is None:
             return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()
         catch_up, wheel_entries, wheel_bytes, loaded = run.timer.snapshot()
         return EngineStats(counters, ready, backlog, retrying, catch_up, run.dispatcher.held_size(),
                            run.store.corrupt_records_found, self.shaper.stats() if self.shaper else None,
-                           wheel_entries, wheel_bytes, loaded, self._lateness.summary())
+                           wheel_entries, wheel_bytes, loaded, self._lateness.summary(), len(run.tombstones))
+
+    def delivered_up_to(self) -> int:
+        """Every message due at or before this (epoch ms) has its outcome recorded: the watermark a
+        replica holding the shard's lease publishes (-1 before the first timer pass)."""
+        run = self._require_started()
+        return delivered_up_to(run.timer, run.queue, run.dispatcher)
 
     # ---- driving by hand ------------------------------------------------------------------------
 

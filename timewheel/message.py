@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 from storage import Record
+
+if TYPE_CHECKING:
+    from timewheel.cancels import CancelRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,8 @@ class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
 
-    def start(self, schedule: "ScheduleFn") -> None:
-        """Begin feeding messages to `schedule`."""
+    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None) -> None:
+        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`."""
         ...
 
     def stop(self) -> None:
@@ -95,3 +98,5 @@ class Source(Protocol):
 
 
 ScheduleFn = Callable[[Sequence[Message]], list[str]]
+CancelFn = Callable[[Sequence["CancelRequest"]], int]
+"""The engine's `apply_cancels`: keep cancels (durably) and apply them; returns messages cancelled."""

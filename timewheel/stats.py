@@ -21,6 +21,9 @@ class EngineCounters:
     send_failures: int = 0  # failed sends, each attempt
     catch_up_segments: int = 0  # past segments drained after downtime
     dispatch_log_errors: int = 0  # delivered, but the dispatch log could not say so
+    cancel_requests: int = 0  # cancels handed to the engine (each queue's copy, repeats included)
+    cancels_applied: int = 0  # of those, the ones applied (new to this engine; copies cost a look-up)
+    cancelled_on_arrival: int = 0  # messages a tombstone cancelled as they arrived (never stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,7 @@ class EngineStats:
     wheel_bytes: int = 0
     loaded_segments: Mapping[str, int] = field(default_factory=dict)  # segment start ms -> outstanding
     lateness_ms: LatenessSummary = field(default_factory=LatenessSummary)
+    tombstones: int = 0  # cancels held for messages that may still arrive
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key

@@ -61,6 +61,8 @@ class TimerDriver:
         # this lock guards only the inbound list and is never held while taking another lock.
         self._inbound_lock = threading.Lock()
         self._inbound: list[np.ndarray] = []
+        self._inbound_min_due: int | None = None  # earliest due time in the inbound list
+        self._released_ms = -1  # every entry due by then has left the wheel (at the last pass)
         self._deferred = DueChunks()  # overdue entries of segments loaded while older ones still wait
         self._catch_up: deque[int] = deque()
         self._pending_removals: list[np.ndarray] = []
@@ -152,6 +154,23 @@ class TimerDriver:
         with self._lock:
             self.loader.note_done(segments)
 
+    def released_up_to(self) -> int:
+        """Every entry due at or before this has left the timer for the dispatch queue (-1: none yet).
+
+        Past segments still waiting for catch-up, deferred entries and records committed since the
+        last pass hold it back to just before their earliest due time.
+        """
+        with self._lock:
+            bound = self._released_ms
+            if self._catch_up:
+                bound = min(bound, min(self._catch_up) - 1)
+            if self._deferred.size:
+                bound = min(bound, min(int(c[0].min()) for c in self._deferred.chunks) - 1)
+            with self._inbound_lock:
+                if self._inbound_min_due is not None:
+                    bound = min(bound, self._inbound_min_due - 1)
+        return bound
+
     def snapshot(self) -> tuple[int, int, int, dict[str, int]]:
         """(catch-up segments pending, wheel entries, wheel bytes, outstanding per loaded segment)."""
         with self._lock:
@@ -162,11 +181,13 @@ class TimerDriver:
 
     def _on_commit(self, locations: np.ndarray) -> None:
         """Store callback, under its write lock: newly stored records, in commit order."""
+        first = int(locations["due_ms"].min())
         with self._inbound_lock:
             self._inbound.append(locations)
+            self._inbound_min_due = first if self._inbound_min_due is None else min(self._inbound_min_due, first)
         # The timer looks at least every _MAX_WAIT_S anyway: wake it only for what falls due
         # before then, so heavy ingest of later messages does not cost a timer pass per commit.
-        if int(locations["due_ms"].min()) <= self.clock.now_ms() + _INBOUND_WAKE_MS:
+        if first <= self.clock.now_ms() + _INBOUND_WAKE_MS:
             self._wake.set()
 
     def _pass(self, now: int) -> None:
@@ -184,6 +205,7 @@ class TimerDriver:
             release_free_memory()
         with self._inbound_lock:
             inbound, self._inbound = self._inbound, []
+            self._inbound_min_due = None
         if inbound:
             self._take_inbound(inbound, now)
         if now >= self._next_rescan:
@@ -207,6 +229,7 @@ class TimerDriver:
         if not self._catch_up and (deferred := self._deferred.take_all()) is not None:
             queue.push_backlog(deferred[0], deferred[1])
         queue.expect_catch_up(bool(self._catch_up))
+        self._released_ms = now
         self._finish_segments(now)
 
     def _add(self, due: np.ndarray, refs: np.ndarray, now: int, *, overdue_to_backlog: bool = True) -> None:
@@ -251,7 +274,10 @@ class TimerDriver:
         seg_ms = self.config.segment_ms
         current = now - now % seg_ms
         for seg, state in list(self.loader.loaded.items()):
-            if seg < current and state.outstanding <= 0 and not self._deferred.size and self.queue.idle():
+            # no entry of a past segment left in the queue (what is due now may wait there: a
+            # standby replica holds it for as long as another replica holds the lease)
+            if (seg < current and state.outstanding <= 0 and not self._deferred.size
+                    and (self.queue.earliest_due() or current) >= current):
                 self.store.meta.mark_segment_done(seg)
                 self.loader.unload(seg)
         if current != self._sealed_before:  # once per segment: it takes the store's write lock

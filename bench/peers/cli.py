@@ -15,6 +15,8 @@ from bench.peers.runner import ALL_SYSTEMS, RunConfig, run_fast_switch
 _HELP = {
     "steady_rate": "steady workload: messages per second",
     "steady_seconds": "steady workload: seconds of producing",
+    "steady_high_rate": "high-rate steady workload (plain hop and timewheel): messages per second",
+    "steady_high_seconds": "high-rate steady workload: seconds of producing",
     "delay_min_ms": "steady workload: shortest delay (ms)",
     "delay_max_ms": "steady workload: longest delay (ms)",
     "burst": "burst workload: messages due in the same millisecond",
@@ -26,6 +28,9 @@ _HELP = {
     "body_bytes": "message body size",
     "senders": "producer threads",
     "poll_ms": "Redis and PostgreSQL pollers: longest sleep between polls (ms)",
+    "intake_seconds": "intake ceiling and timewheel's batch ingest: seconds of RocketMQ's Java producer",
+    "intake_threads": "intake ceiling and batch ingest: Java producer threads",
+    "intake_batch": "intake ceiling and batch ingest: messages per batch send",
     "seed": "random seed of the delays and due times",
 }
 
@@ -38,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the workloads against the systems, write results and RESULTS.md")
     r.add_argument("--system", action="append", choices=ALL_SYSTEMS, dest="systems",
-                   help="run only this system (repeatable; default all six)")
+                   help="run only this system or reference row (repeatable; default all)")
     defaults = RunConfig()
     for f in fields(RunConfig):
         if f.name == "systems":

@@ -28,8 +28,9 @@ class BenchMessage:
     body: bytes
 
 
-#: Called by a system when a message reaches its consumer: (id, wanted due ms).
-Deliver = Callable[[int, int], None]
+#: Called by a system when a message reaches its consumer: (id, wanted due ms; fractional for the plain hop,
+#: whose "due" is its send time).
+Deliver = Callable[[int, float], None]
 
 
 def now_ms() -> int:
@@ -45,14 +46,14 @@ class Recorder:
         self.lock = threading.Lock()
         self.wanted = set(wanted) if wanted is not None else None
         self.ids: list[int] = []
-        self.due_ms: list[int] = []
+        self.due_ms: list[float] = []
         self.recv_ns: list[int] = []
         self.seen: set[int] = set()
         self.duplicates = 0
         self.other = 0
         self.arrived = threading.Condition(self.lock)
 
-    def record(self, msg_id: int, due_ms: int) -> None:
+    def record(self, msg_id: int, due_ms: float) -> None:
         """Note that `msg_id`, due at `due_ms`, has just arrived."""
         t = time.time_ns()
         with self.lock:
@@ -87,7 +88,7 @@ class Recorder:
     def lateness_ms(self) -> np.ndarray:
         """Receive time minus wanted due time, per message, in ms."""
         with self.lock:
-            return np.asarray(self.recv_ns, np.int64) / 1e6 - np.asarray(self.due_ms, np.int64)
+            return np.asarray(self.recv_ns, np.int64) / 1e6 - np.asarray(self.due_ms, np.float64)
 
     def wait_count(self, n: int, timeout: float, idle: float | None = None) -> bool:
         """Wait until `n` messages arrived; give up at `timeout`, or after `idle` s without an arrival."""

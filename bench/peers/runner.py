@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.peers.common import BenchMessage, Recorder, load_average, now_ms, percentiles, remove_tree
-from bench.peers.systems import (DAY_MS, Heap, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink, System,
-                                 Timewheel)
+from bench.peers.systems import (DAY_MS, Heap, PlainHop, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink,
+                                 System, Timewheel)
 
-#: Every system, in the order they run.
-ALL_SYSTEMS = ("timewheel", "rocketmq-timer", "rocketmq-levels", "redis-zset", "postgres", "heapq")
+#: The two reference rows (the broker's own floor), then every system, in the order they run.
+REFERENCES = ("plain-hop", "intake-ceiling")
+ALL_SYSTEMS = (*REFERENCES, "timewheel", "rocketmq-timer", "rocketmq-levels", "redis-zset", "postgres", "heapq")
 _QUANTILES = np.linspace(0, 100, 1001)
 
 
@@ -30,6 +31,8 @@ class RunConfig:
     systems: tuple[str, ...] = ALL_SYSTEMS
     steady_rate: int = 1000
     steady_seconds: float = 30.0
+    steady_high_rate: int = 10_000
+    steady_high_seconds: float = 20.0
     delay_min_ms: int = 1000
     delay_max_ms: int = 10_000
     burst: int = 20_000
@@ -41,6 +44,9 @@ class RunConfig:
     body_bytes: int = 100
     senders: int = 8
     poll_ms: float = 10.0
+    intake_seconds: int = 10
+    intake_threads: int = 4
+    intake_batch: int = 128
     seed: int = 7
 
 
@@ -79,9 +85,12 @@ def _send_delayed(system: System, msg_ids: np.ndarray, delays: np.ndarray, body:
 
 
 def run_steady(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator,
-               pool: ThreadPoolExecutor) -> dict[str, object]:
-    """A producer paced at `steady_rate` for `steady_seconds`; each message due a random delay later."""
-    n = int(cfg.steady_rate * cfg.steady_seconds)
+               pool: ThreadPoolExecutor, rate: int | None = None, seconds: float | None = None) -> dict[str, object]:
+    """A producer paced at `rate` (default `steady_rate`) for `seconds` (default `steady_seconds`);
+    each message due a random delay later."""
+    rate = rate or cfg.steady_rate
+    seconds = seconds or cfg.steady_seconds
+    n = int(rate * seconds)
     msg_ids = ids.take(n)
     delays = rng.integers(cfg.delay_min_ms, cfg.delay_max_ms + 1, n)
     body = _body(rng, cfg.body_bytes)
@@ -92,18 +101,41 @@ def run_steady(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.ran
     sent = 0
     tick = 0.01
     while sent < n:
-        upto = min(n, int((time.monotonic() - t0) * cfg.steady_rate) + 1)
+        upto = min(n, int((time.monotonic() - t0) * rate) + 1)
         if upto > sent:
             futures.append(pool.submit(_send_delayed, system, msg_ids[sent:upto], delays[sent:upto], body))
             sent = upto
-        time.sleep(max(0.0, t0 + (sent / cfg.steady_rate) - time.monotonic(), tick / 4))
+        time.sleep(max(0.0, t0 + (sent / rate) - time.monotonic(), tick / 4))
     accepted = sum(f.result() for f in futures)
     produce_s = time.monotonic() - t0
     system.wait_stored(accepted, 120)
     wait_s = cfg.delay_max_ms / 1000 + system.extra_wait_s + 60
     complete = rec.wait_count(accepted, wait_s, idle=20)
-    return {"messages": n, "accepted": accepted, "received": rec.count, "complete": complete,
+    return {"rate": rate, "messages": n, "accepted": accepted, "received": rec.count, "complete": complete,
             "producer_rate": round(accepted / produce_s), **_lateness(rec)}
+
+
+def run_steady_java(system: System, sink: Sink, cfg: RunConfig, ids: Ids) -> dict[str, object]:
+    """The high steady rate, produced by RocketMQ's own Java producer (small batches from 4 threads): this
+    harness's Python producer tops out below 10k/s on a small machine, and the floor it is compared with
+    (the plain hop) is produced the same way."""
+    from forwarder.java_client import JavaClient
+
+    rate, seconds = cfg.steady_high_rate, cfg.steady_high_seconds
+    n = int(rate * seconds)
+    first = int(ids.take(n)[0])
+    topic, target = system.paced_topics()
+    rec = Recorder()
+    sink.current = rec
+    java = JavaClient(system.mq.namesrv_addr)  # type: ignore[attr-defined]
+    got = java.pace(topic, rate=rate, seconds=seconds, id_start=first, body_size=cfg.body_bytes, target=target,
+                    delay_ms=(cfg.delay_min_ms, cfg.delay_max_ms), seed=cfg.seed)
+    accepted = int(got["sent"])
+    system.wait_stored(accepted, 120)
+    complete = rec.wait_count(accepted, cfg.delay_max_ms / 1000 + 60, idle=20)
+    return {"rate": rate, "messages": n, "accepted": accepted, "failed": int(got["failed"]), "received": rec.count,
+            "complete": complete, "producer_rate": round(got["rate"]), "producer": "RocketMQ's Java producer",
+            **_lateness(rec)}
 
 
 def run_burst(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator,
@@ -186,6 +218,56 @@ def run_horizon(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.ra
     return out
 
 
+def run_intake_ceiling(mq: object, cfg: RunConfig) -> dict[str, object]:
+    """RocketMQ's own Java producer, batches from several threads, into a plain topic: the broker's intake
+    ceiling on this machine, the yardstick for ingest and dispatch rates."""
+    from forwarder.java_client import JavaClient
+
+    mq.create_topics(["PEER_INTAKE"], queues=8)  # type: ignore[attr-defined]
+    java = JavaClient(mq.namesrv_addr)  # type: ignore[attr-defined]
+    got = java.intake("PEER_INTAKE", seconds=cfg.intake_seconds, threads=cfg.intake_threads,
+                      batch=cfg.intake_batch, body_size=cfg.body_bytes)
+    return {"sent": int(got["sent"]), "seconds": round(got["seconds"], 2), "rate": round(got["rate"]),
+            "threads": cfg.intake_threads, "batch": cfg.intake_batch}
+
+
+def run_batch_ingest(system: Timewheel, cfg: RunConfig) -> dict[str, object]:
+    """The intake ceiling's Java producer sending delay messages (due in a day) to the engine's delay topic:
+    the rate at which the engine stores what batching producers send, sampled from its `scheduled` counter."""
+    import threading
+
+    from forwarder.java_client import JavaClient
+
+    java = JavaClient(system.mq.namesrv_addr)
+    base = int(system.metrics().get("timewheel_scheduled_total", 0))
+    sent: dict[str, float] = {}
+    props = {"TW_TARGET_TOPIC": system.out_topic, "TW_DELAY_MS": str(DAY_MS)}
+    sender = threading.Thread(target=lambda: sent.update(java.intake(
+        system.delay_topic, seconds=cfg.intake_seconds, threads=cfg.intake_threads, batch=cfg.intake_batch,
+        body_size=cfg.body_bytes, props=props)), daemon=True)
+    sender.start()
+    samples: list[tuple[float, int]] = []
+    still_since = time.monotonic()
+    while True:
+        got = int(system.metrics().get("timewheel_scheduled_total", 0)) - base
+        t = time.perf_counter()
+        if not samples or got != samples[-1][1]:
+            samples.append((t, got))
+            still_since = time.monotonic()
+        done = not sender.is_alive()
+        if done and (got >= int(sent.get("sent", 0)) or time.monotonic() - still_since > 10):
+            break
+        time.sleep(0.05)
+    sender.join()
+    moving = [(t, n) for t, n in samples if n > 0]
+    stored = samples[-1][1]
+    rate = None
+    if len(moving) >= 2 and moving[-1][0] > moving[0][0]:
+        rate = round((moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0]))
+    return {"sent": int(sent.get("sent", 0)), "producer_rate": round(sent.get("rate", 0)), "stored": stored,
+            "stored_per_s": rate, "threads": cfg.intake_threads, "batch": cfg.intake_batch}
+
+
 def _machine() -> dict[str, object]:
     """Where and when."""
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -202,7 +284,7 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
                               "load_average_start": load_average(), "systems": {}}
     work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
     mq = producer = None
-    needs_mq = any(s.startswith(("timewheel", "rocketmq")) for s in cfg.systems)
+    needs_mq = any(s.startswith(("timewheel", "rocketmq", "plain", "intake")) for s in cfg.systems)
     try:
         if needs_mq:
             log("starting the local RocketMQ ...")
@@ -212,7 +294,10 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
             producer.start()
             out["rocketmq"] = {"namesrv": mq.namesrv_addr}
         for name in cfg.systems:
-            out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
+            if name == "intake-ceiling":
+                out["systems"][name] = _run_intake(cfg, mq, log)  # type: ignore[index]
+            else:
+                out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
     finally:
         if producer is not None:
             producer.shutdown()
@@ -227,6 +312,8 @@ def _make(name: str, sink: Sink, cfg: RunConfig, work: Path, mq: object, produce
     """The adapter for `name`."""
     d = work / name
     d.mkdir(parents=True, exist_ok=True)
+    if name == "plain-hop":
+        return PlainHop(sink, d, mq, producer)  # type: ignore[arg-type]
     if name == "timewheel":
         return Timewheel(sink, d, mq, producer)  # type: ignore[arg-type]
     if name == "rocketmq-timer":
@@ -272,9 +359,15 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
         log(f"[{name}] starting")
         system.open()
         result["warm_up_s"] = _warm_up(system, sink, ids, cfg)
-        for phase, fn in (("steady", lambda: run_steady(system, sink, cfg, ids, rng, pool)),
-                          ("burst", lambda: run_burst(system, sink, cfg, ids, rng, pool)),
-                          ("horizon", lambda: run_horizon(system, sink, cfg, ids, rng))):
+        workloads: dict[str, Callable[[], dict[str, object]]] = {
+            "steady": lambda: run_steady(system, sink, cfg, ids, rng, pool),
+            "steady_high": lambda: run_steady_java(system, sink, cfg, ids),
+            "burst": lambda: run_burst(system, sink, cfg, ids, rng, pool),
+            "horizon": lambda: run_horizon(system, sink, cfg, ids, rng),
+            "batch_ingest": lambda: run_batch_ingest(system, cfg),  # type: ignore[arg-type]
+        }
+        for phase in system.phases:
+            fn = workloads[phase]
             log(f"[{name}] {phase} ...")
             t0 = time.monotonic()
             cpu0 = _cpu_seconds(system)
@@ -309,6 +402,20 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
     return result
 
 
+def _run_intake(cfg: RunConfig, mq: object, log: Callable[[str], None]) -> dict[str, object]:
+    """The intake-ceiling reference row; a failure is recorded and the run goes on."""
+    result: dict[str, object] = {"load_average_before": load_average()}
+    log("[intake-ceiling] RocketMQ's Java producer, batches ...")
+    try:
+        result["intake"] = run_intake_ceiling(mq, cfg)
+        log(f"[intake-ceiling] {result['intake']}")
+    except Exception as e:  # noqa: BLE001
+        result["error"] = f"{type(e).__name__}: {e}"
+        log(f"[intake-ceiling] failed: {result['error']}")
+    result["load_average_after"] = load_average()
+    return result
+
+
 def _cpu_seconds(system: System) -> dict[str, float]:
     """User + system CPU seconds of each process doing the system's work (children included), by name."""
     import psutil
@@ -333,7 +440,8 @@ def _summary(phase: dict[str, object]) -> str:
     """One line of a phase's result for the console."""
     if "error" in phase:
         return f"ERROR {phase['error']}"
-    keep = ("received", "accepted", "producer_rate", "ingest_stored_per_s", "lateness_ms", "memory", "restart",
+    keep = ("rate", "received", "accepted", "producer_rate", "ingest_stored_per_s", "stored_per_s", "lateness_ms",
+            "memory", "restart",
             "prefill_per_s")
     return " ".join(f"{k}={phase[k]}" for k in keep if k in phase)
 

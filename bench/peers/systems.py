@@ -51,7 +51,7 @@ class Sink:
         """No recorder yet: arrivals are dropped."""
         self.current: Recorder | None = None
 
-    def __call__(self, msg_id: int, due_ms: int) -> None:
+    def __call__(self, msg_id: int, due_ms: float) -> None:
         """Record one arrival."""
         rec = self.current
         if rec is not None:
@@ -80,6 +80,8 @@ class System:
     extra_wait_s = 0.0
     #: Horizon messages this system gets (None: the workload's count).
     horizon_count: int | None = None
+    #: The workloads this system runs, in order (see `bench.peers.runner.PHASES`).
+    phases: tuple[str, ...] = ("steady", "burst", "horizon")
 
     def __init__(self, deliver: Deliver, work: Path) -> None:
         """`deliver` is called on each arrival; `work` is a scratch directory for this system."""
@@ -89,6 +91,11 @@ class System:
 
     def open(self) -> None:
         """Start the consumer side and whatever the system runs beyond the shared servers."""
+
+    def paced_topics(self) -> tuple[str, str | None]:
+        """(topic, delay target) for RocketMQ's Java producer at the high steady rate: the target is None
+        for plain messages. Only the systems with a `steady_high` phase have them."""
+        raise NotImplementedError(f"{self.name} has no high-rate steady phase")
 
     def send(self, msgs: Sequence[BenchMessage]) -> int:
         """Send messages as a producer of this system would; return how many were accepted."""
@@ -146,7 +153,7 @@ def _on_rocketmq(deliver: Deliver, foreign: list[int]):  # type: ignore[no-untyp
     def on_message(msg: ReceivedMessage) -> bool:
         props = msg.properties
         try:
-            msg_id, due = int(props["BENCH_ID"]), int(props["BENCH_DUE_MS"])
+            msg_id, due = int(props["BENCH_ID"]), float(props["BENCH_DUE_MS"])
         except (KeyError, ValueError):
             foreign[0] += 1
             return True
@@ -182,6 +189,29 @@ class _RocketMQSystem(System):
         raise NotImplementedError
 
     def send(self, msgs: Sequence[BenchMessage]) -> int:
+        """The client's asynchronous sends for the batch, waiting for every answer (so a message counts
+        as accepted when the broker acknowledged it); a failed one is retried with sync sends."""
+        answered = threading.Semaphore(0)
+        failed: list[BenchMessage] = []
+
+        def on_answer(m: BenchMessage):  # type: ignore[no-untyped-def]
+            def callback(_result: object, error: Exception | None) -> None:
+                if error is not None:
+                    failed.append(m)
+                answered.release()
+            return callback
+
+        for m in msgs:
+            try:
+                self.producer.send_async(self._message(m, now_ms()), on_answer(m))
+            except Exception:  # noqa: BLE001 - retried below with a sync send
+                failed.append(m)
+                answered.release()
+        for _ in msgs:
+            answered.acquire()
+        return len(msgs) - len(failed) + self._send_sync(failed)
+
+    def _send_sync(self, msgs: Sequence[BenchMessage]) -> int:
         """One sync send per message (the client's acknowledged send), retried on failure."""
         ok = 0
         for m in msgs:
@@ -228,6 +258,24 @@ class _RocketMQSystem(System):
         if self.consumer is not None:
             self.consumer.shutdown()
             self.consumer = None
+
+
+class PlainHop(_RocketMQSystem):
+    """The floor: plain messages produced to and consumed from the same broker by the same producer and
+    consumer as the delay systems, with no delay; "due" is the send time, so lateness is the hop itself."""
+
+    name = "plain-hop"
+    out_topic = "PEER_PLAIN"
+    phases = ("steady", "steady_high")
+
+    def paced_topics(self) -> tuple[str, str | None]:
+        """Plain messages to the consumed topic."""
+        return self.out_topic, None
+
+    def _message(self, m: BenchMessage, sent_ms: int) -> OutgoingMessage:
+        sent = time.time_ns() / 1e6  # sub-millisecond: the floor is a few ms, whole-ms stamps would blur it
+        return OutgoingMessage(self.out_topic, m.body, None, None,
+                               {"BENCH_ID": str(m.id), "BENCH_DUE_MS": f"{sent:.3f}"})
 
 
 class RocketMQTimer(_RocketMQSystem):
@@ -281,6 +329,11 @@ class Timewheel(_RocketMQSystem):
     out_topic = "PEER_TW_OUT"
     delay_topic = "TW_DELAY"
     probe_delay_ms = 10_000
+    phases = ("steady", "steady_high", "burst", "horizon", "batch_ingest")
+
+    def paced_topics(self) -> tuple[str, str | None]:
+        """Delay messages to the delay topic, for the consumed topic."""
+        return self.delay_topic, self.out_topic
 
     def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer) -> None:
         super().__init__(deliver, work, mq, producer)

@@ -7,8 +7,14 @@
 //                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each
 //   consume  --namesrv A --topic T --group G --count N --timeout-ms M [--ak K --sk S]
 //                                 prints each message received as JSON, then {"done":true,"received":n}
-//   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--ak K --sk S]
+//   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--props JSON] [--ak K --sk S]
 //                                 prints {"sent":n,"seconds":s,"rate":r}
+//   pace     --namesrv A --topic T --rate R --seconds S --id-start N [--threads N] [--body-size Z]
+//            [--target T --delay-min-ms A --delay-max-ms B] [--seed S] [--ak K --sk S]
+//                                 messages at a steady rate (small batches from several threads), each with
+//                                 BENCH_ID and BENCH_DUE_MS: with --target, delay messages of timewheel's contract
+//                                 due a uniformly random delay later; without, plain messages whose "due" time is
+//                                 their send time (µs precision); prints {"sent":n,"failed":f,"seconds":s,"rate":r}
 //   sign                          one JSON request a line on stdin: {"fields":{...},"body" (base64),"ak","sk"};
 //                                 prints the ext fields AclClientRPCHook sends for it
 import com.alibaba.fastjson.JSON;
@@ -48,9 +54,10 @@ public final class JavaClient {
                 case "produce": produce(opt); break;
                 case "consume": consume(opt); break;
                 case "intake": intake(opt); break;
+                case "pace": pace(opt); break;
                 case "sign": sign(); break;
                 default:
-                    System.err.println("usage: JavaClient produce|consume|intake --namesrv HOST:PORT ...");
+                    System.err.println("usage: JavaClient produce|consume|intake|pace|sign --namesrv HOST:PORT ...");
                     System.exit(2);
             }
         } catch (Exception e) {
@@ -69,7 +76,7 @@ public final class JavaClient {
         DefaultMQProducer p = new DefaultMQProducer(opt.getOrDefault("group", "java-conformance-producer"), hook(opt));
         p.setNamesrvAddr(opt.get("namesrv"));
         p.setInstanceName("java-" + ProcessHandle.current().pid());
-        p.setSendMsgTimeout(10_000);
+        p.setSendMsgTimeout(30_000);  // a JVM starting cold on a loaded machine (TLS set-up included) is slow
         String codec = opt.getOrDefault("compress", "zlib");
         if (codec.equals("none")) {
             p.setCompressMsgBodyOverHowmuch(Integer.MAX_VALUE);
@@ -208,17 +215,23 @@ public final class JavaClient {
         int batch = Integer.parseInt(opt.getOrDefault("batch", "128"));
         byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
         long seconds = Long.parseLong(opt.getOrDefault("seconds", "10"));
+        JSONObject props = JSON.parseObject(opt.getOrDefault("props", "{}"));
         AtomicLong sent = new AtomicLong();
         long start = System.nanoTime();
         long end = start + seconds * 1_000_000_000L;
         List<Thread> workers = new ArrayList<>();
         for (int t = 0; t < threads; t++) {
             Thread w = new Thread(() -> {
-                List<Message> msgs = new ArrayList<>();
-                for (int i = 0; i < batch; i++) {
-                    msgs.add(new Message(topic, body));
-                }
                 while (System.nanoTime() < end) {
+                    // New messages each time: a message object keeps the unique id it was first sent with.
+                    List<Message> msgs = new ArrayList<>(batch);
+                    for (int i = 0; i < batch; i++) {
+                        Message m = new Message(topic, body);
+                        for (String k : props.keySet()) {
+                            m.putUserProperty(k, props.getString(k));
+                        }
+                        msgs.add(m);
+                    }
                     try {
                         p.send(msgs);
                         sent.addAndGet(batch);
@@ -236,6 +249,76 @@ public final class JavaClient {
         double took = (System.nanoTime() - start) / 1e9;
         JSONObject out = new JSONObject();
         out.put("sent", sent.get());
+        out.put("seconds", took);
+        out.put("rate", sent.get() / took);
+        System.out.println(out.toJSONString());
+        p.shutdown();
+    }
+
+    private static void pace(Map<String, String> opt) throws Exception {
+        opt.putIfAbsent("compress", "none");
+        DefaultMQProducer p = producer(opt);
+        String topic = opt.get("topic");
+        String target = opt.get("target");
+        double rate = Double.parseDouble(opt.get("rate"));
+        long total = (long) (rate * Double.parseDouble(opt.get("seconds")));
+        long idStart = Long.parseLong(opt.get("id-start"));
+        int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
+        long delayMin = Long.parseLong(opt.getOrDefault("delay-min-ms", "1000"));
+        long delayMax = Long.parseLong(opt.getOrDefault("delay-max-ms", "10000"));
+        byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
+        long seed = Long.parseLong(opt.getOrDefault("seed", "7"));
+        AtomicLong sent = new AtomicLong();
+        AtomicLong failed = new AtomicLong();
+        long start = System.nanoTime();
+        List<Thread> workers = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            final int me = t;
+            Thread w = new Thread(() -> {
+                java.util.Random rnd = new java.util.Random(seed + me);
+                long next = me;  // this thread sends message numbers me, me + threads, ...
+                while (next < total) {
+                    long due = (long) ((System.nanoTime() - start) / 1e9 * rate);
+                    List<Message> batch = new ArrayList<>();
+                    while (next < total && next <= due && batch.size() < 32) {
+                        Message m = new Message(topic, body);
+                        m.putUserProperty("BENCH_ID", Long.toString(idStart + next));
+                        if (target != null) {
+                            long at = System.currentTimeMillis() + delayMin
+                                + (delayMax > delayMin ? (long) (rnd.nextDouble() * (delayMax - delayMin + 1)) : 0);
+                            m.putUserProperty("TW_TARGET_TOPIC", target);
+                            m.putUserProperty("TW_DELIVER_AT_MS", Long.toString(at));
+                            m.putUserProperty("BENCH_DUE_MS", Long.toString(at));
+                        } else {
+                            java.time.Instant now = java.time.Instant.now();
+                            m.putUserProperty("BENCH_DUE_MS", String.format("%.3f",
+                                now.getEpochSecond() * 1000.0 + now.getNano() / 1e6));
+                        }
+                        batch.add(m);
+                        next += threads;
+                    }
+                    if (batch.isEmpty()) {
+                        java.util.concurrent.locks.LockSupport.parkNanos(200_000);
+                        continue;
+                    }
+                    try {
+                        p.send(batch);
+                        sent.addAndGet(batch.size());
+                    } catch (Exception e) {
+                        failed.addAndGet(batch.size());
+                    }
+                }
+            });
+            w.start();
+            workers.add(w);
+        }
+        for (Thread w : workers) {
+            w.join();
+        }
+        double took = (System.nanoTime() - start) / 1e9;
+        JSONObject out = new JSONObject();
+        out.put("sent", sent.get());
+        out.put("failed", failed.get());
         out.put("seconds", took);
         out.put("rate", sent.get() / took);
         System.out.println(out.toJSONString());

@@ -7,7 +7,8 @@ Modules, each with one job:
     connection  one TCP connection, requests pipelined and matched by opaque
     namesrv     NameServer look-ups: topic routes
     producer    batch sends to any topics (delivery, dead letters, replay)
-    consumer    a clustering pull consumer with group membership (ingest)
+    consumer    a clustering pull consumer with group membership (ingest); answers what brokers ask it
+    consumer_status  the bodies of those questions and answers (reset offsets, running info for mqadmin)
     admin       topic creation, group members, broker registration, a group's lag (launcher, tests)
     compression message bodies in every codec producers write, read back under a size bound
     acl         the AccessKey/SecretKey request signature of RocketMQ's ACL

@@ -23,6 +23,7 @@ from forwarder.rocketmq.namesrv import TopicRoute, topic_route
 from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
                                          QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS,
+                                         REQUEST_CODE_NOT_SUPPORTED, UPDATE_AND_CREATE_TOPIC,
                                          UPDATE_AND_CREATE_TOPIC_LIST, Response, error_for_code)
 
 __all__ = ["QueueLag", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "queue_lags"]
@@ -37,6 +38,7 @@ def create_topics(broker: str, topics: Iterable[str], queues: int = 4, timeout: 
     Raises a RemotingError (BrokerError when the broker refused); routes appear on the NameServer
     a moment later, when the broker has registered them.
     """
+    topics = list(topics)
     body = json.dumps(
         {
             "topicConfigList": [
@@ -55,6 +57,18 @@ def create_topics(broker: str, topics: Iterable[str], queues: int = 4, timeout: 
         }
     ).encode()
     resp = call(broker, UPDATE_AND_CREATE_TOPIC_LIST, {}, body, timeout, security)
+    if resp.code == REQUEST_CODE_NOT_SUPPORTED:  # a 4.x broker: one UPDATE_AND_CREATE_TOPIC per topic
+        conn = Connection(broker, timeout, security)
+        try:
+            for t in topics:
+                ext = {"topic": t, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+                       "writeQueueNums": str(queues), "perm": str(_PERM_READ_WRITE), "topicFilterType": "SINGLE_TAG",
+                       "topicSysFlag": "0", "order": "false"}
+                resp = conn.request(UPDATE_AND_CREATE_TOPIC, ext, b"", time.monotonic() + timeout)
+                if resp.code != SUCCESS:
+                    break
+        finally:
+            conn.close()
     if resp.code != SUCCESS:
         raise error_for_code(resp.code, resp.remark, f"broker {broker} creating topics")
 

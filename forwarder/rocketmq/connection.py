@@ -2,21 +2,28 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from forwarder.rocketmq.acl import sign
 from forwarder.rocketmq.errors import ConnectionFailedError, RemotingError, RequestTimeoutError
-from forwarder.rocketmq.protocol import Response, decode_response, encode_request, take_frame
+from forwarder.rocketmq.protocol import (REQUEST_CODE_NOT_SUPPORTED, SYSTEM_ERROR, Reply, Request, Response,
+                                         decode_request, decode_response, encode_request, encode_response, take_frame)
 from forwarder.rocketmq.security import ClientSecurity
 
-__all__ = ["Connection", "call"]
+__all__ = ["Connection", "RequestHandler", "call"]
+
+log = logging.getLogger("timewheel.remoting")
 
 _RECV_CHUNK = 256 * 1024
+
+#: Answers a request the peer sent (a broker asking its client); None: no answer (one-way notices).
+RequestHandler = Callable[[Request], Reply | None]
 
 
 class Connection:
@@ -25,10 +32,18 @@ class Connection:
     Not thread-safe by itself: callers hold `lock` from `submit` to the matching `collect`.
     """
 
-    def __init__(self, addr: str, timeout: float, security: ClientSecurity | None = None) -> None:
+    def __init__(self, addr: str, timeout: float, security: ClientSecurity | None = None,
+                 on_request: RequestHandler | None = None) -> None:
         """Connect to "host:port" within `timeout` seconds (TLS and request signing as `security`
-        says); ConnectionFailedError if that fails."""
+        says); ConnectionFailedError if that fails.
+
+        Requests the peer sends on this connection are answered by `on_request` whenever frames are
+        read (and by `serve_requests` while nothing is awaited); without it, every such request is
+        answered "not supported", as RocketMQ's own remoting does for a code it has no processor for.
+        """
         self.addr = addr
+        self._timeout = timeout
+        self._on_request = on_request
         self.lock = threading.Lock()
         self._credentials = security.credentials if security is not None else None
         host, _, port = addr.rpartition(":")
@@ -125,11 +140,58 @@ class Connection:
         return bool(self._poll.poll(timeout * 1000))
 
     def read_response(self, deadline: float) -> Response:
-        """The next response frame (frames the peer sends as requests are skipped)."""
+        """The next response frame (requests the peer sends meanwhile are answered on the way)."""
         while True:
-            resp = decode_response(self._read_frame(deadline), self.addr)
+            frame = self._read_frame(deadline)
+            resp = decode_response(frame, self.addr)
             if resp is not None:
                 return resp
+            self._answer(frame)
+
+    def serve_requests(self) -> int:
+        """Answer the requests the peer sent while nothing was awaited, without blocking; how many.
+
+        A connection another thread is using is left alone: that thread answers them as it reads.
+        """
+        if self.closed or not self.lock.acquire(blocking=False):
+            return 0
+        served = 0
+        try:
+            while not self.closed and self.readable(0):
+                frame = self._read_frame(time.monotonic() + self._timeout)
+                if decode_response(frame, self.addr) is None:  # else: an answer nobody waits for any more
+                    self._answer(frame)
+                    served += 1
+        except RemotingError as e:
+            log.warning("connection to %s broke while serving its requests: %s", self.addr, e)
+            self.close()
+        finally:
+            self.lock.release()
+        return served
+
+    def _answer(self, frame: bytes) -> None:
+        """Answer one request frame of the peer's (the caller holds `lock`)."""
+        req = decode_request(frame, self.addr)
+        if req is None:
+            return
+        reply: Reply | None
+        if self._on_request is None:
+            reply = (REQUEST_CODE_NOT_SUPPORTED, f"request code {req.code} is not supported by this client", b"")
+        else:
+            try:
+                reply = self._on_request(req)
+            except Exception as e:  # the peer gets an error answer; the connection goes on
+                log.exception("answering request %d from %s failed", req.code, self.addr)
+                reply = (SYSTEM_ERROR, f"the client failed to answer request {req.code}: {e}", b"")
+        if reply is None or req.oneway:
+            return
+        code, remark, body = reply
+        try:
+            self._sock.settimeout(self._timeout)
+            self._sock.sendall(encode_response(code, req.opaque, remark, body))
+        except OSError as e:
+            self.close()
+            raise ConnectionFailedError(f"connection to {self.addr} broke while answering its request: {e}") from e
 
     def _read_frame(self, deadline: float) -> bytes:
         """Bytes of the next frame after its length field."""

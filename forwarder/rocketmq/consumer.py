@@ -34,6 +34,19 @@ Wire formats used here (apache/rocketmq, 5.x):
     HEART_BEAT (34): body {"clientID", "producerDataSet": [], "consumerDataSet": [...]}.
     UNREGISTER_CLIENT (35): clientID, consumerGroup. GET_CONSUMER_LIST_BY_GROUP (38):
       consumerGroup -> body {"consumerIdList": [...]}.
+
+Requests a broker sends this member (on the connection it heartbeats on; answered as RocketMQ's
+Java client does, bodies in `consumer_status`):
+- NOTIFY_CONSUMER_IDS_CHANGED (40): a member joined or left: rebalance now, not at the next round.
+- RESET_CONSUMER_CLIENT_OFFSET (220): an operator moved the group (`mqadmin resetOffsetByTime` on a
+  broker that leaves resets to its clients): each named queue this member owns is pulled from the
+  given offset next, and that offset is committed with the next pull. A pull answered meanwhile
+  for the old offset is dropped. (Brokers that reset on their side answer the next pull
+  PULL_OFFSET_MOVED with the new offset instead; that is followed the same way.)
+- GET_CONSUMER_STATUS_FROM_CLIENT (221): each owned queue's offset.
+- GET_CONSUMER_RUNNING_INFO (307): settings, subscription, owned queues with their offsets and
+  last pull and consume times, counters (`mqadmin consumerStatus`, `consumerProgress -s true`).
+- anything else: REQUEST_CODE_NOT_SUPPORTED with a remark naming the code (one-way ones: logged).
 """
 from __future__ import annotations
 
@@ -49,14 +62,18 @@ from typing import Callable, Sequence
 
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages
 from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.consumer_status import QueueReport, consumer_status_body, parse_reset_offsets, running_info_body
 from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.namesrv import NameServerClient, parse_route
 from forwarder.rocketmq.security import ClientSecurity
-from forwarder.rocketmq.protocol import (GET_CONSUMER_LIST_BY_GROUP, GET_MIN_OFFSET, HEART_BEAT, PULL_MESSAGE,
-                                         PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
-                                         QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS, UNREGISTER_CLIENT,
-                                         UPDATE_CONSUMER_OFFSET, Response, error_for_code)
+from forwarder.rocketmq.protocol import (GET_CONSUMER_LIST_BY_GROUP, GET_CONSUMER_RUNNING_INFO,
+                                         GET_CONSUMER_STATUS_FROM_CLIENT, GET_MIN_OFFSET, HEART_BEAT,
+                                         NOTIFY_CONSUMER_IDS_CHANGED, PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED,
+                                         PULL_RETRY_IMMEDIATELY, QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND,
+                                         REQUEST_CODE_NOT_SUPPORTED, RESET_CONSUMER_CLIENT_OFFSET, SUCCESS,
+                                         SYSTEM_ERROR, UNREGISTER_CLIENT, UPDATE_CONSUMER_OFFSET, Reply, Request,
+                                         Response, error_for_code)
 
 __all__ = ["BatchCallback", "Queue", "RemotingPullConsumer", "allocate_averagely"]
 
@@ -65,6 +82,8 @@ log = logging.getLogger("timewheel.pull")
 _FLAG_COMMIT_OFFSET = 1
 _FLAG_SUSPEND = 2
 _FLAG_SUBSCRIPTION = 4
+#: how often the connections the broker may ask this member something on are looked at
+_SERVE_INTERVAL_S = 0.05
 #: pull answers stored in one commit at most (each up to `pull_batch` messages)
 _MAX_ANSWERS_PER_COMMIT = 32
 
@@ -89,11 +108,15 @@ def allocate_averagely(queues: Sequence[Queue], members: Sequence[str], me: str)
 @dataclass
 class _QueueState:
     offset: int  # next offset to pull
-    committed: int  # last offset committed to the broker
+    committed: int  # last offset committed to the broker (-1: the broker must be told `offset`)
     in_flight: int | None = None  # opaque of the outstanding pull
     retry_at: float = 0.0  # monotonic time before which it is not pulled (a refused batch)
     released: bool = False  # assigned to another member: its pull thread commits and drops it
     decode_failures: int = 0  # pulls in a row at this offset whose body could not be framed
+    last_pull_ms: int = 0  # wall clock of the last answered pull (reported to admin tools)
+    last_consume_ms: int = 0  # wall clock of the last batch accepted
+    sent_ms: int = 0  # wall-clock ms when the pull in flight was sent
+    caught_up_ms: int = 0  # wall-clock ms before which everything stored in the queue was accepted
 
 
 class RemotingPullConsumer:
@@ -103,12 +126,15 @@ class RemotingPullConsumer:
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
                  retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
                  max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None,
+                 queue_filter: Callable[[Queue], bool] | None = None) -> None:
         """Configure (nothing connects until start()).
 
         A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
         unreadable rest goes to `on_batch` as one `undecodable` message and the queue moves on.
+        `queue_filter`: only queues it accepts are shared out in the group (a replica's shard).
         """
+        self.queue_filter = queue_filter
         self.max_body_bytes = max_body_bytes
         self.max_decode_tries = max_decode_tries
         self.group = group
@@ -130,7 +156,10 @@ class RemotingPullConsumer:
         self._stopping = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
         self._rebalancer: threading.Thread | None = None
-        self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0}
+        self._rebalance_now = threading.Event()
+        self._started_ms = 0
+        self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0,
+                         "offset_resets": 0}
 
     # -- lifecycle --
 
@@ -138,6 +167,7 @@ class RemotingPullConsumer:
         """Join the group, take this member's queues and start pulling."""
         self._running.set()
         self._stopping.clear()
+        self._started_ms = int(time.time() * 1000)
         self._rebalance()
         self._rebalancer = threading.Thread(target=self._rebalance_loop, name="ingest-rebalance", daemon=True)
         self._rebalancer.start()
@@ -170,6 +200,13 @@ class RemotingPullConsumer:
         with self._lock:
             return sorted(q for q, st in self._owned.items() if not st.released)
 
+    def caught_up_ms(self) -> int | None:
+        """Wall-clock ms before which every message stored in every owned queue was accepted (None: owns
+        none): the earliest of the queues' last pulls that found nothing more to read."""
+        with self._lock:
+            marks = [st.caught_up_ms for st in self._owned.values() if not st.released]
+        return min(marks) if marks else None
+
     def members(self) -> list[str]:
         """The group's members as the broker lists them now (client ids)."""
         return self._members()
@@ -177,11 +214,82 @@ class RemotingPullConsumer:
     # -- membership --
 
     def _rebalance_loop(self) -> None:
-        while not self._stopping.wait(self.rebalance_interval_s):
+        """Rebalance every `rebalance_interval_s` (at once when the broker says the members changed),
+        and answer what the broker asks on the control connections in between."""
+        next_at = time.monotonic() + self.rebalance_interval_s
+        while not self._stopping.wait(_SERVE_INTERVAL_S):
+            with self._lock:
+                control = list(self._control.values())
+            for conn in control:
+                conn.serve_requests()
+            if not self._rebalance_now.is_set() and time.monotonic() < next_at:
+                continue
+            self._rebalance_now.clear()
+            next_at = time.monotonic() + self.rebalance_interval_s
             try:
                 self._rebalance()
             except Exception:  # keep the member alive; the next round tries again
                 log.exception("rebalance of %s failed", self.group)
+
+    # -- what the broker asks --
+
+    def answer(self, req: Request) -> Reply | None:
+        """Answer a request a broker sent this member (see the module docstring); None: no answer."""
+        if req.code == NOTIFY_CONSUMER_IDS_CHANGED:
+            self._rebalance_now.set()
+            return None
+        if req.code == RESET_CONSUMER_CLIENT_OFFSET:
+            if req.ext.get("group") == self.group and req.ext.get("topic") == self.topic:
+                self.reset_offsets({(broker, qid): offset
+                                    for (topic, broker, qid), offset in parse_reset_offsets(req.body).items()
+                                    if topic == self.topic})
+            return None
+        if req.code == GET_CONSUMER_STATUS_FROM_CLIENT:
+            mine = req.ext.get("group") == self.group and req.ext.get("topic") == self.topic
+            return SUCCESS, None, consumer_status_body(self._reports() if mine else [])
+        if req.code == GET_CONSUMER_RUNNING_INFO:
+            if req.ext.get("consumerGroup") != self.group:
+                group = req.ext.get("consumerGroup")
+                return SYSTEM_ERROR, f"The Consumer Group <{group}> not exist in this consumer", b""
+            return SUCCESS, None, running_info_body(self._properties(), self.topic, self._reports(), self.counters)
+        if req.oneway:
+            log.warning("a broker sent request code %d, which this consumer does not handle; ignored", req.code)
+            return None
+        return REQUEST_CODE_NOT_SUPPORTED, f"request code {req.code} is not supported by the timewheel consumer", b""
+
+    def reset_offsets(self, offsets: dict[Queue, int]) -> None:
+        """Pull each named queue this member owns from the given offset next, and commit that offset.
+
+        What was accepted past it is read again: the engine stores a message id once, so those are
+        counted as duplicates, not scheduled twice. Queues this member does not own are left to
+        their owner (the broker tells every member).
+        """
+        with self._lock:
+            moved = 0
+            for q, offset in offsets.items():
+                st = self._owned.get(q)
+                if st is None or st.released:
+                    continue
+                # A new state: the answer to a pull still in flight for the old offset is dropped.
+                self._owned[q] = _QueueState(offset, -1)
+                moved += 1
+        if moved:
+            self.counters["offset_resets"] += moved
+            log.warning("group %s: %d queue(s) of %s reset by the broker: %s", self.group, moved, self.topic,
+                        {f"{q[0]}:{q[1]}": o for q, o in sorted(offsets.items())})
+
+    def _reports(self) -> list[QueueReport]:
+        with self._lock:
+            return [QueueReport(self.topic, q[0], q[1], st.offset, max(st.committed, 0), st.last_pull_ms,
+                                st.last_consume_ms) for q, st in self._owned.items() if not st.released]
+
+    def _properties(self) -> dict[str, str]:
+        return {"PROP_NAMESERVER_ADDR": ";".join(self._namesrv.addrs), "PROP_CONSUME_TYPE": "CONSUME_PASSIVELY",
+                "PROP_CONSUMEORDERLY": "false", "PROP_THREADPOOL_CORE_SIZE": str(max(len(self._threads), 1)),
+                "PROP_CLIENT_VERSION": "timewheel remoting client", "PROP_CONSUMER_START_TIMESTAMP":
+                str(self._started_ms), "consumerGroup": self.group, "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "pullBatchSize": str(self.pull_batch),
+                "clientId": self.client_id}
 
     def _read_queues(self) -> list[Queue]:
         data = self._namesrv.route_document(self.topic)
@@ -190,7 +298,7 @@ class RemotingPullConsumer:
         route = parse_route(self.topic, data, readable=True)
         with self._lock:
             self._brokers = dict(route.brokers)
-        return list(route.queues)
+        return [q for q in route.queues if self.queue_filter is None or self.queue_filter(q)]
 
     def _heartbeat(self) -> None:
         body = json.dumps({
@@ -263,7 +371,7 @@ class RemotingPullConsumer:
         with self._lock:
             conn = self._control.get(addr)
             if conn is None or not conn.alive():
-                conn = self._control[addr] = Connection(addr, self.timeout, self.security)
+                conn = self._control[addr] = Connection(addr, self.timeout, self.security, self.answer)
         resp = conn.request(code, ext, body, time.monotonic() + self.timeout)
         if resp.code not in ok:
             raise error_for_code(resp.code, resp.remark, f"broker {addr} (request {code})")
@@ -291,7 +399,7 @@ class RemotingPullConsumer:
                 break
             try:
                 if conn is None or conn.closed:
-                    conn = Connection(addr, self.timeout, self.security)
+                    conn = Connection(addr, self.timeout, self.security, self.answer)
                     pending.clear()
                     with self._lock:
                         for st in mine.values():
@@ -305,10 +413,11 @@ class RemotingPullConsumer:
                             requests.append((PULL_MESSAGE, self._pull_header(q, st), b""))
                             queues.append(q)
                 if requests:
+                    sent_ms = time.time_ns() // 1_000_000
                     opaques = conn.submit(requests, now + self.timeout)
                     with self._lock:
                         for o, q in zip(opaques, queues):
-                            mine[q].in_flight = o
+                            mine[q].in_flight, mine[q].sent_ms = o, sent_ms
                             pending[o] = q
                 if not pending:
                     time.sleep(0.05)
@@ -355,35 +464,41 @@ class RemotingPullConsumer:
 
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
-        found: list[tuple[_QueueState, int, list[ReceivedMessage]]] = []
+        found: list[tuple[_QueueState, int, list[ReceivedMessage], bool]] = []
         for q, resp in answered:
             got = self._read_pull(q, resp)
             if got is not None:
                 found.append(got)
         if not found:
             return
-        batch = [m for _, _, msgs in found for m in msgs]
+        batch = [m for _, _, msgs, _ in found for m in msgs]
         try:
             accepted = self.on_batch(batch) if batch else True
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
-        for st, next_offset, _ in found:
+        for st, next_offset, _, caught_up in found:
             if accepted:
                 self.counters["batches"] += 1
-                st.offset, st.decode_failures = next_offset, 0
+                st.offset, st.decode_failures, st.last_consume_ms = next_offset, 0, int(time.time() * 1000)
+                if caught_up:
+                    st.caught_up_ms = st.sent_ms  # the queue held nothing more when the pull was answered
             else:
                 self.counters["refused"] += 1
                 st.retry_at = time.monotonic() + self.retry_backoff_s
             st.in_flight = None
 
-    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage]] | None:
-        """A pull's answer: its messages to hand over (with the queue's state and next offset), or
+    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage], bool] | None:
+        """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
+        that reaches the end of the queue as it was when the pull was answered), or
         None once handled here (nothing new, offset moved, an error, a body to pull again)."""
         with self._lock:
             st = self._owned.get(q)
         if st is None or st.released:  # released meanwhile: the next owner pulls it
             return None
+        if st.in_flight != resp.opaque:  # the queue was reset meanwhile: this answer is for the old offset
+            return None
+        st.last_pull_ms = int(time.time() * 1000)
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
             try:
@@ -403,13 +518,17 @@ class RemotingPullConsumer:
                 log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
                           self.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
             self.counters["pulled"] += len(batch)
-            return st, next_offset, batch
+            caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            return st, next_offset, batch, caught_up
         if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
+            if resp.code == PULL_NOT_FOUND:
+                st.caught_up_ms = st.sent_ms
         elif resp.code == PULL_OFFSET_MOVED:
-            log.warning("offset %d of %s/%s is gone from the broker; going on at %d", st.offset, self.topic, q,
-                        next_offset)
-            st.offset = next_offset
+            # The offset is gone from the broker, or an operator reset the group on the broker's side:
+            # go on where the broker says, and tell it so with the next pull (as the Java client does).
+            log.warning("the broker moved %s/%s from offset %d to %d", self.topic, q, st.offset, next_offset)
+            st.offset, st.committed = next_offset, -1
         else:
             log.warning("pull of %s/%s answered %s: %s", self.topic, q, resp.code, resp.remark)
             st.retry_at = time.monotonic() + self.retry_backoff_s

@@ -63,17 +63,29 @@ def join_properties(props: Mapping[str, str]) -> str:
     return "".join([f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()])
 
 
+_UNIQ_KEY_PAIR = UNIQ_KEY + NAME_VALUE_SEPARATOR
+
+
 def split_properties(text: str) -> dict[str, str]:
-    """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict."""
+    """RocketMQ's serialized properties (name \\x01 value \\x02, repeated) as a dict.
+
+    A repeated name keeps its last value, as RocketMQ's own decoder does, except UNIQ_KEY, which
+    keeps its first: a broker stores each message of a batch send with the batch's properties
+    appended to the message's own, so the batch's id follows the message's. The first one is the
+    id the producer was given for that message; the last would be the same for the whole batch.
+    """
     pairs = text.split(PROPERTY_SEPARATOR)
-    try:  # every pair well formed, the usual case: one C-level pass
-        return dict(pair.split(NAME_VALUE_SEPARATOR, 1) for pair in pairs if pair)
-    except ValueError:  # a pair without a separator: a name with an empty value
-        pass
+    if text.find(_UNIQ_KEY_PAIR) == text.rfind(_UNIQ_KEY_PAIR):  # one id at most: the usual case
+        try:  # every pair well formed: one C-level pass
+            return dict(pair.split(NAME_VALUE_SEPARATOR, 1) for pair in pairs if pair)
+        except ValueError:  # a pair without a separator: a name with an empty value
+            pass
     props: dict[str, str] = {}
     for pair in pairs:
         if pair:
             name, _, value = pair.partition(NAME_VALUE_SEPARATOR)
+            if name == UNIQ_KEY and name in props:
+                continue
             props[name] = value
     return props
 

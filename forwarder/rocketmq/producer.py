@@ -151,6 +151,28 @@ class RemotingProducer:
         self._dispatch(self._cut(messages, routes, out), routes, out, deadline, receipts=True)
         return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
+    def send_to_every_queue(self, message: OutgoingMessage) -> list[Receipt | RemotingError]:
+        """Send a copy of `message` to each writable queue of its topic (a control message every
+        consumer must see, whatever queues it owns); per queue, its Receipt or error."""
+        if self._closed:
+            raise ConnectionFailedError("the producer is closed")
+        deadline = time.monotonic() + self.timeout
+        route = self._route(message.topic)
+        if route.via_default_topic:
+            raise TopicNotFoundError(f"topic {message.topic} does not exist: it has no queues to send to",
+                                     code=TOPIC_NOT_EXIST)
+        out: list[Receipt | RemotingError | bool | None] = [None] * len(route.queues)
+        plans: dict[str, list[_Batch]] = defaultdict(list)
+        for i, (queue, msg_id) in enumerate(zip(route.queues, self._id_maker().next_ids(len(route.queues)))):
+            data = encode_message(message, msg_id)
+            batch = _Batch(message.topic, [i], [msg_id], [data], len(data), queue)
+            try:
+                plans[self._connection(queue[0], route.brokers[queue[0]]).addr].append(batch)
+            except RemotingError as e:
+                _fail(out, [batch], e)
+        self._exchange(plans, out, deadline, receipts=True)
+        return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
+
     def send_batch(self, topic: str, messages: Sequence[OutgoingMessage]) -> list[Receipt]:
         """Send messages of one topic in as few requests as the limits allow; raise the first error."""
         if any(m.topic != topic for m in messages):

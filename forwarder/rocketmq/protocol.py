@@ -37,14 +37,19 @@ from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnava
 PULL_MESSAGE = 11
 QUERY_CONSUMER_OFFSET = 14
 UPDATE_CONSUMER_OFFSET = 15
-UPDATE_AND_CREATE_TOPIC_LIST = 18
+UPDATE_AND_CREATE_TOPIC = 17
+UPDATE_AND_CREATE_TOPIC_LIST = 18  # RocketMQ 5 only
 GET_MAX_OFFSET = 30
 GET_MIN_OFFSET = 31
 HEART_BEAT = 34
 UNREGISTER_CLIENT = 35
 GET_CONSUMER_LIST_BY_GROUP = 38
+NOTIFY_CONSUMER_IDS_CHANGED = 40  # broker -> client
 GET_ROUTEINFO_BY_TOPIC = 105
 GET_BROKER_CLUSTER_INFO = 106
+RESET_CONSUMER_CLIENT_OFFSET = 220  # broker -> client
+GET_CONSUMER_STATUS_FROM_CLIENT = 221  # broker -> client
+GET_CONSUMER_RUNNING_INFO = 307  # broker -> client (asked for by an admin tool)
 SEND_BATCH_MESSAGE = 320
 
 # -- response codes (apache/rocketmq ResponseCode) -------------------------------------------
@@ -72,6 +77,7 @@ NOT_LEADER_FOR_QUEUE = 501
 REMOTING_VERSION = 479  # V5_3_3; anything >= 401 (V4_9_4) gets routes as standard JSON
 _LANGUAGE = "PYTHON"
 _RESPONSE_FLAG = 1  # bit 0 of `flag`
+_ONEWAY_FLAG = 2  # bit 1 of `flag`: the sender wants no answer
 _JSON_SERIALIZE = 0  # serialize type in the top byte of header_info
 _HEADER_LENGTH_MASK = 0xFFFFFF
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # the servers' own limit (NettyDecoder): more means a corrupt stream
@@ -120,6 +126,21 @@ class Response:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request frame that a peer (a broker asking its client) sent us."""
+
+    code: int
+    opaque: int
+    oneway: bool  # the peer wants no answer
+    ext: dict[str, str]
+    body: bytes
+
+
+#: What a client answers a peer's request: (response code, remark, body); None: no answer at all.
+Reply = tuple[int, str | None, bytes]
+
+
 def encode_request(code: int, opaque: int, ext: Mapping[str, str], body: bytes) -> bytes:
     """One request frame with a JSON header."""
     header = json.dumps(
@@ -130,6 +151,17 @@ def encode_request(code: int, opaque: int, ext: Mapping[str, str], body: bytes) 
     head = _FRAME_HEAD.pack(_FRAME_HEAD.size - _FRAME_LENGTH.size + len(header) + len(body),
                             (_JSON_SERIALIZE << 24) | len(header))
     return head + header + body
+
+
+def encode_response(code: int, opaque: int, remark: str | None, body: bytes) -> bytes:
+    """One response frame (to a request the peer sent) with a JSON header."""
+    header: dict[str, Any] = {"code": code, "language": _LANGUAGE, "version": REMOTING_VERSION, "opaque": opaque,
+                              "flag": _RESPONSE_FLAG}
+    if remark is not None:
+        header["remark"] = remark
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return _FRAME_HEAD.pack(_FRAME_HEAD.size - _FRAME_LENGTH.size + len(raw) + len(body),
+                            (_JSON_SERIALIZE << 24) | len(raw)) + raw + body
 
 
 def take_frame(buf: bytearray, peer: str) -> bytes | None:
@@ -166,6 +198,16 @@ def decode_frame(frame: bytes, peer: str) -> tuple[int, dict[str, Any], bytes]:
     if not isinstance(header, dict):
         raise ProtocolError(f"{peer} sent a header that is not a JSON object: {header!r:.100}")
     return int(header.get("flag", 0)), header, frame[end:]
+
+
+def decode_request(frame: bytes, peer: str) -> Request | None:
+    """The request a frame carries; None for a response frame."""
+    flag, header, body = decode_frame(frame, peer)
+    if flag & _RESPONSE_FLAG:
+        return None
+    ext = header.get("extFields") or {}
+    return Request(int(header.get("code", -1)), int(header.get("opaque", -1)), bool(flag & _ONEWAY_FLAG),
+                   {str(k): str(v) for k, v in ext.items()}, body)
 
 
 def decode_response(frame: bytes, peer: str) -> Response | None:

@@ -13,7 +13,7 @@ from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import Credentials
 from timewheel.app.service import Service
-from timewheel.app.settings import Settings
+from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
 
@@ -48,7 +48,7 @@ def test_signed_engine_delivers_every_codec_and_unsigned_clients_are_refused(
     assert [r["ok"] for r in wrong.produce([JavaMessage(target, b"wrong secret")])] == [False]
 
     service = Service(Settings(engine=EngineConfig(tmp_path_factory.mktemp("acl"), max_delay_ms=3_600_000),
-                               rocketmq=cfg)).start()
+                               rocketmq=cfg, admin=AdminConfig(listen="127.0.0.1:0"))).start()
     try:
         java = JavaClient(secured.namesrv_addr, access_key=ADMIN.access_key, secret_key=ADMIN.secret_key)
         sent = []

@@ -218,6 +218,10 @@ def test_admin_api_reads_and_replaces_rules_which_persist(world: World) -> None:
     doc = engine.store.meta.get_document(RULES_DOCUMENT)
     assert doc["rules"] == new and doc["source"] == "admin"
     assert world.service.stats()["shaping"]["rules"]["source"] == "admin"  # type: ignore[index]
+    # a topic's row appears with its first traffic (this test must not lean on the slow one's)
+    before = world.arrivals.count(b)
+    engine.schedule([Message(b, b"probe-b", time.time_ns() // 1_000_000)])
+    assert wait_for(lambda: world.arrivals.count(b) > before, 30)
     metrics = urllib.request.urlopen(world.base + "/metrics", timeout=5).read().decode()
     assert f'timewheel_shaping_topic_rate{{class="default",topic="{b}"}} 1234.0' in metrics
     # an edit of the watched file's [shaping] wins over the admin's rules, within a second

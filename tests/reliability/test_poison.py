@@ -14,7 +14,7 @@ from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import queue_lags
 from timewheel.app.service import Service
-from timewheel.app.settings import Settings
+from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
 
@@ -35,7 +35,8 @@ def engine(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) ->
     rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
     service = Service(Settings(engine=EngineConfig(tmp_path_factory.mktemp("poison"), max_delay_ms=3_600_000,
                                                    max_body_bytes=256 * 1024, max_attempts=3, retry_base_ms=200,
-                                                   retry_max_ms=400), rocketmq=cfg)).start()
+                                                   retry_max_ms=400), rocketmq=cfg,
+                               admin=AdminConfig(listen="127.0.0.1:0"))).start()
     try:
         yield cfg, target, service
     finally:

@@ -5,7 +5,9 @@
     GET  /metrics                 Prometheus text
     GET  /stats                   the engine's and RocketMQ's counters (JSON, epoch ms)
     GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms)
-    POST /cancel?id=ID | ?key=K   cancel; needs "Authorization: Bearer <token>"
+    POST /cancel?id=ID | ?key=K   cancel on every engine of the delay topic (a control message to each of
+                                  its queues); answers how many this engine cancelled; needs
+                                  "Authorization: Bearer <token>"; 503 if not every queue took it
     GET  /shaping                 the traffic rules in force (JSON)
     PUT  /shaping                 replace the rules (JSON body); needs the token
 
@@ -38,7 +40,7 @@ class AdminTarget(Protocol):
         ...
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or key; how many were cancelled."""
+        """Cancel by id or key everywhere; how many this engine cancelled (CancelNotSentError if not sent)."""
         ...
 
     def shaping_rules(self) -> dict[str, Any]:
@@ -148,7 +150,14 @@ class AdminServer:
         ids, keys = req.query.get("id", []), req.query.get("key", [])
         if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
             return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
-        return _json(200, {"cancelled": self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)})
+        from timewheel.app.cancel import CancelNotSentError
+
+        try:
+            return _json(200, {"cancelled": self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)})
+        except CancelNotSentError as e:
+            return _json(503, {"error": str(e)})
+        except ValueError as e:
+            return _json(400, {"error": str(e)})
 
     def _put_shaping(self, req: Request) -> Response:
         refused = self._guard(req)

@@ -123,7 +123,14 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
            acl: Annotated[Optional[str], typer.Option(
                "--acl", metavar="ACCESS_KEY:SECRET_KEY",
                help="Turn authentication and authorization on, with this user as the administrator; point the "
-                    "engine at it with [rocketmq] access_key and secret_key.")] = None) -> None:
+                    "engine at it with [rocketmq] access_key and secret_key.")] = None,
+           tls: Annotated[bool, typer.Option(
+               "--tls", help="Accept TLS connections only (a self-signed certificate made in the run directory); "
+                             "point the engine at it with [rocketmq] tls = true.")] = False,
+           version: Annotated[Optional[str], typer.Option(
+               "--version", metavar="X.Y.Z", help="The Apache RocketMQ release to run (default: the one the "
+                                                  "tests run; 4.9.7 is the newest 4.x on Maven Central).")] = None
+           ) -> None:
     """Run a local RocketMQ (NameServer + Broker from Maven Central jars) in the foreground.
 
     Prints `namesrv 127.0.0.1:PORT` once it is ready; Ctrl-C stops it.
@@ -139,8 +146,24 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
             _fail("--acl takes ACCESS_KEY:SECRET_KEY, both non-empty (for example --acl admin:s3cret-key)")
         user = Credentials(access_key, secret_key)
     try:
-        run_foreground(dir, acl=user)
+        run_foreground(dir, acl=user, tls=tls, version=version)
     except LocalRocketMQError as e:
+        _fail(str(e))
+
+
+@app.command()
+def zookeeper(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the data and logs here "
+                                                          "(default: a temporary directory).")] = None) -> None:
+    """Run a local ZooKeeper (from Maven Central jars) in the foreground, for replica sets ([ha]).
+
+    Prints `zookeeper 127.0.0.1:PORT` once it answers; Ctrl-C stops it.
+    """
+    from coordination import LocalZooKeeperError
+    from coordination.local_zookeeper import run_foreground
+
+    try:
+        run_foreground(dir)
+    except LocalZooKeeperError as e:
         _fail(str(e))
 
 
@@ -216,7 +239,11 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
            token: Annotated[Optional[str], typer.Option("--token", envvar="TIMEWHEEL_ADMIN_TOKEN",
                                                         help="Admin token (or TIMEWHEEL_ADMIN_TOKEN).")] = None
            ) -> None:
-    """Cancel a delayed message by id, or all under a business key, through the admin API."""
+    """Cancel a delayed message by id, or all under a business key, on every engine of the delay topic.
+
+    The engine behind the admin API puts the cancel on each queue of the delay topic (so every
+    replica of every shard applies it, also to messages that arrive after it) and applies it itself.
+    """
     import urllib.error
     import urllib.parse
     import urllib.request
@@ -228,7 +255,8 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
                                  headers={"Authorization": f"Bearer {token or ''}"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']}")
+            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']} here; the cancel is on every queue of "
+                       "the delay topic for the other engines")
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:

@@ -283,7 +283,10 @@ def replay(
     topic: Annotated[Optional[str], typer.Option("--topic", help="Only this target topic.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent; send and record "
                                                             "nothing.")] = False,
-    namesrv: Annotated[str, typer.Option("--namesrv", help="RocketMQ NameServer HOST:PORT.")] = "127.0.0.1:9876",
+    namesrv: Annotated[Optional[str], typer.Option("--namesrv", help="RocketMQ NameServer HOST:PORT (default: "
+                                                                      "rocketmq.namesrv of the config).")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file: its [rocketmq] section "
+                                                   "(NameServer, ACL credentials, TLS) is used to send.")] = None,
     group: Annotated[str, typer.Option("--group", help="Producer group.")] = "timewheel-replay",
     rate: Annotated[float, typer.Option("--rate", help="Messages a second per executor (0: unlimited).")] = 1000.0,
     show: Annotated[int, typer.Option("--show", help="Messages listed by --dry-run.")] = 20,
@@ -303,13 +306,20 @@ def replay(
     if until_ms <= since_ms:
         _fail("--until must be after --since")
     from spark.progress import stage_progress
-    from forwarder.replay_sender import replay_sender
+    from forwarder.replay_sender import replay_sender_for
     from spark.replay import replay as run
+    from timewheel.app.settings import load_settings
+    from timewheel.errors import ConfigError
+
+    try:  # the engine's own [rocketmq] settings: TOML, then TIMEWHEEL_ROCKETMQ_*, then --namesrv
+        cfg = load_settings(config, None, {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}}).rocketmq
+    except ConfigError as e:
+        _fail(str(e))
 
     with _spark(master, conf, verbose) as spark:
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
-                         sender_factory=None if dry_run else replay_sender(namesrv, group), rate=rate, sample=show)
+                         sender_factory=None if dry_run else replay_sender_for(cfg, group), rate=rate, sample=show)
     if as_json:
         _print_json(result.as_dict())
     else:

@@ -20,6 +20,9 @@ _COUNTERS = {
     "send_failures": "Sends that failed (each attempt).",
     "corrupt": "Records found corrupt at dispatch time (never served).",
     "catch_up_segments": "Past segments drained after downtime.",
+    "cancel_requests": "Cancels handed to the engine (each queue's copy of a control message, and the admin API's).",
+    "cancels_applied": "Cancels applied: new to this engine (copies and repeats are only looked up).",
+    "cancelled_on_arrival": "Messages a cancel sent before them cancelled as they arrived (never stored).",
 }
 
 
@@ -40,7 +43,7 @@ class EngineCollector(Collector):
             yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st.counters, key)))
         yield from _shaping_families(st.shaping or {})
         ep = self._endpoints() if self._endpoints is not None else {}
-        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery")):
+        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"), ("ha", "timewheel_ha")):
             counters = ep.get(sub)
             for key, value in (counters.items() if isinstance(counters, Mapping) else ()):
                 if isinstance(value, (int, float)):
@@ -50,8 +53,12 @@ class EngineCollector(Collector):
                          ("ready", "Due messages waiting for a sender."),
                          ("backlog", "Overdue messages of past segments waiting (catch-up)."),
                          ("retrying", "Messages waiting for their next attempt."),
-                         ("storage_corrupt_records", "Corrupt records the store has found on reads.")):
+                         ("storage_corrupt_records", "Corrupt records the store has found on reads."),
+                         ("tombstones", "Cancels held for messages that may still arrive.")):
             yield GaugeMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st, key)))
+        if "ha_holder" in ep:
+            yield GaugeMetricFamily("timewheel_ha_holder", "1 while this replica holds its shard's lease and may send.",
+                                    value=float(bool(ep["ha_holder"])))
         if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",
                                     value=float(bool(ep["circuit_open"])))

@@ -7,6 +7,7 @@ file watched, admin API, persisted in the meta store; precedence in that module)
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -21,12 +22,14 @@ from timewheel.app.admin import AdminServer
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
+from timewheel.message import Sink
 from timewheel.errors import ConfigError
 from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
-    from forwarder import RocketMQEndpoints
+    from coordination import ShardReplica
+    from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
 
 log = logging.getLogger("timewheel.app.service")
@@ -45,6 +48,8 @@ class Service:
         self.engine: Engine | None = None
         self.admin: AdminServer | None = None
         self._endpoints: RocketMQEndpoints | None = None
+        self.replica: ShardReplica | None = None  # with [ha]: this engine's lease on its shard
+        self._rmq: RocketMQConfig = settings.rocketmq  # with [ha], under the replica's own consumer group
         self._stop = threading.Event()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -64,13 +69,26 @@ class Service:
                                  now_ms=self.clock.now_ms)
         rmq = self.settings.rocketmq
         limits = ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes, frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
-        self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms)
+        ha = self.settings.ha
+        if ha.enabled:  # one replica of a shard: its queues only, under a group of its own
+            rmq = self._rmq = dataclasses.replace(rmq, consumer_group=ha.consumer_group(rmq.consumer_group))
+        self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms,
+                                           queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
+        delivery: Sink = sink
+        if ha.enabled:
+            from coordination import EpochStampingSink, ShardReplica
+
+            self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
+            delivery = EpochStampingSink(sink, self.replica)
         # the shaper grants nothing until the rules in force are settled from the meta store
-        self.engine = Engine(cfg, sink, self.clock, dead_letter_sink=sink, shaper=shaping.shaper).start()
+        self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
+                             gate=self.replica).start()
         assert self.engine.store is not None
+        if self.replica is not None:
+            self.replica.start(self._replica_watermark)
         self.shaping = shaping.start(self.engine.store.meta)
-        self._endpoints.source.start(self.engine.schedule)
+        self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
@@ -82,6 +100,15 @@ class Service:
                  self.settings.rocketmq.namesrv, cfg.data_dir)
         return self
 
+    def _replica_watermark(self) -> int:
+        """What this replica may publish as delivered: up to what its engine finished, and never past
+        the moment its ingest had read everything stored before (a message another replica stores with
+        a due time at or before the watermark must be one this engine had too)."""
+        assert self.engine is not None and self._endpoints is not None
+        delivered = self.engine.delivered_up_to()
+        caught_up = self._endpoints.source.caught_up_ms()
+        return -1 if caught_up is None else min(delivered, caught_up - 1)
+
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
         self._consuming = False
@@ -91,6 +118,9 @@ class Service:
             self._sampler = None
         if self.shaping is not None:
             self.shaping.stop()
+        if self.replica is not None:  # stop sending, publish the last watermark, hand the lease on
+            self.replica.stop()
+            self.replica = None
         if self._endpoints is not None:
             self._endpoints.source.stop()
         if self.engine is not None:
@@ -110,10 +140,12 @@ class Service:
         return self.engine is not None and self._consuming and not self.engine.dead_threads()
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or business key."""
-        if self.engine is None:
+        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
+        from timewheel.app.cancel import cancel_everywhere
+
+        if self.engine is None or self._endpoints is None:
             return 0
-        return self.engine.cancel(msg_id=msg_id, key=key)
+        return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
 
     def shaping_rules(self) -> dict[str, Any]:
         """The traffic rules in force."""
@@ -148,7 +180,9 @@ class Service:
         lag, lag_error = None, None
         if self._endpoints is not None:
             try:
-                lag = ingest_lag(self.settings.rocketmq)
+                lag = ingest_lag(self._rmq)
+                if self.settings.ha.enabled:  # a replica's group reads its shard's queues only
+                    lag = [q for q in lag if self.settings.ha.owns_queue(q.queue)]
             except IngestLagError as e:
                 lag_error = str(e)
         late, span, count = [0.0, 0.0], 0, 0
@@ -157,15 +191,24 @@ class Service:
             with self._window_lock:
                 counts, span = window.recent(now, engine.lateness_buckets.counts.copy())
             late, count = window.percentiles(counts, (50, 99)), int(counts.sum())
-        return status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
-                               lateness_ms=late, lateness_count=count, lateness_span_ms=span)
+        doc = status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
+                              lateness_ms=late, lateness_count=count, lateness_span_ms=span)
+        if self.replica is not None:
+            doc["ha"] = self.replica.status_document()
+        return doc
 
     def endpoint_stats(self) -> dict[str, object]:
-        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`."""
+        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
+        with [ha], `ha` (the replica's counters) and `ha_holder`."""
         if self._endpoints is None:
             return {}
-        return {"ingest": dict(self._endpoints.source.counters), "delivery": dict(self._endpoints.sink.counters),
-                "circuit_open": self._endpoints.sink.breaker.is_open}
+        out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
+                                  "delivery": dict(self._endpoints.sink.counters),
+                                  "circuit_open": self._endpoints.sink.breaker.is_open}
+        if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease
+            out["ha"] = self.replica.counter_values()
+            out["ha_holder"] = self.replica.may_send()
+        return out
 
     def stats(self) -> dict[str, object]:
         """Engine and RocketMQ counters, as JSON-ready dicts (`EngineStats.as_dict()` and `endpoint_stats()`)."""

@@ -5,6 +5,7 @@
     [admin]       listen = "127.0.0.1:9321", token = "..." (or TIMEWHEEL_ADMIN_TOKEN)
     [log]         format = "text" | "json", level = "INFO"
     [shaping]     traffic rules, validated by the shaper
+    [ha]          HAConfig fields (zookeeper, shards, shard, replica_id, ...): run as one replica of a shard
 
 Environment variables are TIMEWHEEL_<SECTION>_<KEY>, e.g. TIMEWHEEL_ENGINE_DATA_DIR. Unknown keys
 and invalid values are refused with the key's name.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from coordination.config import HAConfig
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
 from timewheel.errors import ConfigError
@@ -63,11 +65,12 @@ class Settings:
     admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
     shaping: Mapping[str, Any] = field(default_factory=dict)
+    ha: HAConfig = field(default_factory=HAConfig)
 
     def redacted(self) -> dict[str, dict[str, Any]]:
         """The effective settings as plain data, secrets replaced by "***"."""
         out: dict[str, dict[str, Any]] = {}
-        for name in ("engine", "rocketmq", "admin", "log"):
+        for name in ("engine", "rocketmq", "admin", "log", "ha"):
             section = dataclasses.asdict(getattr(self, name))
             for k, v in section.items():
                 if isinstance(v, Path):
@@ -80,7 +83,7 @@ class Settings:
 
 
 _SECTIONS: dict[str, type] = {"engine": EngineConfig, "rocketmq": RocketMQConfig, "admin": AdminConfig,
-                              "log": LogConfig}
+                              "log": LogConfig, "ha": HAConfig}
 
 
 def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:

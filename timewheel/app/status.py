@@ -133,4 +133,28 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
                                    Text(f"shaping: {_shaping_text(doc.get('shaping') or {})}")]
     if ingest.get("error"):
         lines.append(Text(f"ingest lag unknown: {ingest['error']}", style="red"))
+    if doc.get("ha"):
+        lines.extend(_ha_lines(doc["ha"]))
     return Group(*lines)
+
+
+def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:
+    """The replica set: this replica's role, then every shard's holder, epoch, watermark and its lag."""
+    me = ha.get("replica") or {}
+    role = f"HOLDS the lease, epoch {me.get('epoch')}" if me.get("holder") else "standby (stores, does not send)"
+    out: list[RenderableType] = [Text(f"replica {me.get('replica')} of shard {me.get('shard')}/{me.get('shards')}: "
+                                      f"{role}; takeovers {me.get('takeovers', 0)}, possible duplicates at takeover "
+                                      f"{me.get('possible_duplicates', 0)}, recorded as delivered by the holder "
+                                      f"{me.get('peer_delivered', 0):,}")]
+    table = Table(title="shards")
+    for c in ("shard", "holder", "epoch", "standbys", "watermark (UTC)", "lag"):
+        table.add_column(c)
+    for row in ha.get("shards") or []:
+        mark = row.get("watermark_ms", -1)
+        table.add_row(str(row["shard"]), row.get("holder") or "NONE", str(row.get("epoch", 0)),
+                      ", ".join(row.get("standbys") or []) or "-", human_time(mark) if mark >= 0 else "none yet",
+                      f"{row['lag_ms'] / 1000:.1f} s" if row.get("lag_ms") is not None else "-")
+    out.append(table)
+    if ha.get("shards_error"):
+        out.append(Text(str(ha["shards_error"]), style="red"))
+    return out

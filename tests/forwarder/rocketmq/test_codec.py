@@ -156,3 +156,11 @@ def test_any_bytes_decode_or_raise_a_decode_error(noise: bytes, at: int, patch: 
         except MessageDecodeError:
             continue
         assert all(len(m.body) <= max(len(raw), 1 << 16) for m in out)
+
+
+def test_a_repeated_uniq_key_keeps_its_first_value_and_other_names_their_last() -> None:
+    from forwarder.rocketmq.message import split_properties
+
+    # How a broker stores a message of a batch send: its own properties, then the batch's.
+    text = "UNIQ_KEY\x01own\x02WAIT\x01false\x02UNIQ_KEY\x01batch\x02WAIT\x01true\x02"
+    assert split_properties(text) == {"UNIQ_KEY": "own", "WAIT": "true"}

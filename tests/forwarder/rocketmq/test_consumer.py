@@ -136,6 +136,38 @@ def _group_scenario(rocketmq: LocalRocketMQ, records: list[str]) -> None:
     assert set(c.ids) == set(third), "nothing accepted before is pulled again after a clean stop"
 
 
+@pytest.mark.rocketmq
+def test_a_queue_filter_keeps_a_member_to_its_shard_and_it_knows_when_it_read_all(rocketmq: LocalRocketMQ) -> None:
+    topic, group = f"PULL_{uuid.uuid4().hex[:8]}", f"shard-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=4)
+    _send(rocketmq, topic, [f"s{i}" for i in range(400)])
+    sent_ms = time.time_ns() // 1_000_000
+    lock, seen = threading.Lock(), []
+
+    def collect(batch: list[ReceivedMessage]) -> bool:
+        with lock:
+            seen.extend(m.queue_id for m in batch)
+        return True
+
+    odd = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, collect, rebalance_interval_s=0.5,
+                               queue_filter=lambda q: q[1] % 2 == 1)
+    odd.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(seen) < 200:
+            time.sleep(0.05)
+        time.sleep(1.0)  # anything from another queue would have come by now
+        assert odd.owned() == [("broker-a", 1), ("broker-a", 3)]
+        # both queues were read to their end by a pull sent after the last message was stored
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (odd.caught_up_ms() or 0) < sent_ms:
+            time.sleep(0.05)
+        assert sent_ms <= (odd.caught_up_ms() or 0) <= time.time_ns() // 1_000_000
+    finally:
+        odd.stop()
+    assert len(seen) == 200 and set(seen) == {1, 3}
+
+
 class Sizes(Collector):
     """A Collector that also records the size of each batch handed over."""
 

@@ -174,3 +174,16 @@ def test_cancel_needs_exactly_one_non_empty_selector(admin: tuple[AdminServer, _
     assert _request(server, "POST", "/cancel?key=order-1")[0] == 200
     assert target.cancels == [(None, "order-1")]
     assert _request(server, "DELETE", "/cancel?id=x")[0] == 405
+
+
+def test_a_cancel_that_did_not_reach_every_queue_answers_503(admin: tuple[AdminServer, _Target]) -> None:
+    from timewheel.app.cancel import CancelNotSentError
+
+    server, target = admin
+
+    def fails(msg_id: str | None, key: str | None) -> int:
+        raise CancelNotSentError("the cancel reached 3 of 4 queues of TW_DELAY; send it again")
+
+    target.cancel = fails  # type: ignore[method-assign]
+    status, body = _request(server, "POST", "/cancel?id=x")[:2]
+    assert status == 503 and b"3 of 4 queues" in body

@@ -1,0 +1,20 @@
+"""Coordination of replica sets through ZooKeeper: shard leases, fencing, watermarks, the local ZooKeeper.
+
+A shard of the delay topic (its queues with id mod `shards` == `shard`) is served by several
+replicas, each a whole engine with its own consumer group and data directory. `ShardReplica`
+holds or follows the shard's lease and is its engine's `timewheel.gate.DeliveryGate`;
+`EpochStampingSink` marks what the holder sends with its epoch; `shard_status` reads every shard's
+holder, epoch and watermark for `timewheel status`. `LocalZooKeeper` runs a real server from
+Maven Central jars for tests, the demo and `timewheel zookeeper`.
+"""
+from coordination.config import HAConfig
+from coordination.errors import CoordinationError, LocalZooKeeperError
+from coordination.fencing import FencingDeadline
+from coordination.local_zookeeper import LocalZooKeeper, ruok
+from coordination.replica import EPOCH_PROPERTY, EpochStampingSink, ReplicaCounters, ShardReplica
+from coordination.status import ShardStatus, shard_status
+from coordination.watermark import Watermark, publish_watermark, read_watermark
+
+__all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencingDeadline", "HAConfig",
+           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ShardReplica", "ShardStatus", "Watermark",
+           "publish_watermark", "read_watermark", "ruok", "shard_status"]

@@ -1,0 +1,322 @@
+"""One replica of one shard: contends for the shard's lease, gates its engine, publishes or follows the watermark.
+
+Every replica of a shard consumes the shard's queues into its own data directory; only the holder
+of the shard's lease sends. The lease is ZooKeeper's classic election: each replica creates an
+ephemeral sequential znode `<shard>/lease/replica-<seq>`, and the lowest live one holds the lease.
+Its sequence number (plus one, so that 0 means none) is the lease's epoch: ZooKeeper numbers
+children in creation order, and the lowest live node's number only grows as holders die, so every
+new holder has a larger epoch than the last. The node vanishes when its session ends (the process
+died, or was silent for longer than the session timeout), and the next replica holds the lease.
+
+The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
+- confirms its node every sixth of the session timeout (and with each watermark), which extends
+  its fencing deadline (`coordination.fencing`); its engine sends only before that deadline;
+- publishes its engine's delivered-up-to watermark every `watermark_interval_s`
+  (`coordination.watermark`);
+- stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`).
+
+A replica that does not hold the lease follows the published watermark: its engine records what is
+due up to it as delivered elsewhere and holds the rest. When it becomes the holder it reads the
+watermark once more, and its engine sends everything due after it, overdue messages first; what
+was due between that watermark and the takeover may have been sent by the previous holder too
+(counted as `possible_duplicates`: those due by the time its next watermark was due).
+
+Cancels need no lease: each replica's own ingest stores what the delay topic carries, control
+messages included, into its own engine, so a cancel sent on the delay topic reaches every replica.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from coordination.config import HAConfig
+from coordination.fencing import FencingDeadline
+from coordination.watermark import Watermark, publish_watermark, read_watermark
+from timewheel.gate import NO_WATERMARK
+from timewheel.message import Message, Sink
+
+__all__ = ["EPOCH_PROPERTY", "EpochStampingSink", "ReplicaCounters", "ShardReplica"]
+
+log = logging.getLogger("timewheel.replica")
+
+#: the message property carrying the lease epoch under which a message was sent
+EPOCH_PROPERTY = "TW_LEASE_EPOCH"
+_PREFIX = "replica-"
+
+
+@dataclass
+class ReplicaCounters:
+    """What a replica counted since it started."""
+
+    takeovers: int = 0  # times it became the holder
+    losses: int = 0  # times it stopped holding (revoked, expired, superseded)
+    peer_delivered: int = 0  # entries recorded as delivered by another replica (due by its watermark)
+    held: int = 0  # entries held back because this replica could not send (standby, fence)
+    possible_duplicates: int = 0  # sent after a takeover, due after the last holder's watermark, by its next one
+    watermarks_published: int = 0
+
+
+class ShardReplica:
+    """The lease, fence and watermark of one replica of one shard; the delivery gate of its engine."""
+
+    def __init__(self, cfg: HAConfig, delay_topic: str, *, now_ms: Callable[[], int],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.delay_topic = delay_topic
+        self.path = cfg.shard_path(delay_topic)
+        self.hold_ms = cfg.hold_ms
+        self.fence = FencingDeadline(cfg.session_timeout_s, cfg.fence_fraction, monotonic)
+        self.counters = ReplicaCounters()
+        self._now_ms = now_ms
+        self._monotonic = monotonic
+        self._lock = threading.Lock()  # the fields below, read by dispatch threads
+        self._active = False
+        self._epoch = 0
+        self._peer_watermark = NO_WATERMARK
+        self._took_over_ms = 0
+        self._duplicates_until = NO_WATERMARK
+        self._published = Watermark()
+        self._node: str | None = None  # our contender znode's name
+        self._session: int | None = None  # the session that owns it
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watermark_source: Callable[[], int] | None = None
+        self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
+        self._client.add_listener(self._on_state)
+
+    # ---- the delivery gate --------------------------------------------------------------------------
+
+    def may_send(self) -> bool:
+        """True while this replica holds the lease and its fencing deadline has not passed."""
+        return self._active and self.fence.may_send()
+
+    def delivered_elsewhere_up_to(self) -> int:
+        """The watermark of the last holder before this replica (the one it follows, or took over from)."""
+        return self._peer_watermark
+
+    def count(self, peer_delivered: int, held: int) -> None:
+        """Counted by the engine's dispatcher."""
+        with self._lock:
+            self.counters.peer_delivered += peer_delivered
+            self.counters.held += held
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the lease while this replica holds it, else 0."""
+        return self._epoch if self._active else 0
+
+    @property
+    def took_over_ms(self) -> int:
+        """When (epoch ms) this replica last became the holder (0: never)."""
+        return self._took_over_ms
+
+    def start(self, watermark_source: Callable[[], int], timeout: float = 30.0) -> "ShardReplica":
+        """Connect to ZooKeeper and start contending; `watermark_source` is the engine's delivered_up_to."""
+        self._watermark_source = watermark_source
+        try:
+            self._client.start(timeout=timeout)
+        except KazooTimeoutError as e:
+            raise ConnectionError(f"cannot reach ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} within "
+                                  f"{timeout:.0f} s: start it or fix the connect string") from e
+        self._client.ensure_path(f"{self.path}/lease")
+        self._thread = threading.Thread(target=self._run, name="timewheel-replica", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sending, publish a last watermark if holding, and leave (the next replica takes over at once)."""
+        self.fence.revoke()
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._active:
+            try:
+                self._publish()
+            except (KazooException, KazooTimeoutError):
+                log.warning("could not publish the last watermark of shard %s", self.path, exc_info=True)
+        self._active = False
+        try:
+            self._client.stop()  # ends the session: its lease node goes with it
+            self._client.close()
+        except KazooException:
+            log.warning("closing the ZooKeeper session failed", exc_info=True)
+
+    def counter_values(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._lock:
+            return dict(vars(self.counters))
+
+    def status(self) -> dict[str, object]:
+        """This replica's view: holder or not, epoch, the watermarks, the fencing deadline, counters."""
+        with self._lock:
+            counters = dict(vars(self.counters))
+        return {"shard": self.cfg.shard, "shards": self.cfg.shards, "replica": self.cfg.replica_id,
+                "holder": self._active, "epoch": self.epoch, "peer_watermark_ms": self._peer_watermark,
+                "published_watermark_ms": self._published.watermark_ms,
+                "fence_remaining_s": round(self.fence.remaining_s(), 3) if self._active else None,
+                **counters}
+
+    def status_document(self) -> dict[str, object]:
+        """This replica's view and every shard's holder, epoch, watermark and lag as ZooKeeper has them."""
+        from coordination.status import shard_status
+
+        doc: dict[str, object] = {"replica": self.status()}
+        try:
+            now = self._now_ms()
+            doc["shards"] = [s.as_dict(now) for s in shard_status(self._client, self.cfg, self.delay_topic)]
+        except (KazooException, KazooTimeoutError) as e:
+            doc["shards_error"] = f"ZooKeeper did not answer: {e}"
+        return doc
+
+    # ---- the contender's loop -----------------------------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        """Kazoo's connection callback (its own thread): any doubt about the session stops sending."""
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            self.fence.revoke()
+            if state == KazooState.LOST:
+                self._session = None  # the node went with the session
+            self._wake.set()
+
+    def _on_children(self, _event: object) -> None:
+        """The contenders changed (a holder left): look at once. One bound method, so kazoo keeps one watcher."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        renew_every = self.cfg.session_timeout_s / 6  # several confirmations per fencing period
+        next_publish = 0.0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            holding = False
+            try:
+                holding = self._step()
+                if holding and self._monotonic() >= next_publish:
+                    next_publish = self._monotonic() + self.cfg.watermark_interval_s
+                    self._publish()
+            except (KazooException, KazooTimeoutError, ConnectionError, OSError):
+                log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self.path,
+                            exc_info=True)
+                self._lose("ZooKeeper request failed")
+            wait = min(renew_every, max(0.0, next_publish - self._monotonic())) if holding else renew_every
+            self._wake.wait(wait)
+
+    def _step(self) -> bool:
+        """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
+        client = self._client
+        session = client.client_id[0] if client.client_id else None
+        if self._node is None or self._session is None or self._session != session:
+            self._lose("session changed")
+            self._node = client.create(f"{self.path}/lease/{_PREFIX}", self.cfg.replica_id.encode(), ephemeral=True,
+                                       sequence=True).rsplit("/", 1)[1]
+            self._session = session
+        sent_at = self._monotonic()
+        children = sorted(c for c in client.get_children(f"{self.path}/lease", watch=self._on_children)
+                          if c.startswith(_PREFIX))
+        if self._node not in children:
+            self._node = None  # gone with an expired session: contend again next round
+            self._lose("lease node gone")
+            return False
+        if children[0] != self._node:
+            self._lose("another replica holds the lease")
+            self._follow(read_watermark(client, self.path))
+            return False
+        stat = client.exists(f"{self.path}/lease/{self._node}")
+        if stat is None or stat.ephemeralOwner != self._session:
+            self._node = None
+            self._lose("lease node not ours")
+            return False
+        negotiated = getattr(client, "_session_timeout", None)
+        if negotiated:
+            self.fence.set_session_timeout(negotiated / 1000)
+        if not self._active:
+            self._take_over(read_watermark(client, self.path))
+        self.fence.confirmed(sent_at)
+        return True
+
+    def _follow(self, mark: Watermark) -> None:
+        with self._lock:
+            self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
+
+    def _take_over(self, mark: Watermark) -> None:
+        epoch = epoch_of(self._node) if self._node else 0
+        with self._lock:
+            self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
+            self._epoch = epoch
+            self._took_over_ms = self._now_ms()
+            self._published = Watermark(epoch, self._peer_watermark, self.cfg.replica_id, self._took_over_ms)
+            # the last holder was alive when it published, and at most one interval longer with no
+            # further watermark: what was due by then may have gone out twice
+            self._duplicates_until = (mark.published_ms + int(self.cfg.watermark_interval_s * 1000) if mark.epoch
+                                      else NO_WATERMARK)
+            self.counters.takeovers += 1
+            self._active = True
+        log.warning("shard %s: this replica (%s) holds the lease, epoch %d; delivering what is due after %d "
+                    "(the last holder's watermark, epoch %d)", self.path, self.cfg.replica_id, epoch,
+                    self._peer_watermark, mark.epoch)
+
+    def _lose(self, why: str) -> None:
+        self.fence.revoke()
+        if self._active:
+            with self._lock:
+                self._active = False
+                self.counters.losses += 1
+            log.warning("shard %s: this replica (%s) no longer holds the lease (%s); not sending", self.path,
+                        self.cfg.replica_id, why)
+
+    def _publish(self) -> None:
+        """Publish the engine's watermark under our epoch (never below the one we took over from)."""
+        if self._watermark_source is None:
+            return
+        mark = Watermark(self._epoch, max(self._watermark_source(), self._peer_watermark), self.cfg.replica_id,
+                         self._now_ms())
+        if publish_watermark(self._client, self.path, mark):
+            self._published = mark
+            with self._lock:
+                self.counters.watermarks_published += 1
+        else:
+            self._lose("a newer epoch owns the watermark")
+
+    def note_sent(self, messages: Sequence[Message]) -> None:
+        """Count what this holder sent that the last one may have sent too (due after its watermark and
+        before its last sign of life: those before the watermark are never sent here)."""
+        until = self._duplicates_until
+        if until != NO_WATERMARK:
+            n = sum(1 for m in messages if m.deliver_at_ms <= until)
+            if n:
+                with self._lock:
+                    self.counters.possible_duplicates += n
+
+
+def epoch_of(node: str) -> int:
+    """The epoch of a lease node: its sequence number plus one (0 means no lease)."""
+    return int(node[len(_PREFIX):]) + 1
+
+
+class EpochStampingSink:
+    """A Sink that adds the lease epoch to every message it passes on (`TW_LEASE_EPOCH`)."""
+
+    def __init__(self, inner: Sink, replica: ShardReplica) -> None:
+        self.inner = inner
+        self.replica = replica
+        self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
+        self.linger_ms = int(getattr(inner, "linger_ms", 0))
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        """Stamp and send; one bool per message."""
+        epoch = str(self.replica.epoch)
+        stamped = [replace(m, properties={**(m.properties or {}), EPOCH_PROPERTY: epoch}) for m in messages]
+        results = self.inner.send_batch(stamped)
+        self.replica.note_sent(messages)
+        return results
