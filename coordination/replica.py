@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+import numpy as np
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -40,6 +41,7 @@ from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.watermark import Watermark, publish_watermark, read_watermark
 from timewheel.gate import NO_WATERMARK
+from storage import RecordBytes
 from timewheel.message import Message, Sink
 
 __all__ = ["EPOCH_PROPERTY", "EpochStampingSink", "ReplicaCounters", "ShardReplica"]
@@ -291,9 +293,13 @@ class ShardReplica:
     def note_sent(self, messages: Sequence[Message]) -> None:
         """Count what this holder sent that the last one may have sent too (due after its watermark and
         before its last sign of life: those before the watermark are never sent here)."""
+        self.note_sent_due(np.fromiter((m.deliver_at_ms for m in messages), np.int64, len(messages)))
+
+    def note_sent_due(self, due: np.ndarray) -> None:
+        """`note_sent` for the due times (epoch ms) of what was sent."""
         until = self._duplicates_until
         if until != NO_WATERMARK:
-            n = sum(1 for m in messages if m.deliver_at_ms <= until)
+            n = int((due <= until).sum())
             if n:
                 with self._lock:
                     self.counters.possible_duplicates += n
@@ -312,6 +318,16 @@ class EpochStampingSink:
         self.replica = replica
         self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
         self.linger_ms = int(getattr(inner, "linger_ms", 0))
+        send_records = getattr(inner, "send_records", None)
+        if callable(send_records):
+            # A sink that takes records as stored gets them still: the epoch is one more property.
+            self.send_records = lambda records: self._send_records(send_records, records)
+
+    def _send_records(self, send: Callable[[RecordBytes, dict[str, str]], list[bool]],
+                      records: RecordBytes) -> list[bool]:
+        results = send(records, {EPOCH_PROPERTY: str(self.replica.epoch)})
+        self.replica.note_sent_due(records.header["due_ms"])
+        return results
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Stamp and send; one bool per message."""

@@ -21,7 +21,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
@@ -140,9 +142,10 @@ class RocketMQSink:
             outcomes = [e] * len(messages)
         return self._settle([m.topic for m in messages], outcomes)
 
-    def send_records(self, records: RecordBytes) -> list[bool]:
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None) -> list[bool]:
         """`send_batch` for stored records as they are on disk: each one's message is encoded from
-        its bytes (`record_encoding.encode_records`), no object made per message on the way."""
+        its bytes (`record_encoding.encode_records`), no object made per message on the way;
+        `extra` properties go on every message."""
         if not self.breaker.allow():
             self._count(refused=len(records))
             return [False] * len(records)
@@ -151,11 +154,12 @@ class RocketMQSink:
         topics = records.topics()
         if not all(_user_topic(t, self._reserved) for t in set(topics)):
             # rare; the general path says which and why
-            return self.send_batch([Message.from_record(records.record(i)) for i in range(len(records))])
+            return self.send_batch([replace(m, properties={**(m.properties or {}), **(extra or {})})
+                                    for m in (Message.from_record(records.record(i)) for i in range(len(records)))])
         try:
             with self._checkout() as sender:
                 ids = sender.new_ids(len(records))
-                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids), ids)
+                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids, extra), ids)
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(records)
         return self._settle(topics, outcomes)

@@ -12,6 +12,8 @@ holding a separator (refused with the error the general path gives), takes the g
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
+from dataclasses import replace
 
 from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
 from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, encode_message, encode_serialized
@@ -31,8 +33,15 @@ _END = b"\x02"
 _U16 = struct.Struct("<H")
 
 
-def encode_records(records: RecordBytes, ids: list[str]) -> list[bytes | MessageRejectedError]:
-    """Per row (every row good), its message for a batch body under `ids[i]`, or why it cannot go."""
+def encode_records(records: RecordBytes, ids: list[str],
+                   extra: Mapping[str, str] | None = None) -> list[bytes | MessageRejectedError]:
+    """Per row (every row good), its message for a batch body under `ids[i]`, or why it cannot go;
+    `extra` properties go on every message (a replica's lease epoch)."""
+    tail = _TAIL
+    if extra:
+        if RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra.items()).encode()):
+            raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
+        tail = "".join(f"\x02{k}\x01{v}" for k, v in extra.items()).encode() + _TAIL
     id_at, _, tags_at, keys_at, _, body_at = (a.tolist() for a in records.field_starts())
     h = records.header
     id_len, tags_len, keys_len = h["id_len"].tolist(), h["tags_len"].tolist(), h["keys_len"].tolist()
@@ -62,7 +71,7 @@ def encode_records(records: RecordBytes, ids: list[str]) -> list[bytes | Message
             if keys:
                 parts += (_KEYS, keys)
                 checked.append(keys)
-        parts += (_TAIL, ids[i].encode(), _END)
+        parts += (tail, ids[i].encode(), _END)
         props = b"".join(parts)
         if len(props) > MAX_PROPERTIES_BYTES:
             out.append(b"")
@@ -75,10 +84,15 @@ def encode_records(records: RecordBytes, ids: list[str]) -> list[bytes | Message
         general += [i for i, d in enumerate(out) if d and _has_reserved(records, i)]
     for i in general:
         try:
-            out[i] = encode_message(to_outgoing(Message.from_record(records.record(i))), ids[i])
+            out[i] = encode_message(to_outgoing(_with(Message.from_record(records.record(i)), extra)), ids[i])
         except MessageRejectedError as e:
             out[i] = e
     return out
+
+
+def _with(m: Message, extra: Mapping[str, str] | None) -> Message:
+    """The message with `extra` properties added."""
+    return replace(m, properties={**(m.properties or {}), **extra}) if extra else m
 
 
 def _joined_keys(field: bytes) -> bytes:

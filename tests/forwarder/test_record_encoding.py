@@ -64,3 +64,26 @@ def test_a_separator_in_tags_is_refused_as_the_general_path_refuses_it(tmp_path:
         out = encode_records(raw, ["1" * 32, "2" * 32])
         assert isinstance(out[0], bytes) and out[0] == _general(raw, 0, "1" * 32)
         assert isinstance(out[1], MessageRejectedError) and "separators" in str(out[1])
+
+
+def test_extra_properties_go_on_every_message_by_either_path(tmp_path: Path) -> None:
+    """A replica's epoch on a record without properties (fast path) and one with them (general path)."""
+    import struct
+
+    from forwarder.rocketmq.message import split_properties
+
+    with ScheduleStore(tmp_path / "data") as store:
+        raw = _read(store, [Record("a", "T", b"x", NOW + 1, tags="t", keys=("k",)),
+                            Record("b", "T", b"y", NOW + 2, properties={"p": "q"})])
+        plain = encode_records(raw, ["1" * 32, "2" * 32])
+        stamped = encode_records(raw, ["1" * 32, "2" * 32], {"TW_LEASE_EPOCH": "7"})
+    for without, with_epoch in zip(plain, stamped):
+        assert isinstance(without, bytes) and isinstance(with_epoch, bytes)
+
+        def props(data: bytes) -> dict[str, str]:
+            # a batch body entry: total, magic, body crc, flag, body length + body, properties length + text
+            (body_len,) = struct.unpack_from(">i", data, 16)
+            (n,) = struct.unpack_from(">h", data, 20 + body_len)
+            return split_properties(data[22 + body_len:22 + body_len + n].decode())
+
+        assert props(with_epoch) == {**props(without), "TW_LEASE_EPOCH": "7"}
