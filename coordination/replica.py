@@ -323,9 +323,9 @@ class EpochStampingSink:
             # A sink that takes records as stored gets them still: the epoch is one more property.
             self.send_records = lambda records: self._send_records(send_records, records)
 
-    def _send_records(self, send: Callable[[RecordBytes, dict[str, str]], list[bool]],
-                      records: RecordBytes) -> list[bool]:
-        results = send(records, {EPOCH_PROPERTY: str(self.replica.epoch)})
+    def _send_records(self, send: Callable[..., list[bool]], records: RecordBytes) -> list[bool]:
+        # The lease is asked again right before the write, not only before the batch was read and encoded.
+        results = send(records, {EPOCH_PROPERTY: str(self.replica.epoch)}, self.replica.may_send)
         self.replica.note_sent_due(records.header["due_ms"])
         return results
 

@@ -21,14 +21,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
 
 from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
                                 to_outgoing)
-from forwarder.rocketmq import Receipt, RemotingError, RemotingProducer
+from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
 from forwarder.record_encoding import encode_records
 from storage import RecordBytes
@@ -142,10 +142,12 @@ class RocketMQSink:
             outcomes = [e] * len(messages)
         return self._settle([m.topic for m in messages], outcomes)
 
-    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None) -> list[bool]:
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Callable[[], bool] | None = None) -> list[bool]:
         """`send_batch` for stored records as they are on disk: each one's message is encoded from
         its bytes (`record_encoding.encode_records`), no object made per message on the way;
-        `extra` properties go on every message."""
+        `extra` properties go on every message; `fence` is asked right before the write (see
+        `RemotingProducer.send_encoded`): what it stops comes back False, unsent."""
         if not self.breaker.allow():
             self._count(refused=len(records))
             return [False] * len(records)
@@ -159,7 +161,7 @@ class RocketMQSink:
         try:
             with self._checkout() as sender:
                 ids = sender.new_ids(len(records))
-                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids, extra), ids)
+                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids, extra), ids, fence)
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(records)
         return self._settle(topics, outcomes)
@@ -174,7 +176,11 @@ class RocketMQSink:
             return results
         errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message
         retriable = rejected = 0
+        fenced = 0
         for topic, o in zip(topics, outcomes):
+            if isinstance(o, FencedError):  # never reached a broker: no failure of the broker's
+                fenced += 1
+                continue
             if isinstance(o, RemotingError):
                 errors.setdefault(id(o), (topic, o))
                 if o.retriable:
@@ -182,7 +188,7 @@ class RocketMQSink:
                 else:
                     rejected += 1
         self.breaker.record(ok, retriable)
-        self._count(sent=ok, failed=len(results) - ok, rejected=rejected)
+        self._count(sent=ok, failed=len(results) - ok - fenced, rejected=rejected)
         for topic, err in errors.values():
             # Not retriable means a missing topic or a refused message: someone has to act on it.
             log.log(logging.DEBUG if err.retriable else logging.WARNING, "delivery to %s failed (%s): %s", topic,

@@ -329,7 +329,14 @@ class Dispatcher:
             with self._lock:
                 self.counters.delivered += len(good.due)
         if not delivered.all():
-            self._fail(b.select(~delivered), sent_at)
+            failed = b.select(~delivered)
+            if gate is not None and not gate.may_send():
+                # the lease ran out while the batch was on its way (the sink's own last check stopped
+                # it): held for whoever holds the lease, not an attempt that failed
+                self._hold(gate, failed.due, failed.refs, failed.attempts)
+                gate.count(0, len(failed.due))
+            else:
+                self._fail(failed, sent_at)
 
     def _sink_send(self, b: Batch) -> np.ndarray:
         """One send batch through the sink: delivered or not, per row (raises if the sink fails whole)."""

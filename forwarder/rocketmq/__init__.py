@@ -19,7 +19,7 @@ from forwarder.rocketmq.admin import QueueLag, broker_registered, consumer_ids, 
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsumer, allocate_averagely
-from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError,
+from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError, FencedError,
                                        MessageDecodeError, MessageRejectedError, ProtocolError, RemotingError,
                                        RequestTimeoutError, TopicNotFoundError)
 from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, SYSTEM_PROPERTIES, TAGS,

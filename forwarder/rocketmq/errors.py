@@ -13,6 +13,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailableError",
     "ConnectionFailedError",
+    "FencedError",
     "MessageDecodeError",
     "MessageRejectedError",
     "ProtocolError",
@@ -37,6 +38,11 @@ class RemotingError(ForwarderError):
 
 class ConnectionFailedError(RemotingError):
     """Could not connect, or the connection broke: the broker may be down or restarting."""
+
+
+class FencedError(RemotingError):
+    """Not sent: the sender's fence (a replica's lease deadline) had passed when the request was to be
+    written. Nothing reached a broker; whoever holds the lease now sends it."""
 
 
 class RequestTimeoutError(RemotingError):

@@ -32,13 +32,14 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, IdMaker, encode_message
 from forwarder.rocketmq.connection import Connection
-from forwarder.rocketmq.errors import ConnectionFailedError, MessageRejectedError, RemotingError, TopicNotFoundError
+from forwarder.rocketmq.errors import (ConnectionFailedError, FencedError, MessageRejectedError, RemotingError,
+                                       TopicNotFoundError)
 from forwarder.rocketmq.message import WAIT, OutgoingMessage, SendStatus, join_properties
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, parse_route
 from forwarder.rocketmq.security import ClientSecurity
@@ -185,10 +186,15 @@ class RemotingProducer:
         return receipts
 
     def send_encoded(self, topics: Sequence[str], encoded: Sequence[bytes | RemotingError],
-                     ids: Sequence[str]) -> list[RemotingError | None]:
+                     ids: Sequence[str], fence: Callable[[], bool] | None = None) -> list[RemotingError | None]:
         """Send messages already encoded for a batch body (`codec.encode_message`, under `ids` from
         `new_ids`), or the error each could not be encoded with; per message, None once stored or
-        the error of its batch. The hot path of delivery: no object per message on the way."""
+        the error of its batch. The hot path of delivery: no object per message on the way.
+
+        `fence`, if given, is asked right before each broker's requests are written (under that
+        connection's lock): False fails them with FencedError, unsent. A replica's lease deadline
+        checked here, not only before encoding, leaves a paused process no window worth the name
+        between its last look at the clock and the write."""
         if self._closed:
             raise ConnectionFailedError("the producer is closed")
         if not encoded:
@@ -196,7 +202,8 @@ class RemotingProducer:
         deadline = time.monotonic() + self.timeout
         routes = self._routes_of(topics)
         out: list[Receipt | RemotingError | bool | None] = [None] * len(encoded)
-        self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False)
+        self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False,
+                       fence=fence)
         return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
                 for r in out]
 
@@ -217,7 +224,8 @@ class RemotingProducer:
         return routes
 
     def _dispatch(self, batches: list[_Batch], routes: Mapping[str, TopicRoute | RemotingError],
-                  out: list[Receipt | RemotingError | bool | None], deadline: float, *, receipts: bool) -> None:
+                  out: list[Receipt | RemotingError | bool | None], deadline: float, *, receipts: bool,
+                  fence: Callable[[], bool] | None = None) -> None:
         """Place every batch on a queue of its topic and exchange them with the brokers."""
         plans: dict[str, list[_Batch]] = defaultdict(list)  # broker address -> its batches
         for batch in batches:
@@ -227,7 +235,7 @@ class RemotingProducer:
                 plans[self._place(route, batch)].append(batch)
             except RemotingError as e:
                 _fail(out, [batch], e)
-        self._exchange(plans, out, deadline, receipts)
+        self._exchange(plans, out, deadline, receipts, fence)
 
     def _cut(self, messages: Sequence[OutgoingMessage], routes: Mapping[str, TopicRoute | RemotingError],
              out: list[Receipt | RemotingError | bool | None]) -> list[_Batch]:
@@ -301,7 +309,7 @@ class RemotingProducer:
                     raise
 
     def _exchange(self, plans: Mapping[str, list[_Batch]], out: list[Receipt | RemotingError | bool | None],
-                  deadline: float, receipts: bool) -> None:
+                  deadline: float, receipts: bool, fence: Callable[[], bool] | None = None) -> None:
         """Write every broker's requests, then read every answer (locks taken in address order)."""
         born = str(int(time.time() * 1000))
         held: list[tuple[Connection, list[_Batch], list[int] | RemotingError]] = []
@@ -313,6 +321,9 @@ class RemotingProducer:
                     continue
                 conn.lock.acquire()
                 requests = [(SEND_BATCH_MESSAGE, self._header(b, born), b"".join(b.parts)) for b in plans[addr]]
+                if fence is not None and not fence():
+                    held.append((conn, plans[addr], FencedError("not sent: the sender's lease deadline passed")))
+                    continue
                 try:
                     held.append((conn, plans[addr], conn.submit(requests, deadline)))
                 except RemotingError as e:

@@ -533,3 +533,18 @@ def test_broker_down_fails_the_batch_and_sending_resumes_after_restart(rocketmq:
     assert {m.body for m in got if m.tags == "before"} == {f"before-{i}".encode() for i in range(10)}
     assert not [m for m in got if m.tags == "down"]
     assert {m.queue_id for m in got if m.tags == "spread"} == set(range(8)), "round robin over the new queues"
+
+
+def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) -> None:
+    from forwarder.rocketmq import FencedError
+    from forwarder.rocketmq.codec import encode_message
+
+    with RemotingProducer(server.addr, "g") as p:
+        ids = p.new_ids(3)
+        encoded = [encode_message(m, i) for m, i in zip(_msgs("T", 3), ids)]
+        asked: list[int] = []
+        out = p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: bool(asked.append(1)))  # False
+        assert asked and all(isinstance(o, FencedError) for o in out)
+        assert server.batches() == [], "nothing reached the broker"
+        assert p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: True) == [None] * 3
+    assert len(server.batches()) == 1
