@@ -221,12 +221,14 @@ def chart(doc: dict, path: Path) -> None:
     import numpy as np
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    # one colour per system in both panels (a system missing from one must not shift the others')
+    colours = {name: f"C{i}" for i, name in enumerate(doc["systems"])}
     for ax, phase in zip(axes, ("steady", "burst")):
         for name, r in doc["systems"].items():
             q = _get(r, phase, "quantiles_ms")
             if not q:
                 continue
-            ax.plot(q, np.linspace(0, 1, len(q)), label=name, lw=1.8)  # type: ignore[arg-type]
+            ax.plot(q, np.linspace(0, 1, len(q)), label=name, lw=1.8, color=colours[name])  # type: ignore[arg-type]
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_xlabel("lateness, ms (receive time − due time; symlog)")
         c = doc["config"]
