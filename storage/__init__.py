@@ -15,16 +15,18 @@ from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record_bytes import RecordBytes
 from storage.record import MAX_BODY, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode
+from storage.origin import NO_QUEUE, ORIGIN_DTYPE, QueueTable
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
 from storage.sealed import PartStager, SealedPartWriter
-from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
+from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, Origin, ScheduleStore
 from storage.tombstones import Tombstone, TombstoneLog, TombstoneRead
 
 __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
-    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",
+    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "NO_QUEUE",
+    "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",

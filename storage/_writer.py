@@ -19,6 +19,7 @@ from storage._files import write_all
 from storage.index import INDEX_ENTRY_SIZE, index_entries
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout
+from storage.origin import ORIGIN_ROW_SIZE
 
 log = logging.getLogger("timewheel.storage")
 _MAX_OPEN_FDS = 128
@@ -50,7 +51,7 @@ class PartWriter:
         self.layout = layout
         self.max_part_bytes = max_part_bytes
         self.live: dict[int, _LivePart] = {}
-        self._fds: OrderedDict[tuple[int, int], tuple[int, int]] = OrderedDict()
+        self._fds: OrderedDict[tuple[int, int], tuple[int, int, int]] = OrderedDict()
         #: parts written since the last checkpoint
         self.dirty: set[tuple[int, int]] = set()
         #: directories that gained a name since the last checkpoint (new parts, new segments)
@@ -88,12 +89,13 @@ class PartWriter:
         if live is None or live.size + need > self.max_part_bytes:
             part = self.layout.claim_part(segment_ms)
             open(self.layout.part_index(segment_ms, part), "wb").close()
+            open(self.layout.part_origin(segment_ms, part), "wb").close()
             self.new_dirs.update((self.layout.segment_dir(segment_ms), self.layout.schedule_dir))
             live = _LivePart(segment_ms, part, 0, 0)
             self.live[segment_ms] = live
         return live
 
-    def _part_fds(self, segment_ms: int, part: int) -> tuple[int, int]:
+    def _part_fds(self, segment_ms: int, part: int) -> tuple[int, int, int]:
         key = (segment_ms, part)
         fds = self._fds.get(key)
         if fds is not None:
@@ -101,24 +103,29 @@ class PartWriter:
             return fds
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         fds = (os.open(self.layout.part_log(segment_ms, part), flags, 0o644),
-               os.open(self.layout.part_index(segment_ms, part), flags, 0o644))
+               os.open(self.layout.part_index(segment_ms, part), flags, 0o644),
+               os.open(self.layout.part_origin(segment_ms, part), flags, 0o644))
         self._fds[key] = fds
         if len(self._fds) > _MAX_OPEN_FDS:
-            _, (a, b) = self._fds.popitem(last=False)
-            os.close(a)
-            os.close(b)
+            _, old = self._fds.popitem(last=False)
+            for fd in old:
+                os.close(fd)
         return fds
 
-    def write(self, locs: np.ndarray, blobs: list[bytes]) -> None:
-        """One write of records and one of index entries per touched part."""
+    def write(self, locs: np.ndarray, blobs: list[bytes], origins: np.ndarray) -> None:
+        """One write of records, one of origins (ORIGIN_DTYPE rows) and one of index entries per
+        touched part; the origins go before the index, so an index entry always has its origin row
+        unless the machine lost the page cache."""
         groups: dict[tuple[int, int], list[int]] = {}
         for i, key in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist())):
             groups.setdefault(key, []).append(i)
         raw = index_entries(locs["due_ms"], locs["offset"], locs["length"]).tobytes()
-        w = INDEX_ENTRY_SIZE
+        org = np.ascontiguousarray(origins).tobytes()
+        w, ow = INDEX_ENTRY_SIZE, ORIGIN_ROW_SIZE
         for (seg, part), grp in groups.items():
-            log_fd, idx_fd = self._part_fds(seg, part)
+            log_fd, idx_fd, org_fd = self._part_fds(seg, part)
             write_all(log_fd, b"".join([blobs[i] for i in grp]))
+            write_all(org_fd, b"".join([org[i * ow:(i + 1) * ow] for i in grp]))
             write_all(idx_fd, b"".join([raw[i * w:(i + 1) * w] for i in grp]))
             self.dirty.add((seg, part))
 
@@ -136,6 +143,8 @@ class PartWriter:
                     if self.layout.part_log(seg, p).exists():
                         os.truncate(self.layout.part_log(seg, p), end_size)
                         os.truncate(self.layout.part_index(seg, p), end_entries * INDEX_ENTRY_SIZE)
+                        if self.layout.part_origin(seg, p).exists():
+                            os.truncate(self.layout.part_origin(seg, p), end_entries * ORIGIN_ROW_SIZE)
                 except OSError:
                     log.exception("could not cut part %s/%s back after a failed write", seg, p)
             if seg in undo:
@@ -154,6 +163,8 @@ class PartWriter:
                 fds.extend(os.dup(fd) for fd in open_fds)
             else:
                 paths += [self.layout.part_log(seg, part), self.layout.part_index(seg, part)]
+                if self.layout.part_origin(seg, part).exists():
+                    paths.append(self.layout.part_origin(seg, part))
         dirs = sorted(self.new_dirs, key=lambda d: len(d.parts), reverse=True)  # children first
         self.dirty, self.new_dirs = set(), set()
         return Unsynced(fds, paths, dirs)
@@ -165,7 +176,7 @@ class PartWriter:
 
     def close(self) -> None:
         """Close every descriptor."""
-        for a, b in self._fds.values():
-            os.close(a)
-            os.close(b)
+        for fds in self._fds.values():
+            for fd in fds:
+                os.close(fd)
         self._fds.clear()

@@ -19,6 +19,7 @@ from storage.errors import CorruptRecordError
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
+from storage.origin import ORIGIN_SUFFIX
 from storage.part import repair_part, trusted_index
 from storage.record import header_fields
 
@@ -204,9 +205,11 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
             stem, dot, suffix = e.name.partition(".")
             if e.name == DISPATCH_LOG_NAME or e.name.startswith("_staging"):
                 continue
-            if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX) and stem.isdigit():
+            if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX, ORIGIN_SUFFIX) and stem.isdigit():
                 if "." + suffix == PART_INDEX_SUFFIX and int(stem) not in parts:
                     rep.findings.append(Finding("orphan_index", e.path, "index sidecar without its part"))
+                if "." + suffix == ORIGIN_SUFFIX and int(stem) not in parts:
+                    rep.findings.append(Finding("orphan_index", e.path, "origin sidecar without its part"))
                 continue
             rep.findings.append(Finding("unknown_file", e.path, "not a part, index or dispatch log"))
         existing_keys = []

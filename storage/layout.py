@@ -21,6 +21,7 @@ import numpy as np
 
 from storage._files import fsync_path
 from storage.errors import StorageError
+from storage.origin import ORIGIN_SUFFIX
 
 FORMAT_VERSION = 1
 _NAME_FORMAT = "%Y%m%d%H%M"
@@ -134,6 +135,10 @@ class SegmentLayout:
     def part_index(self, start_ms: int, part: int) -> Path:
         """Index sidecar of a part."""
         return self.segment_dir(start_ms) / (part_name(part) + PART_INDEX_SUFFIX)
+
+    def part_origin(self, start_ms: int, part: int) -> Path:
+        """Origin sidecar of a part: where each record came from (`storage.origin`)."""
+        return self.segment_dir(start_ms) / (part_name(part) + ORIGIN_SUFFIX)
 
     def dispatch_log(self, start_ms: int) -> Path:
         """Dispatch log of a segment."""

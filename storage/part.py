@@ -12,6 +12,7 @@ import numpy as np
 
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
+from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX
 from storage.record import HEADER_SIZE, header_fields
 from storage._files import size_of, write_all
 
@@ -148,6 +149,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.reason = scan.stopped_because
         rep.damaged = scan.damaged
         if fix:
+            _cut_origins(idx_path, 0)  # nothing vouches for which record a row belonged to
             with open(idx_path, "wb") as f:
                 f.write(scan.entries.tobytes())
             if rep.log_bytes_cut:
@@ -167,6 +169,8 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.reason = scan.stopped_because
         rep.damaged = scan.damaged
     if fix and (rep.index_dropped or rep.index_added or idx_size != keep * INDEX_ENTRY_SIZE):
+        if rep.index_dropped:  # entries that did not tile the log: their rows may belong to other records
+            _cut_origins(idx_path, keep)
         os.truncate(idx_path, keep * INDEX_ENTRY_SIZE)
         if scan is not None and len(scan.entries):
             fd = os.open(idx_path, os.O_WRONLY | os.O_APPEND)
@@ -177,6 +181,13 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
     if fix and rep.log_bytes_cut and scan is not None:
         os.truncate(log_path, scan.end)
     return rep
+
+
+def _cut_origins(idx_path: Path, rows: int) -> None:
+    """Cut a part's origin sidecar (`storage.origin`) to its first `rows` rows; later ones read as unknown."""
+    org_path = idx_path.with_suffix(ORIGIN_SUFFIX)
+    if size_of(org_path) > rows * ORIGIN_ROW_SIZE:
+        os.truncate(org_path, rows * ORIGIN_ROW_SIZE)
 
 
 def trusted_index(log_path: Path, idx: np.ndarray) -> np.ndarray:

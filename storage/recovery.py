@@ -16,6 +16,7 @@ import numpy as np
 from storage._files import size_of, write_all
 from storage.index import INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.layout import SegmentLayout
+from storage.origin import ORIGIN_ROW_SIZE
 from storage.part import repair_part
 from storage.record import decode
 
@@ -102,6 +103,11 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
                             "bytes before the last checkpoint are missing (disk loss?)")
     idx = read_index(idx_path)
     keep = int(np.searchsorted(idx["offset"], first)) if len(idx) else 0
+    # the origin rows of the replayed records, where the crash left them, still belong to them
+    # (same records, same order); rows past them would misalign the sidecar
+    org_path = store.layout.part_origin(seg, part)
+    if size_of(org_path) > (keep + len(items)) * ORIGIN_ROW_SIZE:
+        os.truncate(org_path, (keep + len(items)) * ORIGIN_ROW_SIZE)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, first)

@@ -34,6 +34,7 @@ from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout
 from storage.meta import MetaStore
+from storage.origin import OriginReader, QueueTable, origin_rows, unknown_origins
 from storage.record import Record, encode
 from storage.recovery import RecoveryReport, recover
 
@@ -43,7 +44,7 @@ TWO_YEARS_MS = 17_568 * 3_600_000
 #: what a checkpoint fsyncs: new ingest-log file number, descriptors, files by path, directories
 _Snapshot = tuple[int, list[int], list[Path], list[Path]]
 
-__all__ = ["AppendResult", "FlushPolicy", "RecoveryReport", "ScheduleStore", "SegmentIndex", "TWO_YEARS_MS"]
+__all__ = ["AppendResult", "FlushPolicy", "Origin", "RecoveryReport", "ScheduleStore", "SegmentIndex", "TWO_YEARS_MS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +59,14 @@ class AppendResult:
         return len(self.msg_ids)
 
 
+#: where a record came from: (queue name `broker:queue id`, offset in that queue), or None
+Origin = tuple[str, int] | None
+
+
 @dataclass(slots=True)
 class _Pending:
     records: Sequence[Record]
+    origins: Sequence[Origin] | None = None
     done: bool = False
     result: AppendResult | None = None
     error: BaseException | None = None
@@ -82,6 +88,9 @@ class ScheduleStore:
         self.max_part_bytes = max_part_bytes
         self.checkpoint_bytes = checkpoint_bytes
         self.meta = MetaStore(self.layout.meta_dir)
+        #: the delay topic's queues named in origin sidecars, and a reader of those sidecars
+        self.queues = QueueTable(self.meta)
+        self.origins = OriginReader(self.layout)
         self._wal = IngestLog(self.layout.ingest_dir, sync_dir=flush == "sync")
         self.writer = PartWriter(self.layout, max_part_bytes)
         self.reader = RecordReader(self.layout)
@@ -101,8 +110,12 @@ class ScheduleStore:
 
     # ---- append with group commit -------------------------------------------------------------
 
-    def append(self, records: Sequence[Record], now_ms: int) -> AppendResult:
+    def append(self, records: Sequence[Record], now_ms: int,
+               origins: Sequence[Origin] | None = None) -> AppendResult:
         """Store records durably under the flush policy; repeated ids are stored once.
+
+        `origins`, aligned with `records`: where each came from on the delay topic (kept in the
+        parts' origin sidecars, `storage.origin`); None: unknown.
 
         Raises DelayTooLongError (nothing written) if any record is due past the maximum delay.
         Concurrent callers are merged into one commit.
@@ -112,7 +125,9 @@ class ScheduleStore:
         for r in records:
             if r.due_ms - now_ms > self.max_delay_ms:
                 raise DelayTooLongError(r.due_ms, now_ms, self.max_delay_ms)
-        req = _Pending(records)
+        if origins is not None and len(origins) != len(records):
+            raise ValueError(f"{len(origins)} origins for {len(records)} records")
+        req = _Pending(records, origins)
         with self._cv:
             self._queue.append(req)
             while not req.done:
@@ -149,6 +164,8 @@ class ScheduleStore:
 
     def _commit_locked(self, batch: list[_Pending], now_ms: int) -> None:
         records = [r for req in batch for r in req.records]
+        origins: list[Origin] = [o for req in batch
+                                 for o in (req.origins if req.origins is not None else [None] * len(req.records))]
         ids = [r.msg_id for r in records]
         existing = self.meta.locations(ids)
         n = len(records)
@@ -181,7 +198,7 @@ class ScheduleStore:
                 locs[i] = locs[j]
             try:
                 self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
-                self.writer.write(written, blobs)
+                self.writer.write(written, blobs, self._origin_rows([origins[i] for i in new_pos]))
             except OSError as e:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
@@ -199,6 +216,16 @@ class ScheduleStore:
             start = end
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._rotate_locked()
+
+    def _origin_rows(self, origins: list[Origin]) -> np.ndarray:
+        if not any(origins):
+            return unknown_origins(len(origins))
+        queues = self.queues.numbers([o[0] if o is not None else None for o in origins])
+        return origin_rows(queues, [o[1] if o is not None else 0 for o in origins])
+
+    def read_origins(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Where records came from (ORIGIN_DTYPE rows, queue numbers of `self.queues`; NO_QUEUE: unknown)."""
+        return self.origins.read(segment_ms, parts, offsets)
 
     def _undo_point(self) -> tuple[int, int, UndoPoint]:
         """Where the ingest log and every live part end now, to return to if a commit fails."""
@@ -303,6 +330,7 @@ class ScheduleStore:
     def release_segment(self, segment_ms: int) -> None:
         """Drop the read maps of a segment no longer in memory."""
         self.reader.release(segment_ms)
+        self.origins.forget(segment_ms)
 
     # ---- retention and lifecycle ----------------------------------------------------------------
 

@@ -1,0 +1,147 @@
+"""Where each record came from: its (queue, offset) on the delay topic, in a sidecar beside the index.
+
+`NNNNN.org` holds one 16-byte row per index entry of part `NNNNN`, in the same order:
+
+    queue    int32   the queue's number in this data directory's queue table (-1: unknown)
+    reserved uint32  0
+    offset   int64   the message's offset in that queue
+
+Queues are named `<broker>:<queue id>`; the table of names lives in the meta store (document
+`origin_queues`, a list whose positions are the numbers), so a row stays 16 bytes whatever the
+broker names. A record written without an origin (the Python API, Spark backfill, a part of a
+data directory written before origins existed) has queue -1, and so has a row the sidecar does not
+have (it is written before the index, and recovery cuts it to the index, but after an OS crash it
+may be shorter): readers treat both as "origin unknown".
+
+Replica sets (docs/HA.md) need it: a standby counts a record as sent by the lease holder only when
+its due time is at or before the holder's watermark and its offset is below the offset up to
+which the holder had stored its queue.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from storage.index import read_index
+
+__all__ = ["NO_QUEUE", "ORIGIN_DTYPE", "ORIGIN_ROW_SIZE", "OriginReader", "QueueTable", "read_origins"]
+
+ORIGIN_DTYPE = np.dtype([("queue", "<i4"), ("reserved", "<u4"), ("offset", "<i8")])
+ORIGIN_ROW_SIZE = ORIGIN_DTYPE.itemsize
+#: the queue number of a record whose origin is unknown
+NO_QUEUE = -1
+#: the sidecar's suffix beside `NNNNN.idx`
+ORIGIN_SUFFIX = ".org"
+_DOCUMENT = "origin_queues"
+_CACHED_PARTS = 64
+
+
+def origin_rows(queues: np.ndarray | Sequence[int], offsets: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Sidecar rows from columns (the one writer of the layout)."""
+    out = np.zeros(len(queues), ORIGIN_DTYPE)
+    out["queue"] = queues
+    out["offset"] = offsets
+    return out
+
+
+def unknown_origins(n: int) -> np.ndarray:
+    """`n` rows saying "origin unknown"."""
+    return origin_rows(np.full(n, NO_QUEUE, np.int32), np.zeros(n, np.int64))
+
+
+def read_origins(path: str | os.PathLike[str], count: int) -> np.ndarray:
+    """The first `count` rows of a sidecar; rows it does not have (or a missing file) are unknown."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return unknown_origins(count)
+    have = min(count, size // ORIGIN_ROW_SIZE)
+    rows = np.fromfile(path, dtype=ORIGIN_DTYPE, count=have) if have else np.empty(0, ORIGIN_DTYPE)
+    if have == count:
+        return rows
+    return np.concatenate([rows, unknown_origins(count - have)])
+
+
+class QueueTable:
+    """Queue names (`broker:queue id`) and their numbers in this data directory (meta store document)."""
+
+    def __init__(self, meta: object) -> None:
+        self._meta = meta
+        self._lock = threading.Lock()
+        doc = meta.get_document(_DOCUMENT)  # type: ignore[attr-defined]
+        self._names: list[str] = [str(n) for n in doc] if isinstance(doc, list) else []
+        self._numbers = {name: i for i, name in enumerate(self._names)}
+
+    def numbers(self, names: Sequence[str | None]) -> np.ndarray:
+        """The number of each name (None: NO_QUEUE), adding new names to the table (saved first)."""
+        with self._lock:
+            fresh = [n for n in dict.fromkeys(names) if n is not None and n not in self._numbers]
+            if fresh:
+                names_now = self._names + fresh
+                self._meta.put_document(_DOCUMENT, names_now)  # type: ignore[attr-defined]
+                self._names = names_now
+                self._numbers = {name: i for i, name in enumerate(names_now)}
+            get = self._numbers.get
+            return np.fromiter((NO_QUEUE if n is None else get(n, NO_QUEUE) for n in names), np.int32, len(names))
+
+    def names(self) -> list[str]:
+        """Every known queue name, by number."""
+        with self._lock:
+            return list(self._names)
+
+
+class OriginReader:
+    """Origins of records by (segment, part, offset), through a small cache of sidecars and index offsets."""
+
+    def __init__(self, layout: object) -> None:
+        self._layout = layout
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def _part(self, seg: int, part: int, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """(index offsets, origin rows) of a part, read again when `need` lies past what is cached."""
+        key = (seg, part)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and len(hit[0]) and int(hit[0][-1]) >= need:
+                self._cache.move_to_end(key)
+                return hit
+        idx_path = Path(self._layout.part_index(seg, part))  # type: ignore[attr-defined]
+        offsets = read_index(idx_path)["offset"].astype(np.int64)
+        rows = read_origins(idx_path.with_suffix(ORIGIN_SUFFIX), len(offsets))
+        with self._lock:
+            self._cache[key] = (offsets, rows)
+            self._cache.move_to_end(key)
+            while len(self._cache) > _CACHED_PARTS:
+                self._cache.popitem(last=False)
+        return offsets, rows
+
+    def read(self, segs: np.ndarray, parts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """ORIGIN_DTYPE rows aligned with the given locations (unknown where the sidecar says nothing)."""
+        out = unknown_origins(len(segs))
+        if not len(segs):
+            return out
+        key = (segs.astype(np.int64) << 16) | parts.astype(np.int64)
+        for k in np.unique(key):
+            m = np.flatnonzero(key == k)
+            seg, part = int(segs[m[0]]), int(parts[m[0]])
+            want = offsets[m].astype(np.int64)
+            idx_off, rows = self._part(seg, part, int(want.max()))
+            if not len(idx_off):
+                continue
+            pos = np.minimum(np.searchsorted(idx_off, want), len(idx_off) - 1)
+            found = idx_off[pos] == want
+            out[m[found]] = rows[pos[found]]
+        return out
+
+    def forget(self, seg: int) -> None:
+        """Drop the cached parts of a segment (retired or released)."""
+        with self._lock:
+            for key in [k for k in self._cache if k[0] == seg]:
+                del self._cache[key]
+
