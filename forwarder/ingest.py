@@ -22,13 +22,16 @@ from forwarder.control import split_control, to_cancel
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from timewheel.errors import InvalidMessageError
+from storage import Origin
 from timewheel.message import CancelFn, Message, ScheduleFn
 
 log = logging.getLogger("timewheel.ingest")
 
 
-def _schedule_refusing(schedule: ScheduleFn, messages: list[Message]) -> list[InvalidMessageError | None]:
-    """Store `messages`, leaving out each one the engine refuses; per message, its refusal or None.
+def _schedule_refusing(schedule: ScheduleFn, messages: list[Message],
+                       origins: list[Origin]) -> list[InvalidMessageError | None]:
+    """Store `messages` (from `origins`), leaving out each one the engine refuses; per message, its
+    refusal or None.
 
     Any other error is raised: then none of the messages is known to be stored.
     """
@@ -36,7 +39,7 @@ def _schedule_refusing(schedule: ScheduleFn, messages: list[Message]) -> list[In
     todo = list(range(len(messages)))
     while todo:
         try:
-            schedule([messages[i] for i in todo])
+            schedule([messages[i] for i in todo], [origins[i] for i in todo])
             return refusals
         except InvalidMessageError as e:
             if e.index is not None:
@@ -47,7 +50,7 @@ def _schedule_refusing(schedule: ScheduleFn, messages: list[Message]) -> list[In
                 return refusals
             for i in todo:  # the engine did not say which: one at a time
                 try:
-                    schedule([messages[i]])
+                    schedule([messages[i]], [origins[i]])
                 except InvalidMessageError as one:
                     refusals[i] = one
             return refusals
@@ -94,6 +97,12 @@ class DelayTopicIngest:
         (None: none read yet). A replica holding its shard's lease never publishes a watermark past it."""
         puller = self._puller
         return puller.caught_up_ms() if puller is not None else None
+
+    def stored_offsets(self) -> dict[str, int]:
+        """Per queue read here (`broker:queue id`), the offset below which everything was stored (or
+        dead-lettered, or applied as a cancel): what a replica holding its shard's lease publishes."""
+        puller = self._puller
+        return puller.stored_offsets() if puller is not None else {}
 
     def _in_shard(self, queue: tuple[str, int]) -> bool:
         """Whether a (broker, queue id) of the delay topic is read by this engine."""
@@ -146,7 +155,7 @@ class DelayTopicIngest:
                 if not self._dead_letter(msg, e.reason):
                     return False
         try:
-            refusals = _schedule_refusing(self._schedule, [m for m, _ in todo])
+            refusals = _schedule_refusing(self._schedule, [m for m, _ in todo], [r.origin for _, r in todo])
         except Exception:
             log.exception("storing a batch of %d delay messages failed; it will be pulled again", len(batch))
             self.counters["redelivered"] += len(batch)

@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, ScheduleStore, TombstoneLog
+from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, Origin, ScheduleStore, TombstoneLog
 from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
@@ -181,8 +181,11 @@ class Engine:
 
     # ---- the API --------------------------------------------------------------------------------
 
-    def schedule(self, messages: Sequence[Message]) -> list[str]:
+    def schedule(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None) -> list[str]:
         """Store messages durably (under the flush policy) and return their ids.
+
+        `origins`, aligned with `messages`: where each came from on the delay topic, `(queue name,
+        offset)` (replica sets decide by it what the lease holder had stored; docs/HA.md).
 
         Ids are generated where a message has none; a repeated id is stored once; a message a
         tombstone cancels (a cancel that came first) is accepted and not stored. Raises
@@ -203,8 +206,10 @@ class Engine:
         if cancelled:
             gone = set(cancelled)
             records = [r for i, r in enumerate(records) if i not in gone]
+            if origins is not None:
+                origins = [o for i, o in enumerate(origins) if i not in gone]
         try:
-            result = store.append(records, now) if records else None
+            result = store.append(records, now, origins) if records else None
         except (DelayTooLongError, InvalidRecordError) as e:
             raise InvalidMessageError(str(e)) from e
         fresh = int(result.new.sum()) if result is not None else 0

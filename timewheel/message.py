@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
-from storage import Record
+from storage import Origin, Record
 
 if TYPE_CHECKING:
     from timewheel.cancels import CancelRequest
@@ -97,6 +97,7 @@ class Source(Protocol):
         ...
 
 
-ScheduleFn = Callable[[Sequence[Message]], list[str]]
+#: stores messages, with where each came from on the delay topic (or None), and returns their ids
+ScheduleFn = Callable[[Sequence[Message], Sequence[Origin] | None], list[str]]
 CancelFn = Callable[[Sequence["CancelRequest"]], int]
 """The engine's `apply_cancels`: keep cancels (durably) and apply them; returns messages cancelled."""

@@ -129,8 +129,9 @@ def encode_serialized(body: bytes | memoryview, properties: bytes) -> bytes:
                      _PROPERTIES_LENGTH.pack(len(properties)), properties))
 
 
-def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES) -> list[ReceivedMessage]:
-    """The messages of a PULL_MESSAGE answer's body.
+def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES,
+                    broker: str = "") -> list[ReceivedMessage]:
+    """The messages of a PULL_MESSAGE answer's body (from the broker named `broker`).
 
     A message whose body cannot be read back (an unknown codec, corrupt or over `max_body_bytes`
     once inflated) or whose topic or properties are not UTF-8 comes back `undecodable`, with its
@@ -150,7 +151,7 @@ def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES)
             raise MessageDecodeError(f"bad magic {magic & 0xFFFFFFFF:#x} at byte {p} of a pull body",
                                      decoded=out, raw=bytes(mv[p:]))
         try:
-            out.append(_decode_one(mv, p, total, magic, max_body_bytes))
+            out.append(_decode_one(mv, p, total, magic, max_body_bytes, broker))
         except (struct.error, IndexError) as e:
             raise MessageDecodeError(f"message at byte {p} of a pull body runs past its size {total}: {e}",
                                      decoded=out, raw=bytes(mv[p:])) from e
@@ -158,7 +159,8 @@ def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES)
     return out
 
 
-def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: int) -> ReceivedMessage:
+def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: int,
+                broker: str = "") -> ReceivedMessage:
     """One stored message of `total` bytes at `p` (framing already checked)."""
     _, _, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _STORED_HEAD.unpack_from(mv, p)
     end = p + total
@@ -206,7 +208,7 @@ def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: 
     if problem is not None:
         msg_body = bytes(mv[p:end])  # the stored message, for whoever reads the dead letter
     return ReceivedMessage(topic, msg_body, props.get(TAGS, ""), props.get(KEYS, ""), msg_id, props, queue_id,
-                           queue_offset, phys, reconsume, born, store_ts, problem)
+                           queue_offset, phys, reconsume, born, store_ts, problem, broker)
 
 
 class IdMaker:

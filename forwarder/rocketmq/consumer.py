@@ -151,6 +151,9 @@ class RemotingPullConsumer:
         self._lock = threading.Lock()
         self._brokers: dict[str, str] = {}  # broker name -> master address
         self._owned: dict[Queue, _QueueState] = {}
+        #: per queue ever consumed here, the offset below which every message was accepted (kept after
+        #: the queue moves away: what was stored stays stored)
+        self._stored: dict[Queue, int] = {}
         self._control: dict[str, Connection] = {}  # broker address -> connection for control requests
         self._running = threading.Event()
         self._stopping = threading.Event()
@@ -206,6 +209,17 @@ class RemotingPullConsumer:
         with self._lock:
             marks = [st.caught_up_ms for st in self._owned.values() if not st.released]
         return min(marks) if marks else None
+
+    def stored_offsets(self) -> dict[str, int]:
+        """Per queue (`broker:queue id`), the offset below which every message was accepted by the
+        callback, since this member started from where it started (replica sets publish it)."""
+        with self._lock:
+            return {f"{b}:{qid}": o for (b, qid), o in self._stored.items()}
+
+    def _accepted_below(self, q: Queue, offset: int) -> None:
+        with self._lock:
+            if offset > self._stored.get(q, -1):
+                self._stored[q] = offset
 
     def members(self) -> list[str]:
         """The group's members as the broker lists them now (client ids)."""
@@ -330,6 +344,7 @@ class RemotingPullConsumer:
             added = [q for q in mine if q not in self._owned or self._owned[q].released]
         for q in sorted(added):
             offset = self._start_offset(q)
+            self._accepted_below(q, offset)
             with self._lock:
                 self._owned[q] = _QueueState(offset, offset)
         with self._lock:
@@ -450,7 +465,7 @@ class RemotingPullConsumer:
     def _unframed(self, q: Queue, offset: int, err: MessageDecodeError) -> ReceivedMessage:
         """The unreadable rest of a pull body, as one message to park (its bytes, where, and why)."""
         return ReceivedMessage(self.topic, err.raw, "", "", f"{q[0]}:{q[1]}:{offset}", {}, q[1], offset, -1, 0, 0,
-                               0, f"{err} (after {self.max_decode_tries} pulls)")
+                               0, f"{err} (after {self.max_decode_tries} pulls)", q[0])
 
     def _pull_header(self, q: Queue, st: _QueueState) -> dict[str, str]:
         commit = st.offset > st.committed
@@ -464,23 +479,24 @@ class RemotingPullConsumer:
 
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
-        found: list[tuple[_QueueState, int, list[ReceivedMessage], bool]] = []
+        found: list[tuple[Queue, _QueueState, int, list[ReceivedMessage], bool]] = []
         for q, resp in answered:
             got = self._read_pull(q, resp)
             if got is not None:
-                found.append(got)
+                found.append((q, *got))
         if not found:
             return
-        batch = [m for _, _, msgs, _ in found for m in msgs]
+        batch = [m for _, _, _, msgs, _ in found for m in msgs]
         try:
             accepted = self.on_batch(batch) if batch else True
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
-        for st, next_offset, _, caught_up in found:
+        for q, st, next_offset, _, caught_up in found:
             if accepted:
                 self.counters["batches"] += 1
                 st.offset, st.decode_failures, st.last_consume_ms = next_offset, 0, int(time.time() * 1000)
+                self._accepted_below(q, next_offset)
                 if caught_up:
                     st.caught_up_ms = st.sent_ms  # the queue held nothing more when the pull was answered
             else:
@@ -502,7 +518,7 @@ class RemotingPullConsumer:
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
             try:
-                batch = decode_messages(resp.body, self.max_body_bytes)
+                batch = decode_messages(resp.body, self.max_body_bytes, q[0])
                 st.decode_failures = 0
             except MessageDecodeError as e:
                 st.decode_failures += 1
@@ -524,6 +540,7 @@ class RemotingPullConsumer:
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
             if resp.code == PULL_NOT_FOUND:
                 st.caught_up_ms = st.sent_ms
+                self._accepted_below(q, st.offset)
         elif resp.code == PULL_OFFSET_MOVED:
             # The offset is gone from the broker, or an operator reset the group on the broker's side:
             # go on where the broker says, and tell it so with the next pull (as the Java client does).

@@ -135,6 +135,13 @@ class ReceivedMessage:
     store_timestamp: int  # epoch ms, broker clock
     #: why the message could not be read (then `body` holds its stored bytes as the broker keeps them)
     undecodable: str | None = None
+    #: the broker it was pulled from ("" when not known)
+    broker: str = ""
+
+    @property
+    def origin(self) -> tuple[str, int]:
+        """Where it came from: (queue name `broker:queue id`, offset in that queue)."""
+        return f"{self.broker}:{self.queue_id}", self.queue_offset
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ class _Sched:
         self.cancels: list[CancelRequest] = []
         self.events: list[str] = []
 
-    def schedule(self, messages: Sequence[Message]) -> list[str]:
+    def schedule(self, messages: Sequence[Message], origins: object = None) -> list[str]:
         self.stored.extend(messages)
         self.events.append("schedule")
         return [m.msg_id or "" for m in messages]

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from forwarder.ingest import _schedule_refusing
+from storage import Origin
 from timewheel import Message
 from timewheel.errors import InvalidMessageError
 
@@ -20,7 +21,7 @@ class RecordingSchedule:
         self.calls: list[list[str]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, messages: Sequence[Message]) -> list[str]:
+    def __call__(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None) -> list[str]:
         for i, m in enumerate(messages):
             if m.body == b"bad":
                 raise InvalidMessageError("bad body", index=i)
@@ -40,7 +41,8 @@ def msg(i: int, body: bytes = b"ok") -> Message:
 @given(st.lists(st.sampled_from([b"ok", b"bad", b"unknown"]), max_size=12))
 def test_refused_messages_are_left_out_and_every_other_one_is_stored_once(bodies: list[bytes]) -> None:
     sched = RecordingSchedule()
-    refusals = _schedule_refusing(sched, [msg(i, body) for i, body in enumerate(bodies)])
+    refusals = _schedule_refusing(sched, [msg(i, body) for i, body in enumerate(bodies)],
+                                  [("b:0", i) for i in range(len(bodies))])
     stored = [i for call in sched.calls for i in call]
     assert sorted(stored) == sorted(f"m{i}" for i, body in enumerate(bodies) if body == b"ok")
     assert len(stored) == len(set(stored))
@@ -50,4 +52,4 @@ def test_refused_messages_are_left_out_and_every_other_one_is_stored_once(bodies
 
 def test_an_error_other_than_a_refusal_is_raised() -> None:
     with pytest.raises(OSError):
-        _schedule_refusing(RecordingSchedule(), [msg(0), msg(1, b"boom")])
+        _schedule_refusing(RecordingSchedule(), [msg(0), msg(1, b"boom")], [None, None])

@@ -90,8 +90,8 @@ def test_a_cancel_racing_a_store_still_wins(make_engine, clock: ManualClock, sin
     run = e._run
     store_append = run.store.append
 
-    def append_then_cancel(records, now):  # a cancel from another queue's thread, mid-store
-        out = store_append(records, now)
+    def append_then_cancel(records, now, origins=None):  # a cancel from another queue's thread, mid-store
+        out = store_append(records, now, origins)
         t = threading.Thread(target=e.apply_cancels, args=([CancelRequest(_uniq(9), None, T0)],))
         t.start()
         t.join()
