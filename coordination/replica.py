@@ -39,7 +39,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
-from coordination.watermark import Watermark, publish_watermark, read_watermark
+from coordination.watermark import MalformedWatermark, Watermark, covered_by, publish_watermark, read_watermark
 from timewheel.gate import NO_WATERMARK
 from storage import RecordBytes
 from timewheel.message import Message, Sink
@@ -51,6 +51,8 @@ log = logging.getLogger("timewheel.replica")
 #: the message property carrying the lease epoch under which a message was sent
 EPOCH_PROPERTY = "TW_LEASE_EPOCH"
 _PREFIX = "replica-"
+#: epochs whose last watermark a replica keeps
+_EPOCHS_KEPT = 8
 
 
 @dataclass
@@ -63,6 +65,9 @@ class ReplicaCounters:
     held: int = 0  # entries held back because this replica could not send (standby, fence)
     possible_duplicates: int = 0  # sent after a takeover, due after the last holder's watermark, by its next one
     watermarks_published: int = 0
+    late_arrivals: int = 0  # due by a holder's watermark but not stored by it then (offset past its mark): sent here
+    watermark_ahead: int = 0  # times a holder's watermark was ahead of this replica's clock (clamped to it)
+    malformed_watermarks: int = 0  # watermark znodes that could not be read (ignored: sent, not dropped)
 
 
 class ShardReplica:
@@ -82,6 +87,10 @@ class ShardReplica:
         self._active = False
         self._epoch = 0
         self._peer_watermark = NO_WATERMARK
+        #: the last watermark of each epoch seen (the current holder's, and those before it): a record
+        #: one of them covers was delivered by that holder
+        self._marks: dict[int, Watermark] = {}
+        self._ahead_reported = NO_WATERMARK  # the last peer watermark found ahead of our clock (reported once)
         self._took_over_ms = 0
         self._duplicates_until = NO_WATERMARK
         self._published = Watermark()
@@ -91,6 +100,7 @@ class ShardReplica:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._watermark_source: Callable[[], int] | None = None
+        self._offsets_source: Callable[[], dict[str, int]] | None = None
         self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
         self._client.add_listener(self._on_state)
 
@@ -101,8 +111,39 @@ class ShardReplica:
         return self._active and self.fence.may_send()
 
     def delivered_elsewhere_up_to(self) -> int:
-        """The watermark of the last holder before this replica (the one it follows, or took over from)."""
+        """The latest watermark of the holders before this replica (the one it follows, or took over
+        from), never past this replica's own clock."""
+        now = self._now_ms()
+        if self._peer_watermark > now:
+            with self._lock:
+                first = self._ahead_reported != self._peer_watermark
+                self._ahead_reported = self._peer_watermark
+                if first:
+                    self.counters.watermark_ahead += 1
+            if first:
+                log.warning("shard %s: the holder's watermark %d is %d ms ahead of this replica's clock; using %d "
+                            "(check the hosts' clocks)", self.path, self._peer_watermark, self._peer_watermark - now,
+                            now)
+            return now
         return self._peer_watermark
+
+    def delivered_elsewhere(self, due: np.ndarray, origins: np.ndarray, queue_names: Sequence[str]) -> np.ndarray:
+        """Which entries a holder delivered: due by its watermark (and by this replica's clock) and, for
+        an entry whose origin is known, below the offset up to which that holder had stored its queue.
+
+        An entry with no known origin (the Python API, a backfill, data written before origins) is
+        judged by the watermark alone, as before (docs/HA.md says what that leaves open).
+        """
+        now = self._now_ms()
+        with self._lock:
+            marks = list(self._marks.values())
+        out = covered_by(marks, due, origins, queue_names, now)
+        unknown = origins["queue"] < 0
+        late = int((~out & (due <= self._peer_watermark) & ~unknown).sum()) if self._active else 0
+        if late:
+            with self._lock:
+                self.counters.late_arrivals += late
+        return out
 
     def count(self, peer_delivered: int, held: int) -> None:
         """Counted by the engine's dispatcher."""
@@ -122,9 +163,12 @@ class ShardReplica:
         """When (epoch ms) this replica last became the holder (0: never)."""
         return self._took_over_ms
 
-    def start(self, watermark_source: Callable[[], int], timeout: float = 30.0) -> "ShardReplica":
-        """Connect to ZooKeeper and start contending; `watermark_source` is the engine's delivered_up_to."""
+    def start(self, watermark_source: Callable[[], int], timeout: float = 30.0,
+              offsets_source: Callable[[], dict[str, int]] | None = None) -> "ShardReplica":
+        """Connect to ZooKeeper and start contending; `watermark_source` is the engine's delivered_up_to,
+        `offsets_source` its ingest's stored offsets per queue (published with it)."""
         self._watermark_source = watermark_source
+        self._offsets_source = offsets_source
         try:
             self._client.start(timeout=timeout)
         except KazooTimeoutError as e:
@@ -232,7 +276,7 @@ class ShardReplica:
             return False
         if children[0] != self._node:
             self._lose("another replica holds the lease")
-            self._follow(read_watermark(client, self.path))
+            self._follow(self._read_mark())
             return False
         stat = client.exists(f"{self.path}/lease/{self._node}")
         if stat is None or stat.ephemeralOwner != self._session:
@@ -243,18 +287,41 @@ class ShardReplica:
         if negotiated:
             self.fence.set_session_timeout(negotiated / 1000)
         if not self._active:
-            self._take_over(read_watermark(client, self.path))
+            self._take_over(self._read_mark())
         self.fence.confirmed(sent_at)
         return True
 
-    def _follow(self, mark: Watermark) -> None:
+    def _read_mark(self) -> Watermark:
+        """The shard's watermark; one that cannot be read counts as none (what it covered is sent again,
+        never dropped) and is reported."""
+        try:
+            return read_watermark(self._client, self.path)
+        except MalformedWatermark:
+            with self._lock:
+                self.counters.malformed_watermarks += 1
+            log.error("shard %s: cannot read the watermark znode; ignoring it (messages it may cover are sent "
+                      "again, not dropped)", self.path, exc_info=True)
+            return Watermark()
+
+    def _remember(self, mark: Watermark) -> None:
+        """Keep the latest watermark of each epoch (of the last few epochs)."""
+        if not mark.epoch:
+            return
         with self._lock:
+            old = self._marks.get(mark.epoch)
+            if old is None or mark.watermark_ms >= old.watermark_ms:
+                self._marks[mark.epoch] = mark
+            for e in sorted(self._marks)[:-_EPOCHS_KEPT]:
+                del self._marks[e]  # older holders' marks: what only they covered is held, never dropped
             self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
+
+    def _follow(self, mark: Watermark) -> None:
+        self._remember(mark)
 
     def _take_over(self, mark: Watermark) -> None:
         epoch = epoch_of(self._node) if self._node else 0
+        self._remember(mark)
         with self._lock:
-            self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
             self._epoch = epoch
             self._took_over_ms = self._now_ms()
             self._published = Watermark(epoch, self._peer_watermark, self.cfg.replica_id, self._took_over_ms)
@@ -278,11 +345,17 @@ class ShardReplica:
                         self.cfg.replica_id, why)
 
     def _publish(self) -> None:
-        """Publish the engine's watermark under our epoch (never below the one we took over from)."""
+        """Publish the engine's watermark and stored offsets under our epoch.
+
+        The offsets are read first: every message below them was in the engine when the watermark
+        was computed, so the watermark speaks for each of them. The watermark is never ahead of this
+        replica's own clock.
+        """
         if self._watermark_source is None:
             return
-        mark = Watermark(self._epoch, max(self._watermark_source(), self._peer_watermark), self.cfg.replica_id,
-                         self._now_ms())
+        offsets = self._offsets_source() if self._offsets_source is not None else None
+        now = self._now_ms()
+        mark = Watermark(self._epoch, min(self._watermark_source(), now), self.cfg.replica_id, now, offsets)
         if publish_watermark(self._client, self.path, mark):
             self._published = mark
             with self._lock:

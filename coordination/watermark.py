@@ -1,22 +1,32 @@
 """A shard's delivered-up-to watermark as a znode: written by the lease holder, read by the others.
 
 The znode `<shard>/watermark` holds JSON: `{"epoch": E, "watermark_ms": W, "replica": R,
-"published_ms": T}`. Every message of the shard due at or before W was delivered (or otherwise
-finished) by replica R while it held the lease with epoch E. A write is a compare-and-set on the
-znode's version, and refused when the stored epoch is newer: a holder that lost its lease cannot
-move the watermark of its successor.
+"published_ms": T, "offsets": {"<broker>:<queue id>": O, ...}}`. Every message of the shard due at
+or before W **whose offset in its queue is below that queue's O** was delivered (or otherwise
+finished) by replica R while it held the lease with epoch E: R had stored everything of the queue
+below O before it computed W. A message that reached the shard after W passed its due time has an
+offset at or past O, and is not covered. A document without `offsets` (written before they existed)
+covers by W alone. A write is a compare-and-set on the znode's version, and refused when the stored
+epoch is newer: a holder that lost its lease cannot move the watermark of its successor.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from timewheel.gate import NO_WATERMARK
 
-__all__ = ["Watermark", "publish_watermark", "read_watermark"]
+__all__ = ["MalformedWatermark", "Watermark", "covered_by", "publish_watermark", "read_watermark"]
+
+
+class MalformedWatermark(ValueError):
+    """The watermark znode holds something that is not a watermark."""
 
 
 @dataclass(frozen=True)
@@ -27,19 +37,33 @@ class Watermark:
     watermark_ms: int = NO_WATERMARK
     replica: str = ""
     published_ms: int = 0
+    #: per queue, the offset below which the holder had stored everything (None: a document from
+    #: before offsets were published, which covers by the watermark alone)
+    offsets: Mapping[str, int] | None = field(default=None, compare=False)
 
     def to_json(self) -> bytes:
         """The znode's data."""
-        return json.dumps({"epoch": self.epoch, "watermark_ms": self.watermark_ms, "replica": self.replica,
-                           "published_ms": self.published_ms}).encode()
+        doc: dict[str, object] = {"epoch": self.epoch, "watermark_ms": self.watermark_ms, "replica": self.replica,
+                                  "published_ms": self.published_ms}
+        if self.offsets is not None:
+            doc["offsets"] = dict(self.offsets)
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> "Watermark":
-        """Parse the znode's data (empty: nothing published)."""
+        """Parse the znode's data (empty: nothing published); MalformedWatermark says what is wrong."""
         if not data:
             return cls()
-        doc = json.loads(data)
-        return cls(int(doc["epoch"]), int(doc["watermark_ms"]), str(doc["replica"]), int(doc["published_ms"]))
+        try:
+            doc = json.loads(data)
+            offsets = doc.get("offsets")
+            if offsets is not None:
+                offsets = {str(k): int(v) for k, v in dict(offsets).items()}
+            return cls(int(doc["epoch"]), int(doc["watermark_ms"]), str(doc["replica"]), int(doc["published_ms"]),
+                       offsets)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise MalformedWatermark(f"the watermark znode holds {bytes(data[:200])!r}, not a watermark: {e}; "
+                                     "nothing but the lease holder may write it") from e
 
 
 def read_watermark(client: KazooClient, shard_path: str) -> Watermark:
@@ -66,7 +90,10 @@ def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark) -> 
                 return True
             except NodeExistsError:
                 continue
-        old = Watermark.from_json(data)
+        try:
+            old = Watermark.from_json(data)
+        except MalformedWatermark:
+            old = Watermark()  # the holder (only it writes here) replaces what it cannot read
         if old.epoch > mark.epoch:
             return False
         if old.epoch == mark.epoch and old.watermark_ms >= mark.watermark_ms:
@@ -77,3 +104,23 @@ def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark) -> 
         except BadVersionError:
             continue
     return False
+
+
+def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray, queue_names: Sequence[str],
+               now_ms: int) -> np.ndarray:
+    """Which entries one of `marks` covers (a bool each): due at or before its watermark and this
+    replica's clock, and below its offset for the entry's queue. `origins` are `storage.ORIGIN_DTYPE`
+    rows numbered by `queue_names`; an entry with no known origin, or a mark without offsets, is
+    judged by the watermark alone."""
+    out = np.zeros(len(due), bool)
+    queue = origins["queue"].astype(np.int64)
+    unknown = queue < 0
+    for mark in marks:
+        covered = due <= min(mark.watermark_ms, now_ms)
+        if mark.offsets is None:
+            out |= covered
+            continue
+        limits = np.array([mark.offsets.get(name, -1) for name in queue_names] + [-1], np.int64)
+        below = origins["offset"] < limits[np.where(unknown, len(queue_names), queue)]
+        out |= covered & (unknown | below)
+    return out

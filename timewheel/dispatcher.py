@@ -185,12 +185,20 @@ class Dispatcher:
         """Record what another replica delivered (due by its watermark) and hold the rest while this
         replica may not send; return what may go on to be sent."""
         elsewhere = due <= gate.delivered_elsewhere_up_to()
-        peer = int(elsewhere.sum())
+        peer = 0
+        if elsewhere.any():
+            # due by the holder's watermark: delivered there only if the holder had stored it (its origin)
+            cand = np.flatnonzero(elsewhere)
+            segs, parts, offsets = self.segments.locate(refs[cand])
+            origins = self.store.read_origins(segs, parts, offsets)
+            by_peer = np.asarray(gate.delivered_elsewhere(due[cand], origins, self.store.queues.names()), bool)
+            elsewhere[cand[~by_peer]] = False
+            peer = int(by_peer.sum())
         if peer:
-            segs, parts, offsets = self.segments.locate(refs[elsewhere])
+            k = by_peer
             # attempts 0: delivered, by the replica that held the lease; this one never sent it
-            self._record(Batch([], due[elsewhere], refs[elsewhere], attempts[elsewhere], segs, parts, offsets),
-                         self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
+            self._record(Batch([], due[elsewhere], refs[elsewhere], attempts[elsewhere], segs[k], parts[k],
+                               offsets[k]), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
             keep = ~elsewhere
             due, refs, attempts = due[keep], refs[keep], attempts[keep]
         held = 0

@@ -6,13 +6,19 @@ dispatcher asks its gate, a small protocol the core defines and `coordination` i
 
 - `may_send()` is checked right before every send batch (the fence): when it answers False the
   batch is held (queued again without counting an attempt), never dropped;
-- `delivered_elsewhere_up_to()` is the watermark published by the shard's (last) active replica:
-  every entry due at or before it was delivered there, so this replica records it as delivered
-  (a dispatch-log row with attempts 0) without sending it.
+- `delivered_elsewhere_up_to()` is the latest watermark published by the shard's holders: no
+  entry due after it was delivered elsewhere, so only entries due at or before it are asked about;
+- `delivered_elsewhere(due, origins, queue_names)` says, entry by entry, which of those the holder
+  delivered: due at or before its watermark **and** below the offset up to which it had stored the
+  entry's queue (a message that reached the shard late, after the watermark passed its due time,
+  is not one the holder sent). This replica records those as delivered (a dispatch-log row with
+  attempts 0) without sending them.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
+
+import numpy as np
 
 #: no watermark: nothing is known to be delivered elsewhere
 NO_WATERMARK = -1
@@ -29,7 +35,12 @@ class DeliveryGate(Protocol):
         ...
 
     def delivered_elsewhere_up_to(self) -> int:
-        """Entries due at or before this (epoch ms) were delivered by another replica (NO_WATERMARK: none)."""
+        """No entry due after this (epoch ms) was delivered by another replica (NO_WATERMARK: none was)."""
+        ...
+
+    def delivered_elsewhere(self, due: np.ndarray, origins: np.ndarray, queue_names: Sequence[str]) -> np.ndarray:
+        """Which entries (due times, and origins as `storage.ORIGIN_DTYPE` rows numbered by
+        `queue_names`) another replica delivered: a bool per entry."""
         ...
 
     def count(self, peer_delivered: int, held: int) -> None:

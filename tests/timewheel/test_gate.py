@@ -3,6 +3,11 @@ without spending attempts; the delivered-up-to watermark never passes an entry n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from coordination.watermark import Watermark, covered_by
 
 from storage import DELIVERED, ScheduleStore, read_dispatch_log
 from tests.timewheel.conftest import T0, RecordingSink, drive
@@ -19,12 +24,20 @@ class ScriptedGate:
         self.watermark = NO_WATERMARK
         self.peer_delivered = 0
         self.held = 0
+        self.offsets: dict[str, int] | None = None
 
     def may_send(self) -> bool:
         return self.open
 
     def delivered_elsewhere_up_to(self) -> int:
         return self.watermark
+
+    def delivered_elsewhere(self, due: np.ndarray, origins: np.ndarray, queue_names: Sequence[str]) -> np.ndarray:
+        return covered_by([self.mark()], due, origins, queue_names, 2**62)
+
+    def mark(self) -> Watermark:
+        """What the holder published: the watermark, with offsets once the test sets them."""
+        return Watermark(1, self.watermark, "holder", 0, self.offsets)
 
     def count(self, peer_delivered: int, held: int) -> None:
         self.peer_delivered += peer_delivered
@@ -122,3 +135,39 @@ def test_a_standby_finishes_past_segments_while_it_holds_what_is_due_now(
     assert e.stats().retrying > 0  # what came due since the watermark waits for the lease
     assert e._require_started().store.meta.done_segments() >= {T0, T0 + 60_000, T0 + 120_000}
     e.stop()
+
+
+def test_a_message_that_arrives_after_the_watermark_passed_its_due_time_is_sent_by_the_new_holder(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    """The holder published W with the offsets it had stored; a message of the same queue at a later
+    offset, already due by W (a relay draining a backlog, a retry, a "deliver now"), reaches this
+    replica after the takeover: the holder never had it, so this replica must send it."""
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate)
+    on_time = e.schedule([Message("T", str(i).encode(), T0 + 1000 + i * 100) for i in range(10)],
+                         [("broker-a:0", i) for i in range(10)])
+    gate.watermark = T0 + 5_000
+    gate.offsets = {"broker-a:0": 10}  # the holder had stored offsets 0-9 when it published
+    drive(e, clock, T0 + 4_000)
+    assert gate.peer_delivered == 10 and sink.sent == []
+    gate.open = True  # the holder died; this replica holds the lease with the mark it took over from
+    late = e.schedule([Message("T", b"late", T0 + 2_000), Message("T", b"later", T0 + 3_000)],
+                      [("broker-a:0", 10), ("broker-b:0", 0)])  # due before W, stored after the takeover
+    replayed = e.schedule([Message("T", b"again", T0 + 2_500, msg_id="old-offset")], [("broker-a:0", 3)])
+    drive(e, clock, T0 + 6_000)
+    e.stop()
+    sent = [mid for mid, _ in sink.sent]
+    assert sorted(sent) == sorted(late)  # the late ones, once each; none the holder had
+    assert not set(sent) & set(on_time) and replayed[0] not in sent  # below the holder's offsets: its own
+
+
+def test_without_offsets_a_late_message_would_be_recorded_as_delivered(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    """What the offsets fix, shown with a holder that publishes none: the watermark alone drops it."""
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate)
+    gate.watermark, gate.open = T0 + 5_000, True
+    e.schedule([Message("T", b"late", T0 + 2_000)], [("broker-a:0", 10)])
+    drive(e, clock, T0 + 6_000)
+    e.stop()
+    assert sink.sent == [] and gate.peer_delivered == 1

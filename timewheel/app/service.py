@@ -86,7 +86,7 @@ class Service:
                              gate=self.replica).start()
         assert self.engine.store is not None
         if self.replica is not None:
-            self.replica.start(self._replica_watermark)
+            self.replica.start(self.engine.delivered_up_to, offsets_source=self._endpoints.source.stored_offsets)
         self.shaping = shaping.start(self.engine.store.meta)
         self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
         self._consuming = True
@@ -99,15 +99,6 @@ class Service:
         log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
                  self.settings.rocketmq.namesrv, cfg.data_dir)
         return self
-
-    def _replica_watermark(self) -> int:
-        """What this replica may publish as delivered: up to what its engine finished, and never past
-        the moment its ingest had read everything stored before (a message another replica stores with
-        a due time at or before the watermark must be one this engine had too)."""
-        assert self.engine is not None and self._endpoints is not None
-        delivered = self.engine.delivered_up_to()
-        caught_up = self._endpoints.source.caught_up_ms()
-        return -1 if caught_up is None else min(delivered, caught_up - 1)
 
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
