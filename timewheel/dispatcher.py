@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -93,6 +92,8 @@ class Dispatcher:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
         self._threads: list[threading.Thread] = []
+        #: a pass failed (fail-stop): no thread takes anything more
+        self.failed = False
 
     # ---- the threads ----------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class Dispatcher:
         self._threads = []
 
     def _run(self) -> None:
-        while True:
+        while not self.failed:
             held_full, held_wake = self._held_state(self.clock.now_ms())
             turn = self.queue.await_turn(held_full, held_wake)
             if turn is Turn.CLOSED:
@@ -123,9 +124,6 @@ class Dispatcher:
                 continue
             try:
                 self.dispatch_pass()
-            except Exception:
-                log.exception("dispatch pass failed")
-                time.sleep(0.1)
             finally:
                 self.queue.end_turn()
 
@@ -167,10 +165,21 @@ class Dispatcher:
             if taken is None:
                 return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
             (due, refs, attempts), n = taken
-            if self.gate is not None:
-                due, refs, attempts = self._through_gate(self.gate, due, refs, attempts)
-            if len(due):
-                self._send(due, refs, attempts)
+            try:
+                if self.gate is not None:
+                    due, refs, attempts = self._through_gate(self.gate, due, refs, attempts)
+                if len(due):
+                    self._send(due, refs, attempts)
+            except BaseException:
+                # Fail-stop: what was taken goes back (so the watermark stays before it and a restart or
+                # the next holder sends it: duplicates at worst, never a loss), and the error ends the
+                # thread, which the engine reports (not ready; the service exits for its supervisor).
+                back = taken[0]
+                self.queue.retry(np.full(len(back[0]), self.clock.now_ms() + 1000, np.int64), *back)
+                self.failed = True
+                log.critical("a dispatch pass failed with %d entries taken; they are back in the queue and this "
+                             "engine stops dispatching", len(back[0]), exc_info=True)
+                raise
             return n
         finally:
             self.queue.clear_in_hand()
@@ -329,10 +338,10 @@ class Dispatcher:
                 self._record(good, sent_at, DELIVERED, good.attempts + 1)
             except StorageWriteError:
                 # Delivered, but the dispatch log could not say so (disk full?): after a restart
-                # these would be sent again. Count it; it is an operator's alarm.
-                log.exception("delivered %d messages but could not record it", len(good.due))
+                # these are sent again. Counted, and the engine stops: it cannot record outcomes.
                 with self._lock:
                     self.counters.dispatch_log_errors += len(good.due)
+                raise
             self.lateness.observe(np.maximum(sent_at - good.due, 0))
             with self._lock:
                 self.counters.delivered += len(good.due)

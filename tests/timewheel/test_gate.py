@@ -171,3 +171,38 @@ def test_without_offsets_a_late_message_would_be_recorded_as_delivered(
     drive(e, clock, T0 + 6_000)
     e.stop()
     assert sink.sent == [] and gate.peer_delivered == 1
+
+
+def test_a_batch_that_fails_after_it_left_the_queue_goes_back_and_the_engine_stops_dispatching(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    """A standby writing its "delivered by the holder" rows hits a full disk: before, the batch was
+    logged and dropped, the watermark passed it, and after a takeover nobody sent it."""
+    from storage import StorageWriteError
+
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate)
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000 + i * 100) for i in range(10)])
+    gate.watermark = T0 + 1_400  # the holder delivered the first five
+    run = e._require_started()
+    real = run.store.record_dispatch
+    calls = {"n": 0}
+
+    def full_disk(*a: object, **kw: object) -> None:
+        calls["n"] += 1
+        raise StorageWriteError("No space left on device")
+
+    run.store.record_dispatch = full_disk  # type: ignore[method-assign]
+    failed = None
+    try:
+        drive(e, clock, T0 + 3_000)
+    except StorageWriteError as err:
+        failed = err
+    assert failed is not None and calls["n"] >= 1  # the error is not swallowed
+    assert run.dispatcher.failed
+    assert e.delivered_up_to() < T0 + 1_000  # nothing taken is past the watermark
+    run.store.record_dispatch = real  # type: ignore[method-assign]
+    gate.watermark, gate.open = NO_WATERMARK, True  # the next holder: the holder's claim is gone too
+    run.dispatcher.failed = False
+    drive(e, clock, T0 + 5_000)
+    e.stop()
+    assert sorted(mid for mid, _ in sink.sent) == sorted(ids)  # none lost
