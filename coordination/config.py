@@ -37,6 +37,11 @@ class HAConfig:
             ("watermark_interval_s", 0.05 <= self.watermark_interval_s <= self.session_timeout_s,
              "between 0.05 s and the session timeout"),
             ("hold_ms", 10 <= self.hold_ms <= 5000, "between 10 and 5000"),
+            # a holder confirms its lease with each watermark: two rounds must fit inside its fencing
+            # period, or its deadline runs out between confirmations while a successor may be starting
+            ("watermark_interval_s", self.watermark_interval_s <= self.fence_fraction * self.session_timeout_s / 2,
+             f"at most fence_fraction x session_timeout_s / 2 "
+             f"({self.fence_fraction * self.session_timeout_s / 2:g} s), well inside the fencing period"),
         ]
         for name, ok, want in checks:
             if not ok:

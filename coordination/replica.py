@@ -29,12 +29,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.config import HAConfig
@@ -44,7 +45,7 @@ from timewheel.gate import NO_WATERMARK
 from storage import RecordBytes
 from timewheel.message import Message, Sink
 
-__all__ = ["EPOCH_PROPERTY", "EpochStampingSink", "ReplicaCounters", "ShardReplica"]
+__all__ = ["EPOCH_PROPERTY", "EpochStampingSink", "ReplicaCounters", "ReplicaIdTaken", "ShardReplica"]
 
 log = logging.getLogger("timewheel.replica")
 
@@ -97,6 +98,7 @@ class ShardReplica:
         self._node: str | None = None  # our contender znode's name
         self._session: int | None = None  # the session that owns it
         self._wake = threading.Event()
+        self._node_prefix = f"{_PREFIX}{uuid.uuid4().hex[:12]}-"  # protected lease nodes: ours by name
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._watermark_source: Callable[[], int] | None = None
@@ -175,6 +177,12 @@ class ShardReplica:
             raise ConnectionError(f"cannot reach ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} within "
                                   f"{timeout:.0f} s: start it or fix the connect string") from e
         self._client.ensure_path(f"{self.path}/lease")
+        try:
+            self._claim_identity()
+        except BaseException:
+            self._client.stop()
+            self._client.close()
+            raise
         self._thread = threading.Thread(target=self._run, name="timewheel-replica", daemon=True)
         self._thread.start()
         return self
@@ -240,7 +248,23 @@ class ShardReplica:
         """The contenders changed (a holder left): look at once. One bound method, so kazoo keeps one watcher."""
         self._wake.set()
 
+    def dead_threads(self) -> list[str]:
+        """The replica's thread, if it ended while the replica runs (an error escaped it)."""
+        t = self._thread
+        return [t.name] if t is not None and not t.is_alive() and not self._stopping.is_set() else []
+
     def _run(self) -> None:
+        try:
+            self._contend()
+        except Exception:
+            # Nothing more confirms the lease: stop sending now. The thread ends; the service sees
+            # it dead, reports not ready and stops, which ends the session and hands the lease on.
+            self.fence.revoke()
+            self._active = False
+            log.critical("the replica thread of shard %s died; this replica no longer sends, and its service "
+                         "stops to hand the lease on", self.path, exc_info=True)
+
+    def _contend(self) -> None:
         renew_every = self.cfg.session_timeout_s / 6  # several confirmations per fencing period
         next_publish = 0.0
         while not self._stopping.is_set():
@@ -264,12 +288,17 @@ class ShardReplica:
         session = client.client_id[0] if client.client_id else None
         if self._node is None or self._session is None or self._session != session:
             self._lose("session changed")
-            self._node = client.create(f"{self.path}/lease/{_PREFIX}", self.cfg.replica_id.encode(), ephemeral=True,
-                                       sequence=True).rsplit("/", 1)[1]
+            self._claim_identity()
+            self._node = self._our_node(session) or client.create(
+                f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
+                sequence=True).rsplit("/", 1)[1]
             self._session = session
         sent_at = self._monotonic()
-        children = sorted(c for c in client.get_children(f"{self.path}/lease", watch=self._on_children)
-                          if c.startswith(_PREFIX))
+        # sync first: a ZooKeeper follower cut off from its leader cannot answer it, so a stale view
+        # of the contenders (a session the leader already expired) never confirms the lease
+        client.sync(f"{self.path}/lease")
+        children = sorted((c for c in client.get_children(f"{self.path}/lease", watch=self._on_children)
+                           if c.startswith(_PREFIX)), key=_sequence)
         if self._node not in children:
             self._node = None  # gone with an expired session: contend again next round
             self._lose("lease node gone")
@@ -314,6 +343,30 @@ class ShardReplica:
             for e in sorted(self._marks)[:-_EPOCHS_KEPT]:
                 del self._marks[e]  # older holders' marks: what only they covered is held, never dropped
             self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
+
+    def _our_node(self, session: int | None) -> str | None:
+        """A lease node this session created though the answer was lost (a protected node: its name
+        carries this replica's random prefix), so that no orphan lowest node is left that nobody holds."""
+        for child in self._client.get_children(f"{self.path}/lease"):
+            if child.startswith(self._node_prefix):
+                stat = self._client.exists(f"{self.path}/lease/{child}")
+                if stat is not None and stat.ephemeralOwner == session:
+                    return str(child)
+        return None
+
+    def _claim_identity(self) -> None:
+        """Hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused."""
+        path = f"{self.path}/replicas/{self.cfg.replica_id}"
+        session = self._client.client_id[0] if self._client.client_id else None
+        try:
+            self._client.create(path, b"", ephemeral=True, makepath=True)
+            return
+        except NodeExistsError:
+            stat = self._client.exists(path)
+            if stat is None or stat.ephemeralOwner == session:
+                return
+        raise ReplicaIdTaken(f"ha.replica_id = {self.cfg.replica_id!r} is already live in shard {self.path} (another "
+                             "process holds it): give each replica of a shard its own id")
 
     def _follow(self, mark: Watermark) -> None:
         self._remember(mark)
@@ -378,9 +431,18 @@ class ShardReplica:
                     self.counters.possible_duplicates += n
 
 
+def _sequence(node: str) -> int:
+    """The sequence number ZooKeeper appended to a lease node's name (its last ten digits)."""
+    return int(node[-10:])
+
+
 def epoch_of(node: str) -> int:
     """The epoch of a lease node: its sequence number plus one (0 means no lease)."""
-    return int(node[len(_PREFIX):]) + 1
+    return _sequence(node) + 1
+
+
+class ReplicaIdTaken(RuntimeError):
+    """Another live process of the shard already uses this replica's id."""
 
 
 class EpochStampingSink:

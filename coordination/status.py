@@ -8,7 +8,7 @@ from kazoo.exceptions import NoNodeError
 
 from coordination.config import HAConfig
 from coordination.replica import epoch_of
-from coordination.watermark import read_watermark
+from coordination.watermark import MalformedWatermark, Watermark, read_watermark
 
 __all__ = ["ShardStatus", "shard_status"]
 
@@ -41,7 +41,8 @@ def shard_status(client: KazooClient, cfg: HAConfig, delay_topic: str) -> list[S
     for k in range(cfg.shards):
         path = cfg.shard_path(delay_topic, k)
         try:
-            nodes = sorted(c for c in client.get_children(f"{path}/lease") if c.startswith(_PREFIX))
+            nodes = sorted((c for c in client.get_children(f"{path}/lease") if c.startswith(_PREFIX)),
+                           key=lambda c: int(c[-10:]))
         except NoNodeError:
             nodes = []
         names = []
@@ -50,7 +51,10 @@ def shard_status(client: KazooClient, cfg: HAConfig, delay_topic: str) -> list[S
                 names.append((n, client.get(f"{path}/lease/{n}")[0].decode()))
             except NoNodeError:  # left while we read
                 continue
-        mark = read_watermark(client, path)
+        try:
+            mark = read_watermark(client, path)
+        except MalformedWatermark:
+            mark = Watermark()
         holder = names[0] if names else None
         out.append(ShardStatus(k, holder[1] if holder else None, epoch_of(holder[0]) if holder else 0,
                                tuple(n for _, n in names[1:]), mark.watermark_ms, mark.epoch, mark.published_ms))

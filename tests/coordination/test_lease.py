@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from timewheel.gate import NO_WATERMARK
 from coordination import (HAConfig, LocalZooKeeper, ShardReplica, Watermark, publish_watermark, read_watermark, ruok,
                           shard_status)
 
@@ -63,7 +64,10 @@ def test_one_replica_holds_and_the_next_takes_over_from_its_watermark_with_a_lar
     _wait("b holds the lease", b.may_send, 5.0)
     assert b.epoch > first
     assert b.delivered_elsewhere_up_to() == 1_000  # what a delivered is not b's to send
-    _wait("b publishes under its own epoch", lambda: b.status()["published_watermark_ms"] == 1_000)
+    # b publishes its own engine's watermark (with its own offsets) under its epoch; a's mark, which
+    # covers what a had stored, stays with b
+    _wait("b publishes under its own epoch", lambda: b.status()["published_watermark_ms"] == 5)
+    assert b.delivered_elsewhere_up_to() == 1_000
     assert b.counters.takeovers == 1
 
 
@@ -117,3 +121,72 @@ def test_the_zookeeper_command_prints_its_address_serves_and_stops_on_sigterm() 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert not ruok(line[1], 0.5)
+
+
+def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_lease_on(
+        replicas: Callable[..., ShardReplica]) -> None:
+    """An error escaping the replica's loop (here a watermark source that raises) used to kill the
+    thread while the session kept the lease node alive: nobody sent, nobody took over, /readyz 200."""
+    from timewheel.app.service import Service
+
+    calls = {"n": 0}
+
+    def failing() -> int:
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise RuntimeError("injected: the engine's watermark cannot be computed")
+        return 100
+
+    a = replicas("a", failing)
+    b = replicas("b", lambda: 5)
+    _wait("a holds the lease", a.may_send)
+    _wait("a's replica thread dies", lambda: a.dead_threads() == ["timewheel-replica"])
+    assert not a.may_send()  # it stops sending at once, not at the end of its fencing period
+
+    class Engine:
+        def dead_threads(self) -> list[str]:
+            return []
+
+    svc = Service.__new__(Service)
+    svc.engine, svc._consuming, svc.replica = Engine(), True, a  # type: ignore[assignment]
+    assert svc.ready() is False and svc.dead_threads() == ["timewheel-replica"]  # /readyz answers 503
+    a.stop()  # what serve does when it sees a dead thread: the session ends and the lease moves
+    _wait("b takes over", b.may_send, 5.0)
+
+
+def test_a_second_process_with_a_live_replica_id_is_refused(replicas: Callable[..., ShardReplica]) -> None:
+    from coordination.replica import ReplicaIdTaken
+
+    a = replicas("a", lambda: 1)
+    _wait("a holds the lease", a.may_send)
+    with pytest.raises(ReplicaIdTaken, match="already live"):
+        replicas("a", lambda: 1)
+    assert a.may_send()
+
+
+def test_a_malformed_watermark_is_reported_and_sends_rather_than_drops(
+        replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper) -> None:
+    a = replicas("a", lambda: 1_000)
+    _wait("a holds the lease", a.may_send)
+    b = replicas("b", lambda: 5)
+    _wait("b follows", lambda: b.delivered_elsewhere_up_to() == 1_000)
+    a.stop()
+    _wait("b holds the lease", b.may_send, 5.0)
+    b._client.set(f"{b.path}/watermark", b"{not json")
+    c = replicas("c", lambda: 7)
+    _wait("c reads the malformed watermark", lambda: c.counters.malformed_watermarks > 0)
+    assert c.dead_threads() == [] and c.delivered_elsewhere_up_to() == NO_WATERMARK
+    def rewritten() -> bool:
+        try:
+            return read_watermark(b._client, b.path).epoch == b.epoch
+        except ValueError:
+            return False
+
+    _wait("b writes a good one over it", rewritten)
+
+
+def test_a_watermark_interval_outside_the_fencing_period_is_refused() -> None:
+    from timewheel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="watermark_interval_s"):
+        HAConfig(zookeeper="127.0.0.1:2181", replica_id="a", session_timeout_s=6.0, watermark_interval_s=6.0)

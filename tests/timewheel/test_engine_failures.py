@@ -157,7 +157,7 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
             return ["timewheel-timer"]
 
     svc = Service.__new__(Service)
-    svc.engine, svc._consuming = DeadEngine(), True  # type: ignore[assignment]
+    svc.engine, svc._consuming, svc.replica = DeadEngine(), True, None  # type: ignore[assignment]
     assert svc.ready() is False
 
 

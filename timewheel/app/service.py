@@ -128,7 +128,15 @@ class Service:
 
     def ready(self) -> bool:
         """Whether the engine runs, all its threads alive, and the delay topic is being consumed."""
-        return self.engine is not None and self._consuming and not self.engine.dead_threads()
+        return self.engine is not None and self._consuming and not self.dead_threads()
+
+    def dead_threads(self) -> list[str]:
+        """The threads this service relies on that ended while it runs: the engine's, and with [ha]
+        the replica's (whose death must hand the lease on)."""
+        dead = self.engine.dead_threads() if self.engine is not None else []
+        if self.replica is not None:
+            dead += self.replica.dead_threads()
+        return dead
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
@@ -228,7 +236,7 @@ class Service:
         failed = False
         try:
             while not self._stop.wait(0.5):
-                dead = self.engine.dead_threads() if self.engine is not None else []
+                dead = self.dead_threads()
                 if dead:
                     # Every acknowledged message is in the store: exit for a supervisor to restart
                     # the engine, rather than stay up delivering nothing that thread owned.
