@@ -136,8 +136,10 @@ class Service:
     # ---- what the admin endpoint drives ----------------------------------------------------------
 
     def ready(self) -> bool:
-        """Whether the engine runs, all its threads alive, and the delay topic is being consumed."""
-        return self.engine is not None and self._consuming and not self.engine.dead_threads()
+        """Whether the engine runs, all its threads alive, its checkpoints succeed, and the delay topic
+        is being consumed."""
+        return (self.engine is not None and self._consuming and not self.engine.dead_threads()
+                and self.engine.checkpoint_failure() is None)
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
