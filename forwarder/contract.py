@@ -9,6 +9,13 @@ Properties of a delay message:
 Tags, keys, body and every other user property pass through; the delivered message also carries
 TW_ORIGINAL_MSG_ID (the delay message's id and a checksum of its content: `<UNIQ_KEY>:<crc>`), so
 consumers can dedupe, and TW_DUE_MS, its due time.
+
+One set of limits, derived once from RocketMQ's: a message's properties (tags and keys included)
+are at most 32,767 bytes as sent, and a message at most the broker's 4 MiB. Ingest accepts only
+what delivery can send with everything the engine adds (its id, the due time, WAIT, UNIQ_KEY, a
+replica's lease stamp): `DELIVERY_PROPERTIES_BUDGET`. A dead letter always fits: one whose
+properties would not is sent minimal (the id, the reason, where it was in the delay topic, and
+whether its body was cut), so no message can be refused on every pull or retried forever.
 """
 from __future__ import annotations
 
@@ -19,8 +26,9 @@ import crc32c
 from dataclasses import dataclass
 from typing import Mapping
 
-from forwarder.rocketmq.message import (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, OutgoingMessage, ReceivedMessage,
-                                        join_properties, user_properties)
+from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, MAX_PROPERTIES_BYTES
+from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, TAGS, UNIQ_KEY, WAIT,
+                                        OutgoingMessage, ReceivedMessage, join_properties, user_properties)
 from timewheel.message import Message
 
 TARGET_TOPIC = "TW_TARGET_TOPIC"
@@ -35,11 +43,25 @@ RAW_QUEUE_ID = "TW_RAW_QUEUE_ID"
 RAW_QUEUE_OFFSET = "TW_RAW_QUEUE_OFFSET"
 #: on a dead letter whose body was cut to fit the broker: the original body's length
 TRUNCATED_FROM = "TW_TRUNCATED_FROM"
+#: on a dead letter: "true" or "false", whether its body is the original's cut short
+BODY_TRUNCATED = "TW_BODY_TRUNCATED"
+#: on a dead letter sent minimal: what was dropped so that it fits RocketMQ's limits
+DEAD_LETTER_MINIMAL = "TW_DEAD_LETTER_MINIMAL"
 RAW_TAG = "TW_RAW"
-#: the most body a dead letter carries: the broker's message limit less room for its properties
-DEAD_LETTER_MAX_BODY = 4 * 1024 * 1024 - 64 * 1024
+#: the most body a dead letter carries (and the most `max_body_bytes` may allow): the broker's
+#: message limit less room for the properties
+DEAD_LETTER_MAX_BODY = BROKER_MAX_MESSAGE_BYTES - 64 * 1024
+#: room kept for the properties a sender adds to every message: WAIT, UNIQ_KEY (32 hex digits), and
+#: a stamp of at most 64 bytes (a replica's lease epoch, `TW_LEASE_EPOCH`)
+_SENDER_RESERVE = len(join_properties({WAIT: "true", UNIQ_KEY: "0" * 32}).encode()) + 64
+#: the most bytes a message's own properties (tags and keys included, as RocketMQ serialises them)
+#: may take so that it can be sent: what ingest accepts and what a dead letter keeps whole
+DELIVERY_PROPERTIES_BUDGET = MAX_PROPERTIES_BYTES - _SENDER_RESERVE
+#: the most bytes of a message id a minimal dead letter carries
+_MINIMAL_ID = 512
 CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DELIVER_TIME, ORIGINAL_MSG_ID, DUE_MS,
-                                 DEAD_LETTER_REASON, RAW_QUEUE_ID, RAW_QUEUE_OFFSET, TRUNCATED_FROM})
+                                 DEAD_LETTER_REASON, RAW_QUEUE_ID, RAW_QUEUE_OFFSET, TRUNCATED_FROM, BODY_TRUNCATED,
+                                 DEAD_LETTER_MINIMAL})
 
 # A user topic: ASCII letters, digits, '_' and '-' (RocketMQ also allows '%' and '|', but only in the
 # names of its own retry, dead-letter and system topics, which no producer may write through us).
@@ -130,8 +152,30 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
         raise ContractViolation("tags or keys contain a control character RocketMQ uses as a separator")
     passthrough = {k: v for k, v in user.items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
-    return Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
-                   engine_id(msg, target, due, passthrough))
+    m = Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
+                engine_id(msg, target, due, passthrough))
+    check_deliverable(m)
+    return m
+
+
+def properties_size(properties: Mapping[str, str], tags: str | None, keys: str | None) -> int:
+    """The bytes `properties`, `tags` and `keys` take as RocketMQ serialises them (before what a
+    sender adds: see `DELIVERY_PROPERTIES_BUDGET`)."""
+    extra = {**({TAGS: tags} if tags else {}), **({KEYS: keys} if keys else {})}
+    return len(join_properties({**properties, **extra}).encode("utf-8", "surrogatepass"))
+
+
+def check_deliverable(m: Message) -> None:
+    """Raise ContractViolation unless delivery can send `m` with everything the engine adds to it."""
+    out = to_outgoing(m)
+    size = properties_size(out.properties, out.tags, out.keys)
+    if size > DELIVERY_PROPERTIES_BUDGET:
+        raise ContractViolation(f"properties, tags and keys take {size} bytes as delivered, over the "
+                                f"{DELIVERY_PROPERTIES_BUDGET} that RocketMQ's limit of {MAX_PROPERTIES_BYTES} "
+                                f"leaves once the engine's own are added")
+    if len(m.body) > DEAD_LETTER_MAX_BODY:
+        raise ContractViolation(f"body of {len(m.body)} bytes exceeds the {DEAD_LETTER_MAX_BODY} a message "
+                                f"of the broker's {BROKER_MAX_MESSAGE_BYTES} bytes leaves beside its properties")
 
 
 _NO_SEPARATORS = str.maketrans("", "", NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR)
@@ -171,19 +215,43 @@ def to_outgoing(m: Message) -> OutgoingMessage:
 
 
 def to_dead_letter(topic: str, body: bytes, tags: str | None, keys: str | None, properties: Mapping[str, str],
-                   reason: str) -> OutgoingMessage:
-    """A dead letter on `topic` carrying the original message and the reason."""
+                   reason: str, *, msg_id: str = "", queue_id: int | None = None,
+                   queue_offset: int | None = None) -> OutgoingMessage:
+    """A dead letter on `topic` carrying the original message, its id, where it was in the delay
+    topic and the reason; always within RocketMQ's limits (minimal when the original's properties
+    would not fit)."""
     props = {k: v for k, v in user_properties(properties).items() if not _FORBIDDEN.search(k + v)
              and "\ufffd" not in k + v}
-    props[DEAD_LETTER_REASON] = _FORBIDDEN.sub(" ", reason)[:1000]
+    reason = _FORBIDDEN.sub(" ", reason)[:1000]
+    props[DEAD_LETTER_REASON] = reason
+    origin = {}
+    if msg_id:
+        origin[ORIGINAL_MSG_ID] = _FORBIDDEN.sub(" ", msg_id)
+    if queue_id is not None:
+        origin[RAW_QUEUE_ID] = str(queue_id)
+    if queue_offset is not None:
+        origin[RAW_QUEUE_OFFSET] = str(queue_offset)
+    props.update(origin)
     # The original's tags and keys may be why it is dead: carry them without separators, so the dead
     # letter itself can always be sent (the originals are in the body's message, untouched).
     tags = _FORBIDDEN.sub(" ", tags or "").strip() or None
     keys = _FORBIDDEN.sub(" ", keys or "").strip() or None
-    if len(body) > DEAD_LETTER_MAX_BODY:  # a body too large for the engine may be too large for the broker too
+    truncated = len(body) > DEAD_LETTER_MAX_BODY  # a body too large for the engine may be too large for the broker
+    if truncated:
         props[TRUNCATED_FROM] = str(len(body))
         body = body[:DEAD_LETTER_MAX_BODY]
-    return OutgoingMessage(topic, body, tags, keys, props)
+    size = properties_size(props, tags, keys)
+    if size <= DELIVERY_PROPERTIES_BUDGET:
+        return OutgoingMessage(topic, body, tags, keys, props)
+    # Too large to carry whole: raw and minimal, and it says so.
+    if ORIGINAL_MSG_ID in origin:
+        origin[ORIGINAL_MSG_ID] = origin[ORIGINAL_MSG_ID][:_MINIMAL_ID]
+    minimal = {DEAD_LETTER_REASON: reason, **origin, BODY_TRUNCATED: "true" if truncated else "false",
+               DEAD_LETTER_MINIMAL: f"properties, tags and keys dropped: {size} bytes, over the "
+                                    f"{DELIVERY_PROPERTIES_BUDGET} RocketMQ can carry"}
+    if truncated:
+        minimal[TRUNCATED_FROM] = props[TRUNCATED_FROM]
+    return OutgoingMessage(topic, body, RAW_TAG, None, minimal)
 
 
 def raw_dead_letter(topic: str, stored: bytes, reason: str, queue_id: int, queue_offset: int, *,
@@ -191,7 +259,5 @@ def raw_dead_letter(topic: str, stored: bytes, reason: str, queue_id: int, queue
                     properties: Mapping[str, str] | None = None) -> OutgoingMessage:
     """A dead letter for a message that could not be read: its stored bytes, why, and where it was
     (with its id, keys and the producer's properties when those could be read)."""
-    props = {**(properties or {}), RAW_QUEUE_ID: str(queue_id), RAW_QUEUE_OFFSET: str(queue_offset)}
-    if msg_id:
-        props[ORIGINAL_MSG_ID] = msg_id
-    return to_dead_letter(topic, stored, RAW_TAG, keys, props, reason)
+    return to_dead_letter(topic, stored, RAW_TAG, keys, properties or {}, reason, msg_id=msg_id, queue_id=queue_id,
+                          queue_offset=queue_offset)

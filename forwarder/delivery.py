@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
 
-from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
+from forwarder.contract import (TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
                                 to_outgoing)
 from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
@@ -205,10 +205,9 @@ class RocketMQSink:
         letters = []
         for m in messages:
             props = dict(m.properties or {})
-            props[ORIGINAL_MSG_ID] = m.msg_id or ""
             props[TARGET_TOPIC] = m.topic
             letters.append(to_dead_letter(self.cfg.dead_letter_topic, m.body, m.tags, " ".join(m.keys), props,
-                                          reason))
+                                          reason, msg_id=m.msg_id or ""))
         self.producer.send_batch(self.cfg.dead_letter_topic, letters)
         self._count(dead_lettered=len(letters))
 

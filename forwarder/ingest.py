@@ -16,7 +16,7 @@ import threading
 from typing import Callable
 
 from forwarder.config import RocketMQConfig
-from forwarder.contract import (ORIGINAL_MSG_ID, ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
+from forwarder.contract import (ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
                                 to_message)
 from forwarder.control import split_control, to_cancel
 from forwarder.errors import ForwarderError
@@ -188,8 +188,8 @@ class DelayTopicIngest:
 
     def _dead_letter(self, msg: ReceivedMessage, reason: str) -> bool:
         try:
-            dl = to_dead_letter(self.cfg.dead_letter_topic, msg.body, msg.tags, msg.keys, msg.properties, reason)
-            dl.properties[ORIGINAL_MSG_ID] = msg.msg_id  # type: ignore[index]
+            dl = to_dead_letter(self.cfg.dead_letter_topic, msg.body, msg.tags, msg.keys, msg.properties, reason,
+                                msg_id=msg.msg_id, queue_id=msg.queue_id, queue_offset=msg.queue_offset)
             self._dlq.send_batch(dl.topic, [dl])
         except (ForwarderError, ValueError):
             log.exception("dead-lettering %s failed; it will be redelivered", msg.msg_id)

@@ -92,12 +92,14 @@ class RecordReader:
                         view = reader.view(off + length)
                     rec = decode(view, off)[0]  # type: ignore[arg-type]
                     if due is not None and rec.due_ms != due:
-                        raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off)
+                        raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off,
+                                                 record_due_ms=rec.due_ms)
                     out.append(rec)
                 except (CorruptRecordError, OSError) as e:
                     self.corrupt_found += 1
                     reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
-                    err = CorruptRecordError(reason, offset=off, path=str(self.layout.part_log(seg, part)))
+                    err = CorruptRecordError(reason, offset=off, path=str(self.layout.part_log(seg, part)),
+                                             record_due_ms=e.record_due_ms if isinstance(e, CorruptRecordError) else None)
                     err.__cause__ = e
                     out.append(err)
         return out
@@ -138,7 +140,8 @@ class RecordReader:
             for r, found in list(got.errors.items()):  # name the part, as `read` does
                 seg, part = divmod(int(combined[r]), 65536)
                 got.errors[r] = CorruptRecordError(found.reason, offset=found.offset,
-                                                   path=str(self.layout.part_log(seg, part)))
+                                                   path=str(self.layout.part_log(seg, part)),
+                                                   record_due_ms=found.record_due_ms)
             got.errors.update(unreadable)
             self.corrupt_found += len(got.errors)
         return got

@@ -7,9 +7,12 @@ class StorageError(Exception):
 
 
 class CorruptRecordError(StorageError):
-    """Bytes that do not decode as a record: bad magic, version, length or CRC32C."""
+    """Bytes that do not decode as a record: bad magic, version, length or CRC32C; or an intact
+    record whose own due time is not the one its index entry says (then `record_due_ms` holds the
+    record's, which the index, having no CRC, cannot outweigh)."""
 
-    def __init__(self, reason: str, *, offset: int | None = None, path: str | None = None) -> None:
+    def __init__(self, reason: str, *, offset: int | None = None, path: str | None = None,
+                 record_due_ms: int | None = None) -> None:
         where = ""
         if path is not None:
             where += f" in {path}"
@@ -19,6 +22,7 @@ class CorruptRecordError(StorageError):
         self.reason = reason
         self.offset = offset
         self.path = path
+        self.record_due_ms = record_due_ms
 
 
 class InvalidRecordError(StorageError, ValueError):

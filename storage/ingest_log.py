@@ -13,6 +13,11 @@ The CRC32C covers every other byte of the frame: the header's magic, count, payl
 written_ms (in that order), then the payload. Frames of the first version (magic 0x4C495754,
 "TWIL", CRC of the payload only) are still read, with their count checked against the payload's
 layout, so a log written before the upgrade replays.
+
+A frame that fails its checks in the middle of a file is skipped: replay resyncs on the next valid
+frame (the next magic whose frame checks out) and notes where it skipped (`skipped`), so one bad
+frame never hides the acknowledged frames after it. Bytes after a file's last valid frame are a
+torn tail.
 """
 from __future__ import annotations
 
@@ -68,6 +73,8 @@ class IngestLog:
         self._fd: int | None = None
         self.seq = -1
         self.position = 0
+        #: (file number, position, bytes) of each run of bad bytes `frames` skipped to reach a valid frame
+        self.skipped: list[tuple[int, int, int]] = []
 
     def sequences(self) -> list[int]:
         """Numbers of the log files present, oldest first."""
@@ -110,7 +117,8 @@ class IngestLog:
             os.fdatasync(self._fd)
 
     def frames(self, from_seq: int, from_pos: int) -> Iterator[IngestFrame]:
-        """Frames from (from_seq, from_pos) on; a torn or corrupt tail ends a file's frames."""
+        """Frames from (from_seq, from_pos) on; a bad frame is skipped to the next valid one (noted
+        in `skipped`), and the bytes after a file's last valid frame end its frames."""
         for seq in self.sequences():
             if seq < from_seq:
                 continue
@@ -118,22 +126,16 @@ class IngestLog:
             pos = from_pos if seq == from_seq else 0
             mv = memoryview(data)
             while pos + FRAME_HEADER.size <= len(data):
-                magic, count, plen, crc, _written = FRAME_HEADER.unpack_from(data, pos)
-                end = pos + FRAME_HEADER.size + plen
-                if magic not in (FRAME_MAGIC, FRAME_MAGIC_V1) or end > len(data):
-                    break
-                payload = mv[pos + FRAME_HEADER.size:end]
-                header = mv[pos:pos + FRAME_HEADER.size]
-                if (frame_crc(header, payload) if magic == FRAME_MAGIC else crc32c(payload)) != crc:
-                    break
-                loc_bytes = count * LOCATION_DTYPE.itemsize
-                if loc_bytes > plen:
-                    break  # a first-version frame whose count its CRC did not cover
-                locs = np.frombuffer(payload[:loc_bytes], dtype=LOCATION_DTYPE)
-                if int(locs["length"].sum(dtype=np.int64)) != plen - loc_bytes:
-                    break
-                yield IngestFrame(seq, end, locs, payload[loc_bytes:])
-                pos = end
+                frame = _frame_at(data, mv, seq, pos)
+                if frame is None:
+                    nxt = _next_valid(data, mv, seq, pos + 1)
+                    if nxt < 0:
+                        break  # a torn tail
+                    self.skipped.append((seq, pos, nxt - pos))
+                    pos = nxt
+                    continue
+                yield frame
+                pos = frame.end
 
     def valid_length(self, seq: int) -> int:
         """Bytes of file `seq` that hold whole, valid frames."""
@@ -155,3 +157,39 @@ class IngestLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+_MAGICS = (struct.pack("<I", FRAME_MAGIC), struct.pack("<I", FRAME_MAGIC_V1))
+
+
+def _frame_at(data: bytes, mv: memoryview, seq: int, pos: int) -> IngestFrame | None:
+    """The valid frame at `pos` of file `seq`, or None."""
+    if pos + FRAME_HEADER.size > len(data):
+        return None
+    magic, count, plen, crc, _written = FRAME_HEADER.unpack_from(data, pos)
+    end = pos + FRAME_HEADER.size + plen
+    if magic not in (FRAME_MAGIC, FRAME_MAGIC_V1) or end > len(data):
+        return None
+    payload = mv[pos + FRAME_HEADER.size:end]
+    header = mv[pos:pos + FRAME_HEADER.size]
+    if (frame_crc(header, payload) if magic == FRAME_MAGIC else crc32c(payload)) != crc:
+        return None
+    loc_bytes = count * LOCATION_DTYPE.itemsize
+    if loc_bytes > plen:
+        return None  # a first-version frame whose count its CRC did not cover
+    locs = np.frombuffer(payload[:loc_bytes], dtype=LOCATION_DTYPE)
+    if int(locs["length"].sum(dtype=np.int64)) != plen - loc_bytes:
+        return None
+    return IngestFrame(seq, end, locs, payload[loc_bytes:])
+
+
+def _next_valid(data: bytes, mv: memoryview, seq: int, start: int) -> int:
+    """Where the next valid frame at or after `start` begins, or -1."""
+    while True:
+        found = [p for p in (data.find(m, start) for m in _MAGICS) if p >= 0]
+        if not found:
+            return -1
+        pos = min(found)
+        if _frame_at(data, mv, seq, pos) is not None:
+            return pos
+        start = pos + 1

@@ -205,4 +205,6 @@ def _why(mv: memoryview, offset: int, due: int | None) -> CorruptRecordError:
     except CorruptRecordError as e:
         # a fresh error: the caught one's traceback holds views of the map, which must close later
         return CorruptRecordError(e.reason, offset=offset)
-    return CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=offset)
+    misdated = due is not None and rec.due_ms != due
+    return CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=offset,
+                              record_due_ms=rec.due_ms if misdated else None)

@@ -31,6 +31,7 @@ class RecoveryReport:
     replayed_frames: int = 0
     replayed_records: int = 0
     ingest_bytes_cut: int = 0
+    ingest_frames_skipped: int = 0
     parts_checked: int = 0
     parts_repaired: int = 0
     index_entries_added: int = 0
@@ -46,6 +47,7 @@ def recover(store: "ScheduleStore") -> RecoveryReport:
     wal = store._wal
     by_part: dict[tuple[int, int], list[tuple[np.ndarray, memoryview]]] = defaultdict(list)
     last_seq, last_end = cp["seq"], cp["pos"]
+    wal.skipped.clear()
     for frame in wal.frames(cp["seq"], cp["pos"]):
         rep.replayed_frames += 1
         rep.replayed_records += len(frame.locations)
@@ -54,6 +56,10 @@ def recover(store: "ScheduleStore") -> RecoveryReport:
             by_part[(int(loc["segment_ms"]), int(loc["part"]))].append(
                 (loc, frame.records[starts[i]:starts[i + 1]]))
         last_seq, last_end = frame.seq, frame.end
+    for seq, pos, n in wal.skipped:
+        rep.ingest_frames_skipped += 1
+        rep.findings.append(f"ingest log {seq:012d}.wal: {n} corrupt bytes at {pos} skipped; the frames after "
+                            f"them were replayed (the records of the bad frame are kept where the part holds them)")
     for seq in wal.sequences():
         if seq < last_seq:
             continue
@@ -97,26 +103,35 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
         store.writer.new_dirs.add(store.layout.schedule_dir)
     store.writer.new_dirs.add(log_path.parent)  # the part may be new: its name goes in the checkpoint
     first = min(int(loc["offset"]) for loc, _ in items)
+    end = max(int(loc["offset"]) + int(loc["length"]) for loc, _ in items)
     size = size_of(log_path)
     if size < first:
         rep.findings.append(f"part {log_path}: {size} bytes on disk but the ingest log starts at {first}; "
                             "bytes before the last checkpoint are missing (disk loss?)")
     idx = read_index(idx_path)
     keep = int(np.searchsorted(idx["offset"], first)) if len(idx) else 0
-    # the origin rows of the replayed records, where the crash left them, still belong to them
-    # (same records, same order); rows past them would misalign the sidecar
-    org_path = store.layout.part_origin(seg, part)
-    if size_of(org_path) > (keep + len(items)) * ORIGIN_ROW_SIZE:
-        os.truncate(org_path, (keep + len(items)) * ORIGIN_ROW_SIZE)
+    locs = np.array([loc for loc, _ in items])
+    # Each record goes back at its own offset: when a bad ingest frame was skipped, its records stay
+    # as the part holds them (their index entries too), between the replayed ones.
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        os.ftruncate(fd, first)
-        os.lseek(fd, first, os.SEEK_SET)
-        write_all(fd, b"".join(bytes(blob) for _, blob in items))
+        if _contiguous(locs):
+            os.ftruncate(fd, first)
+        for loc, blob in items:
+            os.lseek(fd, int(loc["offset"]), os.SEEK_SET)
+            write_all(fd, blob)
+        os.ftruncate(fd, end)
     finally:
         os.close(fd)
-    locs = np.array([loc for loc, _ in items])
-    new_idx = index_entries(locs["due_ms"], locs["offset"], locs["length"])
+    replayed = index_entries(locs["due_ms"], locs["offset"], locs["length"])
+    between = idx[keep:]
+    between = between[(between["offset"] < end) & ~np.isin(between["offset"], replayed["offset"])]
+    new_idx = np.sort(np.concatenate([between, replayed]), order="offset") if len(between) else replayed
+    # the origin rows of these records, where the crash left them, still belong to them (same
+    # records, same order); rows past them would misalign the sidecar
+    org_path = store.layout.part_origin(seg, part)
+    if size_of(org_path) > (keep + len(new_idx)) * ORIGIN_ROW_SIZE:
+        os.truncate(org_path, (keep + len(new_idx)) * ORIGIN_ROW_SIZE)
     fd = os.open(idx_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, keep * INDEX_ENTRY_SIZE)
@@ -125,6 +140,13 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     finally:
         os.close(fd)
     store.writer.dirty.add((seg, part))
+
+
+def _contiguous(locs: np.ndarray) -> bool:
+    """Whether the replayed records follow one another with no gap (no bad frame skipped among them)."""
+    order = np.argsort(locs["offset"], kind="stable")
+    off, length = locs["offset"][order].astype(np.int64), locs["length"][order].astype(np.int64)
+    return bool(np.all(off[1:] == off[:-1] + length[:-1]))
 
 
 def repair_all_parts(layout: SegmentLayout, segments: Sequence[int] | None = None) -> RecoveryReport:

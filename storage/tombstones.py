@@ -13,9 +13,16 @@ One file, `<data_dir>/cancels/tombstones.log`, of frames appended one per batch 
 The CRC32C covers every other byte of the frame: magic, count, payload_len and written_ms (in that
 order), then the payload. `born_ms` is when the cancel was sent (its producer's clock), `expires_ms`
 when the engine may forget it. Reading skips a frame that fails its checks, reports it, and resyncs
-on the next valid frame, so one bad frame never hides the cancels after it; bytes after the last
-valid frame are a torn tail, cut before the next append. `rewrite` compacts the file (the live
-tombstones only) through a temporary file renamed into place.
+on the next valid frame, so one bad frame never hides the cancels after it. Only a torn tail is cut
+before the next append: fewer bytes than a header, or a header whose frame runs past the end of the
+file (a crash mid-append). A whole frame that fails its checks is damage: it is counted, reported
+and left in place, never cut silently. A frame's payload is written at most `MAX_WRITE_PAYLOAD`
+bytes (a batch or a compaction is split into as many frames as it needs); the reader takes any
+length a frame's CRC vouches for, so a file written before that bound reads back whole. `rewrite`
+compacts the file (the live tombstones only) through a temporary file renamed into place.
+
+Durability: with `sync` every append is fsynced before it returns; in every mode `flush()` (the
+engine's checkpoint) and `close()` fsync what was appended, so the loss window is one checkpoint.
 """
 from __future__ import annotations
 
@@ -39,8 +46,8 @@ _MAGIC_BYTES = struct.pack("<I", FRAME_MAGIC)
 ID, KEY = 1, 2
 KINDS = (ID, KEY)
 MAX_TEXT = 0xFFFF  # text_len is uint16
-#: a frame claiming more is corrupt (a batch of cancels is small)
-MAX_FRAME_PAYLOAD = 64 << 20
+#: the most payload one written frame holds: larger batches and compactions take several frames
+MAX_WRITE_PAYLOAD = 1 << 20
 LOG_NAME = Path("cancels") / "tombstones.log"
 
 
@@ -62,6 +69,8 @@ class TombstoneRead:
     corrupt_frames: int = 0
     valid_end: int = 0
     size: int = 0
+    #: where a torn tail begins (the file's size when there is none): what `read` cuts
+    torn_from: int = 0
 
 
 def tombstone_log(data_dir: str | os.PathLike[str]) -> Path:
@@ -89,6 +98,23 @@ def encode_frame(tombstones: Sequence[Tombstone], written_ms: int) -> bytes:
     return bytes(head) + payload
 
 
+def encode_frames(tombstones: Sequence[Tombstone], written_ms: int) -> list[bytes]:
+    """`tombstones` as frames of at most `MAX_WRITE_PAYLOAD` payload bytes each, in order."""
+    frames: list[bytes] = []
+    batch: list[Tombstone] = []
+    size = 0
+    for t in tombstones:
+        n = ENTRY_HEADER.size + len(t.text.encode("utf-8"))
+        if batch and size + n > MAX_WRITE_PAYLOAD:
+            frames.append(encode_frame(batch, written_ms))
+            batch, size = [], 0
+        batch.append(t)
+        size += n
+    if batch:
+        frames.append(encode_frame(batch, written_ms))
+    return frames
+
+
 def _frame_crc(header: bytes | bytearray | memoryview, payload: bytes | memoryview) -> int:
     return crc32c(payload, crc32c(header[_CRC_END:FRAME_HEADER.size], crc32c(header[:_CRC_AT])))
 
@@ -114,42 +140,52 @@ def _decode_payload(payload: memoryview, count: int) -> list[Tombstone] | None:
 
 
 def decode_frames(data: bytes | memoryview) -> TombstoneRead:
-    """Every valid frame's tombstones, resyncing past bad frames."""
+    """Every valid frame's tombstones, resyncing past bad frames (counted); a torn tail is marked."""
     view = memoryview(data)
-    out = TombstoneRead(size=len(view))
+    raw = data if isinstance(data, bytes) else bytes(view)  # searched for magics without a copy each
+    out = TombstoneRead(size=len(view), torn_from=len(view))
     pos = 0
-    while pos + FRAME_HEADER.size <= len(view):
-        magic, count, length, crc, _ = FRAME_HEADER.unpack_from(view, pos)
-        end = pos + FRAME_HEADER.size + length
-        entries = None
-        if magic == FRAME_MAGIC and length <= MAX_FRAME_PAYLOAD and end <= len(view):
-            payload = view[pos + FRAME_HEADER.size:end]
-            if _frame_crc(view[pos:pos + FRAME_HEADER.size], payload) == crc:
-                entries = _decode_payload(payload, count)
+    while pos < len(view):
+        entries = _frame_at(view, pos)
         if entries is not None:
-            out.tombstones.extend(entries)
-            pos = out.valid_end = end
+            out.tombstones.extend(entries[0])
+            pos = out.valid_end = entries[1]
             continue
+        whole = _whole_header_at(view, pos)
         # not a valid frame here: the next one that is valid starts at a later magic, if any
-        nxt = bytes(view[pos + 1:]).find(_MAGIC_BYTES)
+        nxt = pos + 1
+        while (nxt := raw.find(_MAGIC_BYTES, nxt)) >= 0 and _frame_at(view, nxt) is None:
+            nxt += 1
         if nxt < 0:
+            if whole:
+                out.corrupt_frames += 1  # a whole frame that fails its checks: damage, kept in place
+            else:
+                out.torn_from = pos  # a crash mid-append (or bytes that are no frame): a torn tail
             break
-        if _valid_frame_at(view, pos + 1 + nxt):
-            out.corrupt_frames += 1
-        pos += 1 + nxt
+        out.corrupt_frames += 1
+        pos = nxt
     return out
 
 
-def _valid_frame_at(view: memoryview, pos: int) -> bool:
-    """Whether a whole valid frame starts at `pos` (a bad frame before it is damage, not a torn tail)."""
+def _whole_header_at(view: memoryview, pos: int) -> bool:
+    """Whether a header with the magic starts at `pos` and its frame ends inside the file."""
     if pos + FRAME_HEADER.size > len(view):
         return False
-    magic, count, length, crc, _ = FRAME_HEADER.unpack_from(view, pos)
+    magic, _, length, _, _ = FRAME_HEADER.unpack_from(view, pos)
+    return magic == FRAME_MAGIC and pos + FRAME_HEADER.size + length <= len(view)
+
+
+def _frame_at(view: memoryview, pos: int) -> tuple[list[Tombstone], int] | None:
+    """The tombstones of the valid frame at `pos` and where it ends, or None."""
+    if not _whole_header_at(view, pos):
+        return None
+    _, count, length, crc, _ = FRAME_HEADER.unpack_from(view, pos)
     end = pos + FRAME_HEADER.size + length
-    if magic != FRAME_MAGIC or length > MAX_FRAME_PAYLOAD or end > len(view):
-        return False
     payload = view[pos + FRAME_HEADER.size:end]
-    return _frame_crc(view[pos:pos + FRAME_HEADER.size], payload) == crc and _decode_payload(payload, count) is not None
+    if _frame_crc(view[pos:pos + FRAME_HEADER.size], payload) != crc:
+        return None
+    entries = _decode_payload(payload, count)
+    return None if entries is None else (entries, end)
 
 
 class TombstoneLog:
@@ -172,9 +208,9 @@ class TombstoneLog:
         except FileNotFoundError:
             return TombstoneRead()
         found = decode_frames(data)
-        if found.valid_end < found.size:
+        if found.torn_from < found.size:
             with open(self.path, "r+b") as f:
-                f.truncate(found.valid_end)
+                f.truncate(found.torn_from)
                 os.fsync(f.fileno())
         return found
 
@@ -182,7 +218,7 @@ class TombstoneLog:
         """Add tombstones as one frame (fsynced before returning when `sync`)."""
         if not tombstones:
             return
-        frame = encode_frame(tombstones, now_ms)
+        frame = b"".join(encode_frames(tombstones, now_ms))
         if self._fd is None:
             new = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -199,17 +235,23 @@ class TombstoneLog:
         tmp = self.path.with_suffix(".tmp")
         live = list(tombstones)
         with open(tmp, "wb") as f:
-            if live:
-                f.write(encode_frame(live, now_ms))
+            for frame in encode_frames(live, now_ms):
+                f.write(frame)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_path(self.path.parent)
 
-    def close(self) -> None:
-        """Close the file (an append opens it again)."""
+    def flush(self) -> None:
+        """fsync what was appended (in every mode: the engine calls it at each checkpoint)."""
         if self._fd is not None:
-            if self.sync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        """fsync and close the file (an append opens it again)."""
+        if self._fd is not None:
+            try:
                 os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+            finally:
+                os.close(self._fd)
+                self._fd = None

@@ -12,8 +12,13 @@ the retention: a new message under that key within it is cancelled too.
 A tombstone screens arrivals from the moment `add()` holds it, and is on disk (`storage.TombstoneLog`)
 once `save()` returns, which the engine calls after applying the cancel to what is stored: a crash
 in between leaves no tombstone, so the cancel, not yet acknowledged, is applied whole again when
-it comes back. It is forgotten `retention_ms` after it arrived; at most `max_entries` are held
-(the oldest go first, counted).
+it comes back. It is forgotten `retention_ms` after it arrived.
+
+At most `max_entries` are held. The policy past that bound is stated, not silent: the oldest
+tombstone goes first, before its retention, and each one is counted (`evicted`, exported as
+`timewheel_cancel_tombstones_evicted_total`) and logged; an operator alerts on that counter and
+raises `max_tombstones`. Refusing new cancels instead would stall every queue they share with
+messages, which is worse than forgetting the oldest cancel.
 Screening a batch is a few set operations over the batch in C (`isdisjoint`), no Python step per
 message unless one matches.
 """
@@ -193,7 +198,12 @@ class Tombstones:
         return [*(Tombstone(ID, t, 0, e) for t, e in self._ids.items() if (ID, t) not in unsaved),
                 *(Tombstone(KEY, t, 0, e) for t, e in self._keys.items() if (KEY, t) not in unsaved)]
 
+    def flush(self) -> None:
+        """fsync the log (every durability mode, at each checkpoint)."""
+        with self._lock:
+            self._log.flush()
+
     def close(self) -> None:
-        """Close the log file."""
+        """fsync and close the log file."""
         with self._lock:
             self._log.close()

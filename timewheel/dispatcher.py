@@ -226,18 +226,18 @@ class Dispatcher:
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
         segs, parts, offsets = self.segments.locate(refs)
-        # the index's due times go along: a record whose own (CRC-checked) due time differs is never served
+        # the index's due times go along: a record whose own (CRC-checked) due time differs is served at its own
         if self._sends_records:
             batch, corrupt = self._read_bytes(due, refs, attempts, segs, parts, offsets)
         else:
             batch, corrupt = self._read_messages(due, refs, attempts, segs, parts, offsets)
         now = self.clock.now_ms()
-        if len(corrupt):
-            c = corrupt
+        c = self._reschedule_misdated(corrupt, due, refs, attempts)
+        if len(c):
             self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
                          attempts[c])
             with self._lock:
-                self.counters.corrupt += len(corrupt)
+                self.counters.corrupt += len(c)
         if not len(batch):
             return
         if self.shaper is None:
@@ -247,35 +247,53 @@ class Dispatcher:
             self._held.add(batch, now)
         self._deliver_granted()
 
+    def _reschedule_misdated(self, corrupt: list[tuple[int, int | None]], due: np.ndarray, refs: np.ndarray,
+                             attempts: np.ndarray) -> np.ndarray:
+        """Queue again, at the record's own due time, each row whose index entry disagrees with its
+        intact record (the index has no CRC, the record has); returns the rows really corrupt."""
+        rows = np.array([r for r, _ in corrupt], np.int64)
+        record_due = np.array([-1 if d is None else d for _, d in corrupt], np.int64)
+        m = record_due >= 0
+        if m.any():
+            c = rows[m]
+            log.warning("%d index entries disagree with their intact records: rescheduled at the records' own "
+                        "due times", len(c))
+            self.queue.retry(record_due[m], record_due[m], refs[c], attempts[c])
+        return rows[~m]
+
     def _read_bytes(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
-                    parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, np.ndarray]:
-        """The good records as stored bytes (for `send_records`), and the rows found corrupt."""
+                    parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, list[tuple[int, int | None]]]:
+        """The good records as stored bytes (for `send_records`), and the rows found corrupt (with
+        the record's own due time when only that disagrees with the index)."""
         raw = self.store.read_record_bytes(segs, parts, offsets, due)
         for err in raw.errors.values():
-            log.error("corrupt record skipped, never served: %s", err)
+            if err.record_due_ms is None:
+                log.error("corrupt record skipped, never served: %s", err)
         if not raw.errors:
-            return Batch(None, due, refs, attempts, segs, parts, offsets, raw), np.empty(0, np.int64)
+            return Batch(None, due, refs, attempts, segs, parts, offsets, raw), []
         k = np.flatnonzero(raw.ok)
         return (Batch(None, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k], raw.select(k)),
-                np.flatnonzero(~raw.ok))
+                [(r, raw.errors[r].record_due_ms) for r in np.flatnonzero(~raw.ok).tolist()])
 
     def _read_messages(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
-                       parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, np.ndarray]:
-        """The good records as `Message` objects (for `send_batch`), and the rows found corrupt."""
+                       parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, list[tuple[int, int | None]]]:
+        """The good records as `Message` objects (for `send_batch`), and the rows found corrupt (with
+        the record's own due time when only that disagrees with the index)."""
         messages: list[Message] = []
         ok_idx: list[int] = []
-        corrupt: list[int] = []
+        corrupt: list[tuple[int, int | None]] = []
         from_record = Message.from_record
         records = self.store.read_records(segs.tolist(), parts.tolist(), offsets.tolist(), due.tolist())
         for i, (rec, att) in enumerate(zip(records, attempts.tolist())):
             if isinstance(rec, CorruptRecordError):
-                log.error("corrupt record skipped, never served: %s", rec)
-                corrupt.append(i)
+                if rec.record_due_ms is None:
+                    log.error("corrupt record skipped, never served: %s", rec)
+                corrupt.append((i, rec.record_due_ms))
                 continue
             messages.append(from_record(rec, att + 1))
             ok_idx.append(i)
         k = np.asarray(ok_idx, np.int64)
-        return Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k]), np.asarray(corrupt, np.int64)
+        return Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k]), corrupt
 
     def _deliver_granted(self) -> int:
         """Send what the shaper grants now from the held queues, highest share first.

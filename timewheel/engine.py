@@ -97,6 +97,7 @@ class Engine:
         # totals of the dispatcher and the timer, kept when the engine stops and starts again
         self._dispatch_counters = DispatchCounters()
         self._catch_up_segments_before = 0
+        self._evicted_before = 0  # tombstones evicted by earlier runs of this engine
         self._run: _Running | None = None
 
     @property
@@ -145,8 +146,8 @@ class Engine:
                                 cfg.max_tombstones)
         tombstones.load(self.clock.now_ms())
         self.store = store
-        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock), background,
-                             tombstones)
+        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock, tombstones),
+                             background, tombstones)
         if background:
             # Releasing at the due millisecond needs the timer thread to get the GIL within a
             # millisecond; Python's default switch interval (5 ms) would make it wait behind the
@@ -171,6 +172,7 @@ class Engine:
         run.store.close()
         run.tombstones.close()
         self._catch_up_segments_before += run.timer.catch_up_segments
+        self._evicted_before += run.tombstones.evicted
         self._run = None
 
     def __enter__(self) -> "Engine":
@@ -318,6 +320,11 @@ class Engine:
         threads = [*run.timer.threads(), *run.dispatcher.threads(), *run.housekeeper.threads()]
         return [t.name for t in threads if not t.is_alive()]
 
+    def checkpoint_failure(self) -> str | None:
+        """Why the last checkpoint failed (None while they succeed): the service is not ready meanwhile."""
+        run = self._run
+        return run.housekeeper.failure if run is not None else None
+
     def stats(self) -> EngineStats:
         """Counters, queue sizes, memory and lateness percentiles (ms) of this engine since it started."""
         with self._lock:
@@ -327,9 +334,10 @@ class Engine:
         run = self._run
         c = run.dispatcher.counts() if run is not None else self._dispatch_counters  # no thread counts then
         catch_up_segments = self._catch_up_segments_before + (run.timer.catch_up_segments if run is not None else 0)
+        evicted = self._evicted_before + (run.tombstones.evicted if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
                                   c.send_failures, catch_up_segments, c.dispatch_log_errors, cancel_requests,
-                                  applied, on_arrival)
+                                  applied, on_arrival, evicted)
         if run is None:
             return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()

@@ -1,7 +1,10 @@
 """Housekeeping: the store's checkpoints and retention, on a thread of their own.
 
 Both take the store's locks for a while (an fsync, deleting old segments): off the timer and the
-dispatch threads, they never hold up a release or a send.
+dispatch threads, they never hold up a release or a send. A checkpoint also fsyncs the tombstone
+log, in every durability mode. A checkpoint that fails is kept as `failure` until one succeeds:
+the service reports itself not ready meanwhile (the loss window of `flush = "async"` is bounded
+by one checkpoint only while checkpoints succeed).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import threading
 import time
 
 from storage import ScheduleStore
+from timewheel.cancels import Tombstones
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
 from timewheel._threads import guarded
@@ -20,10 +24,15 @@ log = logging.getLogger("timewheel.housekeeping")
 class Housekeeper:
     """Checkpoints the store every `checkpoint_seconds` and retires segments past `retention_hours`."""
 
-    def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock) -> None:
+    def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock,
+                 tombstones: Tombstones | None = None) -> None:
+        """Housekeeping of `store` (and of `tombstones`' log, fsynced at each checkpoint)."""
         self.config = config
         self.store = store
         self.clock = clock
+        self.tombstones = tombstones
+        #: why the last checkpoint failed, None once one succeeds
+        self.failure: str | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -53,9 +62,18 @@ class Housekeeper:
             if time.monotonic() < next_checkpoint:
                 continue
             next_checkpoint = time.monotonic() + self.config.checkpoint_seconds
-            try:
-                self.store.checkpoint()
-                if self.config.retention_hours > 0:
-                    self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000))
-            except Exception:
-                log.exception("checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
+            self.run_once()
+
+    def run_once(self) -> None:
+        """One checkpoint (the store, then the tombstone log) and retirement; a failure is kept in `failure`."""
+        try:
+            self.store.checkpoint()
+            if self.tombstones is not None:
+                self.tombstones.flush()
+            if self.config.retention_hours > 0:
+                self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000))
+        except Exception as e:
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
+            return
+        self.failure = None

@@ -24,6 +24,7 @@ class EngineCounters:
     cancel_requests: int = 0  # cancels handed to the engine (each queue's copy, repeats included)
     cancels_applied: int = 0  # of those, the ones applied (new to this engine; copies cost a look-up)
     cancelled_on_arrival: int = 0  # messages a tombstone cancelled as they arrived (never stored)
+    cancel_tombstones_evicted: int = 0  # tombstones dropped over max_tombstones before their retention
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,15 +90,55 @@ def _zstd(body: bytes, limit: int) -> bytes:
         out = bytes(r.read(limit + 1))
     if len(out) > limit:
         return out
-    # The reader ends quietly at a cut frame: check that every frame is whole (bounded by the read above).
-    rest = body
-    while rest:
-        d = dctx.decompressobj()
-        d.decompress(rest)
-        if not d.eof:
-            raise BodyDecodeError(f"zstd body of {len(body)} bytes is truncated")
-        rest = d.unused_data
+    # The reader ends quietly at a cut frame: check that every frame is whole, walking the frame
+    # and block headers once (linear in the body; nothing is decompressed a second time).
+    _check_zstd_frames(body)
     return out
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE_MASK, _SKIPPABLE = 0xFFFFFFF0, 0x184D2A50
+_ZSTD_MAX_HEADER = 18  # magic, descriptor, window, dictionary id, content size: at most 18 bytes
+_RLE, _RESERVED = 1, 3  # block types: 0 raw, 1 RLE (one byte stored), 2 compressed, 3 reserved
+
+
+def _check_zstd_frames(body: bytes) -> None:
+    """Raise BodyDecodeError unless `body` is whole zstd frames (skippable ones allowed), end to end."""
+    import zstandard
+
+    mv, n, pos = memoryview(body), len(body), 0
+
+    def need(end: int) -> None:
+        if end > n:
+            raise BodyDecodeError(f"zstd body of {n} bytes is truncated")
+
+    while pos < n:
+        need(pos + 4)
+        magic = int.from_bytes(mv[pos:pos + 4], "little")
+        if magic & _SKIPPABLE_MASK == _SKIPPABLE:
+            need(pos + 8)
+            pos += 8 + int.from_bytes(mv[pos + 4:pos + 8], "little")
+            need(pos)
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise BodyDecodeError(f"zstd body of {n} bytes is corrupt: no frame starts at byte {pos}")
+        head = bytes(mv[pos:pos + _ZSTD_MAX_HEADER])
+        try:
+            pos += zstandard.frame_header_size(head)
+            checksum = zstandard.get_frame_parameters(head).has_checksum
+        except zstandard.ZstdError as e:
+            raise BodyDecodeError(f"zstd body of {n} bytes is truncated or corrupt: {e}") from e
+        last = False
+        while not last:
+            need(pos + 3)
+            block = int.from_bytes(mv[pos:pos + 3], "little")
+            last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
+            if kind == _RESERVED:
+                raise BodyDecodeError(f"zstd body of {n} bytes is corrupt: a block of the reserved type")
+            pos += 3 + (1 if kind == _RLE else size)
+            need(pos)
+        pos += 4 if checksum else 0
+        need(pos)
 
 
 __all__ = ["BodyDecodeError", "BodyTooLargeError", "CODEC_NAMES", "COMPRESSED", "LZ4", "ZLIB", "ZLIB_LEGACY", "ZSTD",

@@ -147,6 +147,9 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
         def dead_threads(self) -> list[str]:
             return []
 
+        def checkpoint_failure(self) -> str | None:
+            return None
+
     svc = Service.__new__(Service)
     svc.engine, svc._consuming, svc.replica = Engine(), True, a  # type: ignore[assignment]
     assert svc.ready() is False and svc.dead_threads() == ["timewheel-replica"]  # /readyz answers 503

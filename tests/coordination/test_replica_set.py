@@ -2,7 +2,8 @@
 
 Replica `a` starts first and holds the shard's lease; replica `b` consumes the same queues into
 its own data directory under its own consumer group, and delivers nothing. Delay messages flow at
-a steady rate (due 1-6 s after sending); a consumer of the target topic counts deliveries by
+a steady rate (due 1-6 s after sending, and one in five already 1-60 s past due when sent, as an
+outbox relay draining a backlog sends them); a consumer of the target topic counts deliveries by
 TW_ORIGINAL_MSG_ID and notes each one's TW_LEASE_EPOCH and the broker's store time. Then:
 
 (a) `a` is killed with SIGKILL: `b` takes the lease once ZooKeeper expires `a`'s session and
@@ -14,7 +15,8 @@ Before the failure, a plain producer cancels a few messages through the delay to
 they are due after the failure, and the replica that holds the lease then delivers none of them.
 
 Asserted, as docs/HA.md states it: nothing acknowledged is lost; the lease changes hands within
-10 s; every duplicate was due between the watermark `b` took over from and the failure, and that
+10 s; every duplicate was due between the watermark `b` took over from and the failure (or, past
+due when sent, was sent within about an interval before the failure), and that
 window is at most one watermark interval (plus the time to compute and publish it); nothing
 carries the paused engine's epoch after it resumes. The figures are printed.
 """
@@ -154,6 +156,7 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     due_of: dict[bytes, int] = {}
     acked: set[bytes] = set()
     cancelled: set[bytes] = set()
+    past_due: dict[bytes, int] = {}  # body -> when it was sent
     stop = threading.Event()
     a = b = None
     try:
@@ -167,6 +170,9 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
             while not stop.is_set():
                 body = f"{run}-{i}".encode()
                 due = _now_ms() + DELAY_MS[0] + (i * 7919) % (DELAY_MS[1] - DELAY_MS[0])
+                if i % 5 == 0:  # one in five already 1-60 s past due (a relay draining a backlog, a retry)
+                    due = _now_ms() - 1_000 - (i * 7919) % 59_000
+                    past_due[body] = _now_ms()
                 for _ in range(10):
                     try:
                         producer.send(OutgoingMessage(delay_topic, body, None, None, {
@@ -254,10 +260,16 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     assert takeover_s <= TAKEOVER_BOUND_S
     assert epoch_b > epoch_a
     assert failed_ms - watermark <= WATERMARK_S * 1000 + PUBLISH_SLACK_MS
-    stray = [b for b in dups if not watermark < due_of[b] <= failed_ms]
+    # a past-due message is covered by a's mark only if a had stored it when it published: those sent
+    # within about an interval before the failure may go out twice, none sent earlier
+    recent_ms = failed_ms - WATERMARK_S * 1000 - PUBLISH_SLACK_MS - 1_000
+    stray = [b for b in dups if not (watermark < due_of[b] <= failed_ms or past_due.get(b, 0) >= recent_ms)]
     assert not stray, f"duplicates due outside (watermark, failure]: {stray[:5]}"
     assert all(counts[b] == 2 for b in dups)
-    assert len(dups) <= len(window)
+    assert len([b for b in dups if b not in past_due]) <= len(window)
+    late_after = [b for b, sent in past_due.items() if sent > failed_ms]
+    print(f"past due when sent: {len(past_due)}, {len(late_after)} of them after the failure, "
+          f"{len(set(late_after) - set(counts))} of those lost")
     assert all(e == epoch_b for v in seen.values() for e, stored in v if stored > failed_ms + 1_000), \
         "only b's epoch after the failure"
     if failure == "pause":

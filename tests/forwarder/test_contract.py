@@ -150,3 +150,72 @@ def test_a_dead_letter_topic_equal_to_the_delay_topic_is_refused() -> None:
         RocketMQConfig(delay_topic="TW_DELAY", dead_letter_topic="TW_DELAY")
     with pytest.raises(ConfigError, match="rocketmq.access_key"):
         RocketMQConfig(secret_key="s")
+
+
+def _sendable(dead: object) -> bytes:
+    """The dead letter as the engine's sender encodes it (raises if RocketMQ could not carry it)."""
+    from forwarder.rocketmq import encode_message
+    return encode_message(dead, "0" * 32)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("props,keys", [
+    pytest.param({"BIG": "x" * 32_600}, "k", id="no-target-and-a-32.6KB-property"),
+    pytest.param({"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1", "A": "x" * 32_700}, "k",
+                 id="a-property-at-the-limit"),
+    pytest.param({"TW_CANCEL_KEY": "k" * 31_700}, "k", id="a-31.7KB-cancel-key"),
+    pytest.param({"NO": "target"}, "k" * 32_760, id="huge-keys"),
+])
+def test_a_dead_letter_always_fits_rocketmqs_limits(props: dict[str, str], keys: str) -> None:
+    msg = ReceivedMessage("TW_DELAY", b"b" * 10, "tg", keys, "ID1" * 20, props, 3, 77, 0, 0, NOW, NOW)
+    dead = to_dead_letter("TW_DLQ", msg.body, msg.tags, msg.keys, msg.properties, "why " * 400,
+                          msg_id=msg.msg_id, queue_id=msg.queue_id, queue_offset=msg.queue_offset)
+    _sendable(dead)
+    p = dead.properties
+    assert p["TW_ORIGINAL_MSG_ID"] == msg.msg_id and p["TW_DEAD_LETTER_REASON"].startswith("why")
+    assert (p["TW_RAW_QUEUE_ID"], p["TW_RAW_QUEUE_OFFSET"], p["TW_BODY_TRUNCATED"]) == ("3", "77", "false")
+    assert "properties" in p["TW_DEAD_LETTER_MINIMAL"]
+
+
+def test_a_dead_letter_that_fits_keeps_the_properties_and_says_nothing_was_dropped() -> None:
+    dead = to_dead_letter("TW_DLQ", b"b", "tg", "k", {"A": "1"}, "why", msg_id="ID1", queue_id=1, queue_offset=2)
+    assert dead.properties["A"] == "1" and "TW_DEAD_LETTER_MINIMAL" not in dead.properties
+    assert dead.keys == "k" and dead.tags == "tg"
+
+
+def test_a_minimal_dead_letter_says_its_body_was_truncated() -> None:
+    from forwarder.contract import DEAD_LETTER_MAX_BODY
+    body = b"x" * (DEAD_LETTER_MAX_BODY + 5)
+    dead = to_dead_letter("TW_DLQ", body, None, None, {"A": "x" * 32_760}, "why", msg_id="ID1")
+    _sendable(dead)
+    assert dead.properties["TW_BODY_TRUNCATED"] == "true"
+    assert dead.properties["TW_TRUNCATED_FROM"] == str(len(body)) and len(dead.body) == DEAD_LETTER_MAX_BODY
+
+
+@pytest.mark.parametrize("extra,keys", [
+    pytest.param({"A": "x" * 32_700}, "k", id="properties-that-grow-past-the-limit-at-delivery"),
+    pytest.param({}, "k" * 32_740, id="keys-that-grow-past-the-limit-at-delivery"),
+])
+def test_ingest_refuses_what_delivery_could_not_send(extra: dict[str, str], keys: str) -> None:
+    msg = ReceivedMessage("TW_DELAY", b"b", "tg", keys, "ID1", {"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1",
+                                                               **extra}, 0, 0, 0, 0, NOW, NOW)
+    with pytest.raises(ContractViolation, match="32767"):
+        to_message(msg, NOW, LIMITS)
+
+
+def test_what_ingest_accepts_delivery_can_send_at_the_edge() -> None:
+    from forwarder.contract import DELIVERY_PROPERTIES_BUDGET
+    from forwarder.rocketmq import encode_message
+    base = {"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1"}
+    lo, hi = 0, 40_000  # the longest property value ingest accepts: delivery must send it with the stamps added
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            to_message(received({**base, "A": "x" * mid}), NOW, LIMITS)
+            lo = mid
+        except ContractViolation:
+            hi = mid - 1
+    m = to_message(received({**base, "A": "x" * lo}), NOW, LIMITS)
+    out = to_outgoing(m)
+    out.properties["TW_LEASE_EPOCH"] = str((1 << 63) - 1)  # type: ignore[index]  # a replica's stamp
+    encode_message(out, "F" * 32)
+    assert lo > 32_000 and DELIVERY_PROPERTIES_BUDGET < 32_767

@@ -287,3 +287,29 @@ def test_parts_from_two_writers_share_a_segment(tmp_path: Path) -> None:
     assert len(ix) == 5 and ix.part.tolist() == [0, 0, 0, 1, 1]
     assert s.read_record(seg, 1, int(ix.offset[4])).msg_id == "b1"
     s.close()
+
+
+def test_a_corrupt_ingest_frame_keeps_the_records_the_part_holds(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    wal = s._wal
+    seq, ends = wal.seq, []
+    for b in range(3):
+        s.append(recs(10, prefix=f"b{b}-"), NOW)
+        ends.append(wal.position)
+    seg = s.layout.segment_start(NOW)
+    crash(s)
+    wal_path = wal.dir / f"{seq:012d}.wal"
+    data = bytearray(wal_path.read_bytes())
+    data[ends[0] + 40] ^= 0xFF
+    wal_path.write_bytes(bytes(data))
+    s2 = ScheduleStore(tmp_path / "d")
+    try:
+        # replay went on past the bad frame, and did not cut the part back to the last frame before it
+        assert s2.recovery.replayed_records == 20 and s2.recovery.ingest_frames_skipped == 1
+        assert any("corrupt" in f and "skipped" in f for f in s2.recovery.findings)
+        ix = s2.segment_index(seg)
+        ids = {s2.read_record(seg, 0, int(o)).msg_id for o in ix.offset}
+        assert ids == {f"b{b}-{i}" for b in range(3) for i in range(10)}  # the part had them all
+        assert check(s2.layout).ok
+    finally:
+        s2.close()

@@ -93,3 +93,61 @@ def test_an_entry_that_does_not_fill_its_payload_is_corrupt() -> None:
     crc = crc32c(bytes(frame[FRAME_HEADER.size:]), crc32c(bytes(frame[16:24]), crc32c(bytes(frame[:12]))))
     struct.pack_into("<I", frame, 12, crc)
     assert decode_frames(bytes(frame)).tombstones == []
+
+
+def test_compaction_of_many_large_tombstones_survives_a_restart(tmp_path: Path) -> None:
+    # 100k keys of 700 bytes: one frame would claim ~72 MB, which the reader once took for a torn
+    # tail and cut, losing every tombstone on the next start
+    live = [Tombstone(KEY, f"{i:08d}" + "k" * 692, 0, T0) for i in range(100_000)]
+    log = TombstoneLog(tmp_path)
+    log.rewrite(live, T0)
+    read = TombstoneLog(tmp_path).read()
+    assert len(read.tombstones) == len(live) and read.corrupt_frames == 0
+    assert read.valid_end == log.path.stat().st_size
+
+
+def test_frames_are_bounded() -> None:
+    from storage.tombstones import MAX_WRITE_PAYLOAD, encode_frames
+    many = [Tombstone(ID, "x" * 1000, 0, T0) for _ in range(5000)]
+    frames = encode_frames(many, T0)
+    assert len(frames) > 1
+    assert all(FRAME_HEADER.unpack_from(f)[2] <= MAX_WRITE_PAYLOAD for f in frames)
+    assert decode_frames(b"".join(frames)).tombstones == many
+
+
+def test_a_large_well_formed_frame_is_read_not_cut(tmp_path: Path) -> None:
+    # a file written before frames were bounded: one frame over the old 64 MiB sanity cap
+    big = [Tombstone(KEY, "k" * 65_000, 0, T0) for _ in range(1040)]
+    log = TombstoneLog(tmp_path)
+    log.path.write_bytes(encode_frame(big, T0))
+    read = log.read()
+    assert len(read.tombstones) == len(big)
+    assert log.path.stat().st_size > 64 << 20
+
+
+def test_a_complete_bad_frame_at_the_end_is_reported_not_cut_silently(tmp_path: Path) -> None:
+    log = TombstoneLog(tmp_path)
+    log.append([Tombstone(ID, "a", 1, 2)], T0)
+    log.append([Tombstone(ID, "b", 1, 2)], T0)
+    log.close()
+    data = bytearray(log.path.read_bytes())
+    data[-1] ^= 0xFF  # the last frame is whole, its text damaged: damage, not a torn write
+    log.path.write_bytes(bytes(data))
+    read = TombstoneLog(tmp_path).read()
+    assert [t.text for t in read.tombstones] == ["a"] and read.corrupt_frames == 1
+    assert log.path.stat().st_size == len(data)
+
+
+def test_close_and_flush_fsync_in_every_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    log = TombstoneLog(tmp_path, sync=False)
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    log.append([Tombstone(ID, "a", 1, 2)], T0)
+    assert not synced  # async: not on every append
+    log.flush()
+    assert len(synced) == 1
+    log.append([Tombstone(ID, "b", 1, 2)], T0)
+    log.close()
+    assert len(synced) == 2

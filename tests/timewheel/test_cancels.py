@@ -204,3 +204,37 @@ def test_compaction_keeps_a_cancel_still_being_applied_off_the_disk(tmp_path: Pa
     t.save(T0 + 5000)
     assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == ["pending"]
     t.close()
+
+
+def test_evictions_are_counted_and_exported(make_engine, clock: ManualClock) -> None:
+    from timewheel.app.metrics import EngineCollector
+    e = make_engine(max_tombstones=10)
+    e.apply_cancels([CancelRequest(f"nothing-{i}", None, T0) for i in range(25)])
+    assert e.stats().counters.cancel_tombstones_evicted == 15
+    names = {s.name: s.value for m in EngineCollector(e.stats, lambda: e.lateness_buckets).collect() for s in m.samples}
+    assert names["timewheel_cancel_tombstones_evicted_total"] == 15
+
+
+def test_a_failing_checkpoint_is_kept_until_one_succeeds(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    e = make_engine()
+    run = e._run
+    assert e.checkpoint_failure() is None
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(run.store, "checkpoint", broken)
+    run.housekeeper.run_once()
+    assert "No space left" in (e.checkpoint_failure() or "")
+    monkeypatch.undo()
+    run.housekeeper.run_once()
+    assert e.checkpoint_failure() is None
+
+
+def test_a_checkpoint_fsyncs_the_tombstone_log_in_async_mode(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    e = make_engine(flush="async")
+    e.apply_cancels([CancelRequest("some-id", None, T0)])
+    flushed: list[bool] = []
+    real = e._run.tombstones._log.flush
+    monkeypatch.setattr(e._run.tombstones._log, "flush", lambda: (flushed.append(True), real())[1])
+    e._run.housekeeper.run_once()
+    assert flushed == [True]

@@ -315,3 +315,24 @@ def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine, clock
     e.start(background=False)
     st = e.stats()
     assert (st.counters.scheduled, st.counters.delivered, st.wheel_entries) == (1, 1, 0)
+
+
+def test_an_index_entry_whose_due_disagrees_with_its_record_is_sent_at_the_records_due(
+        make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+    import numpy as np
+
+    from storage.index import INDEX_DTYPE
+    e = make_engine()
+    later = T0 + 3 * HOUR  # a segment not loaded yet: it comes from its index
+    ids = e.schedule([Message("T", f"b{i}".encode(), later + 1000 + i) for i in range(3)])
+    loc = e.store.meta.locations([ids[1]])[0]
+    assert loc is not None
+    path = e.store.layout.part_index(loc.segment_ms, loc.part)
+    entries = np.fromfile(path, INDEX_DTYPE)
+    row = int(np.flatnonzero(entries["offset"] == loc.offset)[0])
+    entries["due_ms"][row] = later + 500  # the index (no CRC) says earlier than the intact record
+    entries.tofile(path)
+    drive(e, clock, later + 5000)
+    assert sorted(sink.sent) == sorted([(ids[0], later + 1000), (ids[1], later + 1001), (ids[2], later + 1002)])
+    st = e.stats().counters
+    assert (st.delivered, st.corrupt) == (3, 0)

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from forwarder.contract import to_dead_letter, to_outgoing
 from forwarder.rocketmq import MessageRejectedError, encode_message
 from storage import summarize
 from timewheel import Engine, EngineConfig, ManualClock, Message
-from tests.timewheel.conftest import T0, drive
+from tests.timewheel.conftest import T0, RecordingSink, drive
 
 MIN = 60_000
 
@@ -156,9 +157,32 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
         def dead_threads(self) -> list[str]:
             return ["timewheel-timer"]
 
+        def checkpoint_failure(self) -> str | None:
+            return None
+
     svc = Service.__new__(Service)
     svc.engine, svc._consuming, svc.replica = DeadEngine(), True, None  # type: ignore[assignment]
     assert svc.ready() is False
+
+
+def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from timewheel.app.service import Service
+
+    clock = ManualClock(T0)
+    e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
+    try:
+        svc = Service.__new__(Service)
+        svc.engine, svc._consuming, svc.replica = e, True, None  # type: ignore[assignment]
+        assert svc.ready() is True
+
+        def full() -> None:
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(e._run.store, "checkpoint", full)
+        e._run.housekeeper.run_once()
+        assert svc.ready() is False
+    finally:
+        monkeypatch.undo()
+        e.stop()
 
 
 def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) -> None:

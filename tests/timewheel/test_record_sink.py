@@ -14,7 +14,8 @@ from tests.timewheel.conftest import T0, RecordingSink, drive
 from tests.timewheel.test_engine import (  # noqa: F401  (collected here again, with the record sink below)
     test_cancel_by_id_and_key, test_crosses_hour_boundaries_with_preload, test_duplicate_ids_are_scheduled_once,
     test_failed_sends_retry_then_dead_letter, test_late_arrival_into_loaded_segment_and_already_due,
-    test_restart_mid_segment_sends_nothing_twice, test_six_hour_downtime_catch_up_oldest_first)
+    test_restart_mid_segment_sends_nothing_twice, test_six_hour_downtime_catch_up_oldest_first,
+    test_an_index_entry_whose_due_disagrees_with_its_record_is_sent_at_the_records_due)
 from timewheel import Engine, EngineConfig, ManualClock, Message
 
 

@@ -9,7 +9,8 @@ from timewheel.stats import EngineCounters, EngineStats
 KEYS = {"scheduled", "duplicates", "delivered", "cancelled", "dead_lettered", "retries", "corrupt", "send_failures",
         "catch_up_segments", "dispatch_log_errors", "ready", "backlog", "retrying", "catch_up_pending_segments",
         "held_by_shaping", "storage_corrupt_records", "shaping", "wheel_entries", "wheel_bytes", "loaded_segments",
-        "lateness_ms", "tombstones", "cancel_requests", "cancels_applied", "cancelled_on_arrival"}
+        "lateness_ms", "tombstones", "cancel_requests", "cancels_applied", "cancelled_on_arrival",
+        "cancel_tombstones_evicted"}
 
 
 def test_as_dict_keeps_the_keys_and_is_json() -> None:

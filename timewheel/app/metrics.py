@@ -23,6 +23,7 @@ _COUNTERS = {
     "cancel_requests": "Cancels handed to the engine (each queue's copy of a control message, and the admin API's).",
     "cancels_applied": "Cancels applied: new to this engine (copies and repeats are only looked up).",
     "cancelled_on_arrival": "Messages a cancel sent before them cancelled as they arrived (never stored).",
+    "cancel_tombstones_evicted": "Cancels forgotten before their retention because max_tombstones was reached.",
 }
 
 

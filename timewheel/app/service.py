@@ -127,8 +127,10 @@ class Service:
     # ---- what the admin endpoint drives ----------------------------------------------------------
 
     def ready(self) -> bool:
-        """Whether the engine runs, all its threads alive, and the delay topic is being consumed."""
-        return self.engine is not None and self._consuming and not self.dead_threads()
+        """Whether the engine runs, all its threads alive, its checkpoints succeed, and the delay topic
+        is being consumed."""
+        return (self.engine is not None and self._consuming and not self.dead_threads()
+                and self.engine.checkpoint_failure() is None)
 
     def dead_threads(self) -> list[str]:
         """The threads this service relies on that ended while it runs: the engine's, and with [ha]

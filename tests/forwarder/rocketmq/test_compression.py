@@ -70,3 +70,52 @@ def test_arbitrary_bytes_decode_or_raise_a_decode_error(data: bytes, codec: int)
     except BodyDecodeError:
         return
     assert len(out) <= 1 << 16
+
+
+def test_checking_many_zstd_frames_reads_each_byte_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 40,000 empty frames: the check for a cut frame once handed every frame's remainder to a new
+    # decompressor (quadratic: 4 MB of them cost 24 s of CPU per message)
+    empty = zstandard.ZstdCompressor().compress(b"")
+    body = empty * 40_000
+    handed = [0]
+    real = zstandard.ZstdDecompressor
+
+    class Counting:
+        def __init__(self, *a: object, **kw: object) -> None:
+            self._d = real(*a, **kw)
+
+        def stream_reader(self, source: object, **kw: object) -> object:
+            if hasattr(source, "getbuffer"):
+                handed[0] += len(source.getbuffer())
+            return self._d.stream_reader(source, **kw)
+
+        def decompressobj(self, *a: object, **kw: object) -> object:
+            inner = self._d.decompressobj(*a, **kw)
+
+            class Obj:
+                def decompress(self, data: bytes) -> bytes:
+                    handed[0] += len(data)
+                    return inner.decompress(data)
+
+                def __getattr__(self, name: str) -> object:
+                    return getattr(inner, name)
+            return Obj()
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", Counting)
+    assert decompress(body, _flag(ZSTD), 1 << 20) == b""
+    assert handed[0] <= 2 * len(body)
+
+
+@pytest.mark.parametrize("tail", [pytest.param(b"\x00" * 5, id="garbage"),
+                                  pytest.param(b"\x28\xb5\x2f\xfd", id="a-bare-magic")])
+def test_zstd_bytes_after_the_last_frame_are_refused(tail: bytes) -> None:
+    body = zstandard.ZstdCompressor(write_checksum=True).compress(b"hello" * 100) + tail
+    with pytest.raises(BodyDecodeError):
+        decompress(body, _flag(ZSTD), 1 << 20)
+
+
+def test_zstd_skippable_frames_and_several_frames_read_back() -> None:
+    c = zstandard.ZstdCompressor(write_checksum=True)
+    skippable = b"\x50\x2a\x4d\x18" + (3).to_bytes(4, "little") + b"abc"
+    body = c.compress(b"one") + skippable + c.compress(b"two" * 1000)
+    assert decompress(body, _flag(ZSTD), 1 << 20) == b"one" + b"two" * 1000
