@@ -17,7 +17,8 @@ they are due after the failure, and the replica that holds the lease then delive
 Asserted, as docs/HA.md states it: nothing acknowledged is lost; the lease changes hands within
 10 s; every duplicate was due between the watermark `b` took over from and the failure (or, past
 due when sent, was sent within about an interval before the failure), and that
-window is at most one watermark interval (plus the time to compute and publish it); nothing
+window is at most two watermark intervals (plus the time to compute and publish it: a past-due
+message in the dispatch queue at the moment of a publication holds that one back); nothing
 carries the paused engine's epoch after it resumes. The figures are printed.
 """
 from __future__ import annotations
@@ -259,7 +260,9 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     assert len(cancelled) == 5 and not cancelled & set(counts), "a message cancelled through the delay topic arrived"
     assert takeover_s <= TAKEOVER_BOUND_S
     assert epoch_b > epoch_a
-    assert failed_ms - watermark <= WATERMARK_S * 1000 + PUBLISH_SLACK_MS
+    # a message already past due holds W at its due time for the moment it is in the dispatch queue;
+    # a publication that falls in that moment is skipped (W never moves back), so up to two intervals
+    assert failed_ms - watermark <= 2 * WATERMARK_S * 1000 + PUBLISH_SLACK_MS
     # a past-due message is covered by a's mark only if a had stored it when it published: those sent
     # within about an interval before the failure may go out twice, none sent earlier
     recent_ms = failed_ms - WATERMARK_S * 1000 - PUBLISH_SLACK_MS - 1_000
