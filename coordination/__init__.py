@@ -11,10 +11,11 @@ from coordination.config import HAConfig
 from coordination.errors import CoordinationError, LocalZooKeeperError
 from coordination.fencing import FencingDeadline
 from coordination.local_zookeeper import LocalZooKeeper, ruok
-from coordination.replica import EPOCH_PROPERTY, EpochStampingSink, ReplicaCounters, ShardReplica
+from coordination.epoch_sink import EPOCH_PROPERTY, EpochStampingSink
+from coordination.replica import ReplicaCounters, ReplicaIdTaken, ShardReplica
 from coordination.status import ShardStatus, shard_status
 from coordination.watermark import Watermark, publish_watermark, read_watermark
 
 __all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencingDeadline", "HAConfig",
-           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ShardReplica", "ShardStatus", "Watermark",
+           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ReplicaIdTaken", "ShardReplica", "ShardStatus", "Watermark",
            "publish_watermark", "read_watermark", "ruok", "shard_status"]

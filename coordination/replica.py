@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -42,15 +42,12 @@ from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.watermark import MalformedWatermark, Watermark, covered_by, publish_watermark, read_watermark
 from timewheel.gate import NO_WATERMARK
-from storage import RecordBytes
-from timewheel.message import Message, Sink
+from timewheel.message import Message
 
-__all__ = ["EPOCH_PROPERTY", "EpochStampingSink", "ReplicaCounters", "ReplicaIdTaken", "ShardReplica"]
+__all__ = ["ReplicaCounters", "ReplicaIdTaken", "ShardReplica", "epoch_of", "lease_sequence"]
 
 log = logging.getLogger("timewheel.replica")
 
-#: the message property carrying the lease epoch under which a message was sent
-EPOCH_PROPERTY = "TW_LEASE_EPOCH"
 _PREFIX = "replica-"
 #: epochs whose last watermark a replica keeps
 _EPOCHS_KEPT = 8
@@ -298,7 +295,7 @@ class ShardReplica:
         # of the contenders (a session the leader already expired) never confirms the lease
         client.sync(f"{self.path}/lease")
         children = sorted((c for c in client.get_children(f"{self.path}/lease", watch=self._on_children)
-                           if c.startswith(_PREFIX)), key=_sequence)
+                           if c.startswith(_PREFIX)), key=lease_sequence)
         if self._node not in children:
             self._node = None  # gone with an expired session: contend again next round
             self._lose("lease node gone")
@@ -431,43 +428,15 @@ class ShardReplica:
                     self.counters.possible_duplicates += n
 
 
-def _sequence(node: str) -> int:
+def lease_sequence(node: str) -> int:
     """The sequence number ZooKeeper appended to a lease node's name (its last ten digits)."""
     return int(node[-10:])
 
 
 def epoch_of(node: str) -> int:
     """The epoch of a lease node: its sequence number plus one (0 means no lease)."""
-    return _sequence(node) + 1
+    return lease_sequence(node) + 1
 
 
 class ReplicaIdTaken(RuntimeError):
     """Another live process of the shard already uses this replica's id."""
-
-
-class EpochStampingSink:
-    """A Sink that adds the lease epoch to every message it passes on (`TW_LEASE_EPOCH`)."""
-
-    def __init__(self, inner: Sink, replica: ShardReplica) -> None:
-        self.inner = inner
-        self.replica = replica
-        self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
-        self.linger_ms = int(getattr(inner, "linger_ms", 0))
-        send_records = getattr(inner, "send_records", None)
-        if callable(send_records):
-            # A sink that takes records as stored gets them still: the epoch is one more property.
-            self.send_records = lambda records: self._send_records(send_records, records)
-
-    def _send_records(self, send: Callable[..., list[bool]], records: RecordBytes) -> list[bool]:
-        # The lease is asked again right before the write, not only before the batch was read and encoded.
-        results = send(records, {EPOCH_PROPERTY: str(self.replica.epoch)}, self.replica.may_send)
-        self.replica.note_sent_due(records.header["due_ms"])
-        return results
-
-    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
-        """Stamp and send; one bool per message."""
-        epoch = str(self.replica.epoch)
-        stamped = [replace(m, properties={**(m.properties or {}), EPOCH_PROPERTY: epoch}) for m in messages]
-        results = self.inner.send_batch(stamped)
-        self.replica.note_sent(messages)
-        return results

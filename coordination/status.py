@@ -7,7 +7,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from coordination.config import HAConfig
-from coordination.replica import epoch_of
+from coordination.replica import epoch_of, lease_sequence
 from coordination.watermark import MalformedWatermark, Watermark, read_watermark
 
 __all__ = ["ShardStatus", "shard_status"]
@@ -42,7 +42,7 @@ def shard_status(client: KazooClient, cfg: HAConfig, delay_topic: str) -> list[S
         path = cfg.shard_path(delay_topic, k)
         try:
             nodes = sorted((c for c in client.get_children(f"{path}/lease") if c.startswith(_PREFIX)),
-                           key=lambda c: int(c[-10:]))
+                           key=lease_sequence)
         except NoNodeError:
             nodes = []
         names = []

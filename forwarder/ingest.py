@@ -92,12 +92,6 @@ class DelayTopicIngest:
                                             queue_filter=self._in_shard if self.queue_ids is not None else None)
         self._puller.start()
 
-    def caught_up_ms(self) -> int | None:
-        """Wall-clock ms before which everything stored in the queues this engine reads was stored here
-        (None: none read yet). A replica holding its shard's lease never publishes a watermark past it."""
-        puller = self._puller
-        return puller.caught_up_ms() if puller is not None else None
-
     def stored_offsets(self) -> dict[str, int]:
         """Per queue read here (`broker:queue id`), the offset below which everything was stored (or
         dead-lettered, or applied as a cancel): what a replica holding its shard's lease publishes."""

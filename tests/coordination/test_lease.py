@@ -21,6 +21,16 @@ def _wait(what: str, predicate: Callable[[], bool], timeout: float = 20.0) -> No
         time.sleep(0.05)
 
 
+def _holder_and_follower(replicas: Callable[..., ShardReplica], a_mark: int,
+                         b_mark: int) -> tuple[ShardReplica, ShardReplica]:
+    """Replica a holding the lease with watermark `a_mark`, and b following it."""
+    a = replicas("a", lambda: a_mark)
+    _wait("a holds the lease", a.may_send)
+    b = replicas("b", lambda: b_mark)
+    _wait("b follows", lambda: b.delivered_elsewhere_up_to() == a_mark)
+    return a, b
+
+
 @pytest.fixture
 def replicas(zookeeper: LocalZooKeeper) -> Iterator[Callable[..., ShardReplica]]:
     topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
@@ -73,10 +83,7 @@ def test_one_replica_holds_and_the_next_takes_over_from_its_watermark_with_a_lar
 
 def test_a_holder_whose_session_expires_stops_sending_and_cannot_move_its_successors_watermark(
         replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper) -> None:
-    a = replicas("a", lambda: 2_000)
-    _wait("a holds the lease", a.may_send)
-    b = replicas("b", lambda: 3_000)
-    _wait("b follows", lambda: b.delivered_elsewhere_up_to() == 2_000)
+    a, b = _holder_and_follower(replicas, 2_000, 3_000)
     first = a.epoch
     # end a's session from outside, as the server does when a paused holder stops heartbeating
     sid, password = a._client.client_id
@@ -169,10 +176,7 @@ def test_a_second_process_with_a_live_replica_id_is_refused(replicas: Callable[.
 
 def test_a_malformed_watermark_is_reported_and_sends_rather_than_drops(
         replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper) -> None:
-    a = replicas("a", lambda: 1_000)
-    _wait("a holds the lease", a.may_send)
-    b = replicas("b", lambda: 5)
-    _wait("b follows", lambda: b.delivered_elsewhere_up_to() == 1_000)
+    a, b = _holder_and_follower(replicas, 1_000, 5)
     a.stop()
     _wait("b holds the lease", b.may_send, 5.0)
     b._client.set(f"{b.path}/watermark", b"{not json")
