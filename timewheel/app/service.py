@@ -84,6 +84,11 @@ class Service:
         from forwarder import ContractLimits, connect_rocketmq
         from forwarder.shaping_control import ShapingControl
 
+        from timewheel.app._http import raise_open_files_limit
+
+        # part files, the meta store and connections all take descriptors: the soft limit (often
+        # 1024) is raised to what the hard limit allows, and the admin port keeps to a quarter of it
+        raise_open_files_limit()
         cfg = self.settings.engine
         # invalid traffic rules stop the start here, before anything connects
         shaping = ShapingControl(self.settings.shaping, config_path=self.config_path, max_grant=cfg.send_batch_size,
