@@ -10,8 +10,9 @@ from typing import Annotated, Optional, cast
 
 import typer
 
+# Help text is shown as written: rich markup would swallow every bracketed word ([ha], [rocketmq]).
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 # existence is checked by open_data_dir, whose error says what to run
 DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")]
