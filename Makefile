@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench bench-peers clean
+.PHONY: setup demo test fuzz bench bench-peers clean
 
 $(BIN)/timewheel: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# the ingest pipeline under many more arbitrary messages than `make test` runs (FUZZ_EXAMPLES=N for more)
+FUZZ_EXAMPLES ?= 20000
+fuzz: setup
+	TIMEWHEEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/fuzz -q --hypothesis-show-statistics
 
 bench: setup
 	$(BIN)/python -m pytest bench --benchmark-only

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from forwarder.contract import SYSTEM_TOPIC_PREFIXES, ContractViolation, check_target_topic
 from forwarder.rocketmq import ClientSecurity, Credentials
 from timewheel.errors import ConfigError
 
@@ -31,8 +32,12 @@ class RocketMQConfig:
     secret_key: str = field(default="", repr=False)
     secret_key_file: str = ""
     tls: bool = False  # wrap every connection to NameServers and brokers in TLS
-    tls_verify: bool = False  # check the brokers' certificates (against tls_ca_file, else the system's CAs)
+    #: the brokers' certificates are checked against tls_ca_file, else the system's CAs (always, unless
+    #: tls_insecure: false alone is refused, so that no config turns checks off without saying so)
+    tls_verify: bool = True
     tls_ca_file: str = ""
+    #: check no certificate: only for a throw-away test broker on a self-signed certificate
+    tls_insecure: bool = False
 
     #: keys whose values are never shown (print-config, logs)
     SECRET_KEYS: ClassVar[frozenset[str]] = frozenset({"secret_key"})
@@ -46,12 +51,13 @@ class RocketMQConfig:
     }
 
     def __post_init__(self) -> None:
-        host, _, port = self.namesrv.rpartition(":")
         checks = [
-            ("namesrv", bool(host) and port.isdigit() and 0 < int(port) < 65536, "HOST:PORT (several: ';'-separated)"
-             if ";" not in self.namesrv else "HOST:PORT"),
-            ("delay_topic", bool(self.delay_topic), "a topic name"),
-            ("dead_letter_topic", bool(self.dead_letter_topic), "a topic name"),
+            ("namesrv", _namesrv_ok(self.namesrv), "HOST:PORT, several ';'-separated, each with a host and a port "
+                                                   "between 1 and 65535"),
+            ("delay_topic", _topic_problem(self.delay_topic) is None,
+             f"a topic name ({_topic_problem(self.delay_topic)})"),
+            ("dead_letter_topic", _topic_problem(self.dead_letter_topic) is None,
+             f"a topic name ({_topic_problem(self.dead_letter_topic)})"),
             ("consumer_group", bool(self.consumer_group), "a group name"),
             ("producer_group", bool(self.producer_group), "a group name"),
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
@@ -65,9 +71,18 @@ class RocketMQConfig:
             ("secret_key", not (self.secret_key and self.secret_key_file), "unset when secret_key_file is set"),
             ("access_key", bool(self.access_key) == bool(self.secret_key or self.secret_key_file),
              "set together with secret_key or secret_key_file"),
+            ("tls_ca_file", not self.tls_ca_file or self.tls, "unset unless tls = true (it checks TLS certificates)"),
+            ("tls_insecure", not self.tls_insecure or self.tls, "false unless tls = true"),
+            ("tls_insecure", not (self.tls_insecure and self.tls_ca_file),
+             "false when tls_ca_file is set (a CA file is only for checking certificates)"),
+            ("tls_verify", self.tls_verify or self.tls_insecure,
+             "true: certificates are always checked; set tls_insecure = true to check none (a self-signed test "
+             "broker; `timewheel broker --tls` prints its CA file instead)"),
+            ("tls_ca_file", not (self.tls and self.tls_ca_file) or Path(self.tls_ca_file).is_file(),
+             "a readable PEM file of the CA certificates that signed the brokers'"),
         ]
         for name, ok, want in checks:
-            if not ok and not (name == "namesrv" and ";" in self.namesrv):
+            if not ok:
                 shown = "<redacted>" if name in self.SECRET_KEYS else repr(getattr(self, name))
                 raise ConfigError(f"rocketmq.{name} = {shown} is invalid: it must be {want}")
 
@@ -85,4 +100,24 @@ class RocketMQConfig:
                     raise ConfigError(f"rocketmq.secret_key_file = {self.secret_key_file!r} cannot be read: {e}; "
                                       f"point it at a file whose first line is the secret key") from e
             creds = Credentials(self.access_key, secret)
-        return ClientSecurity(creds, self.tls, self.tls_verify, self.tls_ca_file or None)
+        return ClientSecurity(creds, self.tls, self.tls_insecure, self.tls_ca_file or None)
+
+
+def _namesrv_ok(namesrv: str) -> bool:
+    """Whether `namesrv` is one or more ';'-separated HOST:PORT, each with a host and a valid port."""
+    for addr in namesrv.split(";"):
+        host, _, port = addr.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return False
+    return True
+
+
+def _topic_problem(topic: str) -> str | None:
+    """Why `topic` cannot be one of the engine's own topics (the same check as a delivery target's), or None."""
+    if isinstance(topic, str) and topic.startswith(SYSTEM_TOPIC_PREFIXES):
+        return "not a RocketMQ system topic"
+    try:
+        check_target_topic(topic)
+    except ContractViolation:
+        return "ASCII letters, digits, '_' and '-', at most 127"
+    return None

@@ -65,7 +65,8 @@ CONTRACT_PROPERTIES = frozenset({TARGET_TOPIC, DELIVER_AT_MS, DELAY_MS, START_DE
 
 # A user topic: ASCII letters, digits, '_' and '-' (RocketMQ also allows '%' and '|', but only in the
 # names of its own retry, dead-letter and system topics, which no producer may write through us).
-_TOPIC = re.compile(r"[a-zA-Z0-9_-]{1,127}")
+TOPIC_PATTERN = r"[a-zA-Z0-9_-]{1,127}"
+_TOPIC = re.compile(TOPIC_PATTERN)
 _FORBIDDEN = re.compile(r"[\x00-\x02]")
 _MILLIS = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit/\d would take full-width ones
 _INT64_MAX = (1 << 63) - 1

@@ -108,7 +108,8 @@ class LocalRocketMQ:
         """
         self.acl = acl
         self.tls = tls
-        self.security = ClientSecurity(acl, tls=tls) if acl is not None or tls else None
+        #: what clients of this cluster apply (with `tls`, the certificate made at start is the CA)
+        self.security: ClientSecurity | None = ClientSecurity(acl) if acl is not None else None
         self._given_run_dir = Path(run_dir) if run_dir is not None else None
         self._cache_dir = cache_dir
         self._version = version
@@ -159,6 +160,11 @@ class LocalRocketMQ:
         return self._run_dir
 
     @property
+    def tls_ca_file(self) -> Path:
+        """The self-signed certificate a TLS cluster serves (made at start): the CA its clients trust."""
+        return self.run_dir / "tls" / "cert.pem"
+
+    @property
     def broker_pid(self) -> int | None:
         """The (first) broker's process id while it runs (benchmarks sample its CPU time), else None."""
         proc = self._nodes[0].proc if self._nodes else None
@@ -183,6 +189,8 @@ class LocalRocketMQ:
                 self._run_dir = self._given_run_dir.resolve()
             else:
                 self._run_dir = Path(tempfile.mkdtemp(prefix="timewheel-rocketmq-"))
+            if self.tls:
+                self.security = ClientSecurity(self.acl, tls=True, ca_file=str(self.tls_ca_file))
             deadline = time.monotonic() + timeout
             rng = random.Random()
             try:
@@ -425,7 +433,11 @@ def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls:
                        version=version or ROCKETMQ_VERSION)
     try:
         mq.start()
-        print(f"namesrv {mq.namesrv_addr}{' (TLS only: [rocketmq] tls = true)' if tls else ''}", flush=True)
+        print(f"namesrv {mq.namesrv_addr}", flush=True)
+        if tls:
+            print(f"TLS only, on a self-signed certificate: point the engine at it with [rocketmq] tls = true and "
+                  f"tls_ca_file = \"{mq.tls_ca_file}\" (or tls_insecure = true, which checks no certificate)",
+                  flush=True)
         while not stop.wait(0.5):
             if not mq.broker_running:
                 raise LocalRocketMQError(

@@ -5,8 +5,8 @@ Input columns are named like the fields of `timewheel.Message`: `topic`, `body`,
 `keys` (array, or text split on commas and spaces), `tags`, `properties` (map, struct, or JSON
 text) and `msg_id`. The job:
 
-1. `check_rows`: every row gets a `reason` when it breaks the producer contract (no topic, no body,
-   no or unparsable time, due in a segment already past, delay past the maximum, body too large,
+1. `check_rows`: every row gets a `reason` when it breaks the producer contract (no topic, a topic
+   ingest would not deliver to (a RocketMQ system topic, the engine's own), no body, no or unparsable time, due in a segment already past, delay past the maximum, body too large,
    a field too long to encode); rejected rows are written out with their reason, never dropped;
 2. `with_ids`: rows without an id get one derived from their content (so a rerun derives the same);
 3. `plan`: one row per id, marked "existing" when the data directory already holds it, with the
@@ -31,12 +31,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, BinaryType, MapType, NumericType, StringType, StructType,
                                TimestampNTZType, TimestampType)
 
+from forwarder.contract import SYSTEM_TOPIC_PREFIXES, TOPIC_PATTERN
 from storage import MAX_BODY, TWO_YEARS_MS, SegmentLayout
 from storage.record import MAX_FIELD
 
 PastDue = Literal["reject", "now"]
 REASONS = {
     "no_topic": "no topic",
+    "bad_topic": "not a delivery target: an invalid name, a RocketMQ system topic or one of the engine's own "
+                 "(the check ingest applies)",
     "no_body": "no body",
     "no_time": "no delivery time (deliver_at_ms or deliver_at)",
     "bad_time": "unparsable delivery time",
@@ -151,9 +154,17 @@ def _properties(df: DataFrame) -> tuple[Column, Column]:
     return m, parsed
 
 
+def _not_a_target(topic: Column, reserved: frozenset[str]) -> Column:
+    """True where `topic` is not one ingest delivers to (`forwarder.contract.check_target_topic`, as columns)."""
+    bad = ~topic.rlike(f"^{TOPIC_PATTERN}$")
+    for prefix in SYSTEM_TOPIC_PREFIXES:
+        bad = bad | topic.startswith(prefix)
+    return bad | topic.isin(*sorted(reserved)) if reserved else bad
+
+
 def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int = TWO_YEARS_MS,
                max_body_bytes: int = MAX_BODY, past_due: PastDue = "reject",
-               body_encoding: str = "utf-8") -> DataFrame:
+               body_encoding: str = "utf-8", reserved_topics: frozenset[str] = frozenset()) -> DataFrame:
     """The input with `reason` (null for a row that keeps the contract, else a key of REASONS) and
     `record` (the row as msg_id, topic, body, due_ms, tags, keys, properties; `due_ms` moved to
     `now_ms` for a past-due row when past_due="now")."""
@@ -175,6 +186,7 @@ def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int
                 | (F.coalesce(F.octet_length(_text(df, "tags")), F.lit(0)) > MAX_FIELD)
                 | nested_large)
     reason = (F.when(topic.isNull(), F.lit("no_topic"))
+              .when(_not_a_target(topic, reserved_topics), F.lit("bad_topic"))
               .when(body.isNull(), F.lit("no_body"))
               .when(~has_time, F.lit("no_time"))
               .when(due.isNull() | (due < 0), F.lit("bad_time"))
@@ -267,7 +279,8 @@ class BackfillResult:
 def backfill(spark: SparkSession, data_dir: str | Path, source: DataFrame, *, now_ms: int | None = None,
              rejects_path: str | Path | None = None, max_delay_ms: int = TWO_YEARS_MS,
              max_body_bytes: int = MAX_BODY, past_due: PastDue = "reject", body_encoding: str = "utf-8",
-             partitions: int | None = None, max_part_bytes: int = 1 << 30) -> BackfillResult:
+             partitions: int | None = None, max_part_bytes: int = 1 << 30,
+             reserved_topics: frozenset[str] = frozenset()) -> BackfillResult:
     """Schedule the rows of `source` into `data_dir`; see the module docstring."""
     data_dir = str(data_dir)
     layout = SegmentLayout.open_existing(data_dir)
@@ -275,7 +288,8 @@ def backfill(spark: SparkSession, data_dir: str | Path, source: DataFrame, *, no
     job = f"backfill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now / 1000))}-{uuid.uuid4().hex[:8]}"
     result = BackfillResult(job)
     checked = check_rows(source, now_ms=now, segment_ms=layout.segment_ms, max_delay_ms=max_delay_ms,
-                         max_body_bytes=max_body_bytes, past_due=past_due, body_encoding=body_encoding)
+                         max_body_bytes=max_body_bytes, past_due=past_due, body_encoding=body_encoding,
+                         reserved_topics=reserved_topics)
     rejected = checked.where(F.col("reason").isNotNull()).drop("record")
     if rejects_path is not None:
         rp = str(rejects_path)

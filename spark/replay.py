@@ -116,6 +116,10 @@ def send_partition(batches: Iterator, *, data_dir: str, sender_factory: Callable
                     try:
                         sender.send(cols["topic"][i], cols["body"][i], cols["tags"][i], cols["keys"][i] or [],
                                     dict(cols["properties"][i] or ()))
+                    except ValueError as e:  # refused before sending (a system or engine topic): no retry
+                        failed += 1
+                        error = error or f"{type(e).__name__}: {e}"
+                        break
                     except Exception as e:  # the client raises plain exceptions: retry, then count
                         if attempt + 1 == _SEND_ATTEMPTS:
                             failed += 1

@@ -25,6 +25,7 @@ message unless one matches.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -41,23 +42,44 @@ _ids_of = attrgetter("msg_id")
 _keys_of = attrgetter("keys")
 _split_id = methodcaller("partition", ":")
 _head = itemgetter(0)
+#: what no message can carry: RocketMQ's separators (\x00-\x02) and U+FFFD (bytes that were not UTF-8)
+_UNCARRIED = re.compile("[\x00-\x02\ufffd]")
 
 
 @dataclass(frozen=True, slots=True)
 class CancelRequest:
     """A cancel: exactly one of `msg_id` or `key`, and when it was sent (epoch ms, its producer's clock;
-    kept with the tombstone for whoever inspects it)."""
+    kept with the tombstone for whoever inspects it).
+
+    The one rule every path (a control message on the delay topic, the admin API, the Python API)
+    goes through, so that every replica names the same thing: spaces around the text are dropped;
+    the text must then be non-empty, hold nothing a message cannot carry (\\x00-\\x02, text that was
+    not UTF-8), fit a tombstone, and a key holds no space (RocketMQ separates keys with spaces, so
+    no message carries such a key). Tabs and other characters a message's keys may hold are kept.
+    """
 
     msg_id: str | None
     key: str | None
     born_ms: int
 
     def __post_init__(self) -> None:
-        text = self.msg_id if self.key is None else self.key
-        if (self.msg_id is None) == (self.key is None) or not text:
+        if (self.msg_id is None) == (self.key is None):
             raise ValueError("a cancel names exactly one non-empty msg_id or key")
+        what = "msg_id" if self.key is None else "key"
+        raw = self.msg_id if self.key is None else self.key
+        if not isinstance(raw, str):
+            raise ValueError(f"a cancel's {what} is text, not {type(raw).__name__}")
+        text = raw.strip(" ")
+        if not text:
+            raise ValueError("a cancel names exactly one non-empty msg_id or key")
+        if _UNCARRIED.search(text):
+            raise ValueError(f"a cancel's {what} {raw!r:.80} holds \\x00-\\x02 or text that was not UTF-8: no "
+                             f"message can carry it")
+        if what == "key" and " " in text:
+            raise ValueError(f"a key holds no space (RocketMQ separates keys with spaces): {raw!r:.80}")
         if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT:
             raise ValueError(f"a cancel's id or key is at most {MAX_TEXT} bytes of UTF-8")
+        object.__setattr__(self, what, text)
 
 
 class Tombstones:

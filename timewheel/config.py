@@ -11,6 +11,11 @@ from storage import TWO_YEARS_MS
 from timewheel.errors import ConfigError
 
 _MAX_ATTEMPTS = 1000
+#: the largest body the engine takes by default: RocketMQ's 4 MiB message less 64 KiB for its
+#: properties, so that what is stored can be delivered and dead-lettered whole
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
+#: tombstones held at most (each costs ~150 bytes of memory beside its text)
+MAX_TOMBSTONES = 50_000_000
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,7 @@ class EngineConfig:
     preload_seconds: int = 120
     flush: Literal["async", "sync"] = "async"
     max_delay_ms: int = TWO_YEARS_MS
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_attempts: int = 16
     retry_base_ms: int = 1_000
     retry_max_ms: int = 60_000
@@ -66,7 +71,8 @@ class EngineConfig:
             ("retention_hours", self.retention_hours >= 0, "at least 0"),
             ("tombstone_retention_hours", 0 < self.tombstone_retention_hours <= 24 * 365 * 10,
              "positive, at most 87600 (ten years)"),
-            ("max_tombstones", self.max_tombstones >= 1, "at least 1"),
+            ("max_tombstones", 1 <= self.max_tombstones <= MAX_TOMBSTONES,
+             f"at least 1 and at most {MAX_TOMBSTONES} (held in memory)"),
         ]
         for name, ok, want in checks:
             if not ok:

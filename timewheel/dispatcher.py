@@ -226,13 +226,13 @@ class Dispatcher:
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
         segs, parts, offsets = self.segments.locate(refs)
-        # the index's due times go along: a record whose own (CRC-checked) due time differs is served at its own
+        # the index's due times go along: a record whose own (CRC-checked) due time differs goes at its own
         if self._sends_records:
-            batch, corrupt = self._read_bytes(due, refs, attempts, segs, parts, offsets)
+            batch, found = self._read_bytes(due, refs, attempts, segs, parts, offsets)
         else:
-            batch, corrupt = self._read_messages(due, refs, attempts, segs, parts, offsets)
+            batch, found = self._read_messages(due, refs, attempts, segs, parts, offsets)
         now = self.clock.now_ms()
-        c = self._reschedule_misdated(corrupt, due, refs, attempts)
+        c = self._reschedule_misdated(found, due, refs, attempts)
         if len(c):
             self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
                          attempts[c])

@@ -242,8 +242,8 @@ class Engine:
         with self._lock:
             self._cancel_requests += len(requests)
             self._cancels_applied += len(todo)
-        cancelled = sum(self.cancel(msg_id=r.msg_id) if r.msg_id is not None else self.cancel(key=r.key)
-                        for r in todo)
+        with self._cancel_lock:  # one batch: one dispatch-log frame per segment, however many cancels
+            cancelled = self._cancel_locked(run, [(r.msg_id, r.key) for r in todo]) if todo else 0
         run.tombstones.save(now)
         return cancelled
 
@@ -271,19 +271,23 @@ class Engine:
         due, delivered or cancelled is not counted.
         """
         run = self._require_started()
-        with self._cancel_lock:
-            return self._cancel_locked(run, msg_id, key)
-
-    def _cancel_locked(self, run: _Running, msg_id: str | None, key: str | None) -> int:
-        meta = run.store.meta
-        if msg_id is not None and key is None:
-            # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
-            ids = [msg_id] if meta.known([msg_id])[0] else meta.ids_with_prefix(msg_id + ":")
-        elif key is not None and msg_id is None:
-            ids = meta.ids_for_key(key)
-        else:
+        if (msg_id is None) == (key is None):
             raise ValueError("give exactly one of msg_id or key")
-        ids = [i for i in ids if not meta.is_cancelled(i)]
+        with self._cancel_lock:
+            return self._cancel_locked(run, [(msg_id, key)])
+
+    def _cancel_locked(self, run: _Running, named: Sequence[tuple[str | None, str | None]]) -> int:
+        """Cancel what each (msg_id, key) names, recorded together; how many were cancelled."""
+        meta = run.store.meta
+        found: list[str] = []
+        for msg_id, key in named:
+            if msg_id is not None:
+                # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
+                found += [msg_id] if meta.known([msg_id])[0] else meta.ids_with_prefix(msg_id + ":")
+            else:
+                assert key is not None
+                found += meta.ids_for_key(key)
+        ids = [i for i in dict.fromkeys(found) if not meta.is_cancelled(i)]
         if not ids:
             return 0
         now = self.clock.now_ms()

@@ -30,7 +30,7 @@ import re
 import struct
 import time
 
-from forwarder.rocketmq.compression import BodyDecodeError, decompress
+from forwarder.rocketmq.compression import BodyDecodeError, BodyTooLargeError, InflateBudget, codec_of, decompress
 from forwarder.rocketmq.errors import MessageDecodeError, MessageRejectedError
 from forwarder.rocketmq.message import (KEYS, TAGS, UNIQ_KEY, WAIT, OutgoingMessage, ReceivedMessage,
                                         join_properties, split_properties)
@@ -129,14 +129,20 @@ def encode_serialized(body: bytes | memoryview, properties: bytes) -> bytes:
                      _PROPERTIES_LENGTH.pack(len(properties)), properties))
 
 
-def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES,
-                    broker: str = "") -> list[ReceivedMessage]:
+class _OverBudget(Exception):
+    """A compressed body that would take the commit past its inflate budget."""
+
+
+def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, broker: str = "",
+                    budget: InflateBudget | None = None) -> list[ReceivedMessage]:
     """The messages of a PULL_MESSAGE answer's body (from the broker named `broker`).
 
     A message whose body cannot be read back (an unknown codec, corrupt or over `max_body_bytes`
     once inflated) or whose topic or properties are not UTF-8 comes back `undecodable`, with its
     stored bytes as the body, so the caller can park it and move on. A fault in the framing itself
-    raises MessageDecodeError carrying the messages before it and the rest of the body.
+    raises MessageDecodeError carrying the messages before it and the rest of the body. With a
+    `budget`, reading stops before the first message that would inflate past it: the messages
+    before it come back, and the caller pulls the rest again in its next commit.
     """
     out: list[ReceivedMessage] = []
     mv = memoryview(body)
@@ -151,7 +157,11 @@ def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES,
             raise MessageDecodeError(f"bad magic {magic & 0xFFFFFFFF:#x} at byte {p} of a pull body",
                                      decoded=out, raw=bytes(mv[p:]))
         try:
-            out.append(_decode_one(mv, p, total, magic, max_body_bytes, broker))
+            out.append(_decode_one(mv, p, total, magic, max_body_bytes, broker, budget))
+        except _OverBudget:
+            assert budget is not None
+            budget.stopped = True
+            break
         except (struct.error, IndexError) as e:
             raise MessageDecodeError(f"message at byte {p} of a pull body runs past its size {total}: {e}",
                                      decoded=out, raw=bytes(mv[p:])) from e
@@ -160,7 +170,7 @@ def decode_messages(body: bytes, max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES,
 
 
 def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: int,
-                broker: str = "") -> ReceivedMessage:
+                broker: str = "", budget: InflateBudget | None = None) -> ReceivedMessage:
     """One stored message of `total` bytes at `p` (framing already checked)."""
     _, _, _crc, queue_id, _flag, queue_offset, phys, sys_flag, born = _STORED_HEAD.unpack_from(mv, p)
     end = p + total
@@ -201,10 +211,17 @@ def _decode_one(mv: memoryview, p: int, total: int, magic: int, max_body_bytes: 
     msg_id = props.get(UNIQ_KEY) or (store_host + _I64.pack(phys)).hex().upper()
     msg_body = stored_body
     if problem is None:
+        limit = max_body_bytes if budget is None else budget.limit(max_body_bytes)
         try:
-            msg_body = decompress(stored_body, sys_flag, max_body_bytes)
+            msg_body = decompress(stored_body, sys_flag, limit)
+        except BodyTooLargeError as e:
+            if limit < max_body_bytes:
+                raise _OverBudget() from e  # too much for this commit, not for the engine
+            problem = str(e)
         except BodyDecodeError as e:
             problem = str(e)
+        if budget is not None and codec_of(sys_flag) is not None:
+            budget.spend(len(msg_body))
     if problem is not None:
         msg_body = bytes(mv[p:end])  # the stored message, for whoever reads the dead letter
     return ReceivedMessage(topic, msg_body, props.get(TAGS, ""), props.get(KEYS, ""), msg_id, props, queue_id,

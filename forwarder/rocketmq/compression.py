@@ -7,12 +7,17 @@ producer asks (`setCompressType`, `-Drocketmq.message.compressType`). Java produ
 body of 4 KiB or more by default.
 
 Decompression stops at `limit` bytes while it runs: a small body that would inflate to gigabytes
-raises BodyTooLargeError after reading `limit + 1` bytes, never more.
+raises BodyTooLargeError after reading `limit + 1` bytes, never more. Across the messages of one
+ingest commit, an `InflateBudget` bounds the sum: a message that would take the commit past it is
+left for the next commit (the first message of a commit always goes, under its own `limit`), so a
+commit inflates at most its budget plus one message. Checking that a zstd body is whole walks its
+frame and block headers once: linear in the body, whatever the number of frames.
 """
 from __future__ import annotations
 
 import io
 import zlib
+from dataclasses import dataclass
 
 from forwarder.errors import ForwarderError
 
@@ -30,6 +35,26 @@ class BodyDecodeError(ForwarderError):
 
 class BodyTooLargeError(BodyDecodeError):
     """A compressed body that inflates past the size limit."""
+
+
+@dataclass(slots=True)
+class InflateBudget:
+    """Inflated bytes one ingest commit may still take across its messages."""
+
+    remaining: int
+    #: messages inflated under this budget so far (the first one always goes)
+    taken: int = 0
+    #: set when reading stopped before a message that would have gone past the budget
+    stopped: bool = False
+
+    def limit(self, max_body_bytes: int) -> int:
+        """How many bytes the next message may inflate to here."""
+        return max_body_bytes if self.taken == 0 else max(0, min(max_body_bytes, self.remaining))
+
+    def spend(self, n: int) -> None:
+        """Count a message that inflated to `n` bytes."""
+        self.taken += 1
+        self.remaining -= n
 
 
 def codec_of(sys_flag: int) -> int | None:
@@ -141,5 +166,5 @@ def _check_zstd_frames(body: bytes) -> None:
         need(pos)
 
 
-__all__ = ["BodyDecodeError", "BodyTooLargeError", "CODEC_NAMES", "COMPRESSED", "LZ4", "ZLIB", "ZLIB_LEGACY", "ZSTD",
-           "codec_of", "decompress"]
+__all__ = ["BodyDecodeError", "BodyTooLargeError", "CODEC_NAMES", "COMPRESSED", "InflateBudget", "LZ4", "ZLIB",
+           "ZLIB_LEGACY", "ZSTD", "codec_of", "decompress"]

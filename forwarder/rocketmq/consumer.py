@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages
+from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.consumer_status import QueueReport, consumer_status_body, parse_reset_offsets, running_info_body
 from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
@@ -126,6 +127,7 @@ class RemotingPullConsumer:
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
                  retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
                  max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3,
+                 max_commit_inflated_bytes: int = 64 << 20,
                  security: ClientSecurity | None = None,
                  queue_filter: Callable[[Queue], bool] | None = None) -> None:
         """Configure (nothing connects until start()).
@@ -136,6 +138,8 @@ class RemotingPullConsumer:
         """
         self.queue_filter = queue_filter
         self.max_body_bytes = max_body_bytes
+        #: compressed bodies of one commit inflate to at most this (plus one message) in all
+        self.max_commit_inflated_bytes = max_commit_inflated_bytes
         self.max_decode_tries = max_decode_tries
         self.group = group
         self.topic = topic
@@ -480,8 +484,9 @@ class RemotingPullConsumer:
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
         found: list[tuple[Queue, _QueueState, int, list[ReceivedMessage], bool]] = []
+        budget = InflateBudget(self.max_commit_inflated_bytes)
         for q, resp in answered:
-            got = self._read_pull(q, resp)
+            got = self._read_pull(q, resp, budget)
             if got is not None:
                 found.append((q, *got))
         if not found:
@@ -504,7 +509,8 @@ class RemotingPullConsumer:
                 st.retry_at = time.monotonic() + self.retry_backoff_s
             st.in_flight = None
 
-    def _read_pull(self, q: Queue, resp: Response) -> tuple[_QueueState, int, list[ReceivedMessage], bool] | None:
+    def _read_pull(self, q: Queue, resp: Response,
+                   budget: InflateBudget) -> tuple[_QueueState, int, list[ReceivedMessage], bool] | None:
         """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
         that reaches the end of the queue as it was when the pull was answered), or
         None once handled here (nothing new, offset moved, an error, a body to pull again)."""
@@ -518,7 +524,7 @@ class RemotingPullConsumer:
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
             try:
-                batch = decode_messages(resp.body, self.max_body_bytes, q[0])
+                batch = decode_messages(resp.body, self.max_body_bytes, q[0], budget)
                 st.decode_failures = 0
             except MessageDecodeError as e:
                 st.decode_failures += 1
@@ -535,6 +541,10 @@ class RemotingPullConsumer:
                           self.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
             self.counters["pulled"] += len(batch)
             caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            if budget.stopped:
+                # the commit's inflate budget stopped reading: the rest comes with the next pull
+                budget.stopped = False
+                next_offset, caught_up = (batch[-1].queue_offset + 1 if batch else st.offset), False
             return st, next_offset, batch, caught_up
         if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset

@@ -13,8 +13,10 @@ class ClientSecurity:
 
     credentials: Credentials | None = None
     tls: bool = False
-    #: verify the server's certificate against `ca_file` (or the system's CAs); off for self-signed brokers
-    tls_verify: bool = False
+    #: skip the certificate checks (chain and host name): only for a throw-away test broker on a
+    #: self-signed certificate; otherwise the server's certificate is verified against `ca_file`, or
+    #: the system's CAs without one
+    tls_insecure: bool = False
     ca_file: str | None = None
     _context: ssl.SSLContext | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -24,8 +26,8 @@ class ClientSecurity:
             return None
         if self._context is None:
             ctx = ssl.create_default_context(cafile=self.ca_file)
-            if not self.tls_verify:
-                # RocketMQ brokers commonly run on self-signed certificates (as its own docs set them up)
+            if self.tls_insecure:
+                # asked for by name: anyone on the path could answer in the broker's place
                 ctx.check_hostname = False
                 ctx.verify_mode = ssl.CERT_NONE
             object.__setattr__(self, "_context", ctx)

@@ -26,9 +26,6 @@ from tests.polling import wait_for
 
 pytestmark = pytest.mark.rocketmq
 
-TLS = ClientSecurity(tls=True)
-
-
 @pytest.fixture(scope="module")
 def tls_only() -> Iterator[LocalRocketMQ]:
     mq = LocalRocketMQ(stop_timeout=3.0, tls=True)
@@ -39,12 +36,18 @@ def tls_only() -> Iterator[LocalRocketMQ]:
         mq.stop()
 
 
+@pytest.fixture(scope="module")
+def trusted_tls(tls_only: LocalRocketMQ) -> ClientSecurity:
+    """TLS trusting the certificate the launcher made (and nothing else)."""
+    return ClientSecurity(tls=True, ca_file=str(tls_only.tls_ca_file))
+
+
 @pytest.fixture
 def engine(tls_only: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RocketMQConfig, str]]:
     run = uuid.uuid4().hex[:8]
     cfg = RocketMQConfig(namesrv=tls_only.namesrv_addr, delay_topic=f"TW_DELAY_T{run}",
                          dead_letter_topic=f"TW_DLQ_T{run}", consumer_group=f"tw_ingest_t{run}",
-                         producer_group=f"tw_delivery_t{run}", tls=True)
+                         producer_group=f"tw_delivery_t{run}", tls=True, tls_ca_file=str(tls_only.tls_ca_file))
     target = f"TLS_TARGET_{run}"
     tls_only.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target])
     service = Service(Settings(engine=EngineConfig(tmp_path_factory.mktemp("tls"), max_delay_ms=3_600_000),
@@ -55,23 +58,30 @@ def engine(tls_only: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) ->
         service.stop()
 
 
-def test_plain_connections_are_refused_and_tls_ones_answered(tls_only: LocalRocketMQ) -> None:
+def test_plain_connections_are_refused_and_tls_ones_answered(tls_only: LocalRocketMQ, trusted_tls: ClientSecurity) -> None:
     asks = [(tls_only.namesrv_addr, GET_BROKER_CLUSTER_INFO, {}),
             (tls_only.broker_addr, GET_MIN_OFFSET, {"topic": "TBW102", "queueId": "0"})]
     for addr, code, ext in asks:
         with pytest.raises(ConnectionFailedError):
             call(addr, code, ext, b"", 5.0)
-        assert call(addr, code, ext, b"", 5.0, TLS).code == SUCCESS
-        # checked against the certificate the launcher made, the broker is trusted; against the system's CAs, not
-        checked = ClientSecurity(tls=True, tls_verify=True, ca_file=str(tls_only.run_dir / "tls" / "cert.pem"))
-        assert call(addr, code, ext, b"", 5.0, checked).code == SUCCESS
+        # checked against the certificate the launcher made, the broker is trusted
+        assert call(addr, code, ext, b"", 5.0, trusted_tls).code == SUCCESS
+        # by default, against the system's CAs: an unknown certificate is refused
         with pytest.raises(ConnectionFailedError, match="CERTIFICATE_VERIFY_FAILED"):
-            call(addr, code, ext, b"", 5.0, ClientSecurity(tls=True, tls_verify=True))
+            call(addr, code, ext, b"", 5.0, ClientSecurity(tls=True))
+        # and so is it through the engine's own config without a CA file
+        default = RocketMQConfig(namesrv=tls_only.namesrv_addr, tls=True).security()
+        with pytest.raises(ConnectionFailedError, match="CERTIFICATE_VERIFY_FAILED"):
+            call(addr, code, ext, b"", 5.0, default)
+        # only when asked for by name are certificates not checked
+        insecure = RocketMQConfig(namesrv=tls_only.namesrv_addr, tls=True, tls_insecure=True).security()
+        assert call(addr, code, ext, b"", 5.0, insecure).code == SUCCESS
 
 
-def test_the_engine_consumes_and_delivers_over_tls(tls_only: LocalRocketMQ, engine: tuple[RocketMQConfig, str]) -> None:
+def test_the_engine_consumes_and_delivers_over_tls(tls_only: LocalRocketMQ, engine: tuple[RocketMQConfig, str],
+                                                   trusted_tls: ClientSecurity) -> None:
     cfg, target = engine
-    producer = RemotingProducer(cfg.namesrv, f"tls_producer_{uuid.uuid4().hex[:6]}", security=TLS)
+    producer = RemotingProducer(cfg.namesrv, f"tls_producer_{uuid.uuid4().hex[:6]}", security=trusted_tls)
     try:
         sent = [OutgoingMessage(cfg.delay_topic, f"over tls {i}".encode() * (1 + i * 100), "tls", f"k{i}",
                                 {"TW_TARGET_TOPIC": target, "TW_DELAY_MS": "800"}) for i in range(20)]
@@ -80,7 +90,7 @@ def test_the_engine_consumes_and_delivers_over_tls(tls_only: LocalRocketMQ, engi
         producer.close()
     got: list[ReceivedMessage] = []
     reader = RemotingPullConsumer(cfg.namesrv, f"tls_reader_{uuid.uuid4().hex[:6]}", target,
-                                  lambda batch: got.extend(batch) or True, security=TLS)
+                                  lambda batch: got.extend(batch) or True, security=trusted_tls)
     reader.start()
     try:
         assert wait_for(lambda: len(got) >= len(sent), timeout=60), f"{len(got)} of {len(sent)} delivered"
@@ -109,7 +119,7 @@ def test_java_clients_every_codec_over_tls(tls_only: LocalRocketMQ, engine: tupl
 
 
 def test_replay_sends_over_tls_from_the_engines_config(tls_only: LocalRocketMQ,
-                                                       engine: tuple[RocketMQConfig, str]) -> None:
+                                                       engine: tuple[RocketMQConfig, str], trusted_tls: ClientSecurity) -> None:
     """Replay's sender takes TLS (and ACL) from `[rocketmq]` as the engine does; Spark ships its factory
     pickled to the executors."""
     cfg, target = engine
@@ -119,7 +129,7 @@ def test_replay_sends_over_tls_from_the_engines_config(tls_only: LocalRocketMQ,
         sender.send(target, b"replayed over tls", "r", ["k1"], {"TW_REPLAY": "1"})
     finally:
         sender.close()
-    plain = replay_sender_for(replace(cfg, tls=False), "tls_replay_plain")()
+    plain = replay_sender_for(replace(cfg, tls=False, tls_ca_file=""), "tls_replay_plain")()
     try:
         with pytest.raises(RemotingError):
             plain.send(target, b"not over tls", None, [], {})
@@ -127,7 +137,7 @@ def test_replay_sends_over_tls_from_the_engines_config(tls_only: LocalRocketMQ,
         plain.close()
     got: list[ReceivedMessage] = []
     reader = RemotingPullConsumer(cfg.namesrv, f"tls_replay_reader_{uuid.uuid4().hex[:6]}", target,
-                                  lambda batch: got.extend(batch) or True, security=TLS)
+                                  lambda batch: got.extend(batch) or True, security=trusted_tls)
     reader.start()
     try:
         assert wait_for(lambda: any(m.body == b"replayed over tls" for m in got), timeout=30)

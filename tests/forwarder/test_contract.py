@@ -219,3 +219,17 @@ def test_what_ingest_accepts_delivery_can_send_at_the_edge() -> None:
     out.properties["TW_LEASE_EPOCH"] = str((1 << 63) - 1)  # type: ignore[index]  # a replica's stamp
     encode_message(out, "F" * 32)
     assert lo > 32_000 and DELIVERY_PROPERTIES_BUDGET < 32_767
+
+
+@pytest.mark.parametrize("topic", ["%DLQ%orders", "%RETRY%group", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
+                                   "TW_DELAY", "TW_DLQ"])
+def test_replay_refuses_system_and_engine_topics_before_sending(topic: str) -> None:
+    from forwarder.config import RocketMQConfig
+    from forwarder.replay_sender import replay_sender_for
+
+    sender = replay_sender_for(RocketMQConfig(namesrv="127.0.0.1:1"), "replay-test")()
+    try:
+        with pytest.raises(ContractViolation):  # refused here: nothing is connected to (port 1 is closed)
+            sender.send(topic, b"b", None, [], {})
+    finally:
+        sender.close()

@@ -143,3 +143,22 @@ def test_backfill_and_export_commands(spark, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["export", "--data-dir", str(data), "--out", str(tmp_path / "x"), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["records"] == 3
+
+
+@pytest.mark.spark
+def test_system_and_engine_topics_are_refused_with_the_ingest_check(spark, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    SegmentLayout(data)
+    csv = tmp_path / "in.csv"
+    bad = ["%DLQ%orders", "%RETRY%group", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "TW_DELAY", "TW_DLQ",
+           "bad topic!"]
+    csv.write_text("msg_id,topic,body,deliver_at_ms\n" + f"ok-1,ORDERS,hello,{T0 + 5000}\n"
+                   + "".join(f"b{i},{t},hello,{T0 + 5000}\n" for i, t in enumerate(bad)))
+    res = backfill(spark, data, read_input(spark, [str(csv)]), now_ms=T0, max_delay_ms=2 * HOUR,
+                   reserved_topics=frozenset({"TW_DELAY", "TW_DLQ"}))
+    assert res.scheduled == 1 and res.rejected_by_reason == {"bad_topic": len(bad)}
+    # the check is the one ingest applies to every target
+    from forwarder.contract import ContractViolation, check_target_topic
+    for t in bad:
+        with pytest.raises(ContractViolation):
+            check_target_topic(t, frozenset({"TW_DELAY", "TW_DLQ"}))

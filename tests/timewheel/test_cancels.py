@@ -238,3 +238,16 @@ def test_a_checkpoint_fsyncs_the_tombstone_log_in_async_mode(make_engine, monkey
     monkeypatch.setattr(e._run.tombstones._log, "flush", lambda: (flushed.append(True), real())[1])
     e._run.housekeeper.run_once()
     assert flushed == [True]
+
+
+def test_a_batch_of_cancels_is_recorded_in_one_dispatch_frame_per_segment(make_engine, clock: ManualClock,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    e = make_engine()
+    ids = e.schedule([Message("T", b"b", T0 + 2 * HOUR + i, msg_id=f"{_uniq(i)}:0000000{i % 10}") for i in range(50)])
+    frames: list[int] = []
+    real = e.store.record_dispatch
+    monkeypatch.setattr(e.store, "record_dispatch", lambda seg, entries, now: (frames.append(len(entries)),
+                                                                              real(seg, entries, now))[1])
+    assert e.apply_cancels([CancelRequest(i, None, T0) for i in ids]) == 50
+    assert frames == [50]
+    assert e.stats().counters.cancelled == 50

@@ -50,6 +50,18 @@ class EncodingDeadLetters:
             self.parked.append((m, reason))
 
 
+class DeliverySinkDeadLetters(EncodingDeadLetters):
+    """The dead-letter path as the delivery sink writes it (`RocketMQSink.dead_letter`): the target
+    topic and the id go along with every user property."""
+
+    def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+        for m in messages:
+            props = {**(m.properties or {}), "TW_TARGET_TOPIC": m.topic}
+            encode_message(to_dead_letter("TW_DLQ", m.body, m.tags, " ".join(m.keys), props, reason,
+                                          msg_id=m.msg_id or ""), "ID")
+            self.parked.append((m, reason))
+
+
 @contextmanager
 def _engine(tmp_path: Path, clock: ManualClock, sink: Any, **cfg: Any) -> Iterator[Engine]:
     e = Engine(EngineConfig(tmp_path / "data", **cfg), sink, clock, seed=1).start(background=False)
@@ -221,3 +233,21 @@ def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) ->
         assert e.stats().counters.cancelled == 3
     finally:
         e.stop()
+
+
+@pytest.mark.parametrize("size", [32_700, 32_767])
+def test_a_stored_message_too_large_to_deliver_is_dead_lettered_not_retried_for_good(
+        tmp_path: Path, clock: ManualClock, size: int) -> None:
+    """Properties that fit the store but not RocketMQ once the engine adds its own (32,767 bytes became
+    32,808 at delivery and 32,868 in the dead letter): refused at each attempt, then dead-lettered
+    minimal, and the segment finishes."""
+    sink, dlq = EncodingSink(), DeliverySinkDeadLetters()
+    with _engine(tmp_path, clock, sink, segment_minutes=1, preload_seconds=10, max_attempts=3,
+                 retry_base_ms=100, retry_max_ms=400) as e:
+        e.dead_letter_sink = dlq
+        [big] = e.schedule([Message("T", b"b", T0 + 1000, properties={"A": "x" * (size - 10)})])
+        drive(e, clock, T0 + 3 * MIN)
+        assert sink.sent == [] and [(m.msg_id, r) for m, r in dlq.parked] == [(big, "not delivered after 3 attempts")]
+        st = e.stats()
+        assert (st.counters.dead_lettered, st.retrying) == (1, 0)
+        assert T0 in e.store.meta.done_segments()

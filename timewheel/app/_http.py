@@ -5,7 +5,11 @@ trusts `Content-Length`: a few hundred idle sockets or one streamed body could h
 port, and with it `/healthz`, hostage. Here one event loop (its own thread) serves every connection:
 
 - the request head is read with a size limit (`max_head_bytes`) and a deadline (`read_timeout_s`);
-  an idle keep-alive connection is closed after `idle_timeout_s`; at most `max_connections` are open;
+  an idle keep-alive connection is closed after `idle_timeout_s`; an answer the client does not
+  read within `write_timeout_s` closes the connection (a client that pipelines requests and never
+  reads cannot hold a connection for good);
+- at most `max_connections` are open, and never more than a quarter of the process's soft limit
+  on open files (`RLIMIT_NOFILE`): idle admin connections cannot starve the engine of descriptors;
 - `Content-Length` must be ASCII digits within `max_body_bytes`, else 400/413 and the connection
   closes without reading the body; chunked bodies are refused (411): no admin request needs one;
 - handlers run on a small thread pool (they may take the engine's locks), except those the caller
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -40,9 +45,29 @@ class HttpLimits:
     max_headers: int = 64
     max_body_bytes: int = 1 << 20
     read_timeout_s: float = 10.0
+    write_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0
-    max_connections: int = 1024
+    max_connections: int = 512
     handler_threads: int = 4
+
+
+def raise_open_files_limit(want: int = 65536) -> int:
+    """Raise the soft limit on open files toward `want` (within the hard limit); returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, target, e)
+    return soft
+
+
+def connection_cap(max_connections: int) -> int:
+    """`max_connections`, held to a quarter of the soft limit on open files (the rest is the engine's)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max_connections if soft == resource.RLIM_INFINITY else max(1, min(max_connections, soft // 4))
 
 
 class HttpError(Exception):
@@ -174,6 +199,8 @@ class HttpServer:
         self._started = threading.Event()
         self._server: asyncio.AbstractServer | None = None
         self.open_connections = 0
+        #: connections served at once: `limits.max_connections` within a quarter of the open-files limit
+        self.max_connections = connection_cap(limits.max_connections)
 
     @property
     def address(self) -> str:
@@ -212,7 +239,7 @@ class HttpServer:
             self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.open_connections >= self.limits.max_connections:
+        if self.open_connections >= self.max_connections:
             writer.write(_encode(Response.json(503, {"error": "too many connections"}), keep_alive=False))
             await self._close(writer)
             return
@@ -247,7 +274,7 @@ class HttpServer:
             keep_alive = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
             resp = await self._answer(req)
             writer.write(_encode(resp, keep_alive=keep_alive, head_only=req.method == "HEAD"))
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), limits.write_timeout_s)
             if not keep_alive:
                 return
 
@@ -264,12 +291,14 @@ class HttpServer:
 
     async def _refuse(self, writer: asyncio.StreamWriter, err: HttpError) -> None:
         writer.write(_encode(Response.json(err.status, {"error": err.reason}), keep_alive=False))
-        await writer.drain()
+        await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
 
     @staticmethod
     async def _close(writer: asyncio.StreamWriter) -> None:
         try:
-            writer.close()
+            writer.close()  # flushes what is buffered first: a client that never reads would keep it open
             await asyncio.wait_for(writer.wait_closed(), 1.0)
-        except (ConnectionError, TimeoutError, OSError):
+        except TimeoutError:
+            writer.transport.abort()  # drop the unread answer, and with it the socket
+        except (ConnectionError, OSError):
             pass

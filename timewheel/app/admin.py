@@ -4,7 +4,8 @@
     GET  /readyz                  200 once the engine runs and consumes, else 503
     GET  /metrics                 Prometheus text
     GET  /stats                   the engine's and RocketMQ's counters (JSON, epoch ms)
-    GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms)
+    GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms);
+                                  computed at most once every `STATUS_CACHE_S` (it asks every broker)
     POST /cancel?id=ID | ?key=K   cancel on every engine of the delay topic (a control message to each of
                                   its queues); answers how many this engine cancelled; needs
                                   "Authorization: Bearer <token>"; 503 if not every queue took it
@@ -21,6 +22,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import threading
+import time
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,6 +33,9 @@ from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Resp
 from timewheel.errors import ConfigError
 
 log = logging.getLogger("timewheel.app.admin")
+#: how long one `/status` answer serves every caller: it opens a connection to the NameServer and
+#: one to each broker, and needs no authentication
+STATUS_CACHE_S = 2.0
 
 
 class AdminTarget(Protocol):
@@ -81,6 +87,8 @@ class AdminServer:
                         ("POST", "/cancel"): self._cancel, ("PUT", "/shaping"): self._put_shaping}
         self.http = HttpServer(host.strip("[]"), int(port), self.handle, limits, name="timewheel-admin",
                                inline=lambda r: r.path in ("/healthz", "/readyz"))
+        self._status_lock = threading.Lock()  # one computation at a time; the others take its answer
+        self._status_cached: tuple[float, dict[str, Any]] | None = None
 
     @property
     def address(self) -> str:
@@ -141,7 +149,11 @@ class AdminServer:
         return _json(200, self.target.stats())
 
     def _status(self, req: Request) -> Response:
-        return _json(200, self.target.status())
+        with self._status_lock:
+            cached = self._status_cached
+            if cached is None or time.monotonic() - cached[0] >= STATUS_CACHE_S:
+                cached = self._status_cached = (time.monotonic(), self.target.status())
+        return _json(200, cached[1])
 
     def _cancel(self, req: Request) -> Response:
         refused = self._guard(req)

@@ -10,8 +10,9 @@ from typing import Annotated, Optional, cast
 
 import typer
 
+# Help text is shown as written: rich markup would swallow every bracketed word ([ha], [rocketmq]).
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+                  add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 # existence is checked by open_data_dir, whose error says what to run
 DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")]
@@ -126,7 +127,7 @@ def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the s
                     "engine at it with [rocketmq] access_key and secret_key.")] = None,
            tls: Annotated[bool, typer.Option(
                "--tls", help="Accept TLS connections only (a self-signed certificate made in the run directory); "
-                             "point the engine at it with [rocketmq] tls = true.")] = False,
+                             "prints how to point the engine at it ([rocketmq] tls = true and tls_ca_file).")] = False,
            version: Annotated[Optional[str], typer.Option(
                "--version", metavar="X.Y.Z", help="The Apache RocketMQ release to run (default: the one the "
                                                   "tests run; 4.9.7 is the newest 4.x on Maven Central).")] = None
@@ -215,7 +216,7 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
     """
     from timewheel.errors import ConfigError
     from timewheel.app.logs import setup_logging
-    from timewheel.app.service import Service
+    from timewheel.app.service import Service, StartError
     from timewheel.app.settings import load_settings
 
     overrides: dict[str, dict[str, object]] = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv},
@@ -228,7 +229,10 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
         typer.echo(json.dumps(settings.redacted(), indent=2))
         return
     setup_logging(settings.log.format, settings.log.level)
-    Service(settings, config_path=config).run_until_signalled()
+    try:
+        Service(settings, config_path=config).run_until_signalled()
+    except StartError as e:
+        _fail(str(e))
 
 
 @app.command()

@@ -159,6 +159,13 @@ def backfill(
     _open_layout(data_dir)
     if body_encoding not in ("utf-8", "base64"):
         _fail("--body-encoding must be utf-8 or base64")
+    from timewheel.app.settings import load_settings
+    from timewheel.errors import ConfigError
+
+    try:  # the engine's own topics (TIMEWHEEL_ROCKETMQ_* when set) are never targets
+        rmq = load_settings(None, None, {"engine": {"data_dir": data_dir}}).rocketmq
+    except ConfigError as e:
+        _fail(str(e))
     from spark.backfill import backfill as run
     from spark.backfill import read_input
     from spark.progress import stage_progress
@@ -169,7 +176,7 @@ def backfill(
                 source = read_input(spark, inputs, fmt.value if fmt else None)
                 result = run(spark, data_dir, source, rejects_path=rejects, max_delay_ms=max_delay_ms,
                              max_body_bytes=max_body_bytes, past_due=past_due.value, body_encoding=body_encoding,
-                             partitions=partitions)
+                             partitions=partitions, reserved_topics=frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
             except ValueError as e:
                 _fail(str(e))
     out = result.as_dict()

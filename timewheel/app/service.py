@@ -23,7 +23,7 @@ from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import Sink
-from timewheel.errors import ConfigError
+from timewheel.errors import ConfigError, TimewheelError
 from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
@@ -33,6 +33,27 @@ if TYPE_CHECKING:
     from forwarder.shaping_control import ShapingControl
 
 log = logging.getLogger("timewheel.app.service")
+
+
+class StartError(TimewheelError, RuntimeError):
+    """The service cannot start: something it needs (ZooKeeper, ...) is unreachable; says which and what to do."""
+
+
+def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
+    """Raise StartError unless some server of the ZooKeeper connect string accepts a connection."""
+    import socket
+
+    servers = connect.split("/", 1)[0].split(",")
+    problems = []
+    for server in servers:
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as e:
+            problems.append(f"{server.strip()}: {e}")
+    raise StartError(f"cannot reach ZooKeeper at ha.zookeeper = {connect!r} ({'; '.join(problems)}): start it "
+                     f"(`timewheel zookeeper` runs a local one) or fix the connect string")
 
 
 class Service:
@@ -63,6 +84,11 @@ class Service:
         from forwarder import ContractLimits, connect_rocketmq
         from forwarder.shaping_control import ShapingControl
 
+        from timewheel.app._http import raise_open_files_limit
+
+        # part files, the meta store and connections all take descriptors: the soft limit (often
+        # 1024) is raised to what the hard limit allows, and the admin port keeps to a quarter of it
+        raise_open_files_limit()
         cfg = self.settings.engine
         # invalid traffic rules stop the start here, before anything connects
         shaping = ShapingControl(self.settings.shaping, config_path=self.config_path, max_grant=cfg.send_batch_size,
@@ -70,6 +96,8 @@ class Service:
         rmq = self.settings.rocketmq
         limits = ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes, frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
         ha = self.settings.ha
+        if ha.enabled:  # before anything connects: an unreachable ZooKeeper is said at once, not after 30 s
+            check_zookeeper_reachable(ha.zookeeper)
         if ha.enabled:  # one replica of a shard: its queues only, under a group of its own
             rmq = self._rmq = dataclasses.replace(rmq, consumer_group=ha.consumer_group(rmq.consumer_group))
         self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms,
@@ -86,7 +114,12 @@ class Service:
                              gate=self.replica).start()
         assert self.engine.store is not None
         if self.replica is not None:
-            self.replica.start(self.engine.delivered_up_to, offsets_source=self._endpoints.source.stored_offsets)
+            try:
+                self.replica.start(self.engine.delivered_up_to,
+                                   offsets_source=self._endpoints.source.stored_offsets)
+            except ConnectionError as e:
+                self.stop()
+                raise StartError(str(e)) from e
         self.shaping = shaping.start(self.engine.store.meta)
         self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
         self._consuming = True

@@ -67,6 +67,15 @@ class Settings:
     shaping: Mapping[str, Any] = field(default_factory=dict)
     ha: HAConfig = field(default_factory=HAConfig)
 
+    def __post_init__(self) -> None:
+        from forwarder.contract import DEAD_LETTER_MAX_BODY
+
+        # what the engine stores must be what delivery (and the dead letter) can send
+        if self.engine.max_body_bytes > DEAD_LETTER_MAX_BODY:
+            raise ConfigError(f"engine.max_body_bytes = {self.engine.max_body_bytes} is invalid: it must be at most "
+                              f"{DEAD_LETTER_MAX_BODY}, what delivery can send (RocketMQ's 4 MiB message less room "
+                              f"for its properties)")
+
     def redacted(self) -> dict[str, dict[str, Any]]:
         """The effective settings as plain data, secrets replaced by "***"."""
         out: dict[str, dict[str, Any]] = {}
@@ -119,7 +128,8 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
                 raise ValueError("a string")
             return str(value)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{section}.{key} = {value!r} is invalid: it must be {e}") from e
+        shown = "<redacted>" if (section, key) in SECRET_KEYS else repr(value)
+        raise ConfigError(f"{section}.{key} = {shown} is invalid: it must be {e}") from e
     return value
 
 
@@ -162,6 +172,9 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
             if key not in known:
                 raise ConfigError(f"unknown config key {section}.{key}; known: {', '.join(sorted(known))}")
         kwargs = {k: _coerce(section, k, v, hints[k]) for k, v in raw[section].items()}
+        if section == "rocketmq" and "tls_verify" in kwargs and not kwargs.get("tls"):
+            raise ConfigError(f"rocketmq.tls_verify = {kwargs['tls_verify']!r} is invalid: it must be unset unless "
+                              f"tls = true (it is about TLS certificates)")
         if section == "engine" and "data_dir" not in kwargs:
             raise ConfigError("engine.data_dir is required (config file, TIMEWHEEL_ENGINE_DATA_DIR or --data-dir)")
         built[section] = cls(**kwargs)

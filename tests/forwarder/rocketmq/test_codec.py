@@ -164,3 +164,23 @@ def test_a_repeated_uniq_key_keeps_its_first_value_and_other_names_their_last() 
     # How a broker stores a message of a batch send: its own properties, then the batch's.
     text = "UNIQ_KEY\x01own\x02WAIT\x01false\x02UNIQ_KEY\x01batch\x02WAIT\x01true\x02"
     assert split_properties(text) == {"UNIQ_KEY": "own", "WAIT": "true"}
+
+
+def test_a_commit_inflates_at_most_its_budget_plus_one_message() -> None:
+    from forwarder.rocketmq.compression import InflateBudget
+    mib = 1 << 20
+    raw = b"".join(stored(bytes([i]) * mib, "T", {"UNIQ_KEY": f"Z{i}"}, codec=3, queue_offset=10 + i)
+                   for i in range(8))
+    assert len(raw) < 100_000  # a few KB on the wire
+    budget = InflateBudget(3 * mib)
+    got = decode_messages(raw, 4 * mib, budget=budget)
+    assert [m.queue_offset for m in got] == [10, 11, 12] and budget.stopped
+    assert all(m.undecodable is None for m in got)
+    # the next commit goes on from there; the first message of a commit always goes
+    rest = b"".join(stored(bytes([i]) * mib, "T", {"UNIQ_KEY": f"Z{i}"}, codec=3, queue_offset=10 + i)
+                    for i in range(3, 8))
+    assert len(decode_messages(rest, 4 * mib, budget=InflateBudget(0))) == 1
+    # a commit's second answer shares the budget: nothing more once it is spent
+    spent = InflateBudget(mib)
+    decode_messages(rest[:len(rest) // 5], 4 * mib, budget=spent)
+    assert decode_messages(rest, 4 * mib, budget=spent) == [] and spent.stopped

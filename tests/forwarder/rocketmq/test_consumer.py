@@ -198,3 +198,33 @@ def test_answers_already_read_are_handed_over_in_one_batch(rocketmq: LocalRocket
     assert sorted(got.ids) == sorted(bodies), "every message once"
     assert max(got.sizes) > 16, f"no two answers went together: {got.sizes}"
     assert len(got.sizes) < c.counters["batches"], "fewer callbacks than pull answers"
+
+
+@pytest.mark.rocketmq
+def test_a_commit_inflates_a_bounded_number_of_bytes(rocketmq: LocalRocketMQ) -> None:
+    """Eight bodies of 1 MiB, compressed by the producer to a few KB each: pulled in one answer, they
+    are handed over a couple at a time, never all in one commit, and none is lost."""
+    from forwarder._rmq_native import NativeProducer
+
+    topic, group = f"INFLATE_{uuid.uuid4().hex[:8]}", f"inflate-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=1)
+    with NativeProducer(f"inflate-producer-{uuid.uuid4().hex[:8]}", rocketmq.namesrv_addr) as p:
+        for i in range(8):
+            p.send(OutgoingMessage(topic, bytes([65 + i]) * (1 << 20)))
+    batches: list[list[int]] = []
+
+    def collect(batch: list[ReceivedMessage]) -> bool:
+        batches.append([m.queue_offset for m in batch])
+        assert all(m.undecodable is None and len(m.body) == 1 << 20 for m in batch)
+        return True
+    c = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, collect, rebalance_interval_s=0.5,
+                             max_commit_inflated_bytes=2 << 20)
+    c.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(map(len, batches)) < 8:
+            time.sleep(0.05)
+    finally:
+        c.stop()
+    assert sorted(o for b in batches for o in b) == list(range(8)), batches
+    assert max(map(len, batches)) <= 3, batches

@@ -187,3 +187,13 @@ def test_a_cancel_that_did_not_reach_every_queue_answers_503(admin: tuple[AdminS
     target.cancel = fails  # type: ignore[method-assign]
     status, body = _request(server, "POST", "/cancel?id=x")[:2]
     assert status == 503 and b"3 of 4 queues" in body
+
+
+def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Target],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    server, target = admin
+    calls = []
+    monkeypatch.setattr(target, "status", lambda: calls.append(1) or {"n": len(calls)})
+    monkeypatch.setattr("timewheel.app.admin.STATUS_CACHE_S", 3600.0)
+    answers = [_request(server, "GET", "/status")[:2] for _ in range(20)]
+    assert all(a == (200, b'{"n": 1}\n') for a in answers) and len(calls) == 1

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.polling import wait_for
 from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response, body_length, parse_head
 
 LIMITS = HttpLimits()
@@ -167,3 +168,96 @@ def test_keep_alive_serves_several_requests_on_one_connection(server: HttpServer
             assert resp.status == 200 and b'"body": 3' in resp.read()
     finally:
         conn.close()
+
+
+def _big(req: Request) -> Response:
+    return Response(200, b"x" * (4 << 20), "application/octet-stream")
+
+
+def test_clients_that_never_read_cannot_pin_the_connections() -> None:
+    """Two clients pipeline requests for large answers and never read: each connection is dropped once
+    its answer has waited `write_timeout_s`, and health answers again."""
+    srv = HttpServer("127.0.0.1", 0, lambda r: Response.json(200, {}) if r.path == "/healthz" else _big(r),
+                     HttpLimits(max_connections=2, write_timeout_s=0.5, idle_timeout_s=600),
+                     inline=lambda r: r.path == "/healthz").start()
+    host, port = srv.address.rsplit(":", 1)
+    pinned = []
+    try:
+        for _ in range(2):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(b"GET /big HTTP/1.1\r\n\r\n" * 50)
+            pinned.append(s)
+        assert wait_for(lambda: srv.open_connections == 2, 10)
+
+        def healthy() -> bool:
+            try:
+                return _get(srv.address, "/healthz", timeout=2)[0] == 200
+            except OSError:
+                return False
+        assert wait_for(healthy, 30), f"{srv.open_connections} connections still open"
+    finally:
+        for s in pinned:
+            s.close()
+        srv.stop()
+
+
+_FD_SCRIPT = """
+import resource, sys, tempfile
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from timewheel.app._http import HttpServer, HttpLimits, Response
+srv = HttpServer("127.0.0.1", 0, lambda r: Response.json(200, {}), HttpLimits(idle_timeout_s=600)).start()
+print(srv.address, srv.max_connections, flush=True)
+sys.stdin.readline()
+files = []
+try:
+    for _ in range(100):
+        files.append(tempfile.TemporaryFile())
+    print("opened", len(files), srv.open_connections, flush=True)
+except OSError as e:
+    print("failed", e, srv.open_connections, flush=True)
+"""
+
+
+def test_idle_connections_cannot_exhaust_the_processs_file_descriptors() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-c", _FD_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={"PATH": "/usr/bin:/bin",
+                                            "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert proc.stdin is not None and proc.stdout is not None
+    idle = []
+    try:
+        address, cap = proc.stdout.readline().split()
+        assert int(cap) <= 64  # a quarter of the 256 the process may open
+        host, port = address.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        try:
+            _get(address, "/x", timeout=10)  # answered or refused once every connection before it was taken
+        except OSError:
+            pass
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        said = proc.stdout.readline()
+        assert said.startswith("opened 100"), said
+    finally:
+        for s in idle:
+            s.close()
+        proc.kill()
+        proc.wait()
+
+
+def test_the_soft_open_files_limit_is_raised_within_the_hard_one() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))\n"
+              "from timewheel.app._http import raise_open_files_limit\n"
+              "print(raise_open_files_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert out.stdout.split() == ["1024", "(1024,", "1024)"]

@@ -51,3 +51,79 @@ def test_the_ha_section_comes_from_the_file_the_environment_and_shows_in_print_c
                               "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     ha = json.loads(out.stdout)["ha"]
     assert ha["zookeeper"] == "127.0.0.1:2181" and ha["shard"] == 3 and ha["replica_id"] == "east-1"
+
+
+@pytest.mark.parametrize("section, lines, key, why", [
+    pytest.param("rocketmq", ['tls_ca_file = "/etc/ssl/certs/ca-certificates.crt"'], "rocketmq.tls_ca_file",
+                 "unless tls = true", id="ca-file-without-tls"),
+    pytest.param("rocketmq", ["tls_verify = true"], "rocketmq.tls_verify", "tls = true", id="verify-without-tls"),
+    pytest.param("rocketmq", ["tls_insecure = true"], "rocketmq.tls_insecure", "unless tls = true",
+                 id="insecure-without-tls"),
+    pytest.param("rocketmq", ["tls = true", "tls_verify = false"], "rocketmq.tls_verify", "tls_insecure",
+                 id="verify-off-without-saying-insecure"),
+    pytest.param("rocketmq", ["tls = true", 'tls_ca_file = "/nonexistent/ca.pem"'], "rocketmq.tls_ca_file",
+                 "readable PEM", id="a-ca-file-that-is-not-there"),
+    pytest.param("rocketmq", ['namesrv = ";"'], "rocketmq.namesrv", "HOST:PORT", id="namesrv-only-separators"),
+    pytest.param("rocketmq", ['namesrv = "127.0.0.1:9876;nohost"'], "rocketmq.namesrv", "HOST:PORT",
+                 id="namesrv-one-bad-of-two"),
+    pytest.param("rocketmq", ['dead_letter_topic = "%DLQ%orders"'], "rocketmq.dead_letter_topic", "system topic",
+                 id="dead-letter-topic-a-system-topic"),
+    pytest.param("rocketmq", ['delay_topic = "SCHEDULE_TOPIC_XXXX"'], "rocketmq.delay_topic", "system topic",
+                 id="delay-topic-a-system-topic"),
+    pytest.param("engine", ["max_tombstones = 1000000000000"], "engine.max_tombstones", "at most",
+                 id="unbounded-tombstones"),
+    pytest.param("engine", ["max_body_bytes = 4194304"], "engine.max_body_bytes", "delivery",
+                 id="bodies-delivery-cannot-send"),
+])
+def test_settings_that_cannot_work_are_refused_with_the_key_and_why(tmp_path: Path, section: str, lines: list[str],
+                                                                     key: str, why: str) -> None:
+    path = tmp_path / "timewheel.toml"
+    body = "\n".join(lines)
+    engine = body if section == "engine" else ""
+    rocketmq = body if section == "rocketmq" else ""
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n{engine}\n[rocketmq]\n{rocketmq}\n')
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+        load_settings(path, env={})
+    assert why in str(e.value)
+
+
+def test_the_defaults_and_a_tls_setup_with_a_ca_file_load(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n[rocketmq]\ntls = true\ntls_ca_file = "{ca}"\n'
+                    f'namesrv = "10.0.0.1:9876;10.0.0.2:9876"\n')
+    s = load_settings(path, env={})
+    assert s.rocketmq.tls and not s.rocketmq.tls_insecure
+    from timewheel.config import EngineConfig
+    from forwarder.contract import DEAD_LETTER_MAX_BODY
+    assert EngineConfig(tmp_path).max_body_bytes == DEAD_LETTER_MAX_BODY
+
+
+@pytest.mark.parametrize("key", ["secret_key", "token"])
+def test_a_secret_that_is_not_a_string_is_not_echoed(tmp_path: Path, key: str) -> None:
+    section = "admin" if key == "token" else "rocketmq"
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n[{section}]\n{key} = ["hunter2-very-secret"]\n')
+    with pytest.raises(ConfigError, match=f"{section}.{key}") as e:
+        load_settings(path, env={})
+    assert "hunter2" not in str(e.value)
+
+
+def test_serve_with_zookeeper_unreachable_says_so_without_a_traceback(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path / "data"}"\n[admin]\nlisten = "127.0.0.1:0"\n'
+                    f'[ha]\nzookeeper = "127.0.0.1:{port}"\nreplica_id = "r1"\n')
+    out = subprocess.run([sys.executable, "-m", "timewheel", "serve", "--config", str(path)], capture_output=True,
+                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin",
+                                                      "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"cannot reach ZooKeeper at ha.zookeeper = '127.0.0.1:{port}'" in out.stderr
+    assert "Traceback" not in out.stderr
