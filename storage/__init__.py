@@ -5,8 +5,9 @@ Imports nothing of the project; every other package reads and writes these bytes
 from storage._dispatch_writer import append_dispatch
 from storage._reader import SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
-from storage.dispatch import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES, REPLAYED,
-                              TERMINAL, DispatchLogRead, dispatch_entries, encode_frame, read_dispatch_log)
+from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
+                              REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, dispatch_entries,
+                              encode_frame, no_answers, read_dispatch_log)
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
                             StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
@@ -22,6 +23,7 @@ from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, ScheduleStore
 from storage.tombstones import Tombstone, TombstoneLog, TombstoneRead
 
 __all__ = [
+    "ANSWER_DTYPE", "RETRIED", "broker_message_id", "no_answers",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",
