@@ -147,6 +147,18 @@ class Service:
             return 0
         return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
 
+    def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""
+        from timewheel.find import MessageFinder
+
+        engine = self.engine
+        if engine is None or engine.store is None:
+            raise ConfigError("the service is not running: there is no data directory to look in")
+        with MessageFinder(engine.store.layout, engine.store.meta) as finder:
+            now = self.clock.now_ms()
+            found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)
+        return found.to_dict()
+
     def shaping_rules(self) -> dict[str, Any]:
         """The traffic rules in force."""
         return self.shaping.rules if self.shaping is not None else dict(self.settings.shaping)
