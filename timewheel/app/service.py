@@ -22,7 +22,7 @@ from timewheel.app.admin import AdminServer
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
-from timewheel.message import Sink
+from timewheel.message import ScheduleFn, Sink
 from timewheel.errors import ConfigError
 from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
+    from forwarder.trace import TraceWriter
 
 log = logging.getLogger("timewheel.app.service")
 
@@ -57,6 +58,7 @@ class Service:
         self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
         self._want_admin = admin
+        self.trace: TraceWriter | None = None
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
@@ -76,11 +78,17 @@ class Service:
                                            queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
         delivery: Sink = sink
+        if rmq.trace:  # RocketMQ's message trace of the engine's two hops (forwarder.trace)
+            from forwarder.trace import TraceWriter, TracingSink
+
+            self.trace = TraceWriter(self._endpoints.dead_letters, rmq.trace_topic, rmq.consumer_group,
+                                     rmq.producer_group).start()
+            delivery = TracingSink(sink, self.trace, self.clock.now_ms)
         if ha.enabled:
             from coordination import EpochStampingSink, ShardReplica
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
-            delivery = EpochStampingSink(sink, self.replica)
+            delivery = EpochStampingSink(delivery, self.replica)
         # the shaper grants nothing until the rules in force are settled from the meta store
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                              gate=self.replica).start()
@@ -88,7 +96,12 @@ class Service:
         if self.replica is not None:
             self.replica.start(self._replica_watermark)
         self.shaping = shaping.start(self.engine.store.meta)
-        self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
+        schedule: ScheduleFn = self.engine.schedule
+        if self.trace is not None:
+            from forwarder.trace import traced_schedule
+
+            schedule = traced_schedule(schedule, self.trace, self.clock.now_ms)
+        self._endpoints.source.start(schedule, self.engine.apply_cancels)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
@@ -126,6 +139,9 @@ class Service:
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+        if self.trace is not None:  # what was traced is sent before its producer closes
+            self.trace.stop()
+            self.trace = None
         if self._endpoints is not None:
             self._endpoints.close()  # the source is stopped already; this closes the senders
             self._endpoints = None
