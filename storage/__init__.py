@@ -7,7 +7,7 @@ from storage._reader import RecordReader, SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
 from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
                               REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, dispatch_entries,
-                              encode_frame, no_answers, read_dispatch_log)
+                              encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
                             StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
@@ -25,7 +25,7 @@ from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombsto
 
 __all__ = [
     "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id",
-    "decode_tombstones", "no_answers", "records_holding", "tombstone_log",
+    "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "OUTCOME_NAMES",

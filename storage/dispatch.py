@@ -184,7 +184,69 @@ def read_dispatch_log(path: str | os.PathLike[str]) -> DispatchLogRead:
     return DispatchLogRead(entries, end * ROW_SIZE, corrupt, len(raw) - end * ROW_SIZE, answers, note_of, notes)
 
 
-def _gather(raw: bytes, plain: list[tuple[int, int]], answered: list[tuple[int, int, int]],
+def read_dispatch_entries_of(path: str | os.PathLike[str], parts: np.ndarray,
+                             offsets: np.ndarray) -> DispatchLogRead:
+    """The entries (answers and notes with them) naming some records, without reading every frame:
+    for a look-up of a few records in a large log (`timewheel find`).
+
+    Rows whose entry fields name one of the records are found with one vectorised pass over a
+    read-only map; each is kept only if it is an entry row of a frame that passes its checks (the
+    nearest frame start before it whose CRC holds, and the row inside its entries). A frame that
+    fails its checks hides only its own entries, as with `read_dispatch_log`; the counters of what
+    was found wrong cover only the frames looked at."""
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+    except (FileNotFoundError, ValueError):  # no log, or an empty one (which cannot be mapped)
+        return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), 0, 0, 0)
+    n_rows = len(raw) // ROW_SIZE
+    rows = raw[: n_rows * ROW_SIZE].view(DISPATCH_DTYPE)
+    wanted = (np.asarray(parts, np.uint64) << np.uint64(32)) | np.asarray(offsets, np.uint64)
+    found = (rows["part"].astype(np.uint64) << np.uint64(32)) | rows["offset"].astype(np.uint64)
+    hits = np.flatnonzero(np.isin(found, wanted))
+    if not len(hits):
+        return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), len(raw), 0, 0)
+    starts = np.flatnonzero(np.isin(rows.view(_HEADER_DTYPE)["magic"], _MAGICS)).tolist()
+    view = memoryview(raw)  # type: ignore[arg-type]  # an ndarray is a buffer
+    frames: dict[int, tuple[int, int, int, str] | None] = {}
+    order: list[tuple[bool, int]] = []
+    plain: list[tuple[int, int]] = []
+    answered: list[tuple[int, int, int]] = []
+    notes: list[str] = []
+    bad = 0
+    for r in hits.tolist():
+        at = int(np.searchsorted(starts, r)) - 1  # frame starts strictly before the row
+        while at >= 0:
+            h = starts[at]
+            if h not in frames:
+                frames[h] = _frame_at(view, h, n_rows)
+                bad += frames[h] is None
+            frame = frames[h]
+            if frame is not None:
+                break
+            at -= 1
+        if at < 0 or frame is None:
+            continue
+        magic, count, _, note = frame
+        first = h + 1
+        if magic == FRAME_MAGIC_V3:
+            if not (first <= r < first + 2 * count and (r - first) % 2 == 0):
+                continue
+            note_at = -1
+            if note:
+                notes.append(note)
+                note_at = len(notes) - 1
+            order.append((True, len(answered)))
+            answered.append((r, 1, note_at))
+        else:
+            if not first <= r < first + count:
+                continue
+            order.append((False, len(plain)))
+            plain.append((r, 1))
+    entries, answers, note_of = _gather(view, plain, answered, order)
+    return DispatchLogRead(entries, len(raw), bad, 0, answers, note_of, notes)
+
+
+def _gather(raw: bytes | memoryview, plain: list[tuple[int, int]], answered: list[tuple[int, int, int]],
             order: list[tuple[bool, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Entries, answers and note indices of the valid frames, in file order (one copy of each
     kind's rows: numpy's concatenate of structured arrays costs more than the bytes)."""

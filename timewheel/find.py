@@ -9,7 +9,8 @@ One look-up for the command line (`timewheel find`, beside a running engine) and
   what the engine stored since its last checkpoint, so `unflushed=True` also searches the ingest
   log's frames since then (at most `checkpoint_bytes`, 64 MiB by default);
 - the record itself (CRC-checked): when it was stored, its due time, target topic, tags, keys, size;
-- its segment's dispatch log: every send attempt and outcome, with the broker's answer for a
+- its segment's dispatch log (only the rows naming it, `storage.read_dispatch_entries_of`): every
+  send attempt and outcome, with the broker's answer for a
   delivered message (its message id: what `mqadmin queryMsgById` takes) and the note of a failed
   one (the error, a dead letter's reason);
 - the tombstone log: the cancels that name its id or one of its keys, and when they were sent.
@@ -27,7 +28,7 @@ import numpy as np
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TERMINAL, TOMBSTONE_ID,
                      CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, StorageError, Tombstone,
-                     broker_message_id, decode, decode_tombstones, read_dispatch_log, records_holding,
+                     broker_message_id, decode, decode_tombstones, read_dispatch_entries_of, records_holding,
                      segment_name, tombstone_log)
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Found", "MessageFinder", "Step", "Trail"]
@@ -176,7 +177,11 @@ class MessageFinder:
             return []
         segs = [loc[0] for _, loc in chosen]
         read = self._records.read(segs, [loc[1] for _, loc in chosen], [loc[2] for _, loc in chosen])
-        logs = {seg: read_dispatch_log(self.layout.dispatch_log(seg)) for seg in sorted(set(segs))}
+        logs = {}
+        for seg in sorted(set(segs)):  # only the entries of the records asked about, however large the log
+            mine = [loc for _, loc in chosen if loc[0] == seg]
+            logs[seg] = read_dispatch_entries_of(self.layout.dispatch_log(seg), np.asarray([p for _, p, _ in mine]),
+                                                 np.asarray([o for _, _, o in mine]))
         tombstones = self._tombstones()
         out = []
         for (mid, (seg, part, offset)), rec in zip(chosen, read):

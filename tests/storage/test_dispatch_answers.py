@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import (DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, broker_message_id, dispatch_entries,
-                     encode_frame, no_answers, read_dispatch_log)
+                     encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.dispatch import ANSWER_DTYPE
 
 NOW = 1_700_000_000_000
@@ -88,3 +88,31 @@ def test_a_flipped_byte_loses_only_its_own_frame_whatever_the_versions(frames: l
     assert read.entries.tobytes() == want_e.tobytes()
     assert read.answers.tobytes() == want_a.tobytes()
     assert read.corrupt_frames + (read.torn_bytes > 0) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.sampled_from(["plain", "answered", "noted"])), min_size=1,
+                max_size=6), st.data())
+def test_the_look_up_of_a_few_records_agrees_with_reading_the_whole_log(frames: list[tuple[int, str]],
+                                                                        data: st.DataObject) -> None:
+    blobs, first = [], 0
+    for n, kind in frames:
+        e = _entries(first % 5, n)  # offsets repeat: a record may have several entries
+        blobs.append(encode_frame(e, NOW, _answers(first, n) if kind == "answered" else None,
+                                  "retried: broker busy" if kind == "noted" else ""))
+        first += n
+    raw = bytearray(b"".join(blobs))
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] ^= data.draw(st.integers(1, 255))
+    wanted = data.draw(st.lists(st.integers(0, 9), min_size=1, max_size=3, unique=True))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "dispatch.log"
+        path.write_bytes(bytes(raw))
+        whole = read_dispatch_log(path)
+        some = read_dispatch_entries_of(path, np.ones(len(wanted), np.uint16), np.asarray(wanted, np.uint32) * 100)
+    keep = np.isin(whole.entries["offset"], np.asarray(wanted) * 100)
+    assert some.entries.tobytes() == whole.entries[keep].tobytes()
+    assert some.answers.tobytes() == whole.answers[keep].tobytes()
+    assert [some.notes[i] if i >= 0 else None for i in some.note.tolist()] == \
+        [whole.notes[i] if i >= 0 else None for i in whole.note[keep].tolist()]
