@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from forwarder.rocketmq import OutgoingMessage, RemotingError, RemotingProducer
-from storage import RecordBytes, broker_message_id
+from storage import RecordBytes, broker_message_ids, decode_keys
 from timewheel.message import Message, SendResults
 
 __all__ = ["CONTENT", "FIELD", "TraceWriter", "TracingSink", "consume_record", "produce_record", "traced_schedule"]
@@ -46,12 +46,20 @@ FIELD = "\x02"  # TraceConstants.FIELD_SPLITOR
 REGION = "DefaultRegion"  # what RocketMQ's clients write when no region is configured
 _BATCH = 100  # records per trace message
 _MAX_BODY = 128 * 1024  # bytes of records per trace message, as the clients' maxMsgSize
-_QUEUE = 20_000  # records waiting to be sent before new ones are dropped
+_QUEUE_BATCHES = 1000  # batches of records (one per send or stored batch) waiting before new ones are dropped
 
 
 def _uniq(msg_id: str) -> str:
     """The id a producer got back for the message the engine stores as `<UNIQ_KEY>:<crc>`."""
     return msg_id.partition(":")[0]
+
+
+def _store_hosts(answers: np.ndarray) -> list[str]:
+    """"ip:port" of each answer's store host (a send batch has one or a few: each formatted once)."""
+    where = np.concatenate([answers["store_ip"].astype(np.int64), answers["store_port"].astype(np.int64)[:, None]],
+                           axis=1)
+    known: dict[tuple[int, ...], str] = {}
+    return [known.get(w) or known.setdefault(w, "{}.{}.{}.{}:{}".format(*w)) for w in map(tuple, where.tolist())]
 
 
 def consume_record(group: str, msg_id: str, keys: str, at_ms: int, cost_ms: int, request_id: str) -> str:
@@ -80,7 +88,7 @@ class TraceWriter:
         self.consumer_group = consumer_group
         self.producer_group = producer_group
         self.counters = {"records": 0, "sent": 0, "dropped": 0, "failed": 0}
-        self._queue: queue.Queue[tuple[str, list[str]] | None] = queue.Queue(_QUEUE)
+        self._queue: queue.Queue[list[tuple[str, list[str]]] | None] = queue.Queue(_QUEUE_BATCHES)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="timewheel-trace", daemon=True)
 
@@ -98,36 +106,48 @@ class TraceWriter:
         """Consume records for messages the engine stored (its consumer group's hop)."""
         request = uuid.uuid4().hex
         cost = max(0, now_ms - started_ms)
+        out = []
         for m in messages:
-            mid, keys = _uniq(m.msg_id or ""), " ".join(m.keys)
-            self._add(consume_record(self.consumer_group, mid, keys, now_ms, cost, request), [mid, *m.keys])
+            mid = _uniq(m.msg_id or "")
+            out.append((consume_record(self.consumer_group, mid, " ".join(m.keys), now_ms, cost, request),
+                        [mid, *m.keys]))
+        self._add(out)
 
     def produced(self, records: RecordBytes, sent: Sequence[bool], answers: np.ndarray | None, started_ms: int,
                  now_ms: int) -> None:
         """Produce records for the stored records that were delivered (its producer group's hop)."""
         cost = max(0, now_ms - started_ms)
         topics = records.topics()
-        for i in np.flatnonzero(np.asarray(sent, bool)).tolist():
-            rec = records.record(i)
-            host, offset_id = "", ""
-            if answers is not None:
-                a = answers[i]
-                offset_id = broker_message_id(a) or ""
-                if offset_id:
-                    host = f"{'.'.join(str(b) for b in a['store_ip'])}:{int(a['store_port'])}"
-            mid, keys = _uniq(rec.msg_id), " ".join(rec.keys)
-            self._add(produce_record(self.producer_group, topics[i], mid, rec.tags, keys, host, len(rec.body), now_ms,
-                                     cost, offset_id), [mid, *rec.keys])
+        # the fields as slices of the stored bytes, as the sink encodes them: no record decoded
+        id_at, _, tags_at, keys_at, _, _ = (a.tolist() for a in records.field_starts())
+        h = records.header
+        id_len, tags_len, keys_len, body_len = (h[f].tolist() for f in ("id_len", "tags_len", "keys_len", "body_len"))
+        mv = memoryview(records.data)
+        rows = np.flatnonzero(np.asarray(sent, bool))
+        offset_ids = broker_message_ids(answers[rows]) if answers is not None else [""] * len(rows)
+        hosts = _store_hosts(answers[rows]) if answers is not None else [""] * len(rows)
+        out = []
+        for i, offset_id, host in zip(rows.tolist(), offset_ids, hosts):
+            mid = _uniq(str(mv[id_at[i]:id_at[i] + id_len[i]], "utf-8"))
+            keys = decode_keys(mv[keys_at[i]:keys_at[i] + keys_len[i]], keys_at[i])
+            tags = str(mv[tags_at[i]:tags_at[i] + tags_len[i]], "utf-8")
+            out.append((produce_record(self.producer_group, topics[i], mid, tags, " ".join(keys),
+                                       host if offset_id else "", body_len[i], now_ms, cost, offset_id),
+                        [mid, *keys]))
+        self._add(out)
 
-    def _add(self, record: str, keys: list[str]) -> None:
+    def _add(self, records: list[tuple[str, list[str]]]) -> None:
+        """Queue one batch's records (with the keys each is found by), or drop them when the queue is full."""
+        if not records:
+            return
         try:
-            self._queue.put_nowait((record, keys))
+            self._queue.put_nowait(records)
         except queue.Full:
             with self._lock:
-                self.counters["dropped"] += 1
+                self.counters["dropped"] += len(records)
             return
         with self._lock:
-            self.counters["records"] += 1
+            self.counters["records"] += len(records)
 
     def _run(self) -> None:
         stopping = False
@@ -137,7 +157,7 @@ class TraceWriter:
             if item is None:
                 stopping = True
             else:
-                batch.append(item)
+                batch.extend(item)
             while not stopping:
                 try:
                     more = self._queue.get_nowait()
@@ -146,7 +166,7 @@ class TraceWriter:
                 if more is None:
                     stopping = True
                 else:
-                    batch.append(more)
+                    batch.extend(more)
             for start in range(0, len(batch), _BATCH):
                 self._send(batch[start:start + _BATCH])
 

@@ -6,7 +6,8 @@ from storage._dispatch_writer import append_dispatch
 from storage._reader import RecordReader, SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
 from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
-                              REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, dispatch_entries,
+                              REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, broker_message_ids,
+                              dispatch_entries,
                               encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
                             StorageWriteError, StoreClosedError)
@@ -24,7 +25,7 @@ from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombsto
     decode_frames as decode_tombstones, tombstone_log
 
 __all__ = [
-    "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id",
+    "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",

@@ -95,6 +95,22 @@ def broker_message_id(answer: np.void) -> str | None:
                                                      int(answer["commit_offset"]))).hex().upper()
 
 
+_MSG_ID = np.dtype([("ip", "u1", (4,)), ("port", ">u4"), ("offset", ">i8")])  # a broker message id's bytes
+
+
+def broker_message_ids(answers: np.ndarray) -> list[str]:
+    """`broker_message_id` of every answer at once ("" where none was recorded)."""
+    n = len(answers)
+    raw = np.empty(n, _MSG_ID)
+    raw["ip"] = answers["store_ip"]
+    raw["port"] = answers["store_port"]
+    raw["offset"] = answers["commit_offset"]
+    text = raw.tobytes().hex().upper()
+    width = 2 * _MSG_ID.itemsize
+    known = (answers["queue_offset"] >= 0) & answers["store_ip"].any(axis=1)
+    return [text[i * width:(i + 1) * width] if ok else "" for i, ok in enumerate(known.tolist())]
+
+
 def encode_frame(entries: np.ndarray, written_ms: int, answers: np.ndarray | None = None, note: str = "") -> bytes:
     """One frame: a header row and the entries; with `answers` (ANSWER_DTYPE, aligned) or a `note`,
     a TWD3 frame that keeps them."""

@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import (DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, broker_message_id, dispatch_entries,
+from storage import (DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, broker_message_id, broker_message_ids,
+                     dispatch_entries,
                      encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.dispatch import ANSWER_DTYPE
 
@@ -116,3 +117,11 @@ def test_the_look_up_of_a_few_records_agrees_with_reading_the_whole_log(frames: 
     assert some.answers.tobytes() == whole.answers[keep].tobytes()
     assert [some.notes[i] if i >= 0 else None for i in some.note.tolist()] == \
         [whole.notes[i] if i >= 0 else None for i in whole.note[keep].tolist()]
+
+
+def test_the_ids_of_a_batch_at_once_are_the_ids_one_by_one() -> None:
+    answers = np.concatenate([_answers(0, 3), no_answers(2), _answers(9, 1)])
+    answers["store_ip"][1] = 0  # an IPv6 store host: not recorded
+    assert broker_message_ids(answers) == [broker_message_id(a) or "" for a in answers]
+    ids = broker_message_ids(answers)
+    assert [ids[i] for i in (1, 3, 4)] == ["", "", ""] and all(len(ids[i]) == 32 for i in (0, 2, 5))
