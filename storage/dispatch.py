@@ -119,14 +119,12 @@ def encode_frame(entries: np.ndarray, written_ms: int, answers: np.ndarray | Non
         header["magic"] = FRAME_MAGIC
         body = np.ascontiguousarray(entries, dtype=DISPATCH_DTYPE).tobytes()
     else:
-        rows = np.empty(len(entries), _ANSWERED_DTYPE)
-        for name in DISPATCH_DTYPE.names:  # type: ignore[union-attr]
-            rows[name] = entries[name]
         given = no_answers(len(entries)) if answers is None else answers
         if len(given) != len(entries):
             raise ValueError(f"{len(given)} answers for {len(entries)} entries")
-        for name in ANSWER_DTYPE.names:  # type: ignore[union-attr]
-            rows[name] = given[name]
+        rows = np.empty((len(entries), 2 * ROW_SIZE), np.uint8)  # each entry row, then its answer row
+        rows[:, :ROW_SIZE] = np.ascontiguousarray(entries, DISPATCH_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
+        rows[:, ROW_SIZE:] = np.ascontiguousarray(given, ANSWER_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
         text = note.encode("utf-8", "replace")[:MAX_NOTE]
         header["magic"] = FRAME_MAGIC_V3
         header["note_len"] = len(text)
