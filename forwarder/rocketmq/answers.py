@@ -21,11 +21,14 @@ def answer_rows(answers: np.ndarray, index: list[int], queue_id: int, first: int
     offsets follow in order from `first`; each message id (comma-separated in the broker's answer)
     gives its store host and commit-log offset. Ids of another shape (an IPv6 store host) are left
     out: the queue offset still finds the message."""
-    rows = np.asarray(index, np.int64)
+    n = len(index)
+    # a batch of one topic is usually a run of positions: a slice then, not a gather
+    rows: slice | np.ndarray = slice(index[0], index[-1] + 1) if index[-1] - index[0] + 1 == n else \
+        np.asarray(index, np.int64)
     answers["queue_id"][rows] = queue_id
     if first >= 0:
-        answers["queue_offset"][rows] = np.arange(first, first + len(rows), dtype=np.int64)
-    if len(offset_ids) != len(rows) * (_OFFSET_ID_HEX + 1) - 1:
+        answers["queue_offset"][rows] = np.arange(first, first + n, dtype=np.int64)
+    if len(offset_ids) != n * (_OFFSET_ID_HEX + 1) - 1:
         return
     try:
         ids = np.frombuffer(bytes.fromhex(offset_ids.replace(",", "")), _OFFSET_ID)

@@ -101,7 +101,7 @@ def _describe(s: dict[str, Any]) -> str:
     if what == "send_failed":
         return f"attempt {s['attempt']} failed: {s['error']}; retried after a backoff"
     if what == "dead_lettered":
-        return f"dead-lettered after {s['attempts']} attempts: {s['reason']}"
+        return f"dead-lettered (to the dead-letter topic): {s['reason']}"
     if what == "cancelled":
         return "cancelled: it will not be delivered"
     if what == "found_corrupt":
