@@ -44,6 +44,7 @@ class SendResults(list[bool]):
 
     def __init__(self, ok: Sequence[bool], answers: np.ndarray | None = None,
                  errors: Sequence[str | None] | None = None) -> None:
+        """`ok` per message; `answers` and `errors` aligned with it, when the sink knows them."""
         super().__init__(ok)
         self.answers = answers
         self.errors = list(errors) if errors is not None else None

@@ -138,3 +138,20 @@ def test_beside_a_running_engine_it_finds_what_is_not_flushed_yet(tmp_path: Path
             assert finder.by_key("order-9", T0 + 6000).trails[0].state == "delivered"
     finally:
         e.stop()
+
+
+def test_a_standby_shows_what_the_lease_holder_delivered(tmp_path: Path, clock: ManualClock) -> None:
+    from storage import DELIVERED, dispatch_entries
+
+    e = Engine(EngineConfig(data_dir=tmp_path / "data"), AnsweringSink(), clock, seed=1).start(background=False)
+    try:
+        e.schedule([Message("ORDERS", b"x", T0 + 5000, keys=("order-1",), msg_id=f"{UNIQ['delivered']}:00000001")])
+        assert e.store is not None
+        seg = e.store.layout.segment_start(T0 + 5000)
+        ix = e.store.segment_index(seg)
+        # what the dispatcher records for a record due by the holder's watermark: attempts 0
+        e.store.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, T0 + 6000, DELIVERED, 0), T0 + 6000)
+        m = _one(MessageFinder(e.store.layout, e.store.meta).by_key("order-1", T0 + 7000))
+        assert (m["state"], _whats(m)) == ("delivered", ["stored", "delivered_by_lease_holder"])
+    finally:
+        e.stop()
