@@ -16,7 +16,8 @@
     GET  /shaping                 the traffic rules in force (JSON)
     PUT  /shaping                 replace the rules (JSON body); needs the token
 
-Mutations are refused with 403 when no token is configured, 401 when the request's is wrong.
+Mutations and message look-ups are refused with 403 when no token is configured, 401 when the
+request's is wrong.
 It listens on loopback unless configured otherwise. The HTTP server (`_http`) bounds what a client
 can hold: head, body (1 MiB), connections, time; health and readiness answer on its event loop,
 the rest on a small pool, so a slow cancel or scrape never keeps `/healthz` waiting.
@@ -129,8 +130,8 @@ class AdminServer:
         status = self.authorized(req.headers.get("authorization"))
         if not status:
             return None
-        return _json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token or "
-                                       "TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)" if status == 403
+        return _json(status, {"error": "no admin token is configured: mutations and message look-ups are disabled "
+                                       "(set admin.token or TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)" if status == 403
                               else "missing or wrong token: pass --token or set TIMEWHEEL_ADMIN_TOKEN (header "
                                    "Authorization: Bearer <token>)"})
 
