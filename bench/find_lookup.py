@@ -1,6 +1,6 @@
 """Where is my message, at scale: `timewheel find` look-ups by id and by key over a large data directory.
 
-    python -m bench.find_lookup [--messages 10000000] [--segments 24] [--lookups 1000] [--data-dir D]
+    python -m bench.find_lookup [--messages 10000000] [--segments 24] [--lookups 1000] [--cold N] [--data-dir D]
 
 Builds (or reuses, with --data-dir) a data directory of --messages stored messages over
 --segments hourly segments, as the engine stores them (`ScheduleStore.append`, in batches of 50 000;
@@ -11,13 +11,17 @@ answers, as the engine writes them). Then, with the store closed (as beside a st
 meta store opened read-only, the ingest log searched as `timewheel find` does), times
 `MessageFinder.by_id` with the producer's id (a prefix seek) and `MessageFinder.by_key`, each on
 --lookups random messages: p50, p90, p99, max in ms, the first pass (files cold unless the page
-cache kept them) and a second pass over the same messages (warm). Writes
+cache kept them) and a second pass over the same messages (warm). With --cold N, N more look-ups
+each way as a fresh `timewheel find` process meets them: the data directory's files dropped from
+the page cache first (`posix_fadvise(DONTNEED)` on its files only) and the meta store opened anew
+(the open timed apart from the look-up). Writes
 bench/results/find_lookup.json; bench/RESULTS_FIND.md holds the figures of record.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import tempfile
 import time
@@ -78,12 +82,48 @@ def timed(fn: Callable[[int], object], picks: Sequence[int]) -> dict[str, float]
         t = time.perf_counter()
         fn(i)
         ms.append((time.perf_counter() - t) * 1000)
+    return _figures(ms)
+
+
+def evict(data_dir: Path) -> None:
+    """Drop the data directory's files from the page cache (theirs only: other processes' pages stay)."""
+    for path in data_dir.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def cold(data_dir: Path, picks: Sequence[int], half: int) -> dict[str, object]:
+    """Each look-up as a fresh `timewheel find` process meets it: the data directory's pages evicted,
+    the meta store opened anew (its open timed apart); by id then by key."""
+    opens, by_id, by_key = [], [], []
+    for i in picks:
+        for how, times in (("id", by_id), ("key", by_key)):
+            evict(data_dir)
+            t = time.perf_counter()
+            finder = MessageFinder.beside_engine(data_dir)
+            opens.append((time.perf_counter() - t) * 1000)
+            try:
+                t = time.perf_counter()
+                found = finder.by_id(uniq(i), T0) if how == "id" else finder.by_key(f"order-{i % half}", T0)
+                times.append((time.perf_counter() - t) * 1000)
+                assert found.trails, found.to_dict()
+            finally:
+                finder.close()
+    return {"by_id": _figures(by_id), "by_key": _figures(by_key), "open_meta_store": _figures(opens)}
+
+
+def _figures(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
     return {"p50_ms": round(float(np.percentile(a, 50)), 2), "p90_ms": round(float(np.percentile(a, 90)), 2),
             "p99_ms": round(float(np.percentile(a, 99)), 2), "max_ms": round(float(a.max()), 2), "n": len(ms)}
 
 
-def run(data_dir: Path, messages: int, segments: int, lookups: int, seed: int) -> dict[str, object]:
+def run(data_dir: Path, messages: int, segments: int, lookups: int, seed: int,
+        cold_lookups: int = 0) -> dict[str, object]:
     """Build if needed, then time the look-ups."""
     built: dict[str, float] = {}
     if not (data_dir / "timewheel.json").exists():
@@ -105,6 +145,8 @@ def run(data_dir: Path, messages: int, segments: int, lookups: int, seed: int) -
 
         for name, fn in (("by_id", by_id), ("by_key", by_key)):
             out[name] = {"first_pass": timed(fn, picks), "second_pass": timed(fn, picks)}
+    if cold_lookups:
+        out["cold"] = cold(data_dir, picks[:cold_lookups], half)
     return out
 
 
@@ -116,14 +158,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--segments", type=int, default=24)
     ap.add_argument("--lookups", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=26)
+    ap.add_argument("--cold", type=int, default=0, metavar="N",
+                    help="also N look-ups each way from a cold page cache and a freshly opened meta store")
     ap.add_argument("--data-dir", type=Path, help="build here (or reuse what is here); default a temporary one")
     ap.add_argument("--out", type=Path, default=Path("bench/results/find_lookup.json"))
     args = ap.parse_args(argv)
     if args.data_dir is not None:
-        result = run(args.data_dir, args.messages, args.segments, args.lookups, args.seed)
+        result = run(args.data_dir, args.messages, args.segments, args.lookups, args.seed, args.cold)
     else:
         with tempfile.TemporaryDirectory(prefix="tw-find-bench-") as d:
-            result = run(Path(d), args.messages, args.segments, args.lookups, args.seed)
+            result = run(Path(d), args.messages, args.segments, args.lookups, args.seed, args.cold)
     text = json.dumps(result, indent=2)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -203,42 +203,32 @@ def read_dispatch_entries_of(path: str | os.PathLike[str], parts: np.ndarray,
     """The entries (answers and notes with them) naming some records, without reading every frame:
     for a look-up of a few records in a large log (`timewheel find`).
 
-    Rows whose entry fields name one of the records are found with one vectorised pass over a
-    read-only map; each is kept only if it is an entry row of a frame that passes its checks (the
-    nearest frame start before it whose CRC holds, and the row inside its entries). A frame that
-    fails its checks hides only its own entries, as with `read_dispatch_log`; the counters of what
-    was found wrong cover only the frames looked at."""
+    Rows whose (offset, part) bytes name one of the records are found with one vectorised pass over
+    a read-only map; each is kept only if it is an entry row of a frame that passes its checks (the
+    nearest frame start before it whose CRC holds, found in a window that widens until one is, and
+    the row inside that frame's entries). A frame that fails its checks hides only its own entries,
+    as with `read_dispatch_log`; the counters of what was found wrong cover the frames looked at."""
     try:
         raw = np.memmap(path, dtype=np.uint8, mode="r")
     except (FileNotFoundError, ValueError):  # no log, or an empty one (which cannot be mapped)
         return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), 0, 0, 0)
     n_rows = len(raw) // ROW_SIZE
-    rows = raw[: n_rows * ROW_SIZE].view(DISPATCH_DTYPE)
+    # bytes 16..24 of every row as one uint64: offset, part, then outcome and attempts, masked off
+    where = np.ndarray((n_rows,), "<u8", raw, _KEY_AT, (ROW_SIZE,)) & np.uint64(_KEY_MASK)
     wanted = (np.asarray(parts, np.uint64) << np.uint64(32)) | np.asarray(offsets, np.uint64)
-    found = (rows["part"].astype(np.uint64) << np.uint64(32)) | rows["offset"].astype(np.uint64)
-    hits = np.flatnonzero(np.isin(found, wanted))
+    hits = np.sort(np.concatenate([np.flatnonzero(where == k) for k in wanted.tolist()] or [np.empty(0, np.int64)]))
     if not len(hits):
         return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), len(raw), 0, 0)
-    starts = np.flatnonzero(np.isin(rows.view(_HEADER_DTYPE)["magic"], _MAGICS)).tolist()
+    magics = np.ndarray((n_rows,), "<u4", raw, 0, (ROW_SIZE,))
     view = memoryview(raw)  # type: ignore[arg-type]  # an ndarray is a buffer
     frames: dict[int, tuple[int, int, int, str] | None] = {}
     order: list[tuple[bool, int]] = []
     plain: list[tuple[int, int]] = []
     answered: list[tuple[int, int, int]] = []
     notes: list[str] = []
-    bad = 0
     for r in hits.tolist():
-        at = int(np.searchsorted(starts, r)) - 1  # frame starts strictly before the row
-        while at >= 0:
-            h = starts[at]
-            if h not in frames:
-                frames[h] = _frame_at(view, h, n_rows)
-                bad += frames[h] is None
-            frame = frames[h]
-            if frame is not None:
-                break
-            at -= 1
-        if at < 0 or frame is None:
+        h, frame = _frame_before(view, magics, r, n_rows, frames)
+        if frame is None:
             continue
         magic, count, _, note = frame
         first = h + 1
@@ -251,13 +241,33 @@ def read_dispatch_entries_of(path: str | os.PathLike[str], parts: np.ndarray,
                 note_at = len(notes) - 1
             order.append((True, len(answered)))
             answered.append((r, 1, note_at))
-        else:
-            if not first <= r < first + count:
-                continue
+        elif first <= r < first + count:
             order.append((False, len(plain)))
             plain.append((r, 1))
     entries, answers, note_of = _gather(view, plain, answered, order)
+    bad = sum(f is None for f in frames.values())
     return DispatchLogRead(entries, len(raw), bad, 0, answers, note_of, notes)
+
+
+_KEY_AT = DISPATCH_DTYPE.fields["offset"][1]  # type: ignore[index]  # offset, then part: one uint64 with the next 2 bytes
+_KEY_MASK = (1 << 48) - 1
+_WINDOW = 1024  # rows looked back at first for the frame a row belongs to; doubled until one is found
+
+
+def _frame_before(view: memoryview, magics: np.ndarray, row: int, n_rows: int,
+                  seen: dict[int, tuple[int, int, int, str] | None]) -> tuple[int, tuple[int, int, int, str] | None]:
+    """The nearest row before `row` that starts a valid frame, and that frame (None: there is none)."""
+    window, end = _WINDOW, row
+    while end > 0:
+        start = max(0, row - window)
+        for h in np.flatnonzero(np.isin(magics[start:end], _MAGICS))[::-1].tolist():
+            h += start
+            if h not in seen:
+                seen[h] = _frame_at(view, h, n_rows)
+            if seen[h] is not None:
+                return h, seen[h]
+        end, window = start, window * 2
+    return -1, None
 
 
 def _gather(raw: bytes | memoryview, plain: list[tuple[int, int]], answered: list[tuple[int, int, int]],
