@@ -102,6 +102,11 @@ class TraceWriter:
         self._queue.put(None)
         self._thread.join()
 
+    def counter_values(self) -> dict[str, int]:
+        """A copy of the counters: records queued, sent, dropped (queue full), failed (send failed)."""
+        with self._lock:
+            return dict(self.counters)
+
     def consumed(self, messages: Sequence[Message], started_ms: int, now_ms: int) -> None:
         """Consume records for messages the engine stored (its consumer group's hop)."""
         request = uuid.uuid4().hex
@@ -168,7 +173,13 @@ class TraceWriter:
                 else:
                     batch.extend(more)
             for start in range(0, len(batch), _BATCH):
-                self._send(batch[start:start + _BATCH])
+                part = batch[start:start + _BATCH]
+                try:
+                    self._send(part)
+                except Exception:  # a trace is never worth its thread: count, log, go on with the next
+                    log.exception("message trace: %d records not written to %s", len(part), self.topic)
+                    with self._lock:
+                        self.counters["failed"] += len(part)
 
     def _send(self, batch: list[tuple[str, list[str]]]) -> None:
         """Send records as trace messages of at most `_MAX_BODY` bytes each."""

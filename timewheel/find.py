@@ -182,7 +182,9 @@ class MessageFinder:
             mine = [loc for _, loc in chosen if loc[0] == seg]
             logs[seg] = read_dispatch_entries_of(self.layout.dispatch_log(seg), np.asarray([p for _, p, _ in mine]),
                                                  np.asarray([o for _, _, o in mine]))
-        tombstones = self._tombstones()
+        needles = {t for mid, _ in chosen for t in (mid, mid.partition(":")[0])}
+        needles.update(k for rec in read if isinstance(rec, Record) for k in rec.keys)
+        tombstones = self._tombstones(needles)
         out = []
         for (mid, (seg, part, offset)), rec in zip(chosen, read):
             record = rec if isinstance(rec, Record) else None
@@ -203,11 +205,15 @@ class MessageFinder:
             out.append(Trail(mid, seg, part, offset, state, (first, *rest), record))
         return out
 
-    def _tombstones(self) -> list[Tombstone]:
+    def _tombstones(self, needles: set[str]) -> list[Tombstone]:
+        """The tombstones, decoded only when the log holds one of the ids or keys asked about (a log
+        of a million cancels is searched at memory speed, not decoded, when none names them)."""
         path = tombstone_log(self.layout.root)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
+            return []
+        if not any(n.encode() in data for n in needles if n):
             return []
         return decode_tombstones(data).tombstones
 

@@ -227,7 +227,7 @@ class Service:
 
     def endpoint_stats(self) -> dict[str, object]:
         """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
-        with [ha], `ha` (the replica's counters) and `ha_holder`."""
+        with [ha], `ha` (the replica's counters) and `ha_holder`; with trace on, `trace`."""
         if self._endpoints is None:
             return {}
         out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
@@ -236,6 +236,8 @@ class Service:
         if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease
             out["ha"] = self.replica.counter_values()
             out["ha_holder"] = self.replica.may_send()
+        if self.trace is not None:  # with [rocketmq] trace: records written, sent, dropped, failed
+            out["trace"] = self.trace.counter_values()
         return out
 
     def stats(self) -> dict[str, object]:
