@@ -14,6 +14,7 @@ from forwarder.endpoints import RocketMQEndpoints, connect_rocketmq
 from forwarder.errors import ForwarderError, LocalRocketMQError, NativeClientError, NativeLayoutError, SendError
 from forwarder.ingest import DelayTopicIngest
 from forwarder.local_rocketmq import LocalRocketMQ, ensure_distribution, run_foreground
+from forwarder.trace import TraceWriter, TracingSink, traced_schedule
 from forwarder.rocketmq import (SYSTEM_PROPERTIES, OutgoingMessage, ReceivedMessage, RemotingError, RemotingProducer,
                                 RemotingPullConsumer, SendResult, SendStatus, topic_route, user_properties)
 
@@ -24,8 +25,8 @@ __all__ = ["CANCEL_ID", "CANCEL_KEY", "CancelNotSentError", "CircuitBreaker", "C
            "NativeClientError", "NativeLayoutError", "NativeProducer", "NativePushConsumer", "OutgoingMessage",
            "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RocketMQConfig",
            "RocketMQEndpoints", "RocketMQSink", "SYSTEM_PROPERTIES", "SendError", "SendResult", "SendStatus",
-           "cancel_message", "connect_rocketmq", "ensure_distribution", "read_message", "run_foreground",
-           "send_cancel", "to_message", "to_outgoing", "topic_route", "user_properties"]
+           "TraceWriter", "TracingSink", "cancel_message", "connect_rocketmq", "ensure_distribution", "read_message", "run_foreground",
+           "send_cancel", "to_message", "to_outgoing", "topic_route", "traced_schedule", "user_properties"]
 
 
 def __getattr__(name: str) -> Any:

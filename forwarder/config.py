@@ -38,6 +38,10 @@ class RocketMQConfig:
     tls_ca_file: str = ""
     #: check no certificate: only for a throw-away test broker on a self-signed certificate
     tls_insecure: bool = False
+    #: RocketMQ message trace of the engine's two hops (consumed from the delay topic, produced to the
+    #: target), written to `trace_topic` as RocketMQ's clients write theirs (`forwarder.trace`)
+    trace: bool = False
+    trace_topic: str = "RMQ_SYS_TRACE_TOPIC"
 
     #: keys whose values are never shown (print-config, logs)
     SECRET_KEYS: ClassVar[frozenset[str]] = frozenset({"secret_key"})
@@ -66,6 +70,8 @@ class RocketMQConfig:
             ("send_timeout_ms", self.send_timeout_ms > 0, "positive"),
             ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
             ("breaker_open_seconds", self.breaker_open_seconds > 0, "positive"),
+            ("trace_topic", bool(self.trace_topic) and self.trace_topic not in (self.delay_topic, self.dead_letter_topic),
+             "a topic name other than delay_topic and dead_letter_topic"),
             ("dead_letter_topic", self.dead_letter_topic != self.delay_topic,
              "another topic than delay_topic (dead letters would be ingested again)"),
             ("secret_key", not (self.secret_key and self.secret_key_file), "unset when secret_key_file is set"),

@@ -26,15 +26,18 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
 
-from forwarder.contract import (TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
+import numpy as np
+
+from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
                                 to_outgoing)
 from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
 from forwarder.record_encoding import encode_records
-from storage import RecordBytes
-from timewheel.message import Message
+from storage import RecordBytes, no_answers
+from timewheel.message import Message, SendResults
 
 log = logging.getLogger("timewheel.delivery")
+_BREAKER_OPEN = "not sent: the circuit breaker is open after consecutive failed sends"
 
 
 class CircuitBreaker:
@@ -121,7 +124,7 @@ class RocketMQSink:
         """
         if not self.breaker.allow():
             self._count(refused=len(messages))
-            return [False] * len(messages)
+            return SendResults([False] * len(messages), errors=[_BREAKER_OPEN] * len(messages))
         if not messages:
             return []
         # Only user topics: a message scheduled in process or by backfill is held to the contract too,
@@ -150,7 +153,7 @@ class RocketMQSink:
         `RemotingProducer.send_encoded`): what it stops comes back False, unsent."""
         if not self.breaker.allow():
             self._count(refused=len(records))
-            return [False] * len(records)
+            return SendResults([False] * len(records), errors=[_BREAKER_OPEN] * len(records))
         if not len(records):
             return []
         topics = records.topics()
@@ -158,22 +161,28 @@ class RocketMQSink:
             # rare; the general path says which and why
             return self.send_batch([replace(m, properties={**(m.properties or {}), **(extra or {})})
                                     for m in (Message.from_record(records.record(i)) for i in range(len(records)))])
+        answers = no_answers(len(records))
         try:
             with self._checkout() as sender:
                 ids = sender.new_ids(len(records))
-                outcomes: list[RemotingError | None] = sender.send_encoded(topics, encode_records(records, ids, extra), ids, fence)
+                outcomes: list[RemotingError | None] = sender.send_encoded(
+                    topics, encode_records(records, ids, extra), ids, fence, answers)
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(records)
-        return self._settle(topics, outcomes)
+        return self._settle(topics, outcomes, answers)
 
-    def _settle(self, topics: Sequence[str], outcomes: Sequence[Receipt | RemotingError | None]) -> list[bool]:
-        """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request once."""
-        results = [not isinstance(o, RemotingError) for o in outcomes]
-        ok = sum(results)
-        if ok == len(results):
+    def _settle(self, topics: Sequence[str], outcomes: Sequence[Receipt | RemotingError | None],
+                answers: np.ndarray | None = None) -> SendResults:
+        """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request
+        once; the results carry the broker's answers and each failure's error."""
+        stored = [not isinstance(o, RemotingError) for o in outcomes]
+        ok = sum(stored)
+        if ok == len(stored):
             self.breaker.record(ok, 0)
             self._count(sent=ok)
-            return results
+            return SendResults(stored, answers)
+        results = SendResults(stored, answers, [None if s else f"{type(o).__name__}: {o}"
+                                                for s, o in zip(stored, outcomes)])
         errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message
         retriable = rejected = 0
         fenced = 0

@@ -81,11 +81,15 @@ class JavaClient:
         return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
     def produce(self, messages: Iterable[JavaMessage], *, compress: str = "zlib", compress_over: int = 4096,
-                batch: bool = False, group: str = "java-conformance-producer") -> list[dict[str, Any]]:
-        """Send messages (one at a time, or as one batch); one result per send: ok, msgId or error."""
+                batch: bool = False, group: str = "java-conformance-producer",
+                trace_topic: str | None = None) -> list[dict[str, Any]]:
+        """Send messages (one at a time, or as one batch); one result per send: ok, msgId or error.
+        With `trace_topic`, the client writes RocketMQ's message trace of its sends there."""
         args = ["produce", "--group", group, "--compress", compress, "--compress-over", str(compress_over)]
         if batch:
             args += ["--as-batch", "true"]
+        if trace_topic:
+            args += ["--trace", "true", "--trace-topic", trace_topic]
         return self._run(args, "\n".join(m.to_json() for m in messages) + "\n")
 
     def consume(self, topic: str, count: int, *, group: str, timeout_s: float = 60.0) -> list[JavaMessage]:

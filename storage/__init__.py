@@ -3,14 +3,16 @@
 Imports nothing of the project; every other package reads and writes these bytes through here.
 """
 from storage._dispatch_writer import append_dispatch
-from storage._reader import SegmentIndex
+from storage._reader import RecordReader, SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
-from storage.dispatch import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES, REPLAYED,
-                              TERMINAL, DispatchLogRead, dispatch_entries, encode_frame, read_dispatch_log)
+from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
+                              REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, broker_message_ids,
+                              dispatch_entries,
+                              encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
                             StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
-from storage.ingest_log import LOCATION_DTYPE
+from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record_bytes import RecordBytes
@@ -20,9 +22,12 @@ from storage.part import trusted_index
 from storage.recovery import RecoveryReport
 from storage.sealed import PartStager, SealedPartWriter
 from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, Origin, ScheduleStore
-from storage.tombstones import Tombstone, TombstoneLog, TombstoneRead
+from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombstone, TombstoneLog, TombstoneRead, \
+    decode_frames as decode_tombstones, tombstone_log
 
 __all__ = [
+    "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
+    "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "NO_QUEUE",

@@ -25,11 +25,13 @@ class DispatchWriter:
         self._dirty: set[int] = set()
         self._new_dirs: set[Path] = set()
 
-    def append(self, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
-        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame."""
+    def append(self, segment_ms: int, entries: np.ndarray, now_ms: int, answers: np.ndarray | None = None,
+               note: str = "") -> None:
+        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame, with the broker's
+        answers (ANSWER_DTYPE, aligned) and a note when given."""
         if len(entries) == 0:
             return
-        frame = _dispatch.encode_frame(entries, now_ms)
+        frame = _dispatch.encode_frame(entries, now_ms, answers, note)
         with self.lock:
             fd = self._fds.get(segment_ms)
             if fd is None:

@@ -25,7 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -64,11 +64,12 @@ def frame_crc(header: bytes | bytearray | memoryview, payload: bytes | memoryvie
 class IngestLog:
     """Append-only frames in numbered files under one directory."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, sync_dir: bool = False) -> None:
-        """Frames in `directory`; with `sync_dir`, a new file's name is made durable before any
-        frame is written to it (flush="sync" acknowledges a frame once it is fsynced)."""
+    def __init__(self, directory: str | os.PathLike[str], *, sync_dir: bool = False, create: bool = True) -> None:
+        """Frames in `directory` (made when `create`); with `sync_dir`, a new file's name is made
+        durable before any frame is written to it (flush="sync" acknowledges a frame once it is fsynced)."""
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self.sync_dir = sync_dir
         self._fd: int | None = None
         self.seq = -1
@@ -193,3 +194,29 @@ def _next_valid(data: bytes, mv: memoryview, seq: int, start: int) -> int:
         if _frame_at(data, mv, seq, pos) is not None:
             return pos
         start = pos + 1
+
+
+def records_holding(directory: str | os.PathLike[str], from_seq: int, from_pos: int,
+                    needles: Sequence[bytes]) -> list[tuple[np.void, bytes]]:
+    """Records of the frames since (from_seq, from_pos) whose bytes hold one of `needles`, each with
+    its location row: what a reader beside the engine cannot find in the meta store yet (its
+    entries are flushed at checkpoints). The caller decodes each and checks what it holds."""
+    if not Path(directory).is_dir():
+        return []
+    log = IngestLog(directory, create=False)
+    found: list[tuple[np.void, bytes]] = []
+    for frame in log.frames(from_seq, from_pos):
+        data = bytes(frame.records)
+        if not any(n in data for n in needles):
+            continue
+        ends = np.cumsum(frame.locations["length"].astype(np.int64))
+        hits: set[int] = set()
+        for needle in needles:
+            at = data.find(needle)
+            while at >= 0:
+                hits.add(int(np.searchsorted(ends, at, side="right")))
+                at = data.find(needle, at + 1)
+        for i in sorted(hits):
+            start = int(ends[i - 1]) if i else 0
+            found.append((frame.locations[i], data[start:int(ends[i])]))
+    return found

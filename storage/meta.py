@@ -40,14 +40,21 @@ def _id_key(msg_id: str) -> bytes:
 class MetaStore:
     """Key lookups for ingest dedup, business keys, cancellations, segment states and documents."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        """Open (creating) the store; `read_only` opens it beside the engine that writes it, as it
+        stood on disk: record locations the engine has not flushed yet (since its last checkpoint)
+        are not seen, as they are kept only in the ingest log until then."""
         opts = rocksdict.Options(raw_mode=True)
-        opts.create_if_missing(True)
+        opts.create_if_missing(not read_only)
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(10, False)  # most ingest lookups are misses (new ids): answer them from the filter
         opts.set_block_based_table_factory(table)
+        self.read_only = read_only
         try:
-            self._db = rocksdict.Rdict(str(path), opts)
+            if read_only:
+                self._db = rocksdict.Rdict(str(path), opts, access_type=rocksdict.AccessType.read_only(False))
+            else:
+                self._db = rocksdict.Rdict(str(path), opts)
         except Exception as e:  # rocksdict raises plain Exception
             if "lock" in str(e).lower():
                 raise StorageError(f"{path} is in use by another engine (its meta store is locked); "
@@ -91,15 +98,26 @@ class MetaStore:
                 put(b"k" + k.encode() + b"\x00" + mb, b"")
         self._db.write(wb, self._unlogged)
 
-    def ids_for_key(self, key: str) -> list[str]:
-        """Message ids stored under a business key."""
+    def ids_for_key(self, key: str, limit: int | None = None) -> list[str]:
+        """Message ids stored under a business key (the first `limit`, in id order, when given)."""
         prefix = b"k" + key.encode() + b"\x00"
         out: list[str] = []
         for k in self._keys_from(prefix):
-            if not k.startswith(prefix):
+            if not k.startswith(prefix) or (limit is not None and len(out) >= limit):
                 break
             out.append(k[len(prefix):].decode())
         return out
+
+    def forget_records(self, msg_ids: Sequence[str], keys: Sequence[Sequence[str]]) -> None:
+        """Drop ids' locations and their business keys (their segment was retired), in one write batch."""
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for mid, ks in zip(msg_ids, keys):
+            mb = mid.encode()
+            wb.delete(b"i" + mb)
+            wb.delete(b"c" + mb)
+            for k in ks:
+                wb.delete(b"k" + k.encode() + b"\x00" + mb)
+        self._db.write(wb)
 
     def ids_with_prefix(self, prefix: str, limit: int = 1000) -> list[str]:
         """Stored message ids that start with `prefix`."""
@@ -121,6 +139,11 @@ class MetaStore:
     def is_cancelled(self, msg_id: str) -> bool:
         """Whether an id was cancelled."""
         return self._db.get(b"c" + msg_id.encode()) is not None
+
+    def cancelled_at(self, msg_id: str) -> int | None:
+        """When an id was cancelled (epoch ms), or None."""
+        raw = self._db.get(b"c" + msg_id.encode())
+        return None if raw is None else int(_I64.unpack(raw)[0])
 
     def mark_segment_done(self, segment_ms: int) -> None:
         """Remember that a segment has nothing left to dispatch."""

@@ -1,11 +1,20 @@
-"""Retention: segments whose every record is done leave the data directory (or go to archive/)."""
+"""Retention: segments whose every record is done leave the data directory (or go to archive/).
+
+The meta store's entries of a retired segment's records go first (ids' locations, business keys,
+cancel marks), so the id and key indexes hold only what the data directory holds: they stay bounded
+by retention, and a look-up never points at files that are gone. An id stored again in a later
+segment (its location is there) keeps its entries.
+"""
 from __future__ import annotations
 
 import os
 import shutil
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from storage.audit import summarize_segment
+from storage.record import Record
 
 if TYPE_CHECKING:
     from storage.store import ScheduleStore
@@ -23,6 +32,7 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             continue
         if summarize_segment(layout, seg).pending:
             continue
+        forget_segment_records(store, seg)
         store.release_segment(seg)
         store.dispatch_writer.forget(seg)
         src = layout.segment_dir(seg)
@@ -34,3 +44,23 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         store.meta.forget_segment(seg)
         retired.append(seg)
     return retired
+
+
+_FORGET_CHUNK = 65_536  # records read and forgotten per write batch
+
+
+def forget_segment_records(store: "ScheduleStore", segment_ms: int) -> int:
+    """Drop the meta store's entries of a segment's records (those whose location is this segment);
+    returns how many ids were forgotten. Records that cannot be read are left (nothing names them)."""
+    ix = store.segment_index(segment_ms)
+    forgotten = 0
+    for start in range(0, len(ix), _FORGET_CHUNK):
+        stop = min(start + _FORGET_CHUNK, len(ix))
+        read = store.reader.read(np.full(stop - start, segment_ms, np.int64).tolist(), ix.part[start:stop].tolist(),
+                                 ix.offset[start:stop].tolist())
+        records = [r for r in read if isinstance(r, Record)]
+        here = [r for r, loc in zip(records, store.meta.locations([r.msg_id for r in records]))
+                if loc is not None and loc.segment_ms == segment_ms]
+        store.meta.forget_records([r.msg_id for r in here], [r.keys for r in here])
+        forgotten += len(here)
+    return forgotten

@@ -286,9 +286,11 @@ class ScheduleStore:
 
     # ---- dispatch log ---------------------------------------------------------------------------
 
-    def record_dispatch(self, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:
-        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame."""
-        self.dispatch_writer.append(segment_ms, entries, now_ms)
+    def record_dispatch(self, segment_ms: int, entries: np.ndarray, now_ms: int, answers: np.ndarray | None = None,
+                        note: str = "") -> None:
+        """Append entries (DISPATCH_DTYPE) to a segment's dispatch log as one frame, with the broker's
+        answers (ANSWER_DTYPE, aligned with them) and a note (why: an error, a reason) when given."""
+        self.dispatch_writer.append(segment_ms, entries, now_ms, answers, note)
 
     def dispatch_log(self, segment_ms: int) -> _dispatch.DispatchLogRead:
         """A segment's dispatch log as read now."""

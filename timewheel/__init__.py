@@ -2,21 +2,23 @@
 
 The in-process API: `Engine(EngineConfig(data_dir), sink).start()`, then `schedule([Message(...)])`;
 `cancel(msg_id=...)` or `apply_cancels([CancelRequest(...)])` (kept as a tombstone for messages that
-arrive later); `Engine.stats()` answers an `EngineStats`.
+arrive later); `Engine.stats()` answers an `EngineStats`. `MessageFinder` answers "where is my message" from a data
+directory (by id or key, with each message's timeline).
 """
 from timewheel.cancels import CancelRequest
 from timewheel.clock import Clock, ManualClock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.engine import Engine
+from timewheel.find import Found, MessageFinder, Step, Trail
 from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
                               TimewheelError)
 from timewheel.gate import NO_WATERMARK, DeliveryGate
 from timewheel.lateness import LatenessSummary
-from timewheel.message import DeadLetterSink, Message, Shaper, Sink, Source
+from timewheel.message import DeadLetterSink, Message, SendResults, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
 __all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError",
-           "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats",
-           "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "Shaper", "Sink", "Source",
-           "StorageError", "SystemClock", "TimeWheel", "TimewheelError"]
+           "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats", "Found",
+           "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "MessageFinder", "SendResults",
+           "Shaper", "Sink", "Source", "Step", "StorageError", "SystemClock", "TimeWheel", "TimewheelError", "Trail"]

@@ -25,8 +25,8 @@ from typing import Protocol
 
 import numpy as np
 
-from storage import (CORRUPT, DEAD_LETTERED, DELIVERED, CorruptRecordError, ScheduleStore, StorageWriteError,
-                     dispatch_entries)
+from storage import (CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, CorruptRecordError, ScheduleStore,
+                     StorageWriteError, dispatch_entries)
 from timewheel._arrays import groups
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
@@ -34,7 +34,7 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
-from timewheel.message import DeadLetterSink, Message, Shaper, Sink
+from timewheel.message import DeadLetterSink, Message, SendResults, Shaper, Sink
 from timewheel._threads import guarded
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
@@ -336,11 +336,13 @@ class Dispatcher:
                 for topic, n in Counter(b.topic_list()).items():
                     self.shaper.release(topic, n)
             return
+        answers: np.ndarray | None = None
+        errors: list[str | None] | None = None
         try:
-            delivered = self._sink_send(b)
-        except Exception:
+            delivered, answers, errors = self._sink_send(b)
+        except Exception as e:
             log.exception("sink failed a batch of %d", len(b))
-            delivered = np.zeros(len(b), bool)
+            delivered, errors = np.zeros(len(b), bool), [f"{type(e).__name__}: {e}"] * len(b)
         sent_at = self.clock.now_ms()
         if self.shaper is not None:
             topics: dict[str, list[int]] = {}
@@ -353,7 +355,8 @@ class Dispatcher:
         good = b.select(delivered)
         if len(good.due):
             try:
-                self._record(good, sent_at, DELIVERED, good.attempts + 1)
+                self._record(good, sent_at, DELIVERED, good.attempts + 1,
+                             answers[delivered] if answers is not None else None)
             except StorageWriteError:
                 # Delivered, but the dispatch log could not say so (disk full?): after a restart
                 # these are sent again. Counted, and the engine stops: it cannot record outcomes.
@@ -371,37 +374,48 @@ class Dispatcher:
                 self._hold(gate, failed.due, failed.refs, failed.attempts)
                 gate.count(0, len(failed.due))
             else:
-                self._fail(failed, sent_at)
+                failed_errors = [errors[i] for i in np.flatnonzero(~delivered).tolist()] if errors else None
+                self._fail(failed, sent_at, failed_errors)
 
-    def _sink_send(self, b: Batch) -> np.ndarray:
-        """One send batch through the sink: delivered or not, per row (raises if the sink fails whole)."""
+    def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None]:
+        """One send batch through the sink: delivered or not per row, with the broker's answers and
+        the errors when the sink gives them (raises if the sink fails whole)."""
         if b.raw is not None:
             results = self.sink.send_records(b.raw)  # type: ignore[attr-defined]  # checked in __init__
         else:
             results = self.sink.send_batch(b.messages)
         if len(results) != len(b):
             raise RuntimeError(f"sink answered {len(results)} results for {len(b)} messages")
-        return np.asarray(results, bool)
+        if isinstance(results, SendResults):
+            answers = results.answers if results.answers is not None and len(results.answers) == len(b) else None
+            errors = results.errors if results.errors is not None and len(results.errors) == len(b) else None
+            return np.asarray(results, bool), answers, errors
+        return np.asarray(results, bool), None, None
 
-    def _fail(self, bad: Batch, now: int) -> None:
-        """Queue failed messages for another attempt with backoff, or dead-letter them after the last."""
+    def _fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
+        """Queue failed messages for another attempt with backoff, or dead-letter them after the last;
+        each failed attempt is recorded with its error (`errors`, aligned, when the sink said)."""
         # int64 here, saturated when queued: a message the dead-letter path keeps refusing retries for
         # as long as it takes, and its count must not wrap around int16 meanwhile
         tries = bad.attempts.astype(np.int64) + 1
         final = tries >= self.config.max_attempts
         with self._lock:
             self.counters.send_failures += len(bad.due)
+        why = _error_notes(errors, len(bad.due))
         if final.any():
             dead = bad.select(final)
+            reason = f"not delivered after {self.config.max_attempts} attempts"
             if self.dead_letter_sink is not None:
                 try:
-                    self.dead_letter_sink.dead_letter(dead.messages,
-                                                      f"not delivered after {self.config.max_attempts} attempts")
-                except Exception:  # the dead-letter path is down too: keep retrying instead of losing it
+                    self.dead_letter_sink.dead_letter(dead.messages, reason)
+                except Exception as e:  # the dead-letter path is down too: keep retrying instead of losing it
                     log.exception("dead-letter sink failed; the messages stay in the retry queue")
                     final[:] = False
+                    why = [f"{w}; dead letter failed too: {type(e).__name__}: {e}" for w in why]
             if final.any():
-                self._record(dead, now, DEAD_LETTERED, tries[final])
+                for note, rows in _by_note([why[i] for i in np.flatnonzero(final).tolist()]):
+                    self._record(dead.select(rows), now, DEAD_LETTERED, tries[final][rows],
+                                 note=f"{reason}; last error: {note}")
                 with self._lock:
                     self.counters.dead_lettered += int(final.sum())
         retry = ~final
@@ -411,13 +425,34 @@ class Dispatcher:
             with self._lock:
                 jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
                 self.counters.retries += int(retry.sum())
+            again = bad.select(retry)
+            for note, rows in _by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
+                self._record(again.select(rows), now, RETRIED, tries[retry][rows], note=note, terminal=False)
             self.queue.retry(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
                              np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16))
 
-    def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray) -> None:
-        """Write outcomes (attempts aligned with the batch) to each segment's dispatch log, then
-        count them off the loader."""
+    def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray, answers: np.ndarray | None = None,
+                note: str = "", terminal: bool = True) -> None:
+        """Write outcomes (attempts and the broker's `answers` aligned with the batch, one `note` for
+        all) to each segment's dispatch log, then count terminal ones off the loader."""
         for seg, m in groups(b.segs):
             self.store.record_dispatch(seg, dispatch_entries(b.parts[m], b.offsets[m], b.due[m], now, outcome,
-                                                             attempts[m]), now)
-        self.segments.note_done(b.segs)
+                                                             attempts[m]), now,
+                                       answers[m] if answers is not None else None, note)
+        if terminal:
+            self.segments.note_done(b.segs)
+
+
+def _error_notes(errors: list[str | None] | None, n: int) -> list[str]:
+    """Per failed row, what to record of why it failed."""
+    if errors is None:
+        return ["the sink did not say why"] * n
+    return [e or "the sink did not say why" for e in errors]
+
+
+def _by_note(notes: list[str]) -> list[tuple[str, np.ndarray]]:
+    """Rows grouped by their note (a failed send batch has one error per request, so few groups)."""
+    rows: dict[str, list[int]] = {}
+    for i, note in enumerate(notes):
+        rows.setdefault(note, []).append(i)
+    return [(note, np.asarray(idx, np.int64)) for note, idx in rows.items()]

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
+import numpy as np
+
 from storage import Origin, Record
 
 if TYPE_CHECKING:
@@ -35,6 +37,19 @@ class Message:
                    rec.msg_id, attempts)
 
 
+class SendResults(list[bool]):
+    """A sink's answer to a send batch: True per stored message (a list, as before), with where the
+    broker stored each (`answers`, rows of `storage.ANSWER_DTYPE`, or None) and why each failed one
+    failed (`errors`, None where stored), for the dispatch log."""
+
+    def __init__(self, ok: Sequence[bool], answers: np.ndarray | None = None,
+                 errors: Sequence[str | None] | None = None) -> None:
+        """`ok` per message; `answers` and `errors` aligned with it, when the sink knows them."""
+        super().__init__(ok)
+        self.answers = answers
+        self.errors = list(errors) if errors is not None else None
+
+
 class Sink(Protocol):
     """Where due messages go: True per delivered message; raising means the whole batch failed.
 
@@ -45,6 +60,9 @@ class Sink(Protocol):
     A sink may also have `send_records(records: storage.RecordBytes) -> list[bool]`, the same
     contract for records as stored (CRC-checked bytes and header columns): the dispatcher then
     hands it those instead of a `Message` per due message.
+
+    Either may answer a `SendResults` (a list of bools too): the broker's answers and the errors
+    it carries go to the dispatch log, so `timewheel find` can show them.
     """
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:

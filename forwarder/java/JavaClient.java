@@ -73,7 +73,10 @@ public final class JavaClient {
     }
 
     private static DefaultMQProducer producer(Map<String, String> opt) throws Exception {
-        DefaultMQProducer p = new DefaultMQProducer(opt.getOrDefault("group", "java-conformance-producer"), hook(opt));
+        // with --trace true the client writes RocketMQ's message trace (to --trace-topic, else RMQ_SYS_TRACE_TOPIC)
+        boolean trace = opt.getOrDefault("trace", "false").equals("true");
+        DefaultMQProducer p = new DefaultMQProducer(opt.getOrDefault("group", "java-conformance-producer"), hook(opt),
+                                                    trace, opt.get("trace-topic"));
         p.setNamesrvAddr(opt.get("namesrv"));
         p.setInstanceName("java-" + ProcessHandle.current().pid());
         p.setSendMsgTimeout(30_000);  // a JVM starting cold on a loaded machine (TLS set-up included) is slow

@@ -32,8 +32,9 @@ _PERM_READ_WRITE = 6
 
 
 def create_topics(broker: str, topics: Iterable[str], queues: int = 4, timeout: float = 15.0,
-                  security: ClientSecurity | None = None) -> None:
-    """Create (or update) topics on the broker at `broker` with `queues` read and write queues each.
+                  security: ClientSecurity | None = None, *, perm: int = _PERM_READ_WRITE) -> None:
+    """Create (or update) topics on the broker at `broker` with `queues` read and write queues each
+    and permission `perm` (RocketMQ's PermName bits: 4 read, 2 write; read and write by default).
 
     Raises a RemotingError (BrokerError when the broker refused); routes appear on the NameServer
     a moment later, when the broker has registered them.
@@ -46,7 +47,7 @@ def create_topics(broker: str, topics: Iterable[str], queues: int = 4, timeout: 
                     "topicName": t,
                     "readQueueNums": queues,
                     "writeQueueNums": queues,
-                    "perm": _PERM_READ_WRITE,
+                    "perm": perm,
                     "topicFilterType": "SINGLE_TAG",
                     "topicSysFlag": 0,
                     "order": False,
@@ -62,7 +63,7 @@ def create_topics(broker: str, topics: Iterable[str], queues: int = 4, timeout: 
         try:
             for t in topics:
                 ext = {"topic": t, "defaultTopic": "TBW102", "readQueueNums": str(queues),
-                       "writeQueueNums": str(queues), "perm": str(_PERM_READ_WRITE), "topicFilterType": "SINGLE_TAG",
+                       "writeQueueNums": str(queues), "perm": str(perm), "topicFilterType": "SINGLE_TAG",
                        "topicSysFlag": "0", "order": "false"}
                 resp = conn.request(UPDATE_AND_CREATE_TOPIC, ext, b"", time.monotonic() + timeout)
                 if resp.code != SUCCESS:

@@ -313,3 +313,21 @@ def test_a_corrupt_ingest_frame_keeps_the_records_the_part_holds(tmp_path: Path)
         assert check(s2.layout).ok
     finally:
         s2.close()
+
+
+def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_store(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    old = [Record(f"old{i}", "T", b"x", NOW + i, keys=("k-old", f"k{i}")) for i in range(3)]
+    young = [Record("young", "T", b"y", NOW + 5 * HOUR, keys=("k-old",))]
+    s.append(old + young, NOW)
+    s.meta.mark_cancelled(["old0"], NOW)
+    seg = s.layout.segment_start(NOW)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    assert sorted(s.meta.ids_for_key("k-old")) == ["old0", "old1", "old2", "young"]
+    assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
+    assert s.meta.ids_for_key("k-old") == ["young"] and s.meta.ids_for_key("k1") == []
+    assert s.meta.locations(["old0", "young"])[0] is None and s.meta.locations(["young"])[0] is not None
+    assert s.meta.cancelled_at("old0") is None
+    s.close()

@@ -9,10 +9,16 @@
     POST /cancel?id=ID | ?key=K   cancel on every engine of the delay topic (a control message to each of
                                   its queues); answers how many this engine cancelled; needs
                                   "Authorization: Bearer <token>"; 503 if not every queue took it
+    GET  /messages?id=ID | ?key=K [&limit=N]
+                                  stored messages with that id or business key and their timelines
+                                  (`timewheel.find`: stored, cancels, send attempts with the broker's
+                                  message id, dead letter, pending); at most `limit` (default 20, at
+                                  most 1000); needs the token: it shows keys and topics
     GET  /shaping                 the traffic rules in force (JSON)
     PUT  /shaping                 replace the rules (JSON body); needs the token
 
-Mutations are refused with 403 when no token is configured, 401 when the request's is wrong.
+Mutations and message look-ups are refused with 403 when no token is configured, 401 when the
+request's is wrong.
 It listens on loopback unless configured otherwise. The HTTP server (`_http`) bounds what a client
 can hold: head, body (1 MiB), connections, time; health and readiness answer on its event loop,
 the rest on a small pool, so a slow cancel or scrape never keeps `/healthz` waiting.
@@ -47,6 +53,10 @@ class AdminTarget(Protocol):
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         """Cancel by id or key everywhere; how many this engine cancelled (CancelNotSentError if not sent)."""
+        ...
+
+    def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        """Stored messages with an id or a key, with their timelines (`timewheel.find.Found.to_dict`)."""
         ...
 
     def shaping_rules(self) -> dict[str, Any]:
@@ -84,7 +94,8 @@ class AdminServer:
         self._routes = {("GET", "/healthz"): self._healthz, ("GET", "/readyz"): self._readyz,
                         ("GET", "/metrics"): self._metrics, ("GET", "/shaping"): self._get_shaping,
                         ("GET", "/stats"): self._stats, ("GET", "/status"): self._status,
-                        ("POST", "/cancel"): self._cancel, ("PUT", "/shaping"): self._put_shaping}
+                        ("GET", "/messages"): self._messages, ("POST", "/cancel"): self._cancel,
+                        ("PUT", "/shaping"): self._put_shaping}
         self.http = HttpServer(host.strip("[]"), int(port), self.handle, limits, name="timewheel-admin",
                                inline=lambda r: r.path in ("/healthz", "/readyz"))
         self._status_lock = threading.Lock()  # one computation at a time; the others take its answer
@@ -127,8 +138,8 @@ class AdminServer:
         status = self.authorized(req.headers.get("authorization"))
         if not status:
             return None
-        return _json(status, {"error": "no admin token is configured: mutations are disabled (set admin.token or "
-                                       "TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)" if status == 403
+        return _json(status, {"error": "no admin token is configured: mutations and message look-ups are disabled "
+                                       "(set admin.token or TIMEWHEEL_ADMIN_TOKEN on the engine and restart it)" if status == 403
                               else "missing or wrong token: pass --token or set TIMEWHEEL_ADMIN_TOKEN (header "
                                    "Authorization: Bearer <token>)"})
 
@@ -154,6 +165,26 @@ class AdminServer:
             if cached is None or time.monotonic() - cached[0] >= STATUS_CACHE_S:
                 cached = self._status_cached = (time.monotonic(), self.target.status())
         return _json(200, cached[1])
+
+    def _messages(self, req: Request) -> Response:
+        refused = self._guard(req)
+        if refused is not None:
+            return refused
+        from timewheel.find import DEFAULT_LIMIT, MAX_LIMIT
+
+        ids, keys, limits = req.query.get("id", []), req.query.get("key", []), req.query.get("limit", [])
+        if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
+            return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
+        try:
+            limit = int(limits[0]) if limits else DEFAULT_LIMIT
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= MAX_LIMIT or len(limits) > 1:
+            return _json(400, {"error": f"limit must be one whole number from 1 to {MAX_LIMIT}"})
+        try:
+            return _json(200, self.target.find_messages(ids[0] if ids else None, keys[0] if keys else None, limit))
+        except ConfigError as e:
+            return _json(503, {"error": str(e)})
 
     def _cancel(self, req: Request) -> Response:
         refused = self._guard(req)

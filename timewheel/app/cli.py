@@ -324,6 +324,15 @@ def _register_spark_commands() -> None:
 _register_spark_commands()
 
 
+def _register_find_command() -> None:
+    from timewheel.app import cli_find
+
+    cli_find.register(app)
+
+
+_register_find_command()
+
+
 def main() -> None:
     """Entry point of the console script."""
     app()

@@ -22,7 +22,7 @@ from timewheel.app.admin import AdminServer
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
-from timewheel.message import Sink
+from timewheel.message import ScheduleFn, Sink
 from timewheel.errors import ConfigError, TimewheelError
 from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
+    from forwarder.trace import TraceWriter
 
 log = logging.getLogger("timewheel.app.service")
 
@@ -78,6 +79,7 @@ class Service:
         self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
         self._want_admin = admin
+        self.trace: TraceWriter | None = None
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
@@ -104,11 +106,17 @@ class Service:
                                            queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
         delivery: Sink = sink
+        if rmq.trace:  # RocketMQ's message trace of the engine's two hops (forwarder.trace)
+            from forwarder.trace import TraceWriter, TracingSink
+
+            self.trace = TraceWriter(self._endpoints.dead_letters, rmq.trace_topic, rmq.consumer_group,
+                                     rmq.producer_group).start()
+            delivery = TracingSink(sink, self.trace, self.clock.now_ms)
         if ha.enabled:
             from coordination import EpochStampingSink, ShardReplica
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
-            delivery = EpochStampingSink(sink, self.replica)
+            delivery = EpochStampingSink(delivery, self.replica)
         # the shaper grants nothing until the rules in force are settled from the meta store
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                              gate=self.replica).start()
@@ -121,7 +129,12 @@ class Service:
                 self.stop()
                 raise StartError(str(e)) from e
         self.shaping = shaping.start(self.engine.store.meta)
-        self._endpoints.source.start(self.engine.schedule, self.engine.apply_cancels)
+        schedule: ScheduleFn = self.engine.schedule
+        if self.trace is not None:
+            from forwarder.trace import traced_schedule
+
+            schedule = traced_schedule(schedule, self.trace, self.clock.now_ms)
+        self._endpoints.source.start(schedule, self.engine.apply_cancels)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
@@ -150,6 +163,9 @@ class Service:
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+        if self.trace is not None:  # what was traced is sent before its producer closes
+            self.trace.stop()
+            self.trace = None
         if self._endpoints is not None:
             self._endpoints.close()  # the source is stopped already; this closes the senders
             self._endpoints = None
@@ -180,6 +196,18 @@ class Service:
         if self.engine is None or self._endpoints is None:
             return 0
         return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+
+    def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""
+        from timewheel.find import MessageFinder
+
+        engine = self.engine
+        if engine is None or engine.store is None:
+            raise ConfigError("the service is not running: there is no data directory to look in")
+        with MessageFinder(engine.store.layout, engine.store.meta) as finder:
+            now = self.clock.now_ms()
+            found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)
+        return found.to_dict()
 
     def shaping_rules(self) -> dict[str, Any]:
         """The traffic rules in force."""
@@ -233,7 +261,7 @@ class Service:
 
     def endpoint_stats(self) -> dict[str, object]:
         """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
-        with [ha], `ha` (the replica's counters) and `ha_holder`."""
+        with [ha], `ha` (the replica's counters) and `ha_holder`; with trace on, `trace`."""
         if self._endpoints is None:
             return {}
         out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
@@ -242,6 +270,8 @@ class Service:
         if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease
             out["ha"] = self.replica.counter_values()
             out["ha_holder"] = self.replica.may_send()
+        if self.trace is not None:  # with [rocketmq] trace: records written, sent, dropped, failed
+            out["trace"] = self.trace.counter_values()
         return out
 
     def stats(self) -> dict[str, object]:
