@@ -23,7 +23,11 @@ from storage._files import fsync_path
 from storage.errors import StorageError
 from storage.origin import ORIGIN_SUFFIX
 
-FORMAT_VERSION = 1
+#: what this build writes; 2 added the origin sidecar (.org) and TWD3 dispatch frames, which builds
+#: of format 1 would misread (TWD3 frames as corrupt: their messages sent again), so opening a format-1
+#: directory for writing marks it 2, and those builds then refuse it with a clear error instead
+FORMAT_VERSION = 2
+READABLE_FORMATS = frozenset({1, 2})
 _NAME_FORMAT = "%Y%m%d%H%M"
 PART_LOG_SUFFIX = ".log"
 PART_INDEX_SUFFIX = ".idx"
@@ -93,20 +97,28 @@ class SegmentLayout:
         marker = self.root / MARKER_NAME
         if marker.exists():
             info = read_marker(marker)
-            if info["format"] != FORMAT_VERSION:
-                raise StorageError(f"{self.root} holds format {info['format']}, this build reads {FORMAT_VERSION}")
+            if info["format"] not in READABLE_FORMATS:
+                raise StorageError(f"{self.root} holds format {info['format']}, this build reads formats "
+                                   f"{sorted(READABLE_FORMATS)}: open it with the build that wrote it")
             if info["segment_minutes"] != self.segment_minutes:
                 raise StorageError(
                     f"{self.root} was written with segment_minutes={info['segment_minutes']}, "
                     f"not {self.segment_minutes}; open it with the same value")
+            if info["format"] != FORMAT_VERSION and create:
+                self._write_marker(marker)  # this build is about to write what older formats cannot read
             return
         if not create:
             raise StorageError(f"{self.root} is not a timewheel data directory (no timewheel.json)")
         for d in (self.schedule_dir, self.ingest_dir, self.meta_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self._write_marker(marker)
+
+    def _write_marker(self, marker: Path) -> None:
+        """Write timewheel.json for this build's format, atomically and durably."""
         tmp = marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({"format": FORMAT_VERSION, "segment_minutes": self.segment_minutes}) + "\n")
         os.replace(tmp, marker)
+        fsync_path(self.root)
 
     @classmethod
     def open_existing(cls, data_dir: str | os.PathLike[str]) -> "SegmentLayout":

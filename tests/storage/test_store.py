@@ -234,6 +234,27 @@ def test_inspect_explains_a_bad_metadata_file(tmp_path: Path, content: bytes) ->
         ScheduleStore(tmp_path / "d")
 
 
+def test_a_format_1_directory_is_marked_format_2_when_opened_for_writing_and_a_newer_one_refused(
+        tmp_path: Path) -> None:
+    from storage.layout import FORMAT_VERSION, SegmentLayout
+
+    d = tmp_path / "d"
+    s = ScheduleStore(d)
+    s.append(recs(3), NOW)
+    s.close()
+    marker = d / "timewheel.json"
+    marker.write_text(json.dumps({"format": 1, "segment_minutes": 60}))
+    SegmentLayout.open_existing(d)  # a reader beside the engine leaves it as it found it
+    assert json.loads(marker.read_text())["format"] == 1
+    s = ScheduleStore(d)  # what it writes (origins, TWD3 frames) a format-1 build would misread
+    assert len(s.segment_index(s.layout.list_segments()[0])) == 3
+    s.close()
+    assert json.loads(marker.read_text()) == {"format": FORMAT_VERSION, "segment_minutes": 60} and FORMAT_VERSION == 2
+    marker.write_text(json.dumps({"format": 3, "segment_minutes": 60}))
+    with pytest.raises(StorageError, match="holds format 3, this build reads formats"):
+        ScheduleStore(d)
+
+
 def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:
     s = ScheduleStore(tmp_path / "d")
     s.append(recs(4, step=HOUR), NOW)
