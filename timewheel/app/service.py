@@ -114,6 +114,7 @@ class Service:
             delivery = TracingSink(sink, self.trace, self.clock.now_ms)
         if ha.enabled:
             from coordination import EpochStampingSink, ShardReplica
+            from coordination.watermark import MAX_EXCEPTIONS
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
             delivery = EpochStampingSink(delivery, self.replica)
@@ -123,7 +124,8 @@ class Service:
         assert self.engine.store is not None
         if self.replica is not None:
             try:
-                self.replica.start(self.engine.delivered_up_to,
+                engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
+                self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),
                                    offsets_source=self._endpoints.source.stored_offsets)
             except ConnectionError as e:
                 self.stop()
