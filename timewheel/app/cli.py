@@ -259,8 +259,11 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
                                  headers={"Authorization": f"Bearer {token or ''}"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']} here; the cancel is on every queue of "
-                       "the delay topic for the other engines")
+            answer = json.loads(resp.read())
+            typer.echo(f"cancelled {answer['cancelled']} here; the cancel is on every queue of the delay topic for "
+                       "the other engines")
+            if answer.get("promise") is False:  # answered by a standby replica
+                typer.echo(f"warning: {answer.get('note', 'applied on a standby replica only')}", err=True)
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:

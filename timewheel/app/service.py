@@ -28,6 +28,7 @@ from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
+    from timewheel.app.cancel import CancelAnswer
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
@@ -191,13 +192,16 @@ class Service:
             dead += self.replica.dead_threads()
         return dead
 
-    def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
-        from timewheel.app.cancel import cancel_everywhere
+    def cancel(self, msg_id: str | None, key: str | None) -> CancelAnswer:
+        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`); the
+        answer says whether it was applied by the replica that sends (`applied_on`, `promise`)."""
+        from timewheel.app.cancel import CancelAnswer, cancel_everywhere
 
+        replica = self.replica
         if self.engine is None or self._endpoints is None:
-            return 0
-        return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+            return CancelAnswer(0)
+        n = cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+        return CancelAnswer(n, "engine" if replica is None else "holder" if replica.epoch else "standby")
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
         """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""
