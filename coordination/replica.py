@@ -39,6 +39,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
+from coordination.identity import Eligibility
 from coordination.lease import ReplicaCounters, ReplicaIdTaken, epoch_of, lease_sequence
 from coordination.watermark import (MAX_EXCEPTIONS, MalformedWatermark, Watermark, covered_by, publish_watermark,
                                     read_watermark)
@@ -86,6 +87,8 @@ class ShardReplica:
         self._thread: threading.Thread | None = None
         self._watermark_source: Callable[[], int | DeliveredMark] | None = None
         self._offsets_source: Callable[[], dict[str, int]] | None = None
+        #: whether this replica may contend (its data directory caught up, no gap); None: always
+        self.eligibility: Eligibility | None = None
         self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
         self._client.add_listener(self._on_state)
 
@@ -204,7 +207,7 @@ class ShardReplica:
                 "published_watermark_ms": self._published.watermark_ms,
                 "published_exceptions": len(self._published.exceptions),
                 "fence_remaining_s": round(self.fence.remaining_s(), 3) if self._active else None,
-                **counters}
+                **(self.eligibility.status() if self.eligibility is not None else {"eligible": True}), **counters}
 
     def status_document(self) -> dict[str, object]:
         """This replica's view and every shard's holder, epoch, watermark and lag as ZooKeeper has them."""
@@ -270,9 +273,13 @@ class ShardReplica:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
         client = self._client
         session = client.client_id[0] if client.client_id else None
+        eligible = self.eligibility.check() if self.eligibility is not None else True
         if self._node is None or self._session is None or self._session != session:
             self._lose("session changed")
             self._claim_identity()
+            if not eligible:  # a directory with a gap, or still catching up: a standby without a lease node
+                self._follow(self._read_mark())
+                return False
             self._node = self._our_node(session) or client.create(
                 f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
                 sequence=True).rsplit("/", 1)[1]

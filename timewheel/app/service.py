@@ -28,6 +28,8 @@ from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
+    from coordination import HAConfig
+    from coordination.identity import ReplicaDataDir
     from timewheel.app.cancel import CancelAnswer
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
@@ -56,6 +58,18 @@ def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
             problems.append(f"{server.strip()}: {e}")
     raise StartError(f"cannot reach ZooKeeper at ha.zookeeper = {connect!r} ({'; '.join(problems)}): start it "
                      f"(`timewheel zookeeper` runs a local one) or fix the connect string")
+
+
+def _claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "ReplicaDataDir":
+    """The data directory's replica identity (written at its first start with [ha]); StartError when it
+    belongs to another replica."""
+    from coordination.identity import ReplicaDataDir, ReplicaIdentityMismatch
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return ReplicaDataDir(data_dir, ha, delay_topic)
+    except ReplicaIdentityMismatch as e:
+        raise StartError(str(e)) from e
 
 
 class Service:
@@ -99,8 +113,10 @@ class Service:
         rmq = self.settings.rocketmq
         limits = ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes, frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
         ha = self.settings.ha
+        replica_dir = None
         if ha.enabled:  # before anything connects: an unreachable ZooKeeper is said at once, not after 30 s
             check_zookeeper_reachable(ha.zookeeper)
+            replica_dir = _claim_data_dir(cfg.data_dir, ha, rmq.delay_topic)
         if ha.enabled:  # one replica of a shard: its queues only, under a group of its own
             rmq = self._rmq = dataclasses.replace(rmq, consumer_group=ha.consumer_group(rmq.consumer_group))
         self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms,
@@ -123,7 +139,13 @@ class Service:
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                              gate=self.replica).start()
         assert self.engine.store is not None
-        if self.replica is not None:
+        if self.replica is not None and replica_dir is not None:
+            from coordination.identity import Eligibility
+
+            source = self._endpoints.source  # the directory's own offsets, not the group's; eligible once caught up
+            source.start_offsets = dict(replica_dir.offsets)
+            self.replica.eligibility = Eligibility(replica_dir, source.catch_up, source.stored_offsets,
+                                                   force=ha.force_eligible)
             try:
                 engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
                 self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),
