@@ -21,6 +21,9 @@ class HAConfig:
     fence_fraction: float = 0.6  # a holder stops sending this fraction of the session after its last contact
     watermark_interval_s: float = 1.0  # how often the holder publishes its delivered-up-to watermark
     hold_ms: int = 200  # how often a replica that may not send looks at what it holds
+    # contend for the lease even while the data directory has a gap or is still catching up: as holder
+    # it would not send what it never read (messages older than the delay topic's retention, or skipped)
+    force_eligible: bool = False
 
     def __post_init__(self) -> None:
         checks = [

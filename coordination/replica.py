@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -40,8 +39,11 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
-from coordination.watermark import MalformedWatermark, Watermark, covered_by, publish_watermark, read_watermark
-from timewheel.gate import NO_WATERMARK
+from coordination.identity import Eligibility
+from coordination.lease import ReplicaCounters, ReplicaIdTaken, epoch_of, lease_sequence
+from coordination.watermark import (MAX_EXCEPTIONS, MalformedWatermark, Watermark, covered_by, publish_watermark,
+                                    read_watermark)
+from timewheel.gate import NO_WATERMARK, DeliveredMark
 from timewheel.message import Message
 
 __all__ = ["ReplicaCounters", "ReplicaIdTaken", "ShardReplica", "epoch_of", "lease_sequence"]
@@ -51,21 +53,6 @@ log = logging.getLogger("timewheel.replica")
 _PREFIX = "replica-"
 #: epochs whose last watermark a replica keeps
 _EPOCHS_KEPT = 8
-
-
-@dataclass
-class ReplicaCounters:
-    """What a replica counted since it started."""
-
-    takeovers: int = 0  # times it became the holder
-    losses: int = 0  # times it stopped holding (revoked, expired, superseded)
-    peer_delivered: int = 0  # entries recorded as delivered by another replica (due by its watermark)
-    held: int = 0  # entries held back because this replica could not send (standby, fence)
-    possible_duplicates: int = 0  # sent after a takeover, due after the last holder's watermark, by its next one
-    watermarks_published: int = 0
-    late_arrivals: int = 0  # due by a holder's watermark but not stored by it then (offset past its mark): sent here
-    watermark_ahead: int = 0  # times a holder's watermark was ahead of this replica's clock (clamped to it)
-    malformed_watermarks: int = 0  # watermark znodes that could not be read (ignored: sent, not dropped)
 
 
 class ShardReplica:
@@ -98,8 +85,10 @@ class ShardReplica:
         self._node_prefix = f"{_PREFIX}{uuid.uuid4().hex[:12]}-"  # protected lease nodes: ours by name
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watermark_source: Callable[[], int] | None = None
+        self._watermark_source: Callable[[], int | DeliveredMark] | None = None
         self._offsets_source: Callable[[], dict[str, int]] | None = None
+        #: whether this replica may contend (its data directory caught up, no gap); None: always
+        self.eligibility: Eligibility | None = None
         self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
         self._client.add_listener(self._on_state)
 
@@ -162,10 +151,10 @@ class ShardReplica:
         """When (epoch ms) this replica last became the holder (0: never)."""
         return self._took_over_ms
 
-    def start(self, watermark_source: Callable[[], int], timeout: float = 30.0,
+    def start(self, watermark_source: Callable[[], int | DeliveredMark], timeout: float = 30.0,
               offsets_source: Callable[[], dict[str, int]] | None = None) -> "ShardReplica":
-        """Connect to ZooKeeper and start contending; `watermark_source` is the engine's delivered_up_to,
-        `offsets_source` its ingest's stored offsets per queue (published with it)."""
+        """Connect to ZooKeeper and start contending; `watermark_source` is the engine's delivered_up_to
+        (or `delivered_up_to_except`, whose exceptions go with the mark), `offsets_source` its ingest's stored offsets per queue (published with it)."""
         self._watermark_source = watermark_source
         self._offsets_source = offsets_source
         try:
@@ -216,8 +205,9 @@ class ShardReplica:
         return {"shard": self.cfg.shard, "shards": self.cfg.shards, "replica": self.cfg.replica_id,
                 "holder": self._active, "epoch": self.epoch, "peer_watermark_ms": self._peer_watermark,
                 "published_watermark_ms": self._published.watermark_ms,
+                "published_exceptions": len(self._published.exceptions),
                 "fence_remaining_s": round(self.fence.remaining_s(), 3) if self._active else None,
-                **counters}
+                **(self.eligibility.status() if self.eligibility is not None else {"eligible": True}), **counters}
 
     def status_document(self) -> dict[str, object]:
         """This replica's view and every shard's holder, epoch, watermark and lag as ZooKeeper has them."""
@@ -283,9 +273,13 @@ class ShardReplica:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
         client = self._client
         session = client.client_id[0] if client.client_id else None
+        eligible = self.eligibility.check() if self.eligibility is not None else True
         if self._node is None or self._session is None or self._session != session:
             self._lose("session changed")
             self._claim_identity()
+            if not eligible:  # a directory with a gap, or still catching up: a standby without a lease node
+                self._follow(self._read_mark())
+                return False
             self._node = self._our_node(session) or client.create(
                 f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
                 sequence=True).rsplit("/", 1)[1]
@@ -405,7 +399,11 @@ class ShardReplica:
             return
         offsets = self._offsets_source() if self._offsets_source is not None else None
         now = self._now_ms()
-        mark = Watermark(self._epoch, min(self._watermark_source(), now), self.cfg.replica_id, now, offsets)
+        got = self._watermark_source()
+        done = got if isinstance(got, DeliveredMark) else DeliveredMark(got)
+        w = min(done.up_to, now)
+        mark = Watermark(self._epoch, w, self.cfg.replica_id, now, offsets,
+                         tuple(e for e in done.exceptions[:MAX_EXCEPTIONS] if e[2] <= w))
         if publish_watermark(self._client, self.path, mark):
             self._published = mark
             with self._lock:
@@ -426,17 +424,3 @@ class ShardReplica:
             if n:
                 with self._lock:
                     self.counters.possible_duplicates += n
-
-
-def lease_sequence(node: str) -> int:
-    """The sequence number ZooKeeper appended to a lease node's name (its last ten digits)."""
-    return int(node[-10:])
-
-
-def epoch_of(node: str) -> int:
-    """The epoch of a lease node: its sequence number plus one (0 means no lease)."""
-    return lease_sequence(node) + 1
-
-
-class ReplicaIdTaken(RuntimeError):
-    """Another live process of the shard already uses this replica's id."""

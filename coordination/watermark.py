@@ -6,7 +6,9 @@ or before W **whose offset in its queue is below that queue's O** was delivered 
 finished) by replica R while it held the lease with epoch E: R had stored everything of the queue
 below O before it computed W. A message that reached the shard after W passed its due time has an
 offset at or past O, and is not covered. A document without `offsets` (written before they existed)
-covers by W alone. A write is a compare-and-set on the znode's version, and refused when the stored
+covers by W alone. `"exceptions": [["<broker>:<queue id>", O, due], ...]` (absent: none) lists the
+holder's entries due by W that it had not finished when it published (a message being retried): W
+passes them, and they are not covered. A write is a compare-and-set on the znode's version, and refused when the stored
 epoch is newer: a holder that lost its lease cannot move the watermark of its successor.
 """
 from __future__ import annotations
@@ -22,7 +24,10 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from timewheel.gate import NO_WATERMARK
 
-__all__ = ["MalformedWatermark", "Watermark", "covered_by", "publish_watermark", "read_watermark"]
+__all__ = ["MAX_EXCEPTIONS", "MalformedWatermark", "Watermark", "covered_by", "publish_watermark", "read_watermark"]
+
+#: at most this many exceptions travel with a mark; past them, W stops before the next one
+MAX_EXCEPTIONS = 64
 
 
 class MalformedWatermark(ValueError):
@@ -40,6 +45,8 @@ class Watermark:
     #: per queue, the offset below which the holder had stored everything (None: a document from
     #: before offsets were published, which covers by the watermark alone)
     offsets: Mapping[str, int] | None = field(default=None, compare=False)
+    #: (queue, offset, due ms) of the holder's entries due by the watermark but not yet finished: not covered
+    exceptions: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
 
     def to_json(self) -> bytes:
         """The znode's data."""
@@ -47,6 +54,8 @@ class Watermark:
                                   "published_ms": self.published_ms}
         if self.offsets is not None:
             doc["offsets"] = dict(self.offsets)
+        if self.exceptions:
+            doc["exceptions"] = [list(e) for e in self.exceptions]
         return json.dumps(doc).encode()
 
     @classmethod
@@ -59,8 +68,9 @@ class Watermark:
             offsets = doc.get("offsets")
             if offsets is not None:
                 offsets = {str(k): int(v) for k, v in dict(offsets).items()}
+            exceptions = tuple((str(q), int(o), int(d)) for q, o, d in doc.get("exceptions") or ())
             return cls(int(doc["epoch"]), int(doc["watermark_ms"]), str(doc["replica"]), int(doc["published_ms"]),
-                       offsets)
+                       offsets, exceptions)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise MalformedWatermark(f"the watermark znode holds {bytes(data[:200])!r}, not a watermark: {e}; "
                                      "nothing but the lease holder may write it") from e
@@ -96,8 +106,10 @@ def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark) -> 
             old = Watermark()  # the holder (only it writes here) replaces what it cannot read
         if old.epoch > mark.epoch:
             return False
-        if old.epoch == mark.epoch and old.watermark_ms >= mark.watermark_ms:
-            return True
+        if old.epoch == mark.epoch and (old.watermark_ms > mark.watermark_ms or (
+                old.watermark_ms == mark.watermark_ms and old.exceptions == mark.exceptions
+                and old.offsets == mark.offsets)):
+            return True  # never back; at the same W, written again only when it covers differently
         try:
             client.set(path, mark.to_json(), version=stat.version)
             return True
@@ -111,16 +123,29 @@ def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray,
     """Which entries one of `marks` covers (a bool each): due at or before its watermark and this
     replica's clock, and below its offset for the entry's queue. `origins` are `storage.ORIGIN_DTYPE`
     rows numbered by `queue_names`; an entry with no known origin, or a mark without offsets, is
-    judged by the watermark alone."""
+    judged by the watermark alone. An entry a mark lists among its exceptions is not covered by it."""
     out = np.zeros(len(due), bool)
     queue = origins["queue"].astype(np.int64)
     unknown = queue < 0
     for mark in marks:
         covered = due <= min(mark.watermark_ms, now_ms)
+        if mark.exceptions:
+            covered &= ~_listed(mark.exceptions, origins, queue_names)
         if mark.offsets is None:
             out |= covered
             continue
         limits = np.array([mark.offsets.get(name, -1) for name in queue_names] + [-1], np.int64)
         below = origins["offset"] < limits[np.where(unknown, len(queue_names), queue)]
         out |= covered & (unknown | below)
+    return out
+
+
+def _listed(exceptions: Sequence[tuple[str, int, int]], origins: np.ndarray, queue_names: Sequence[str]) -> np.ndarray:
+    """Which entries (by origin) a mark's exceptions name."""
+    number = {name: i for i, name in enumerate(queue_names)}
+    out = np.zeros(len(origins), bool)
+    for queue, offset, _ in exceptions:
+        q = number.get(queue)
+        if q is not None:
+            out |= (origins["queue"] == q) & (origins["offset"] == offset)
     return out

@@ -75,6 +75,8 @@ class DelayTopicIngest:
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
+        #: a replica's own start offsets (`RemotingPullConsumer.start_offsets`); None: the group's
+        self.start_offsets: dict[str, int] | None = None
         self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0,
                          "cancels_received": 0}
 
@@ -90,7 +92,17 @@ class DelayTopicIngest:
                                             max_body_bytes=self.limits.max_body_bytes,
                                             security=self.cfg.security(),
                                             queue_filter=self._in_shard if self.queue_ids is not None else None)
+        self._puller.start_offsets = self.start_offsets
         self._puller.start()
+
+    def catch_up(self) -> tuple[int | None, list[str]]:
+        """(when every queue read here last held nothing more to read, None while not yet or while it
+        reads none; the offset moves the broker made since start: gaps)."""
+        puller = self._puller
+        if puller is None:
+            return None, []
+        caught_up = puller.caught_up_ms()
+        return (caught_up or None), list(puller.offsets_moved)
 
     def stored_offsets(self) -> dict[str, int]:
         """Per queue read here (`broker:queue id`), the offset below which everything was stored (or

@@ -12,13 +12,13 @@ from timewheel.engine import Engine
 from timewheel.find import Found, MessageFinder, Step, Trail
 from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
                               TimewheelError)
-from timewheel.gate import NO_WATERMARK, DeliveryGate
+from timewheel.gate import NO_WATERMARK, DeliveredMark, DeliveryGate
 from timewheel.lateness import LatenessSummary
 from timewheel.message import DeadLetterSink, Message, SendResults, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
 __all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError",
-           "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats", "Found",
+           "DeliveredMark", "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats", "Found",
            "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "MessageFinder", "SendResults",
            "Shaper", "Sink", "Source", "Step", "StorageError", "SystemClock", "TimeWheel", "TimewheelError", "Trail"]

@@ -223,6 +223,18 @@ class DispatchQueue:
             mins.extend(self._in_hand.values())
             return int(min(mins)) if mins else None
 
+    def earliest_due_apart(self, limit: int) -> tuple[int | None, np.ndarray, np.ndarray]:
+        """`earliest_due`, with the `limit` earliest retries set apart: (the earliest due time of
+        everything else, their due times, their refs), read under one lock."""
+        with self._cv:
+            mins = [c[0].min() for q in (self._ready, self._backlog) for c in q.chunks if len(c[0])]
+            mins.extend(self._in_hand.values())
+            order = np.argsort(self._retries.due, kind="stable")
+            if len(order) > limit:
+                mins.append(self._retries.due[order[limit]])
+            apart = order[:limit]
+            return (int(min(mins)) if mins else None), self._retries.due[apart], self._retries.refs[apart]
+
     def retry(self, next_ms: np.ndarray, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Failed entries, to be taken again from `next_ms` on."""
         with self._cv:

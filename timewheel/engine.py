@@ -46,13 +46,13 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
-from timewheel.gate import DeliveryGate
+from timewheel.gate import DeliveredMark, DeliveryGate
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
 from timewheel.message import DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
-from timewheel.watermark import delivered_up_to
+from timewheel.watermark import delivered_up_to, delivered_up_to_except
 
 log = logging.getLogger("timewheel.engine")
 
@@ -355,6 +355,20 @@ class Engine:
         replica holding the shard's lease publishes (-1 before the first timer pass)."""
         run = self._require_started()
         return delivered_up_to(run.timer, run.queue, run.dispatcher)
+
+    def delivered_up_to_except(self, limit: int) -> DeliveredMark:
+        """`delivered_up_to` passing up to `limit` entries waiting for a retry, listed by origin: what
+        a replica holding the shard's lease publishes (`timewheel.watermark`)."""
+        run = self._require_started()
+
+        def origins_of(refs: np.ndarray) -> list[tuple[str, int] | None]:
+            segs, parts, offsets = run.dispatcher.segments.locate(refs)
+            rows = run.store.read_origins(segs, parts, offsets)
+            names = run.store.queues.names()
+            return [(names[q], int(o)) if 0 <= q < len(names) else None
+                    for q, o in zip(rows["queue"].tolist(), rows["offset"].tolist())]
+
+        return delivered_up_to_except(run.timer, run.queue, run.dispatcher, limit, origins_of)
 
     # ---- driving by hand ------------------------------------------------------------------------
 

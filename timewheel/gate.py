@@ -16,12 +16,24 @@ dispatcher asks its gate, a small protocol the core defines and `coordination` i
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 #: no watermark: nothing is known to be delivered elsewhere
 NO_WATERMARK = -1
+
+#: one entry a holder has not finished although it is due by its watermark: (queue, offset, due ms)
+PendingEntry = tuple[str, int, int]
+
+
+class DeliveredMark(NamedTuple):
+    """A holder's delivered-up-to watermark with its exceptions: every entry due at or before
+    `up_to` has its outcome recorded, except the few listed by origin (queue `broker:id`, offset,
+    due ms), which are still being retried."""
+
+    up_to: int
+    exceptions: tuple[PendingEntry, ...] = ()
 
 
 class DeliveryGate(Protocol):

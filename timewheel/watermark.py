@@ -7,12 +7,23 @@ be held by the shaper, and is recorded. Every move keeps it visible in both plac
 before the thread lets go), so reading the timer, then the queue, then the shaper's holds, then the
 queue again sees every entry not yet done, wherever it is. The watermark is just before the
 earliest of them, and never past the timer's last pass.
+
+A replica holding a shard's lease publishes more (`delivered_up_to_except`): the few earliest
+entries waiting for a retry (a broker refusing one topic, say) are set apart as exceptions, named
+by their origin on the delay topic, and the watermark passes them; one stuck message then no longer
+holds the watermark of the whole shard back. Past `limit` exceptions, the next one bounds it again.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
 
 from timewheel.dispatch_queue import DispatchQueue
+from timewheel.gate import DeliveredMark, PendingEntry
+
+#: the origins (queue name, offset) of refs, None where unknown
+OriginsOf = Callable[[np.ndarray], Sequence[tuple[str, int] | None]]
 
 
 class _Timer(Protocol):
@@ -31,3 +42,34 @@ def delivered_up_to(timer: _Timer, queue: DispatchQueue, dispatcher: _Dispatcher
         if earliest is not None:
             bound = min(bound, earliest - 1)
     return bound
+
+
+def delivered_up_to_except(timer: _Timer, queue: DispatchQueue, dispatcher: _Dispatcher, limit: int,
+                           origins_of: OriginsOf) -> DeliveredMark:
+    """`delivered_up_to` passing the `limit` earliest entries waiting for a retry, which it lists by
+    origin (an entry whose origin is unknown cannot be named to another replica: it bounds the
+    watermark as before)."""
+    bound = timer.released_up_to()
+    first, due1, refs1 = queue.earliest_due_apart(limit)
+    held = dispatcher.earliest_held_due()
+    second, due2, refs2 = queue.earliest_due_apart(limit)
+    for earliest in (first, held, second):
+        if earliest is not None:
+            bound = min(bound, earliest - 1)
+    # an entry may move between the two reads: what either set apart is set apart
+    refs, at = np.unique(np.concatenate((refs1, refs2)), return_index=True)
+    due = np.concatenate((due1, due2))[at]
+    order = np.argsort(due, kind="stable")
+    due, refs = due[order], refs[order]
+    if len(due) > limit:
+        bound = min(bound, int(due[limit]) - 1)
+        due, refs = due[:limit], refs[:limit]
+    keep = due <= bound
+    due, refs = due[keep], refs[keep]
+    exceptions: list[PendingEntry] = []
+    for d, origin in zip(due.tolist(), origins_of(refs) if len(refs) else []):
+        if origin is None:
+            bound = min(bound, d - 1)
+            break
+        exceptions.append((origin[0], origin[1], d))
+    return DeliveredMark(bound, tuple(e for e in exceptions if e[2] <= bound))

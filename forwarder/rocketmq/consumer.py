@@ -167,6 +167,11 @@ class RemotingPullConsumer:
         self._started_ms = 0
         self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0,
                          "offset_resets": 0}
+        #: a replica's own start offsets (`broker:queue id` -> offset; set before start()): a queue it
+        #: names starts there, any other at its earliest retained offset, whatever the group committed
+        self.start_offsets: dict[str, int] | None = None
+        #: every PULL_OFFSET_MOVED answer, as "<broker>:<queue id> <from> -> <to>" (a gap in what was read)
+        self.offsets_moved: list[str] = []
 
     # -- lifecycle --
 
@@ -367,9 +372,12 @@ class RemotingPullConsumer:
 
     def _start_offset(self, q: Queue) -> int:
         addr = self._brokers[q[0]]
+        own = self.start_offsets.get(f"{q[0]}:{q[1]}") if self.start_offsets is not None else None
+        if own is not None:
+            return own
         ext = {"consumerGroup": self.group, "topic": self.topic, "queueId": str(q[1])}
         resp = self._request(addr, QUERY_CONSUMER_OFFSET, ext, ok=(SUCCESS, QUERY_NOT_FOUND))
-        if resp.code == SUCCESS and int(resp.ext.get("offset", -1)) >= 0:
+        if resp.code == SUCCESS and int(resp.ext.get("offset", -1)) >= 0 and self.start_offsets is None:
             return int(resp.ext["offset"])
         resp = self._request(addr, GET_MIN_OFFSET, {"topic": self.topic, "queueId": str(q[1])})
         return int(resp.ext.get("offset", 0))
@@ -555,6 +563,7 @@ class RemotingPullConsumer:
             # The offset is gone from the broker, or an operator reset the group on the broker's side:
             # go on where the broker says, and tell it so with the next pull (as the Java client does).
             log.warning("the broker moved %s/%s from offset %d to %d", self.topic, q, st.offset, next_offset)
+            self.offsets_moved.append(f"{q[0]}:{q[1]} {st.offset} -> {next_offset}")
             st.offset, st.committed = next_offset, -1
         else:
             log.warning("pull of %s/%s answered %s: %s", self.topic, q, resp.code, resp.remark)

@@ -50,3 +50,26 @@ def test_offsets_round_trip_and_a_malformed_document_is_refused_with_what_it_hol
     assert (back.epoch, back.watermark_ms, back.offsets) == (2, 7, {"broker-a:1": 42})
     with pytest.raises(MalformedWatermark, match="not a watermark"):
         Watermark.from_json(b'{"epoch": "x"}')
+
+
+def test_a_record_listed_as_an_exception_is_not_covered_and_the_rest_below_w_is() -> None:
+    mark = Watermark(3, 1_000, "a", 0, {"broker-a:0": 10, "broker-a:1": 10},
+                     (("broker-a:0", 4, 500), ("broker-b:9", 1, 600)))
+    due = np.array([500, 500, 500, 900])
+    origins = _rows([0, 1, 0, 0], [4, 4, 5, 9])
+    # listed (queue 0 offset 4); same offset on another queue; the next offset; a later one
+    assert covered_by([mark], due, origins, NAMES, 10_000).tolist() == [False, True, True, True]
+    # an earlier epoch's mark that covered it still does: that holder delivered it
+    older = Watermark(2, 800, "b", 0, {"broker-a:0": 10})
+    assert covered_by([older, mark], due, origins, NAMES, 10_000).tolist() == [True, True, True, True]
+
+
+def test_exceptions_round_trip_and_a_mark_without_them_reads_as_before() -> None:
+    mark = Watermark(2, 7, "b", 9, {"broker-a:1": 42}, (("broker-a:1", 40, 5),))
+    assert Watermark.from_json(mark.to_json()).exceptions == (("broker-a:1", 40, 5),)
+    legacy = b'{"epoch": 2, "watermark_ms": 7, "replica": "b", "published_ms": 9, "offsets": {"broker-a:1": 42}}'
+    assert Watermark.from_json(legacy).exceptions == ()
+    assert b"exceptions" not in Watermark(2, 7, "b", 9, {}).to_json()
+    with pytest.raises(MalformedWatermark):
+        Watermark.from_json(b'{"epoch": 2, "watermark_ms": 7, "replica": "b", "published_ms": 9, '
+                            b'"exceptions": [["broker-a:1", 40]]}')

@@ -25,6 +25,7 @@ class ScriptedGate:
         self.peer_delivered = 0
         self.held = 0
         self.offsets: dict[str, int] | None = None
+        self.exceptions: tuple[tuple[str, int, int], ...] = ()
 
     def may_send(self) -> bool:
         return self.open
@@ -37,7 +38,7 @@ class ScriptedGate:
 
     def mark(self) -> Watermark:
         """What the holder published: the watermark, with offsets once the test sets them."""
-        return Watermark(1, self.watermark, "holder", 0, self.offsets)
+        return Watermark(1, self.watermark, "holder", 0, self.offsets, self.exceptions)
 
     def count(self, peer_delivered: int, held: int) -> None:
         self.peer_delivered += peer_delivered
@@ -206,3 +207,51 @@ def test_a_batch_that_fails_after_it_left_the_queue_goes_back_and_the_engine_sto
     drive(e, clock, T0 + 5_000)
     e.stop()
     assert sorted(mid for mid, _ in sink.sent) == sorted(ids)  # none lost
+
+
+class RefusingSink(RecordingSink):
+    """A broker that refuses one topic (every send to it fails) and takes the rest."""
+
+    def __init__(self, clock: ManualClock, refused: str) -> None:
+        super().__init__(clock)
+        self.refused = refused
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        ok = [m.topic != self.refused for m in messages]
+        sent = super().send_batch([m for m, good in zip(messages, ok) if good])
+        it = iter(sent)
+        return [next(it) if good else False for good in ok]
+
+
+def test_one_message_stuck_retrying_does_not_hold_the_watermark_back_and_the_next_holder_sends_it(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """The holder lists the stuck message as an exception and its watermark moves on with the rest of
+    the shard; a standby records everything else as delivered, holds the stuck one, and sends it (and
+    nothing else) once it holds the lease. Before exceptions, W stayed before the stuck message and the
+    new holder sent again everything due after it."""
+    holder_sink = RefusingSink(clock, "BAD")
+    holder = _engine(tmp_path / "a", holder_sink, clock, None, retry_base_ms=1000, max_attempts=1000)
+    standby_sink = RecordingSink(clock)
+    gate = ScriptedGate()
+    standby = _engine(tmp_path / "b", standby_sink, clock, gate)
+    msgs = [Message("BAD" if i == 3 else "T", str(i).encode(), T0 + 1000 + i * 500, msg_id=f"m{i}")
+            for i in range(20)]  # due T0+1s .. T0+10.5s; m3 (due T0+2.5s) goes to a topic the broker refuses
+    origins = [("broker-a:0", i) for i in range(20)]
+    holder.schedule(msgs, origins)
+    standby.schedule(msgs, origins)
+    for t in range(T0, T0 + 12_001, 1_000):  # the holder publishes every second; the standby follows
+        drive(holder, clock, t)
+        mark = holder.delivered_up_to_except(64)
+        gate.watermark, gate.offsets, gate.exceptions = mark.up_to, {"broker-a:0": 20}, mark.exceptions
+        drive(standby, clock, t)
+    assert holder.delivered_up_to() == T0 + 2_500 - 1  # the plain watermark is stuck before m3
+    mark = holder.delivered_up_to_except(64)
+    assert mark.up_to == T0 + 12_000 and mark.exceptions == (("broker-a:0", 3, T0 + 2_500),)
+    assert holder.delivered_up_to_except(0).up_to == T0 + 2_500 - 1  # past the bound: held back as before
+    assert sorted(mid for mid, _ in holder_sink.sent) == sorted(f"m{i}" for i in range(20) if i != 3)
+    assert standby_sink.sent == [] and gate.peer_delivered == 19  # everything but m3, none sent here
+    holder.stop()  # the holder dies; the standby takes over with the last mark
+    gate.open = True
+    drive(standby, clock, T0 + 14_000)
+    standby.stop()
+    assert [mid for mid, _ in standby_sink.sent] == ["m3"]  # the stuck one is sent, nothing twice

@@ -7,7 +7,9 @@
     GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms);
                                   computed at most once every `STATUS_CACHE_S` (it asks every broker)
     POST /cancel?id=ID | ?key=K   cancel on every engine of the delay topic (a control message to each of
-                                  its queues); answers how many this engine cancelled; needs
+                                  its queues); answers how many this engine cancelled and where
+                                  (`applied_on`: engine, holder or standby; `promise`: false on a
+                                  standby, whose lease holder may still send); needs
                                   "Authorization: Bearer <token>"; 503 if not every queue took it
     GET  /messages?id=ID | ?key=K [&limit=N]
                                   stored messages with that id or business key and their timelines
@@ -30,13 +32,16 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response
 from timewheel.errors import ConfigError
+
+if TYPE_CHECKING:
+    from timewheel.app.cancel import CancelAnswer
 
 log = logging.getLogger("timewheel.app.admin")
 #: how long one `/status` answer serves every caller: it opens a connection to the NameServer and
@@ -51,8 +56,9 @@ class AdminTarget(Protocol):
         """Whether the engine runs and consumes."""
         ...
 
-    def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or key everywhere; how many this engine cancelled (CancelNotSentError if not sent)."""
+    def cancel(self, msg_id: str | None, key: str | None) -> int | CancelAnswer:
+        """Cancel by id or key everywhere; how many this engine cancelled, and where (CancelNotSentError if
+        not sent)."""
         ...
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
@@ -193,10 +199,12 @@ class AdminServer:
         ids, keys = req.query.get("id", []), req.query.get("key", [])
         if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
             return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
-        from timewheel.app.cancel import CancelNotSentError
+        from timewheel.app.cancel import CancelAnswer, CancelNotSentError
 
         try:
-            return _json(200, {"cancelled": self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)})
+            got = self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)
+            # 200 either way: the cancel is on the delay topic; `promise` says whether the sender has it already
+            return _json(200, (got if isinstance(got, CancelAnswer) else CancelAnswer(got)).to_dict())
         except CancelNotSentError as e:
             return _json(503, {"error": str(e)})
         except ValueError as e:

@@ -209,7 +209,12 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
                                                      "(secrets redacted) and exit.")] = False,
           admin: Annotated[Optional[str], typer.Option("--admin", help="Admin HTTP HOST:PORT "
                                                        "(default 127.0.0.1:9321).")] = None,
-          log_format: Annotated[Optional[str], typer.Option("--log-format", help="text or json.")] = None) -> None:
+          log_format: Annotated[Optional[str], typer.Option("--log-format", help="text or json.")] = None,
+          force_lease: Annotated[bool, typer.Option(
+              "--force-lease", help="With [ha]: contend for the shard's lease even though this data directory "
+              "has a gap (offsets the broker moved past, a wiped or restored directory) or has not caught up "
+              "(ha.force_eligible). As holder it cannot send what it never stored: messages it missed are "
+              "lost if the other replicas are gone.")] = False) -> None:
     """Run the engine: consume the delay topic, store, and deliver each message when due.
 
     Configuration: the TOML file, then TIMEWHEEL_* environment variables, then these flags.
@@ -220,7 +225,8 @@ def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="D
     from timewheel.app.settings import load_settings
 
     overrides: dict[str, dict[str, object]] = {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv},
-                                               "log": {"format": log_format}, "admin": {"listen": admin}}
+                                               "log": {"format": log_format}, "admin": {"listen": admin},
+                                               "ha": {"force_eligible": True if force_lease else None}}
     try:
         settings = load_settings(config, None, overrides)
     except ConfigError as e:
@@ -259,8 +265,11 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
                                  headers={"Authorization": f"Bearer {token or ''}"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            typer.echo(f"cancelled {json.loads(resp.read())['cancelled']} here; the cancel is on every queue of "
-                       "the delay topic for the other engines")
+            answer = json.loads(resp.read())
+            typer.echo(f"cancelled {answer['cancelled']} here; the cancel is on every queue of the delay topic for "
+                       "the other engines")
+            if answer.get("promise") is False:  # answered by a standby replica
+                typer.echo(f"warning: {answer.get('note', 'applied on a standby replica only')}", err=True)
     except urllib.error.HTTPError as e:
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:

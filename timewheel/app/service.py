@@ -28,6 +28,9 @@ from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
+    from coordination import HAConfig
+    from coordination.identity import ReplicaDataDir
+    from timewheel.app.cancel import CancelAnswer
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
@@ -55,6 +58,18 @@ def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
             problems.append(f"{server.strip()}: {e}")
     raise StartError(f"cannot reach ZooKeeper at ha.zookeeper = {connect!r} ({'; '.join(problems)}): start it "
                      f"(`timewheel zookeeper` runs a local one) or fix the connect string")
+
+
+def _claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "ReplicaDataDir":
+    """The data directory's replica identity (written at its first start with [ha]); StartError when it
+    belongs to another replica."""
+    from coordination.identity import ReplicaDataDir, ReplicaIdentityMismatch
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return ReplicaDataDir(data_dir, ha, delay_topic)
+    except ReplicaIdentityMismatch as e:
+        raise StartError(str(e)) from e
 
 
 class Service:
@@ -98,8 +113,10 @@ class Service:
         rmq = self.settings.rocketmq
         limits = ContractLimits(cfg.max_delay_ms, cfg.max_body_bytes, frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
         ha = self.settings.ha
+        replica_dir = None
         if ha.enabled:  # before anything connects: an unreachable ZooKeeper is said at once, not after 30 s
             check_zookeeper_reachable(ha.zookeeper)
+            replica_dir = _claim_data_dir(cfg.data_dir, ha, rmq.delay_topic)
         if ha.enabled:  # one replica of a shard: its queues only, under a group of its own
             rmq = self._rmq = dataclasses.replace(rmq, consumer_group=ha.consumer_group(rmq.consumer_group))
         self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms,
@@ -114,6 +131,7 @@ class Service:
             delivery = TracingSink(sink, self.trace, self.clock.now_ms)
         if ha.enabled:
             from coordination import EpochStampingSink, ShardReplica
+            from coordination.watermark import MAX_EXCEPTIONS
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
             delivery = EpochStampingSink(delivery, self.replica)
@@ -121,9 +139,16 @@ class Service:
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                              gate=self.replica).start()
         assert self.engine.store is not None
-        if self.replica is not None:
+        if self.replica is not None and replica_dir is not None:
+            from coordination.identity import Eligibility
+
+            source = self._endpoints.source  # the directory's own offsets, not the group's; eligible once caught up
+            source.start_offsets = dict(replica_dir.offsets)
+            self.replica.eligibility = Eligibility(replica_dir, source.catch_up, source.stored_offsets,
+                                                   force=ha.force_eligible)
             try:
-                self.replica.start(self.engine.delivered_up_to,
+                engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
+                self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),
                                    offsets_source=self._endpoints.source.stored_offsets)
             except ConnectionError as e:
                 self.stop()
@@ -189,13 +214,16 @@ class Service:
             dead += self.replica.dead_threads()
         return dead
 
-    def cancel(self, msg_id: str | None, key: str | None) -> int:
-        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`)."""
-        from timewheel.app.cancel import cancel_everywhere
+    def cancel(self, msg_id: str | None, key: str | None) -> CancelAnswer:
+        """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`); the
+        answer says whether it was applied by the replica that sends (`applied_on`, `promise`)."""
+        from timewheel.app.cancel import CancelAnswer, cancel_everywhere
 
+        replica = self.replica
         if self.engine is None or self._endpoints is None:
-            return 0
-        return cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+            return CancelAnswer(0)
+        n = cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+        return CancelAnswer(n, "engine" if replica is None else "holder" if replica.epoch else "standby")
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
         """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""

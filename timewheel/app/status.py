@@ -146,6 +146,10 @@ def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:
                                       f"{role}; takeovers {me.get('takeovers', 0)}, possible duplicates at takeover "
                                       f"{me.get('possible_duplicates', 0)}, recorded as delivered by the holder "
                                       f"{me.get('peer_delivered', 0):,}")]
+    if me.get("eligible") is False or me.get("gap"):  # a gap or a catch-up keeps it out of the lease
+        out.append(Text(f"NOT ELIGIBLE for the lease: {me.get('eligibility')}" if me.get("eligible") is False
+                        else f"eligible ({me.get('eligibility')}), but its data directory has a gap: {me.get('gap')}",
+                        style="yellow"))
     table = Table(title="shards")
     for c in ("shard", "holder", "epoch", "standbys", "watermark (UTC)", "lag"):
         table.add_column(c)

@@ -1,0 +1,73 @@
+"""Where an admin-API cancel was applied: a standby says it cannot promise, the lease holder says it can."""
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry
+
+from timewheel.app.admin import AdminServer
+from timewheel.app.service import Service
+from timewheel.app.settings import Settings
+from timewheel.cancels import CancelRequest
+from timewheel.config import EngineConfig
+
+TOKEN = "tok"
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.requests: list[CancelRequest] = []
+
+    def apply_cancels(self, requests: Sequence[CancelRequest]) -> int:
+        self.requests.extend(requests)
+        return 1
+
+
+class _Endpoints:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str | None, str | None]] = []
+
+    def send_cancel(self, msg_id: str | None, key: str | None) -> None:
+        self.sent.append((msg_id, key))
+
+
+class _Replica:
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def _post(server: AdminServer, path: str) -> tuple[int, dict[str, object]]:
+    host, port = server.address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", path, headers={"Authorization": f"Bearer {TOKEN}"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def _service(tmp_path: Path, replica: _Replica | None) -> Service:
+    service = Service(Settings(engine=EngineConfig(tmp_path)), admin=False)
+    service.engine, service._endpoints, service.replica = _Engine(), _Endpoints(), replica  # type: ignore[assignment]
+    return service
+
+
+def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp_path: Path) -> None:
+    answers = {}
+    for role, replica in (("standby", _Replica(0)), ("holder", _Replica(7)), ("engine", None)):
+        service = _service(tmp_path / role, replica)
+        server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
+        try:
+            answers[role] = _post(server, "/cancel?id=m1")
+        finally:
+            server.stop()
+        assert service._endpoints.sent == [("m1", None)]  # type: ignore[union-attr]  # on the delay topic
+    status, standby = answers["standby"]
+    assert status == 200 and standby["applied_on"] == "standby" and standby["promise"] is False
+    assert "TW_CANCEL_ID" in str(standby["note"]) and "holder" in str(standby["note"])
+    assert answers["holder"] == (200, {"cancelled": 1, "applied_on": "holder", "promise": True})
+    assert answers["engine"] == (200, {"cancelled": 1, "applied_on": "engine", "promise": True})
