@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from storage import RecordBytes
-from timewheel.message import Message, Sink
+from timewheel.message import Fence, Message, RecordSink
 
 if TYPE_CHECKING:
     from coordination.replica import ShardReplica
@@ -17,21 +17,22 @@ EPOCH_PROPERTY = "TW_LEASE_EPOCH"
 
 
 class EpochStampingSink:
-    """A Sink that adds the lease epoch to every message it passes on (`TW_LEASE_EPOCH`)."""
+    """A RecordSink that adds the lease epoch to every message it passes on (`TW_LEASE_EPOCH`).
 
-    def __init__(self, inner: Sink, replica: ShardReplica) -> None:
+    It stamps, it does not fence: `FencedSink` around it decides whether a batch may go, and the
+    fence it hands down reaches the write unchanged."""
+
+    def __init__(self, inner: RecordSink, replica: ShardReplica) -> None:
+        """Stamp what goes through to `inner` with `replica`'s epoch."""
         self.inner = inner
         self.replica = replica
         self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
         self.linger_ms = int(getattr(inner, "linger_ms", 0))
-        send_records = getattr(inner, "send_records", None)
-        if callable(send_records):
-            # A sink that takes records as stored gets them still: the epoch is one more property.
-            self.send_records = lambda records: self._send_records(send_records, records)
 
-    def _send_records(self, send: Callable[..., list[bool]], records: RecordBytes) -> list[bool]:
-        # The lease is asked again right before the write, not only before the batch was read and encoded.
-        results = send(records, {EPOCH_PROPERTY: str(self.replica.epoch)}, self.replica.may_send)
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Fence | None = None) -> list[bool]:
+        """Stamp and send stored records (the epoch is one more property); one bool per record."""
+        results = self.inner.send_records(records, {**(extra or {}), EPOCH_PROPERTY: str(self.replica.epoch)}, fence)
         self.replica.note_sent_due(records.header["due_ms"])
         return results
 

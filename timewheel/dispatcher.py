@@ -21,12 +21,11 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
-from storage import (CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, CorruptRecordError, ScheduleStore,
-                     StorageWriteError, dispatch_entries)
+from storage import CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
 from timewheel._arrays import groups
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
@@ -34,7 +33,8 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
-from timewheel.message import DeadLetterSink, Message, SendResults, Shaper, Sink
+from timewheel.message import DeadLetterSink, RecordSink, SendResults, Shaper, Sink
+from timewheel._read_batch import read_bytes, read_messages
 from timewheel._threads import guarded
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
@@ -88,7 +88,7 @@ class Dispatcher:
         self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
         # a sink that sends stored records as they are spares a Message per delivered message
-        self._sends_records = callable(getattr(sink, "send_records", None))
+        self._record_sink = cast(RecordSink, sink) if callable(getattr(sink, "send_records", None)) else None
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
         self._threads: list[threading.Thread] = []
@@ -211,26 +211,32 @@ class Dispatcher:
             keep = ~elsewhere
             due, refs, attempts = due[keep], refs[keep], attempts[keep]
         held = 0
+        # A standby reads nothing it could not send: what is left waits whole, unread. Whether a batch
+        # that was read may go out is the sink's to decide (`coordination.FencedSink`), right before
+        # the send and again at the write.
         if len(due) and not gate.may_send():
             held = len(due)
-            self._hold(gate, due, refs, attempts)
+            self._hold(due, refs, attempts, counted=False)
             due, refs, attempts = due[:0], refs[:0], attempts[:0]
         if peer or held:
             gate.count(peer, held)
         return due, refs, attempts
 
-    def _hold(self, gate: DeliveryGate, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
-        """Queue entries again without counting an attempt: this replica may not send them now."""
-        self.queue.retry(np.full(len(due), self.clock.now_ms() + gate.hold_ms, np.int64), due, refs, attempts)
+    def _hold(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, *, counted: bool = True) -> None:
+        """Queue entries again without counting an attempt: this replica may not send them now
+        (`counted`: tell the gate how many, unless the caller does)."""
+        gate = self.gate
+        hold_ms = gate.hold_ms if gate is not None else self.config.retry_base_ms
+        self.queue.retry(np.full(len(due), self.clock.now_ms() + hold_ms, np.int64), due, refs, attempts)
+        if gate is not None and counted:
+            gate.count(0, len(due))
 
     def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
         segs, parts, offsets = self.segments.locate(refs)
         # the index's due times go along: a record whose own (CRC-checked) due time differs goes at its own
-        if self._sends_records:
-            batch, found = self._read_bytes(due, refs, attempts, segs, parts, offsets)
-        else:
-            batch, found = self._read_messages(due, refs, attempts, segs, parts, offsets)
+        read = read_bytes if self._record_sink is not None else read_messages
+        batch, found = read(self.store, due, refs, attempts, segs, parts, offsets)
         now = self.clock.now_ms()
         c = self._reschedule_misdated(found, due, refs, attempts)
         if len(c):
@@ -260,40 +266,6 @@ class Dispatcher:
                         "due times", len(c))
             self.queue.retry(record_due[m], record_due[m], refs[c], attempts[c])
         return rows[~m]
-
-    def _read_bytes(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
-                    parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, list[tuple[int, int | None]]]:
-        """The good records as stored bytes (for `send_records`), and the rows found corrupt (with
-        the record's own due time when only that disagrees with the index)."""
-        raw = self.store.read_record_bytes(segs, parts, offsets, due)
-        for err in raw.errors.values():
-            if err.record_due_ms is None:
-                log.error("corrupt record skipped, never served: %s", err)
-        if not raw.errors:
-            return Batch(None, due, refs, attempts, segs, parts, offsets, raw), []
-        k = np.flatnonzero(raw.ok)
-        return (Batch(None, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k], raw.select(k)),
-                [(r, raw.errors[r].record_due_ms) for r in np.flatnonzero(~raw.ok).tolist()])
-
-    def _read_messages(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, segs: np.ndarray,
-                       parts: np.ndarray, offsets: np.ndarray) -> tuple[Batch, list[tuple[int, int | None]]]:
-        """The good records as `Message` objects (for `send_batch`), and the rows found corrupt (with
-        the record's own due time when only that disagrees with the index)."""
-        messages: list[Message] = []
-        ok_idx: list[int] = []
-        corrupt: list[tuple[int, int | None]] = []
-        from_record = Message.from_record
-        records = self.store.read_records(segs.tolist(), parts.tolist(), offsets.tolist(), due.tolist())
-        for i, (rec, att) in enumerate(zip(records, attempts.tolist())):
-            if isinstance(rec, CorruptRecordError):
-                if rec.record_due_ms is None:
-                    log.error("corrupt record skipped, never served: %s", rec)
-                corrupt.append((i, rec.record_due_ms))
-                continue
-            messages.append(from_record(rec, att + 1))
-            ok_idx.append(i)
-        k = np.asarray(ok_idx, np.int64)
-        return Batch(messages, due[k], refs[k], attempts[k], segs[k], parts[k], offsets[k]), corrupt
 
     def _deliver_granted(self) -> int:
         """Send what the shaper grants now from the held queues, highest share first.
@@ -327,22 +299,22 @@ class Dispatcher:
             sent += len(batch)
 
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
-        """Send one batch through the sink and record every outcome."""
-        gate = self.gate
-        if gate is not None and not gate.may_send():  # the fence, checked right before every send
-            self._hold(gate, b.due, b.refs, b.attempts)
-            gate.count(0, len(b.due))
+        """Send one batch through the sink and record every outcome; rows the sink held (a fence:
+        `coordination.FencedSink` decides it) go back to the queue without spending an attempt."""
+        answers: np.ndarray | None = None
+        errors: list[str | None] | None = None
+        held: np.ndarray | None = None
+        try:
+            delivered, answers, errors, held = self._sink_send(b)
+        except Exception as e:
+            log.exception("sink failed a batch of %d", len(b))
+            delivered, errors = np.zeros(len(b), bool), [f"{type(e).__name__}: {e}"] * len(b)
+        if held is not None and held.all():  # fenced before it went: nothing was sent
+            self._hold(b.due, b.refs, b.attempts)
             if self.shaper is not None:
                 for topic, n in Counter(b.topic_list()).items():
                     self.shaper.release(topic, n)
             return
-        answers: np.ndarray | None = None
-        errors: list[str | None] | None = None
-        try:
-            delivered, answers, errors = self._sink_send(b)
-        except Exception as e:
-            log.exception("sink failed a batch of %d", len(b))
-            delivered, errors = np.zeros(len(b), bool), [f"{type(e).__name__}: {e}"] * len(b)
         sent_at = self.clock.now_ms()
         if self.shaper is not None:
             topics: dict[str, list[int]] = {}
@@ -366,22 +338,23 @@ class Dispatcher:
             self.lateness.observe(np.maximum(sent_at - good.due, 0))
             with self._lock:
                 self.counters.delivered += len(good.due)
-        if not delivered.all():
-            failed = b.select(~delivered)
-            if gate is not None and not gate.may_send():
-                # the lease ran out while the batch was on its way (the sink's own last check stopped
-                # it): held for whoever holds the lease, not an attempt that failed
-                self._hold(gate, failed.due, failed.refs, failed.attempts)
-                gate.count(0, len(failed.due))
-            else:
-                failed_errors = [errors[i] for i in np.flatnonzero(~delivered).tolist()] if errors else None
-                self._fail(failed, sent_at, failed_errors)
+        if held is not None and held.any():
+            # the lease ran out while the batch was on its way: held for whoever holds the lease,
+            # not an attempt that failed
+            kept = b.select(held)
+            self._hold(kept.due, kept.refs, kept.attempts)
+        failed_rows = ~delivered if held is None else ~delivered & ~held
+        if failed_rows.any():
+            failed_errors = [errors[i] for i in np.flatnonzero(failed_rows).tolist()] if errors else None
+            self._fail(b.select(failed_rows), sent_at, failed_errors)
 
-    def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None]:
-        """One send batch through the sink: delivered or not per row, with the broker's answers and
-        the errors when the sink gives them (raises if the sink fails whole)."""
+    def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None,
+                                            np.ndarray | None]:
+        """One send batch through the sink: delivered or not per row, with the broker's answers, the
+        errors and the rows held by a fence when the sink gives them (raises if the sink fails whole)."""
         if b.raw is not None:
-            results = self.sink.send_records(b.raw)  # type: ignore[attr-defined]  # checked in __init__
+            assert self._record_sink is not None  # only such a sink is handed stored bytes
+            results = self._record_sink.send_records(b.raw)
         else:
             results = self.sink.send_batch(b.messages)
         if len(results) != len(b):
@@ -389,8 +362,9 @@ class Dispatcher:
         if isinstance(results, SendResults):
             answers = results.answers if results.answers is not None and len(results.answers) == len(b) else None
             errors = results.errors if results.errors is not None and len(results.errors) == len(b) else None
-            return np.asarray(results, bool), answers, errors
-        return np.asarray(results, bool), None, None
+            held = results.held if results.held is not None and len(results.held) == len(b) else None
+            return np.asarray(results, bool), answers, errors, held
+        return np.asarray(results, bool), None, None, None
 
     def _fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last;

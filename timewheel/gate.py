@@ -4,8 +4,10 @@ Several engines may hold the same schedule (replicas of one shard of the delay t
 consuming it into its own data directory). Only the holder of the shard's lease sends; the
 dispatcher asks its gate, a small protocol the core defines and `coordination` implements:
 
-- `may_send()` is checked right before every send batch (the fence): when it answers False the
-  batch is held (queued again without counting an attempt), never dropped;
+- `may_send()` is asked once per pass, before anything is read: when it answers False (a standby)
+  the entries are held (queued again without counting an attempt), never dropped. The fence on
+  each send itself is the delivery sink's (`coordination.FencedSink` around it, asked right before
+  the send and at the write): the rows it holds come back `SendResults.held` and are held the same way;
 - `delivered_elsewhere_up_to()` is the latest watermark published by the shard's holders: no
   entry due after it was delivered elsewhere, so only entries due at or before it are asked about;
 - `delivered_elsewhere(due, origins, queue_names)` says, entry by entry, which of those the holder

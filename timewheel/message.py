@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from storage import Origin, Record
+from storage import Origin, Record, RecordBytes
 
 if TYPE_CHECKING:
     from timewheel.cancels import CancelRequest
@@ -39,15 +39,17 @@ class Message:
 
 class SendResults(list[bool]):
     """A sink's answer to a send batch: True per stored message (a list, as before), with where the
-    broker stored each (`answers`, rows of `storage.ANSWER_DTYPE`, or None) and why each failed one
-    failed (`errors`, None where stored), for the dispatch log."""
+    broker stored each (`answers`, rows of `storage.ANSWER_DTYPE`, or None), why each failed one
+    failed (`errors`, None where stored), for the dispatch log, and which were held by a fence
+    (`held`: not sent because this engine may not send now; queued again, no attempt spent)."""
 
     def __init__(self, ok: Sequence[bool], answers: np.ndarray | None = None,
-                 errors: Sequence[str | None] | None = None) -> None:
-        """`ok` per message; `answers` and `errors` aligned with it, when the sink knows them."""
+                 errors: Sequence[str | None] | None = None, held: np.ndarray | None = None) -> None:
+        """`ok` per message; `answers`, `errors` and `held` aligned with it, when the sink knows them."""
         super().__init__(ok)
         self.answers = answers
         self.errors = list(errors) if errors is not None else None
+        self.held = held
 
 
 class Sink(Protocol):
@@ -57,9 +59,9 @@ class Sink(Protocol):
     threads, each calling `send_batch` while the others wait on the network (one slow answer
     then holds up only its own batch). Such a sink must be thread-safe.
 
-    A sink may also have `send_records(records: storage.RecordBytes) -> list[bool]`, the same
-    contract for records as stored (CRC-checked bytes and header columns): the dispatcher then
-    hands it those instead of a `Message` per due message.
+    A sink may also have `send_records` (a `RecordSink`), the same contract for records as stored
+    (CRC-checked bytes and header columns): the dispatcher then hands it those instead of a
+    `Message` per due message.
 
     Either may answer a `SendResults` (a list of bools too): the broker's answers and the errors
     it carries go to the dispatch log, so `timewheel find` can show them.
@@ -67,6 +69,24 @@ class Sink(Protocol):
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Send messages; one bool per message."""
+        ...
+
+
+#: whether this engine may send now (a replica's lease and its fencing deadline); asked right before a write
+Fence = Callable[[], bool]
+
+
+class RecordSink(Sink, Protocol):
+    """A Sink that also sends records as stored: the delivery sink, and what wraps it.
+
+    `send_records` has the contract of `send_batch` for CRC-checked record bytes; `extra`
+    properties go on every message, and `fence`, when given, is asked once more right before the
+    bytes are written: what it stops comes back not sent (and `held`, when the sink says so).
+    """
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Fence | None = None) -> list[bool]:
+        """Send stored records; one bool per record."""
         ...
 
 

@@ -7,7 +7,12 @@ Modules, each with one job:
     connection  one TCP connection, requests pipelined and matched by opaque
     namesrv     NameServer look-ups: topic routes
     producer    batch sends to any topics (delivery, dead letters, replay)
-    consumer    a clustering pull consumer with group membership (ingest); answers what brokers ask it
+    _routes     the producer's topic routes: cached, refreshed, kept through NameServer outages
+    _send_batch the producer's SEND_BATCH_MESSAGE requests in the making: cut within limits, headers
+    consumer    a clustering pull consumer (ingest), composed of the three below; answers what brokers ask it
+    _membership heartbeats, the group's members, the split of the queues among them
+    _puller     the pull threads: pull requests, their answers, batches to the callback, commits, retries
+    _queue_state the one owner of each consumed queue's offsets, pull in flight, and what was accepted
     consumer_status  the bodies of those questions and answers (reset offsets, running info for mqadmin)
     admin       topic creation, group members, broker registration, a group's lag (launcher, tests)
     compression message bodies in every codec producers write, read back under a size bound
@@ -23,10 +28,10 @@ from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnava
                                        MessageDecodeError, MessageRejectedError, ProtocolError, RemotingError,
                                        RequestTimeoutError, TopicNotFoundError)
 from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, SYSTEM_PROPERTIES, TAGS,
-                                        UNIQ_KEY, WAIT, OutgoingMessage, ReceivedMessage, SendResult, SendStatus,
-                                        join_properties, split_properties, user_properties)
+                                        UNIQ_KEY, WAIT, OutgoingMessage, Receipt, ReceivedMessage, SendResult,
+                                        SendStatus, join_properties, split_properties, user_properties)
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, topic_route
-from forwarder.rocketmq.producer import Receipt, RemotingProducer
+from forwarder.rocketmq.producer import RemotingProducer
 from forwarder.rocketmq.protocol import Response, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 

@@ -15,6 +15,7 @@ __all__ = [
     "NAME_VALUE_SEPARATOR",
     "OutgoingMessage",
     "PROPERTY_SEPARATOR",
+    "Receipt",
     "ReceivedMessage",
     "SYSTEM_PROPERTIES",
     "SendResult",
@@ -151,3 +152,17 @@ class SendResult:
     status: SendStatus
     msg_id: str
     queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Where the broker stored one message."""
+
+    msg_id: str  # the UNIQ_KEY consumers see as the message id
+    topic: str
+    broker: str
+    queue_id: int
+    queue_offset: int
+    status: SendStatus  # OK, or stored but not flushed / replicated in time
+    #: the broker's message id (store host and commit-log offset, what `mqadmin queryMsgById` takes)
+    offset_msg_id: str = ""

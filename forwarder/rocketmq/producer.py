@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,12 +41,13 @@ from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, IdMaker, encode_m
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import (ConnectionFailedError, FencedError, MessageRejectedError, RemotingError,
                                        TopicNotFoundError)
-from forwarder.rocketmq.message import WAIT, OutgoingMessage, SendStatus, join_properties
-from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, parse_route
+from forwarder.rocketmq.message import OutgoingMessage, Receipt, SendStatus
+from forwarder.rocketmq._routes import DEFAULT_TOPIC, RouteCache
+from forwarder.rocketmq._send_batch import Outcome, SendBatch, batch_header, cut_encoded, fail
+from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute
 from forwarder.rocketmq.security import ClientSecurity
-from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, INVALID_PARAMETER, MESSAGE_ILLEGAL,
-                                         SEND_BATCH_MESSAGE, SLAVE_NOT_AVAILABLE, SUCCESS, TOPIC_NOT_EXIST, Response,
-                                         error_for_code)
+from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SEND_BATCH_MESSAGE,
+                                         SLAVE_NOT_AVAILABLE, SUCCESS, TOPIC_NOT_EXIST, Response, error_for_code)
 
 __all__ = ["DEFAULT_TOPIC", "Receipt", "RemotingProducer"]
 
@@ -62,35 +61,6 @@ _STORED = {
     SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
 
-DEFAULT_TOPIC = "TBW102"  # the broker creates a missing topic from this one's config when allowed
-DEFAULT_TOPIC_QUEUES = 4  # queues of a topic the broker creates on first send (as the clients ask)
-_TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's TopicValidator
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """Where the broker stored one message."""
-
-    msg_id: str  # the UNIQ_KEY consumers see as the message id
-    topic: str
-    broker: str
-    queue_id: int
-    queue_offset: int
-    status: SendStatus  # OK, or stored but not flushed / replicated in time
-    #: the broker's message id (store host and commit-log offset, what `mqadmin queryMsgById` takes)
-    offset_msg_id: str = ""
-
-
-@dataclass
-class _Batch:
-    """One SEND_BATCH_MESSAGE request in the making: its messages' positions, ids and bytes."""
-
-    topic: str
-    index: list[int] = field(default_factory=list)
-    ids: list[str] = field(default_factory=list)
-    parts: list[bytes] = field(default_factory=list)
-    size: int = 0
-    queue: tuple[str, int] = ("", -1)
 
 
 class RemotingProducer:
@@ -126,17 +96,13 @@ class RemotingProducer:
             raise ValueError("max_batch_messages and max_batch_bytes must be positive")
         self.group = group
         self.timeout = timeout_ms / 1000
-        self.route_ttl_s = route_ttl_s
-        self.route_retry_s = route_retry_s
         self.broker_backoff_s = broker_backoff_s
         self.max_batch_messages = max_batch_messages
         self.max_batch_bytes = max_batch_bytes
         self.max_message_bytes = max_message_bytes
-        self.auto_create_topics = auto_create_topics
-        self._lock = threading.Lock()  # routes, connections, queue cursors, back-offs
-        self._routes: dict[str, TopicRoute] = {}
-        self._stale: set[str] = set()  # topics whose route must be looked up again before use
-        self._route_tried: dict[str, float] = {}  # topic -> monotonic time of the last look-up
+        self._routes = RouteCache(self._namesrv, ttl_s=route_ttl_s, retry_s=route_retry_s,
+                                  auto_create_topics=auto_create_topics)
+        self._lock = threading.Lock()  # connections, queue cursors, back-offs
         self._cursor: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
         self._down_until: dict[str, float] = {}  # broker name -> no new connection before this
         self._conns: dict[str, Connection] = {}
@@ -152,8 +118,8 @@ class RemotingProducer:
         if not messages:
             return []
         deadline = time.monotonic() + self.timeout
-        routes = self._routes_of(m.topic for m in messages)
-        out: list[Receipt | RemotingError | bool | None] = [None] * len(messages)
+        routes = self._routes.routes_of(m.topic for m in messages)
+        out: list[Outcome] = [None] * len(messages)
         self._dispatch(self._cut(messages, routes, out), routes, out, deadline, receipts=True)
         return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
@@ -163,19 +129,19 @@ class RemotingProducer:
         if self._closed:
             raise ConnectionFailedError("the producer is closed")
         deadline = time.monotonic() + self.timeout
-        route = self._route(message.topic)
+        route = self._routes.route(message.topic)
         if route.via_default_topic:
             raise TopicNotFoundError(f"topic {message.topic} does not exist: it has no queues to send to",
                                      code=TOPIC_NOT_EXIST)
-        out: list[Receipt | RemotingError | bool | None] = [None] * len(route.queues)
-        plans: dict[str, list[_Batch]] = defaultdict(list)
+        out: list[Outcome] = [None] * len(route.queues)
+        plans: dict[str, list[SendBatch]] = defaultdict(list)
         for i, (queue, msg_id) in enumerate(zip(route.queues, self._id_maker().next_ids(len(route.queues)))):
             data = encode_message(message, msg_id)
-            batch = _Batch(message.topic, [i], [msg_id], [data], len(data), queue)
+            batch = SendBatch(message.topic, [i], [msg_id], [data], len(data), queue)
             try:
                 plans[self._connection(queue[0], route.brokers[queue[0]]).addr].append(batch)
             except RemotingError as e:
-                _fail(out, [batch], e)
+                fail(out, [batch], e)
         self._exchange(plans, out, deadline, receipts=True)
         return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
@@ -210,8 +176,8 @@ class RemotingProducer:
         if not encoded:
             return []
         deadline = time.monotonic() + self.timeout
-        routes = self._routes_of(topics)
-        out: list[Receipt | RemotingError | bool | None] = [None] * len(encoded)
+        routes = self._routes.routes_of(topics)
+        out: list[Outcome] = [None] * len(encoded)
         self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False,
                        fence=fence, answers=answers)
         return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
@@ -221,34 +187,22 @@ class RemotingProducer:
         """`n` fresh message ids (UNIQ_KEY) for `send_encoded`."""
         return self._id_maker().next_ids(n)
 
-    def _routes_of(self, topics: Iterable[str]) -> dict[str, TopicRoute | RemotingError]:
-        """Each distinct topic's route, or why it has none."""
-        routes: dict[str, TopicRoute | RemotingError] = {}
-        for topic in dict.fromkeys(topics):
-            try:
-                if not _TOPIC_NAME.match(topic):
-                    raise MessageRejectedError(f"{topic!r} is not a valid topic name", code=INVALID_PARAMETER)
-                routes[topic] = self._route(topic)
-            except RemotingError as e:
-                routes[topic] = e
-        return routes
-
-    def _dispatch(self, batches: list[_Batch], routes: Mapping[str, TopicRoute | RemotingError],
-                  out: list[Receipt | RemotingError | bool | None], deadline: float, *, receipts: bool,
+    def _dispatch(self, batches: list[SendBatch], routes: Mapping[str, TopicRoute | RemotingError],
+                  out: list[Outcome], deadline: float, *, receipts: bool,
                   fence: Callable[[], bool] | None = None, answers: np.ndarray | None = None) -> None:
         """Place every batch on a queue of its topic and exchange them with the brokers."""
-        plans: dict[str, list[_Batch]] = defaultdict(list)  # broker address -> its batches
+        plans: dict[str, list[SendBatch]] = defaultdict(list)  # broker address -> its batches
         for batch in batches:
             route = routes[batch.topic]
             assert isinstance(route, TopicRoute)  # messages of failed topics are not cut into batches
             try:
                 plans[self._place(route, batch)].append(batch)
             except RemotingError as e:
-                _fail(out, [batch], e)
+                fail(out, [batch], e)
         self._exchange(plans, out, deadline, receipts, fence, answers)
 
     def _cut(self, messages: Sequence[OutgoingMessage], routes: Mapping[str, TopicRoute | RemotingError],
-             out: list[Receipt | RemotingError | bool | None]) -> list[_Batch]:
+             out: list[Outcome]) -> list[SendBatch]:
         """Encode every message of a routable topic; cut batches per topic within the count and byte limits."""
         ids = self._id_maker().next_ids(len(messages))
         encoded: list[bytes | RemotingError] = []
@@ -263,37 +217,12 @@ class RemotingProducer:
         return self._batches([m.topic for m in messages], encoded, ids, routes, out)
 
     def _batches(self, topics: Sequence[str], encoded: Sequence[bytes | RemotingError], ids: Sequence[str],
-                 routes: Mapping[str, TopicRoute | RemotingError],
-                 out: list[Receipt | RemotingError | bool | None]) -> list[_Batch]:
-        """Cut encoded messages into batches per topic within the count and byte limits; a message of
-        a topic without a route, not encodable or too large gets its error in `out`."""
-        open_batch: dict[str, _Batch] = {}
-        batches: list[_Batch] = []
-        max_message, max_count, max_bytes = self.max_message_bytes, self.max_batch_messages, self.max_batch_bytes
-        for i, (topic, data) in enumerate(zip(topics, encoded)):
-            route = routes[topic]
-            if isinstance(route, RemotingError):
-                out[i] = route
-                continue
-            if isinstance(data, RemotingError):
-                out[i] = data
-                continue
-            size = len(data)
-            if size > max_message:
-                out[i] = MessageRejectedError(f"message of {size} bytes exceeds the maximum of {max_message}",
-                                              code=MESSAGE_ILLEGAL)
-                continue
-            b = open_batch.get(topic)
-            if b is None or len(b.index) >= max_count or b.size + size > max_bytes:
-                b = open_batch[topic] = _Batch(topic)
-                batches.append(b)
-            b.index.append(i)
-            b.ids.append(ids[i])
-            b.parts.append(data)
-            b.size += size
-        return batches
+                 routes: Mapping[str, TopicRoute | RemotingError], out: list[Outcome]) -> list[SendBatch]:
+        """Cut encoded messages into batches within this producer's limits (`cut_encoded`)."""
+        return cut_encoded(topics, encoded, ids, routes, out, max_message=self.max_message_bytes,
+                           max_count=self.max_batch_messages, max_bytes=self.max_batch_bytes)
 
-    def _place(self, route: TopicRoute, batch: _Batch) -> str:
+    def _place(self, route: TopicRoute, batch: SendBatch) -> str:
         """Give the batch the topic's next writable queue on a reachable broker; return its address."""
         tried: set[str] = set()
         while True:
@@ -313,25 +242,25 @@ class RemotingProducer:
             except ConnectionFailedError as e:
                 # Nothing was sent: safe to try another broker of the topic at once.
                 tried.add(name)
-                self._mark_stale(route.topic)
+                self._routes.mark_stale(route.topic)
                 log.debug("%s; trying another broker of %s", e, route.topic)
                 if len(tried) >= len(route.brokers):
                     raise
 
-    def _exchange(self, plans: Mapping[str, list[_Batch]], out: list[Receipt | RemotingError | bool | None],
+    def _exchange(self, plans: Mapping[str, list[SendBatch]], out: list[Outcome],
                   deadline: float, receipts: bool, fence: Callable[[], bool] | None = None,
                   answers: np.ndarray | None = None) -> None:
         """Write every broker's requests, then read every answer (locks taken in address order)."""
         born = str(int(time.time() * 1000))
-        held: list[tuple[Connection, list[_Batch], list[int] | RemotingError]] = []
+        held: list[tuple[Connection, list[SendBatch], list[int] | RemotingError]] = []
         try:
             for addr in sorted(plans):
                 conn = self._conns.get(addr)
                 if conn is None:  # closed meanwhile
-                    _fail(out, plans[addr], ConnectionFailedError(f"connection to {addr} was closed"))
+                    fail(out, plans[addr], ConnectionFailedError(f"connection to {addr} was closed"))
                     continue
                 conn.lock.acquire()
-                requests = [(SEND_BATCH_MESSAGE, self._header(b, born), b"".join(b.parts)) for b in plans[addr]]
+                requests = [(SEND_BATCH_MESSAGE, batch_header(self.group, b, born), b"".join(b.parts)) for b in plans[addr]]
                 if fence is not None and not fence():
                     held.append((conn, plans[addr], FencedError("not sent: the sender's lease deadline passed")))
                     continue
@@ -349,8 +278,8 @@ class RemotingProducer:
             for conn, _, _ in held:
                 conn.lock.release()
 
-    def _settle(self, conn: Connection, batches: Sequence[_Batch], replies: Sequence[Response | RemotingError],
-                out: list[Receipt | RemotingError | bool | None], receipts: bool,
+    def _settle(self, conn: Connection, batches: Sequence[SendBatch], replies: Sequence[Response | RemotingError],
+                out: list[Outcome], receipts: bool,
                 answers: np.ndarray | None = None) -> None:
         """Turn each batch's reply into per-message receipts (or True, without `receipts`, and rows
         of `answers` when given) or errors."""
@@ -358,14 +287,14 @@ class RemotingProducer:
             if isinstance(answer, RemotingError):
                 if isinstance(answer, ConnectionFailedError):
                     self._broker_failed(b.queue[0], b.topic)
-                _fail(out, [b], answer)
+                fail(out, [b], answer)
                 continue
             status = _STORED.get(answer.code)
             if status is None:
                 err = error_for_code(answer.code, answer.remark, f"broker {b.queue[0]} ({conn.addr}) for {b.topic}")
                 if err.retriable or isinstance(err, TopicNotFoundError):
-                    self._mark_stale(b.topic)
-                _fail(out, [b], err)
+                    self._routes.mark_stale(b.topic)
+                fail(out, [b], err)
                 continue
             try:
                 queue_id = int(answer.ext.get("queueId", b.queue[1]))
@@ -384,86 +313,15 @@ class RemotingProducer:
                 out[i] = Receipt(msg_id, b.topic, b.queue[0], queue_id, first + k if first >= 0 else -1, status,
                                  split[k] if len(split) == len(b.index) else "")
 
-    def _header(self, b: _Batch, born: str) -> dict[str, str]:
-        """SendMessageRequestHeaderV2 of a batch (see the module docstring)."""
-        return {
-            "a": self.group,
-            "b": b.topic,
-            "c": DEFAULT_TOPIC,
-            "d": str(DEFAULT_TOPIC_QUEUES),
-            "e": str(b.queue[1]),
-            "f": "0",
-            "g": born,
-            "h": "0",
-            # The batch's own properties, as the Java client's MessageBatch has them; the broker
-            # stores each message with its own properties only.
-            "i": join_properties({WAIT: "true"}),
-            "j": "0",
-            "k": "false",
-            "m": "true",
-            "n": b.queue[0],
-        }
-
     # -- routes --
 
     def route(self, topic: str) -> TopicRoute:
         """The topic's route: cached, looked up when missing, stale or older than `route_ttl_s`."""
-        return self._route(topic)
-
-    def _route(self, topic: str) -> TopicRoute:
-        now = time.monotonic()
-        with self._lock:
-            cached = self._routes.get(topic)
-            ttl = self.route_retry_s if cached is not None and cached.via_default_topic else self.route_ttl_s
-            due = cached is None or topic in self._stale or now - cached.fetched >= ttl
-            if not due or (cached is not None and now - self._route_tried.get(topic, 0.0) < self.route_retry_s):
-                assert cached is not None
-                return cached
-            self._route_tried[topic] = now
-        try:
-            route = self._lookup(topic)
-        except RemotingError as e:
-            # NameServer unreachable, or it dropped the route of a broker that went down: the last
-            # route is the best guess, and that broker's connection tells the truth.
-            keep = cached is not None and (
-                e.retriable or (isinstance(e, TopicNotFoundError) and not cached.via_default_topic))
-            if not keep:
-                raise
-            assert cached is not None
-            log.debug("route look-up of %s failed (%s); keeping the last route", topic, e)
-            return cached
-        with self._lock:
-            self._routes[topic] = route
-            self._stale.discard(topic)
-        return route
-
-    def _lookup(self, topic: str) -> TopicRoute:
-        """Ask the NameServer; fall back to the default topic's route when allowed."""
-        data = self.route_document(topic)
-        if data is not None:
-            route = parse_route(topic, data)
-            if not route.queues:
-                raise TopicNotFoundError(f"topic {topic} has no writable queue on any master broker",
-                                         code=TOPIC_NOT_EXIST)
-            return route
-        if self.auto_create_topics:
-            default = self.route_document(DEFAULT_TOPIC)
-            if default is not None:
-                route = parse_route(topic, default, via_default_topic=True, max_queues=DEFAULT_TOPIC_QUEUES)
-                if route.queues:
-                    return route
-        raise TopicNotFoundError(
-            f"topic {topic} does not exist: the NameServer has no route for it"
-            + (" and the brokers do not create topics on first send (autoCreateTopicEnable)" if self.auto_create_topics
-               else ""), code=TOPIC_NOT_EXIST)
+        return self._routes.route(topic)
 
     def route_document(self, topic: str) -> dict[str, Any] | None:
         """The NameServer's TopicRouteData for `topic`, or None if it has none."""
-        return self._namesrv.route_document(topic)
-
-    def _mark_stale(self, topic: str) -> None:
-        with self._lock:
-            self._stale.add(topic)
+        return self._routes.route_document(topic)
 
     # -- connections --
 
@@ -495,7 +353,7 @@ class RemotingProducer:
         """Avoid the broker for a moment and look the topic's route up again before its next use."""
         with self._lock:
             self._down_until[broker] = time.monotonic() + self.broker_backoff_s
-            self._stale.add(topic)
+        self._routes.mark_stale(topic)
 
     def _id_maker(self) -> IdMaker:
         """Ids carry this host's address as the brokers see it (taken from the NameServer connection)."""
@@ -528,9 +386,3 @@ class RemotingProducer:
         """Close."""
         self.close()
 
-
-def _fail(out: list[Receipt | RemotingError | bool | None], batches: Iterable[_Batch], error: RemotingError) -> None:
-    """Every message of the batches gets `error`."""
-    for b in batches:
-        for i in b.index:
-            out[i] = error

@@ -128,19 +128,23 @@ def test_a_replicas_consumer_starts_where_its_directory_stood_or_at_the_earliest
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Not at the group's committed offset: a wiped directory under an old group would skip what it
     never stored. A broker's PULL_OFFSET_MOVED is kept as a gap."""
-    from forwarder.rocketmq.consumer import RemotingPullConsumer, _QueueState
+    from forwarder.rocketmq.consumer import RemotingPullConsumer
     from forwarder.rocketmq.protocol import (GET_MIN_OFFSET, PULL_OFFSET_MOVED, QUERY_CONSUMER_OFFSET, SUCCESS,
                                              Response)
 
     c = RemotingPullConsumer("127.0.0.1:9876", "g-shard0-a", TOPIC, lambda batch: True)
-    c._brokers = {"broker-a": "127.0.0.1:10911"}
+    membership = c._membership
+    membership._brokers = {"broker-a": "127.0.0.1:10911"}
     answers = {QUERY_CONSUMER_OFFSET: {"offset": "900"}, GET_MIN_OFFSET: {"offset": "40"}}
-    monkeypatch.setattr(c, "_request", lambda addr, code, ext, body=b"", ok=(SUCCESS,):
+    monkeypatch.setattr(membership, "request", lambda addr, code, ext, body=b"", ok=(SUCCESS,):
                         Response(SUCCESS, 1, None, answers[code], b""))
-    assert c._start_offset(("broker-a", 0)) == 900  # one group shared by engines: its committed offset
+    assert membership._start_offset(("broker-a", 0)) == 900  # one group shared by engines: its committed offset
     c.start_offsets = {"broker-a:0": 120}
-    assert c._start_offset(("broker-a", 0)) == 120  # a replica: where its data directory stood
-    assert c._start_offset(("broker-a", 2)) == 40  # a queue it never read: the earliest retained offset
-    st = c._owned[("broker-a", 0)] = _QueueState(120, 120, in_flight=7)
-    c._read_pull(("broker-a", 0), Response(PULL_OFFSET_MOVED, 7, None, {"nextBeginOffset": "480"}, b""), None)  # type: ignore[arg-type]
+    assert membership._start_offset(("broker-a", 0)) == 120  # a replica: where its data directory stood
+    assert membership._start_offset(("broker-a", 2)) == 40  # a queue it never read: the earliest retained offset
+    c._queues.add(("broker-a", 0), 120)
+    st = c._queues.get(("broker-a", 0))
+    assert st is not None
+    st.in_flight = 7
+    c._puller._read_pull(("broker-a", 0), Response(PULL_OFFSET_MOVED, 7, None, {"nextBeginOffset": "480"}, b""), None)  # type: ignore[arg-type]
     assert st.offset == 480 and c.offsets_moved == ["broker-a:0 120 -> 480"]

@@ -1,9 +1,16 @@
-"""The fencing deadline: extended by confirmed contact, never by an answer older than a revocation."""
+"""The fencing deadline: extended by confirmed contact, never by an answer older than a revocation;
+the fenced sink: where a send batch's fence is decided (before it goes, at the write, after)."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
 import pytest
 
-from coordination import FencingDeadline, HAConfig
+from coordination import FencedSink, FencingDeadline, HAConfig
+from storage import RecordBytes
+from tests.timewheel.conftest import T0, drive
+from timewheel import Engine, EngineConfig, ManualClock, Message, SendResults
 from timewheel.errors import ConfigError
 
 
@@ -83,3 +90,69 @@ def test_a_replica_reads_its_shard_under_a_group_of_its_own() -> None:
     assert [q for q in range(8) if cfg.owns_queue(q)] == [1, 4, 7]
     assert cfg.consumer_group("tw") == "tw-shard1-b"
     assert cfg.shard_path("TW_DELAY") == "/timewheel/TW_DELAY/shard-1-of-3"
+
+
+class RecordsSink:
+    """A delivery sink that takes stored records and, like the producer, asks the fence at the write."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.sent: list[str] = []
+        self.fence_seen: list[bool] = []
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        self.sent += [m.msg_id or "" for m in messages]
+        return [True] * len(messages)
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Callable[[], bool] | None = None) -> list[bool]:
+        if fence is not None:
+            self.fence_seen.append(fence())
+            if not self.fence_seen[-1]:
+                return [False] * len(records)  # stopped at the write: unsent
+        self.sent += [records.record(i).msg_id for i in range(len(records))]
+        return [True] * len(records)
+
+
+class Toggle:
+    """A fence the test opens and closes; `closes_after` calls close it by itself (a pause mid-batch)."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.closes_after: int | None = None
+
+    def __call__(self) -> bool:
+        if self.closes_after is not None:
+            if self.closes_after == 0:
+                self.open = False
+            self.closes_after -= 1
+        return self.open
+
+
+def test_a_closed_fence_sends_nothing_and_holds_every_row() -> None:
+    inner, fence = RecordsSink(ManualClock(0)), Toggle()
+    fence.open = False
+    out = FencedSink(inner, fence).send_batch([Message("T", b"x", 0, msg_id="a")])
+    assert inner.sent == [] and out == [False]
+    assert isinstance(out, SendResults) and out.held is not None and out.held.tolist() == [True]
+
+
+def test_the_fence_decides_before_the_batch_at_the_write_and_after_a_failed_send(tmp_path: Path) -> None:
+    """One engine, no gate: the fence alone holds; held rows spend no attempt and go once it opens."""
+    clock = ManualClock(T0)
+    inner, fence = RecordsSink(clock), Toggle()
+    e = Engine(EngineConfig(tmp_path / "d", max_attempts=1), FencedSink(inner, fence), clock, seed=1).start(
+        background=False)
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000 + i * 1000) for i in range(6)])
+    drive(e, clock, T0 + 2_500)
+    assert inner.sent == ids[:2] and all(inner.fence_seen)  # the write asked the fence each time
+    fence.closes_after = 1  # open before the batch, closed at the write (a pause while encoding)
+    drive(e, clock, T0 + 3_500)
+    assert inner.sent == ids[:2] and inner.fence_seen[-1] is False
+    drive(e, clock, T0 + 10_000)  # closed: not one message more
+    assert inner.sent == ids[:2]
+    assert e.stats().counters.dead_lettered == 0 and e.stats().counters.send_failures == 0
+    fence.open, fence.closes_after = True, None
+    drive(e, clock, T0 + 11_000)
+    e.stop()
+    assert sorted(inner.sent) == sorted(ids) and len(inner.sent) == len(ids)

@@ -22,7 +22,7 @@ from timewheel.app.admin import AdminServer
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
-from timewheel.message import ScheduleFn, Sink
+from timewheel.message import RecordSink, ScheduleFn
 from timewheel.errors import ConfigError, TimewheelError
 from timewheel.app.metrics import EngineCollector
 from timewheel.app.settings import Settings
@@ -122,7 +122,7 @@ class Service:
         self._endpoints = connect_rocketmq(rmq, limits, self.clock.now_ms,
                                            queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
-        delivery: Sink = sink
+        delivery: RecordSink = sink
         if rmq.trace:  # RocketMQ's message trace of the engine's two hops (forwarder.trace)
             from forwarder.trace import TraceWriter, TracingSink
 
@@ -130,11 +130,12 @@ class Service:
                                      rmq.producer_group).start()
             delivery = TracingSink(sink, self.trace, self.clock.now_ms)
         if ha.enabled:
-            from coordination import EpochStampingSink, ShardReplica
+            from coordination import EpochStampingSink, FencedSink, ShardReplica
             from coordination.watermark import MAX_EXCEPTIONS
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
-            delivery = EpochStampingSink(delivery, self.replica)
+            # the fence decided in one place: before each batch, at the write, after a failed send
+            delivery = FencedSink(EpochStampingSink(delivery, self.replica), self.replica.may_send)
         # the shaper grants nothing until the rules in force are settled from the meta store
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                              gate=self.replica).start()

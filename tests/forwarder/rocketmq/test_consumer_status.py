@@ -119,7 +119,7 @@ def test_a_consumer_answers_what_it_knows_and_refuses_the_rest(fake_broker: Fake
         info = ask(GET_CONSUMER_RUNNING_INFO, 1)
         assert info is not None and info["code"] == SUCCESS
         assert ask(NOTIFY_CONSUMER_IDS_CHANGED, 2, oneway=True) is None  # one-way: no answer
-        assert consumer._rebalance_now.is_set()
+        assert consumer._membership.rebalance_now.is_set()
         assert ask(RESET_CONSUMER_CLIENT_OFFSET, 3, oneway=True) is None
         unknown = ask(36, 4)  # CONSUME_MESSAGE_DIRECTLY: not handled by the engine
         assert unknown is not None and unknown["code"] == REQUEST_CODE_NOT_SUPPORTED and unknown["opaque"] == 4

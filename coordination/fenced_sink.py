@@ -1,0 +1,76 @@
+"""The fence on delivery, decided in one place: a sink that sends only while this replica may.
+
+RocketMQ brokers check no token on send, so a holder fences itself (docs/HA.md, "Fencing by
+time"). `FencedSink` wraps the delivery sink and is where a send batch's fence is decided:
+
+- before the batch goes: a closed fence holds the whole batch, nothing is sent;
+- at the write: the fence goes down to the producer as its last check, under each broker
+  connection's lock (`RemotingProducer.send_encoded(fence=...)`), so a pause that lands while the
+  batch is encoded still finds the deadline passed; what it stops comes back not sent;
+- after the send: rows that failed while the fence closed (the lease ran out on the way) are held
+  too, not counted as failed attempts.
+
+Held rows are marked in `SendResults.held`; the dispatcher queues them again without spending an
+attempt (for whoever holds the lease), never records them delivered.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from storage import RecordBytes
+from timewheel.message import Fence, Message, RecordSink, SendResults
+
+__all__ = ["FencedSink"]
+
+
+class FencedSink:
+    """A RecordSink that passes batches on to `inner` only while `fence()` answers True."""
+
+    def __init__(self, inner: RecordSink, fence: Fence) -> None:
+        """Wrap the delivery sink; `fence` is the replica's `may_send`."""
+        self.inner = inner
+        self.fence = fence
+        self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
+        self.linger_ms = int(getattr(inner, "linger_ms", 0))
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Fence | None = None) -> list[bool]:
+        """Send stored records unless fenced; the fence is also the write's last check."""
+        if not self.fence():
+            return _all_held(len(records))
+        try:
+            results = self.inner.send_records(records, extra, self.fence)
+        except Exception:
+            if not self.fence():
+                return _all_held(len(records))
+            raise
+        return self._held_if_fenced(results)
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        """Send messages unless fenced; one bool per message."""
+        if not self.fence():
+            return _all_held(len(messages))
+        try:
+            results = self.inner.send_batch(messages)
+        except Exception:
+            if not self.fence():
+                return _all_held(len(messages))
+            raise
+        return self._held_if_fenced(results)
+
+    def _held_if_fenced(self, results: list[bool]) -> list[bool]:
+        """Mark failed rows held when the fence closed while they were on their way."""
+        ok = np.asarray(results, bool)
+        if ok.all() or self.fence():
+            return results
+        if isinstance(results, SendResults):
+            results.held = ~ok
+            return results
+        return SendResults(results, held=~ok)
+
+
+def _all_held(n: int) -> SendResults:
+    """Nothing sent: every row held."""
+    return SendResults([False] * n, errors=["held: this replica may not send now"] * n, held=np.ones(n, bool))

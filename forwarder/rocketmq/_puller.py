@@ -1,0 +1,261 @@
+"""A consumer's pulling: one thread per broker keeps a long-polling pull in flight per owned queue.
+
+Pulls are pipelined on one connection per broker and matched by opaque; the broker answers as
+soon as messages arrive, or after `suspend_ms` with none. Every answer already read when one
+arrives goes to the callback in one batch (one store commit), the compressed bodies of the lot
+inflating under one budget. A batch's offsets are committed (piggybacked on the next pull of each
+queue) only after the callback accepted it; a refused batch is pulled again after
+`retry_backoff_s`. PULL_OFFSET_MOVED is followed to where the broker says, and that offset is
+committed with the next pull (as the Java client does).
+
+Wire formats used here (apache/rocketmq, 5.x):
+    PULL_MESSAGE (11) extFields: consumerGroup, topic, queueId, queueOffset, maxMsgNums, sysFlag
+      (1 commit offset, 2 suspend, 4 subscription), commitOffset, suspendTimeoutMillis,
+      subscription, subVersion, expressionType. Answers: 0 found (body: messages), 19 none new,
+      20 retry now, 21 offset moved; extFields nextBeginOffset, minOffset, maxOffset.
+    body: stored messages one after another (`codec.decode_messages`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from forwarder.rocketmq._membership import Membership
+from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
+from forwarder.rocketmq.codec import decode_messages
+from forwarder.rocketmq.compression import InflateBudget
+from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.errors import MessageDecodeError, RemotingError
+from forwarder.rocketmq.message import ReceivedMessage
+from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
+                                         SUCCESS, Reply, Request, Response)
+from forwarder.rocketmq.security import ClientSecurity
+
+__all__ = ["BatchCallback", "PullSettings", "Puller"]
+
+log = logging.getLogger("timewheel.pull")
+
+_FLAG_COMMIT_OFFSET = 1
+_FLAG_SUSPEND = 2
+_FLAG_SUBSCRIPTION = 4
+#: pull answers stored in one commit at most (each up to `pull_batch` messages)
+_MAX_ANSWERS_PER_COMMIT = 32
+
+#: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
+BatchCallback = Callable[[list[ReceivedMessage]], bool]
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """How a consumer pulls: batch size, long-poll time, retries and the bounds on what it reads."""
+
+    group: str
+    topic: str
+    pull_batch: int
+    suspend_ms: int
+    retry_backoff_s: float
+    timeout: float
+    max_body_bytes: int
+    max_decode_tries: int
+    #: compressed bodies of one commit inflate to at most this (plus one message) in all
+    max_commit_inflated_bytes: int
+    security: ClientSecurity | None
+
+
+class Puller:
+    """The pull threads of one consumer, one per broker it owns queues of; see the module docstring."""
+
+    def __init__(self, settings: PullSettings, table: QueueTable, membership: Membership, on_batch: BatchCallback,
+                 answer: Callable[[Request], Reply | None], counters: dict[str, int]) -> None:
+        """`membership` says where brokers are and commits a queue given up; `answer` answers what a
+        broker asks on a pull connection."""
+        self.settings = settings
+        self.table = table
+        self.membership = membership
+        self.on_batch = on_batch
+        self.answer = answer
+        self.counters = counters
+        self.running = threading.Event()
+        self._threads: dict[str, threading.Thread] = {}
+
+    def pull_from(self, broker: str) -> None:
+        """Make sure a pull thread runs for `broker` (it ends once it owns nothing there)."""
+        t = self._threads.get(broker)
+        if t is None or not t.is_alive():
+            t = threading.Thread(target=self._pull_loop, args=(broker,), name=f"ingest-pull-{broker}", daemon=True)
+            self._threads[broker] = t
+            t.start()
+
+    def thread_count(self) -> int:
+        """How many pull threads were started and not yet joined."""
+        return len(self._threads)
+
+    def stop(self) -> None:
+        """Stop every pull thread and wait for them."""
+        self.running.clear()
+        for t in list(self._threads.values()):
+            t.join()
+        self._threads.clear()
+
+    def _pull_loop(self, broker: str) -> None:
+        """Keep one pull in flight per owned queue of `broker`; hand each batch to the callback."""
+        s, membership = self.settings, self.membership
+        conn: Connection | None = None
+        pending: dict[int, Queue] = {}
+        while self.running.is_set():
+            mine = self.table.of_broker(broker)
+            addr = membership.address(broker)
+            for q, st in list(mine.items()):
+                if st.released:  # nothing of it is being handled on this thread now: hand it over
+                    membership.commit(q, st)
+                    self.table.drop(q, st)
+                    del mine[q]
+                    pending = {o: pq for o, pq in pending.items() if pq != q}
+            if not mine or addr is None:
+                break
+            try:
+                if conn is None or conn.closed:
+                    conn = Connection(addr, s.timeout, s.security, self.answer)
+                    pending.clear()
+                    with self.table.lock:
+                        for st in mine.values():
+                            if st.in_flight is not None and st.in_flight >= 0:
+                                st.in_flight = None
+                now = time.monotonic()
+                requests, queues = [], []
+                with self.table.lock:
+                    for q, st in mine.items():
+                        if st.in_flight is None and st.retry_at <= now:
+                            requests.append((PULL_MESSAGE, self._pull_header(q, st), b""))
+                            queues.append(q)
+                if requests:
+                    sent_ms = time.time_ns() // 1_000_000
+                    opaques = conn.submit(requests, now + s.timeout)
+                    with self.table.lock:
+                        for o, q in zip(opaques, queues):
+                            mine[q].in_flight, mine[q].sent_ms = o, sent_ms
+                            pending[o] = q
+                if not pending:
+                    time.sleep(0.05)
+                    continue
+                if not conn.readable(0.1):
+                    continue
+                resp = conn.read_response(time.monotonic() + s.timeout + s.suspend_ms / 1000)
+            except RemotingError as e:
+                log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(s.retry_backoff_s)
+                continue
+            # Group commit sized by load: answers already here (other queues') are stored together,
+            # so a busy topic goes in commits of up to every owned queue's pull, an idle one in one.
+            answers = [(resp, pending.pop(resp.opaque, None))]
+            try:
+                while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(0):
+                    more = conn.read_response(time.monotonic() + s.timeout)
+                    answers.append((more, pending.pop(more.opaque, None)))
+            except RemotingError as e:  # what was read is handled; the connection is made again
+                log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
+                conn.close()
+                conn = None
+            self._handle_pulls([(q, r) for r, q in answers if q is not None])
+        if conn is not None:
+            conn.close()
+
+    def _pull_header(self, q: Queue, st: QueueState) -> dict[str, str]:
+        s = self.settings
+        commit = st.take_commit()
+        flags = _FLAG_SUSPEND | _FLAG_SUBSCRIPTION | (_FLAG_COMMIT_OFFSET if commit else 0)
+        return {"consumerGroup": s.group, "topic": s.topic, "queueId": str(q[1]),
+                "queueOffset": str(st.offset), "maxMsgNums": str(s.pull_batch), "sysFlag": str(flags),
+                "commitOffset": str(st.committed if commit else 0), "suspendTimeoutMillis": str(s.suspend_ms),
+                "subscription": "*", "subVersion": "0", "expressionType": "TAG"}
+
+    def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
+        """Hand the messages of every answer to the callback at once; commit or retry them together."""
+        found: list[tuple[Queue, QueueState, int, list[ReceivedMessage], bool]] = []
+        budget = InflateBudget(self.settings.max_commit_inflated_bytes)
+        for q, resp in answered:
+            got = self._read_pull(q, resp, budget)
+            if got is not None:
+                found.append((q, *got))
+        if not found:
+            return
+        batch = [m for _, _, _, msgs, _ in found for m in msgs]
+        try:
+            accepted = self.on_batch(batch) if batch else True
+        except Exception:
+            log.exception("the ingest callback failed; the batch will be pulled again")
+            accepted = False
+        for q, st, next_offset, _, caught_up in found:
+            if accepted:
+                self.counters["batches"] += 1
+                st.accepted(next_offset, caught_up)
+                self.table.accepted_below(q, next_offset)
+            else:
+                self.counters["refused"] += 1
+                st.retry_after(self.settings.retry_backoff_s)
+
+    def _read_pull(self, q: Queue, resp: Response,
+                   budget: InflateBudget) -> tuple[QueueState, int, list[ReceivedMessage], bool] | None:
+        """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
+        that reaches the end of the queue as it was when the pull was answered), or
+        None once handled here (nothing new, offset moved, an error, a body to pull again)."""
+        s = self.settings
+        st = self.table.get(q)
+        if st is None:  # released meanwhile: the next owner pulls it
+            return None
+        if st.in_flight != resp.opaque:  # the queue was reset meanwhile: this answer is for the old offset
+            return None
+        st.last_pull_ms = int(time.time() * 1000)
+        next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
+        if resp.code == SUCCESS:
+            try:
+                batch = decode_messages(resp.body, s.max_body_bytes, q[0], budget)
+                st.decode_failures = 0
+            except MessageDecodeError as e:
+                st.decode_failures += 1
+                if st.decode_failures < s.max_decode_tries:
+                    log.error("cannot decode a pull of %s/%s at offset %d (try %d of %d): %s; pulling it again",
+                              s.topic, q, st.offset, st.decode_failures, s.max_decode_tries, e)
+                    st.retry_after(s.retry_backoff_s)
+                    return None
+                batch = [*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)]
+            undecodable = sum(1 for m in batch if m.undecodable)
+            if undecodable:
+                self.counters["undecodable"] += undecodable
+                log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
+                          s.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
+            self.counters["pulled"] += len(batch)
+            caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            if budget.stopped:
+                # the commit's inflate budget stopped reading: the rest comes with the next pull
+                budget.stopped = False
+                next_offset, caught_up = (batch[-1].queue_offset + 1 if batch else st.offset), False
+            return st, next_offset, batch, caught_up
+        if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
+            st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
+            if resp.code == PULL_NOT_FOUND:
+                st.caught_up_ms = st.sent_ms
+                self.table.accepted_below(q, st.offset)
+        elif resp.code == PULL_OFFSET_MOVED:
+            # The offset is gone from the broker, or an operator reset the group on the broker's side:
+            # go on where the broker says, and tell it so with the next pull (as the Java client does).
+            log.warning("the broker moved %s/%s from offset %d to %d", s.topic, q, st.offset, next_offset)
+            self.table.offsets_moved.append(f"{q[0]}:{q[1]} {st.offset} -> {next_offset}")
+            st.offset, st.committed = next_offset, -1
+        else:
+            log.warning("pull of %s/%s answered %s: %s", s.topic, q, resp.code, resp.remark)
+            st.retry_at = time.monotonic() + s.retry_backoff_s
+        st.in_flight = None
+        return None
+
+    def _unframed(self, q: Queue, offset: int, err: MessageDecodeError) -> ReceivedMessage:
+        """The unreadable rest of a pull body, as one message to park (its bytes, where, and why)."""
+        s = self.settings
+        return ReceivedMessage(s.topic, err.raw, "", "", f"{q[0]}:{q[1]}:{offset}", {}, q[1], offset, -1, 0, 0,
+                               0, f"{err} (after {s.max_decode_tries} pulls)", q[0])

@@ -1,0 +1,112 @@
+"""A producer's topic routes: looked up on the NameServer, cached, refreshed, kept through outages.
+
+A route is cached for `ttl_s` and looked up again sooner after a failure marks it stale (at most
+every `retry_s`); while the NameServer cannot be reached or no longer lists a route it had (it
+drops a broker that stopped), the last route is kept: that broker's connection tells the truth.
+A topic without a route goes through the default topic's route when `auto_create_topics`, so a
+broker configured with autoCreateTopicEnable creates it on first send.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from forwarder.rocketmq.errors import MessageRejectedError, RemotingError, TopicNotFoundError
+from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, parse_route
+from forwarder.rocketmq.protocol import INVALID_PARAMETER, TOPIC_NOT_EXIST
+
+__all__ = ["DEFAULT_TOPIC", "DEFAULT_TOPIC_QUEUES", "RouteCache"]
+
+log = logging.getLogger("timewheel.remoting")
+
+DEFAULT_TOPIC = "TBW102"  # the broker creates a missing topic from this one's config when allowed
+DEFAULT_TOPIC_QUEUES = 4  # queues of a topic the broker creates on first send (as the clients ask)
+_TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's TopicValidator
+
+
+class RouteCache:
+    """Topic routes as a producer uses them; thread-safe (see the module docstring)."""
+
+    def __init__(self, namesrv: NameServerClient, *, ttl_s: float, retry_s: float, auto_create_topics: bool) -> None:
+        """Empty: each topic is looked up on first use."""
+        self.namesrv = namesrv
+        self.ttl_s = ttl_s
+        self.retry_s = retry_s
+        self.auto_create_topics = auto_create_topics
+        self._lock = threading.Lock()
+        self._routes: dict[str, TopicRoute] = {}
+        self._stale: set[str] = set()  # topics whose route must be looked up again before use
+        self._tried: dict[str, float] = {}  # topic -> monotonic time of the last look-up
+
+    def routes_of(self, topics: Iterable[str]) -> dict[str, TopicRoute | RemotingError]:
+        """Each distinct topic's route, or why it has none."""
+        routes: dict[str, TopicRoute | RemotingError] = {}
+        for topic in dict.fromkeys(topics):
+            try:
+                if not _TOPIC_NAME.match(topic):
+                    raise MessageRejectedError(f"{topic!r} is not a valid topic name", code=INVALID_PARAMETER)
+                routes[topic] = self.route(topic)
+            except RemotingError as e:
+                routes[topic] = e
+        return routes
+
+    def route(self, topic: str) -> TopicRoute:
+        """The topic's route: cached, looked up when missing, stale or older than `ttl_s`."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._routes.get(topic)
+            ttl = self.retry_s if cached is not None and cached.via_default_topic else self.ttl_s
+            due = cached is None or topic in self._stale or now - cached.fetched >= ttl
+            if not due or (cached is not None and now - self._tried.get(topic, 0.0) < self.retry_s):
+                assert cached is not None
+                return cached
+            self._tried[topic] = now
+        try:
+            route = self._lookup(topic)
+        except RemotingError as e:
+            # NameServer unreachable, or it dropped the route of a broker that went down: the last
+            # route is the best guess, and that broker's connection tells the truth.
+            keep = cached is not None and (
+                e.retriable or (isinstance(e, TopicNotFoundError) and not cached.via_default_topic))
+            if not keep:
+                raise
+            assert cached is not None
+            log.debug("route look-up of %s failed (%s); keeping the last route", topic, e)
+            return cached
+        with self._lock:
+            self._routes[topic] = route
+            self._stale.discard(topic)
+        return route
+
+    def mark_stale(self, topic: str) -> None:
+        """Look the topic's route up again before its next use (a send through it failed)."""
+        with self._lock:
+            self._stale.add(topic)
+
+    def route_document(self, topic: str) -> dict[str, Any] | None:
+        """The NameServer's TopicRouteData for `topic`, or None if it has none."""
+        return self.namesrv.route_document(topic)
+
+    def _lookup(self, topic: str) -> TopicRoute:
+        """Ask the NameServer; fall back to the default topic's route when allowed."""
+        data = self.route_document(topic)
+        if data is not None:
+            route = parse_route(topic, data)
+            if not route.queues:
+                raise TopicNotFoundError(f"topic {topic} has no writable queue on any master broker",
+                                         code=TOPIC_NOT_EXIST)
+            return route
+        if self.auto_create_topics:
+            default = self.route_document(DEFAULT_TOPIC)
+            if default is not None:
+                route = parse_route(topic, default, via_default_topic=True, max_queues=DEFAULT_TOPIC_QUEUES)
+                if route.queues:
+                    return route
+        raise TopicNotFoundError(
+            f"topic {topic} does not exist: the NameServer has no route for it"
+            + (" and the brokers do not create topics on first send (autoCreateTopicEnable)" if self.auto_create_topics
+               else ""), code=TOPIC_NOT_EXIST)
