@@ -66,7 +66,8 @@ class Service:
         self.settings = settings
         self.config_path = config_path
         self.shaping: ShapingControl | None = None
-        self.clock = clock or SystemClock()
+        # engine.clock_offset_ms skews this engine's time on purpose (fault drills); 0 otherwise
+        self.clock = clock or SystemClock(settings.engine.clock_offset_ms)
         self.engine: Engine | None = None
         self.admin: AdminServer | None = None
         self._endpoints: RocketMQEndpoints | None = None
