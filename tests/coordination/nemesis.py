@@ -17,6 +17,10 @@ Faults (one a round, in this order, round after round):
   due (the workload's longest delay), it must not hold the lease: the round keeps the holder running
   that long and then checks that the wiped replica never held meanwhile. (A data directory that knows
   its gap and stays out of the lease until caught up is not built yet: docs/HA.md, Limits.)
+- `wipe_takeover` (not in the rotation; `--faults wipe_takeover`): as `wipe`, then kill the holder
+  at once, so that the wiped replica holds before its gap has come due. It shows the gap: what the
+  wiped replica had stored and was due after the takeover is lost. Those losses are reported
+  apart ("gap") and not counted as failures until a data directory knows its gap.
 - `dupid`: start a further process with the holder's (or a standby's) `replica_id`: it must be
   refused and exit non-zero, and the lease must not move.
 
@@ -95,6 +99,9 @@ class Round:
     #: copies stamped with this epoch and stored by the broker after this time are a fencing failure
     fenced: list[tuple[int, int]] = field(default_factory=list)
     skew_ms: int = 0
+    #: (wipe, takeover) of a `wipe_takeover` round: what was sent before the wipe and due after the
+    #: takeover (within the longest delay) is the known gap, reported apart
+    gap: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -110,7 +117,7 @@ class Row:
     takeover_s: str
     acked: int
     delivered: int
-    lost: int
+    lost: str
     cancelled_delivered: int
     duplicates: int
     resent: int
@@ -374,6 +381,23 @@ class Cluster:
             rnd.problems.append(f"the wiped replica {wiped} held the lease (epoch {held}) before its gap came due")
         rnd.notes.append(f"{wiped} wiped, standby {LONGEST_DELAY_MS / 1000 + 2:.0f} s")
 
+    def _fault_wipe_takeover(self, rnd: Round, holder: str, epoch: int) -> None:
+        wiped = self.standbys()[-1]
+        r = self.replicas[wiped]
+        r.signal(signal.SIGKILL)
+        r.proc.wait()
+        wiped_ms = now_ms()
+        shutil.rmtree(r.data_dir)
+        self.restart_replica(wiped)
+        fault_ms = now_ms()
+        self.replicas[holder].signal(signal.SIGKILL)
+        self.replicas[holder].proc.wait()
+        name, _ = self._takeover(rnd, fault_ms, epoch, max(0, self.offsets[holder]))
+        rnd.gap = (wiped_ms, fault_ms)
+        rnd.notes.append(f"{wiped} wiped, then {name} took over")
+        self.restart_replica(holder)
+        time.sleep(LONGEST_DELAY_MS / 1000)  # the gap comes due
+
     def _fault_dupid(self, rnd: Round, holder: str, epoch: int) -> None:
         victim = holder if sum(1 for x in self.rounds if x.fault == "dupid") % 2 == 1 else self.standbys()[0]
         name = f"dup{next(self._starts)}"
@@ -464,8 +488,17 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
                 r.notes.append(f"unplanned failover to {holder} (epoch {epoch})")
                 failover_of[epoch] = (r, f)
     per: dict[int, dict[str, int]] = {r.number: dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0,
-                                                      bound=0) for r in rounds}
-    warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0)
+                                                      bound=0, gap=0) for r in rounds}
+    warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0, gap=0)
+    gaps = [r for r in rounds if r.gap is not None]
+
+    def in_gap(s: Sent) -> Round | None:
+        for r in gaps:
+            assert r.gap is not None
+            if s.sent_ms < r.gap[0] and r.gap[1] < s.effective_ms <= r.gap[1] + LONGEST_DELAY_MS:
+                return r
+        return None
+
     lost_examples: list[str] = []
     for body, s in sent.items():
         r = round_of(s.effective_ms)
@@ -480,6 +513,8 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         bucket["acked"] += 1
         if got:
             bucket["delivered"] += 1
+        elif (g := in_gap(s)) is not None:
+            per[g.number]["gap"] += 1
         else:
             bucket["lost"] += 1
             lost_examples.append(f"{body.decode()} (due {s.due_ms}, sent {s.sent_ms}, round {r.number if r else 0})")
@@ -523,7 +558,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
             failures.append(f"round {r.number} ({r.fault}): {p['cancelled']} cancelled messages delivered")
         label = r.fault + (f" ({'; '.join(r.notes)})" if r.notes else "")
         rows.append(Row(r.number, label, r.holder_before, r.holder_after, takeovers, p["acked"], p["delivered"],
-                        p["lost"], p["cancelled"], p["dups"], p["resent"],
+                        str(p["lost"]) + (f" (+{p['gap']} gap)" if p["gap"] else ""), p["cancelled"], p["dups"], p["resent"],
                         str(p["bound"]) if r.failovers else "-"))
     if warm["lost"] or warm["cancelled"]:
         failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
@@ -531,6 +566,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         failures.append("lost, e.g. " + "; ".join(lost_examples[:5]))
     totals = dict(acked=sum(p["acked"] for p in per.values()) + warm["acked"],
                   lost=sum(p["lost"] for p in per.values()) + warm["lost"],
+                  lost_in_known_gap=sum(p["gap"] for p in per.values()),
                   duplicates=sum(p["dups"] for p in per.values()),
                   resent=sum(p["resent"] for p in per.values()) + warm["resent"],
                   cancels=sum(1 for s in sent.values() if s.cancel_acked_ms is not None),
