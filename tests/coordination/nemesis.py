@@ -412,6 +412,9 @@ class Cluster:
         rnd.notes.append(f"id {victim}: exit {code}")
         if code is None or code == 0:
             rnd.problems.append(f"a second process with replica_id {victim!r} was not refused (exit {code})")
+        said = impostor.log.read_text()
+        if "already live" not in said or "Traceback" in said:
+            rnd.problems.append(f"the refused process did not say why in one line (it said: {said[-600:]!r})")
         after = self.monitor.holder()
         if after != (holder, epoch):
             rnd.problems.append(f"the lease moved from {holder} (epoch {epoch}) to {after} when a duplicate id started")

@@ -123,10 +123,13 @@ class Service:
                              gate=self.replica).start()
         assert self.engine.store is not None
         if self.replica is not None:
+            from coordination import ReplicaIdTaken
+
             try:
                 self.replica.start(self.engine.delivered_up_to,
                                    offsets_source=self._endpoints.source.stored_offsets)
-            except ConnectionError as e:
+            except (ConnectionError, ReplicaIdTaken) as e:
+                # refused: the engine (and its store) stops cleanly and the command says why in one line
                 self.stop()
                 raise StartError(str(e)) from e
         self.shaping = shaping.start(self.engine.store.meta)
