@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -48,11 +48,11 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.coordination.cluster import Deliveries, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
+from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
 from tests.reliability.kill_loop import serve_env
 
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "dupid")
@@ -327,11 +327,12 @@ class Cluster:
                  lambda: _standby(r), 30, r)
 
     def _fault_partition(self, rnd: Round, holder: str, epoch: int) -> None:
-        mode = "blackhole" if sum(1 for x in self.rounds if x.fault == "partition") % 2 == 0 else "drop"
+        mode: Literal["drop", "blackhole"] = (
+            "blackhole" if sum(1 for x in self.rounds if x.fault == "partition") % 2 == 0 else "drop")
         rnd.notes.append(mode)
         fence_ms = int(FENCE_FRACTION * SESSION_S * 1000)
         fault_ms = now_ms()
-        self.proxies[holder].cut(mode)  # type: ignore[arg-type]
+        self.proxies[holder].cut(mode)
         rnd.fenced.append((epoch, fault_ms + fence_ms + PUBLISH_SLACK_MS))
         self._takeover(rnd, fault_ms, epoch, fence_ms + max(0, self.offsets[holder]))
         time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 2000 - now_ms()) / 1000))
@@ -468,7 +469,7 @@ class Report:
         return "\n".join(lines)
 
 
-def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list], epochs: dict[int, tuple[str, int]],
+def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list[Delivery]], epochs: dict[int, tuple[str, int]],
           unacked: int) -> Report:
     """Compare what was acknowledged with what the target topic received, round by round."""
     failures: list[str] = []
