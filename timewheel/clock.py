@@ -15,11 +15,14 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The machine's wall clock."""
+    """The machine's wall clock, plus `offset_ms` (0 but in fault drills that skew one host's clock)."""
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        self.offset_ms = offset_ms
 
     def now_ms(self) -> int:
-        """Current UTC epoch milliseconds."""
-        return time.time_ns() // 1_000_000
+        """Current UTC epoch milliseconds (offset included)."""
+        return time.time_ns() // 1_000_000 + self.offset_ms
 
 
 class ManualClock:
@@ -56,5 +59,5 @@ def seconds_until(clock: Clock, wake_ms: int | None, longest_s: float) -> float:
     if wake_ms is None:
         return longest_s
     if isinstance(clock, SystemClock):  # aim at the millisecond's first nanosecond
-        return min(longest_s, max(0.0, (wake_ms * 1_000_000 - time.time_ns()) / 1e9))
+        return min(longest_s, max(0.0, ((wake_ms - clock.offset_ms) * 1_000_000 - time.time_ns()) / 1e9))
     return min(longest_s, max(0.0, (wake_ms - clock.now_ms()) / 1000))

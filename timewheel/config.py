@@ -41,6 +41,8 @@ class EngineConfig:
     # retention plus producer retries: a message cannot arrive later than that)
     tombstone_retention_hours: float = 168.0
     max_tombstones: int = 1_000_000
+    # fault drills only: the service reads the time as the machine's clock plus this (a skewed host)
+    clock_offset_ms: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.data_dir, (str, PathLike)) or not str(self.data_dir).strip():
@@ -71,6 +73,7 @@ class EngineConfig:
             ("retention_hours", self.retention_hours >= 0, "at least 0"),
             ("tombstone_retention_hours", 0 < self.tombstone_retention_hours <= 24 * 365 * 10,
              "positive, at most 87600 (ten years)"),
+            ("clock_offset_ms", abs(self.clock_offset_ms) <= 86_400_000, "between -86400000 and 86400000 (a day)"),
             ("max_tombstones", 1 <= self.max_tombstones <= MAX_TOMBSTONES,
              f"at least 1 and at most {MAX_TOMBSTONES} (held in memory)"),
         ]

@@ -172,6 +172,12 @@ def test_a_second_process_with_a_live_replica_id_is_refused(replicas: Callable[.
     with pytest.raises(ReplicaIdTaken, match="already live"):
         replicas("a", lambda: 1)
     assert a.may_send()
+    # the service stops a refused replica with the rest of the engine: stopping it again is harmless
+    refused = ShardReplica(a.cfg, a.delay_topic, now_ms=lambda: time.time_ns() // 1_000_000)
+    with pytest.raises(ReplicaIdTaken):
+        refused.start(lambda: 1)
+    refused.stop()
+    assert a.may_send()
 
 
 def test_a_malformed_watermark_is_reported_and_sends_rather_than_drops(

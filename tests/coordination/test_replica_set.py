@@ -25,16 +25,11 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -45,12 +40,12 @@ from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, Receipt, ReceivedMessage, RemotingProducer
+from tests.coordination.cluster import Replica, now_ms as _now_ms, wait_for as _wait
 from tests.reliability.kill_loop import serve_env
 from timewheel.app.cli import app
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 RATE = 200  # delay messages a second
 DELAY_MS = (1_000, 6_000)
 SESSION_S = 4.0
@@ -58,77 +53,6 @@ WATERMARK_S = 1.0
 PUBLISH_SLACK_MS = 500  # computing and writing a watermark on a busy two-core machine
 TAKEOVER_BOUND_S = 10.0
 CANCELLED_DUE_S = 18  # after the failure, within the run: delivered by b unless the cancel reached it
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Replica:
-    """One `timewheel serve` process of the shard, with its admin port."""
-
-    def __init__(self, name: str, work: Path, env: dict[str, str], **extra: str) -> None:
-        self.name, self.port = name, _free_port()
-        self.log = work / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel", "serve", "--data-dir", str(work / name), "--admin",
-             f"127.0.0.1:{self.port}", "--log-format", "json"], cwd=ROOT,
-            env={**env, "TIMEWHEEL_HA_REPLICA_ID": name, **extra}, stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "ab"))
-
-    def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=2) as resp:
-            doc: dict[str, Any] = json.loads(resp.read())
-            return doc
-
-    def replica(self) -> dict[str, Any]:
-        r: dict[str, Any] = self.status()["ha"]["replica"]
-        return r
-
-    def wait_ready(self) -> "Replica":
-        _wait(f"{self.name} ready", self._ready, 90, self)
-        return self
-
-    def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            doc = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1).read())
-            return bool(doc["ready"])
-        except OSError:
-            return False
-
-    def holds(self) -> bool:
-        try:
-            return bool(self.replica()["holder"])
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _wait(what: str, predicate: Callable[[], bool], timeout: float, replica: Replica | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            tail = replica.log.read_text()[-2000:] if replica is not None else ""
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}")
-        time.sleep(0.05)
 
 
 def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure: str) -> None:

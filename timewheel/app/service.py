@@ -81,7 +81,8 @@ class Service:
         self.settings = settings
         self.config_path = config_path
         self.shaping: ShapingControl | None = None
-        self.clock = clock or SystemClock()
+        # engine.clock_offset_ms skews this engine's time on purpose (fault drills); 0 otherwise
+        self.clock = clock or SystemClock(settings.engine.clock_offset_ms)
         self.engine: Engine | None = None
         self.admin: AdminServer | None = None
         self._endpoints: RocketMQEndpoints | None = None
@@ -141,6 +142,7 @@ class Service:
                              gate=self.replica).start()
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
+            from coordination import ReplicaIdTaken
             from coordination.identity import Eligibility
 
             source = self._endpoints.source  # the directory's own offsets, not the group's; eligible once caught up
@@ -151,7 +153,8 @@ class Service:
                 engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
                 self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),
                                    offsets_source=self._endpoints.source.stored_offsets)
-            except ConnectionError as e:
+            except (ConnectionError, ReplicaIdTaken) as e:
+                # refused: the engine (and its store) stops cleanly and the command says why in one line
                 self.stop()
                 raise StartError(str(e)) from e
         self.shaping = shaping.start(self.engine.store.meta)

@@ -127,3 +127,21 @@ def test_serve_with_zookeeper_unreachable_says_so_without_a_traceback(tmp_path: 
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"cannot reach ZooKeeper at ha.zookeeper = '127.0.0.1:{port}'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_clock_offset_for_fault_drills_skews_the_service_clock_and_nothing_else(tmp_path: Path) -> None:
+    import time
+
+    from timewheel.app.service import Service
+    from timewheel.clock import SystemClock, seconds_until
+
+    settings = load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path),
+                                        "TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS": "-3000"})
+    clock = Service(settings, admin=False).clock
+    assert isinstance(clock, SystemClock) and clock.offset_ms == -3000
+    assert abs(clock.now_ms() - (time.time_ns() // 1_000_000 - 3000)) < 200
+    assert 0.5 < seconds_until(clock, clock.now_ms() + 1000, 5.0) <= 1.0  # waits are read on the skewed clock
+    assert Service(load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path)}), admin=False).clock.offset_ms == 0
+    with pytest.raises(ConfigError, match="engine.clock_offset_ms"):
+        load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path),
+                                 "TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS": str(2 * 86_400_000)})

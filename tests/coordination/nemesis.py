@@ -1,0 +1,633 @@
+"""A fault-injection harness in Jepsen's shape on real parts: one shard, 2 or 3 `timewheel serve`
+replicas on a real RocketMQ and a real ZooKeeper, a steady workload, and a nemesis that injects one
+fault a round; a checker then reads what the target topic really received.
+
+Faults (one a round, in this order, round after round):
+
+- `kill`: SIGKILL the holder; restarted on its data directory once a standby holds.
+- `pause`: SIGSTOP the holder past its session, then SIGCONT; it must send nothing after resuming.
+- `partition`: cut the holder off ZooKeeper at its proxy (refused connections or a blackhole, in
+  turn) past its session, then heal; it must send nothing once its fencing deadline has passed.
+- `skew`: restart a standby with its clock skewed (`engine.clock_offset_ms`, +3 s and -3 s in
+  turn), kill the holder so that a skewed replica holds, restart the killed one, then restart the
+  skewed one with its true clock (SIGTERM: a graceful hand-over).
+- `broker`: kill the broker (SIGKILL) and start it again on its store.
+- `wipe`: SIGKILL a standby, delete its data directory and restart it under the same id (it resumes
+  at its group's committed offset and has a gap: the schedule it had stored). Until the gap has come
+  due (the workload's longest delay), it must not hold the lease: the round keeps the holder running
+  that long and then checks that the wiped replica never held meanwhile. (A data directory that knows
+  its gap and stays out of the lease until caught up is not built yet: docs/HA.md, Limits.)
+- `wipe_takeover` (not in the rotation; `--faults wipe_takeover`): as `wipe`, then kill the holder
+  at once, so that the wiped replica holds before its gap has come due. It shows the gap: what the
+  wiped replica had stored and was due after the takeover is lost. Those losses are reported
+  apart ("gap") and not counted as failures until a data directory knows its gap.
+- `dupid`: start a further process with the holder's (or a standby's) `replica_id`: it must be
+  refused and exit non-zero, and the lease must not move.
+
+Checked (`Report.failures`): every acknowledged message not cancelled is delivered; no message
+whose cancel was acknowledged at least 1 s (plus any clock skew in force) before its due time is
+delivered; every takeover within 10 s of its fault; the duplicates of each failover within the
+bound of docs/HA.md: the messages that were to go out between two watermark intervals plus 0.5 s
+before the fault and the fault (plus the fencing period for a partition, and the old holder's clock
+offset when ahead); no copy stamped with a paused or partitioned holder's epoch stored after its
+deadline; a refused duplicate id exited non-zero without moving the lease.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import json
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from coordination import LocalZooKeeper
+from forwarder.local_rocketmq import LocalRocketMQ
+from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
+from tests.reliability.kill_loop import serve_env
+
+FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "dupid")
+SESSION_S = 4.0
+WATERMARK_S = 1.0
+FENCE_FRACTION = 0.6
+PUBLISH_SLACK_MS = 500
+TAKEOVER_BOUND_S = 10.0
+SKEW_MS = 3_000
+LONGEST_DELAY_MS = 20_000  # the workload's longest delay: a wiped replica's gap has come due after it
+TOKEN = "nemesis"
+
+
+@dataclass
+class Failover:
+    """One change of holder: the fault's time, when the new holder was seen, the epochs."""
+
+    fault_ms: int
+    seen_ms: int
+    old_epoch: int
+    new_epoch: int
+    extra_ms: int = 0  # the old holder may have sent this long after the fault (fencing period, clock ahead)
+    planned: bool = True
+    dups: int = 0  # messages delivered again by the new holder (found by the checker)
+    bound: int = 0  # what docs/HA.md allows (found by the checker)
+
+    @property
+    def takeover_s(self) -> float:
+        """From the fault to the new holder seen."""
+        return (self.seen_ms - self.fault_ms) / 1000
+
+
+@dataclass
+class Round:
+    """What one round did and saw."""
+
+    number: int
+    fault: str
+    start_ms: int
+    end_ms: int = 0
+    holder_before: str = ""
+    holder_after: str = ""
+    failovers: list[Failover] = field(default_factory=list)
+    #: copies stamped with this epoch and stored by the broker after this time are a fencing failure
+    fenced: list[tuple[int, int]] = field(default_factory=list)
+    skew_ms: int = 0
+    #: (wipe, takeover) of a `wipe_takeover` round: what was sent before the wipe and due after the
+    #: takeover (within the longest delay) is the known gap, reported apart
+    gap: tuple[int, int] | None = None
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    number: int
+    fault: str
+    holder_before: str
+    holder_after: str
+    takeover_s: str
+    acked: int
+    delivered: int
+    lost: str
+    cancelled_delivered: int
+    duplicates: int
+    resent: int
+    bound: str
+
+
+class Monitor:
+    """Polls every replica's /status and records each (holder, epoch) it sees first."""
+
+    def __init__(self, replicas: Callable[[], dict[str, Replica]]) -> None:
+        self._replicas = replicas
+        self._lock = threading.Lock()
+        self.epochs: dict[int, tuple[str, int]] = {}  # epoch -> (holder, first seen ms)
+        self.current: tuple[str, int] = ("", 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="holder-monitor", daemon=True)
+
+    def start(self) -> "Monitor":
+        """Start polling."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop polling."""
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(0.1)
+
+    def poll(self) -> None:
+        """One look at every replica."""
+        results: dict[str, tuple[bool, int]] = {}
+
+        def ask(name: str, r: Replica) -> None:
+            try:
+                doc = r.replica(timeout=0.5)
+                results[name] = (bool(doc["holder"]), int(doc["epoch"]))
+            except (OSError, ValueError, KeyError):
+                pass
+
+        threads = [threading.Thread(target=ask, args=item, daemon=True) for item in self._replicas().items()
+                   if item[1].alive]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(1)
+        seen = now_ms()
+        holders = [(name, epoch) for name, (holding, epoch) in list(results.items()) if holding]
+        with self._lock:
+            for name, epoch in holders:
+                if epoch not in self.epochs:
+                    self.epochs[epoch] = (name, seen)
+                if epoch >= self.current[1]:
+                    self.current = (name, epoch)
+
+    def holder(self) -> tuple[str, int]:
+        """The newest holder seen and its epoch."""
+        with self._lock:
+            return self.current
+
+    def wait_epoch_above(self, epoch: int, timeout: float) -> tuple[str, int, int]:
+        """Wait for a holder with a larger epoch; (name, epoch, first seen ms)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                newer = sorted(e for e in self.epochs if e > epoch)
+                if newer:
+                    name, seen = self.epochs[newer[0]]
+                    return name, newer[0], seen
+            time.sleep(0.05)
+        raise AssertionError(f"no replica took the lease over from epoch {epoch} within {timeout:.0f} s")
+
+
+class Cluster:
+    """One shard's replicas (each behind its own ZooKeeper proxy), the workload and the deliveries."""
+
+    def __init__(self, rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, *, replicas: int = 2,
+                 rate: float = 100.0) -> None:
+        self.mq, self.zk, self.work = rocketmq, zookeeper, work
+        self.run = uuid.uuid4().hex[:8]
+        self.delay_topic, self.target = f"TW_DELAY_{self.run}", f"NEMESIS_{self.run}"
+        self.names = [f"r{k}" for k in range(replicas)]
+        self.env = serve_env(rocketmq, self.run, TIMEWHEEL_HA_SESSION_TIMEOUT_S=str(SESSION_S),
+                             TIMEWHEEL_HA_WATERMARK_INTERVAL_S=str(WATERMARK_S),
+                             TIMEWHEEL_HA_FENCE_FRACTION=str(FENCE_FRACTION), TIMEWHEEL_ADMIN_TOKEN=TOKEN)
+        self.proxies = {name: TcpProxy(zookeeper.connect_string) for name in self.names}
+        self.replicas: dict[str, Replica] = {}
+        self.offsets: dict[str, int] = {name: 0 for name in self.names}
+        self.monitor = Monitor(lambda: dict(self.replicas))
+        self.rate = rate
+        self.workload: Workload | None = None
+        self.deliveries: Deliveries | None = None
+        self.rounds: list[Round] = []
+        self._starts = itertools.count()
+
+    # ---- replicas -----------------------------------------------------------------------------------
+
+    def start_replica(self, name: str, *, offset_ms: int = 0, replica_id: str | None = None,
+                      data_dir: Path | None = None) -> Replica:
+        """Start replica `name` (behind its proxy) and wait until it is ready."""
+        self.offsets[name] = offset_ms
+        r = Replica(name, self.work, self.env, data_dir=data_dir, replica_id=replica_id,
+                    TIMEWHEEL_HA_ZOOKEEPER=self.proxies[name].address,
+                    TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS=str(offset_ms))
+        self.replicas[name] = r
+        return r.wait_ready()
+
+    def restart_replica(self, name: str, *, offset_ms: int = 0, timeout: float = 60.0) -> Replica:
+        """Start `name` again on its data directory, retrying while its old session still holds its id."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.start_replica(name, offset_ms=offset_ms)
+            except AssertionError:
+                if time.monotonic() > deadline or "already live" not in self.replicas[name].log.read_text()[-4000:]:
+                    raise
+                time.sleep(1.0)
+
+    def standbys(self) -> list[str]:
+        """Live replicas that do not hold the lease."""
+        holder = self.monitor.holder()[0]
+        return [n for n in self.names if n != holder and self.replicas[n].alive]
+
+    def admin_cancel(self, msg_id: str) -> bool:
+        """Cancel by id through the admin API of the first live replica that answers."""
+        for name in self.names:
+            r = self.replicas.get(name)
+            if r is None or not r.alive:
+                continue
+            req = urllib.request.Request(f"http://127.0.0.1:{r.port}/cancel?id={msg_id}", method="POST",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+            try:
+                with urllib.request.urlopen(req, timeout=3) as resp:
+                    return resp.status == 200
+            except urllib.error.HTTPError:
+                return False  # 503: not every queue took it (it may have applied here)
+            except OSError:
+                continue
+        raise OSError("no replica answered")
+
+    def start(self) -> "Cluster":
+        """Topics, the first replica (it holds), the others, the consumer and the workload."""
+        self.mq.create_topics([self.delay_topic], queues=4)
+        self.mq.create_topics([f"TW_DLQ_{self.run}", self.target])
+        self.deliveries = Deliveries(self.mq.namesrv_addr, self.target, self.run).start()
+        first = self.start_replica(self.names[0])
+        wait_for("the first replica holds the lease", first.holds, 30, first)
+        for name in self.names[1:]:
+            self.start_replica(name)
+        self.monitor.start()
+        wait_for("the monitor sees the holder", lambda: self.monitor.holder()[1] > 0, 10)
+        self.workload = Workload(self.mq.namesrv_addr, self.delay_topic, self.target, self.run, self.rate,
+                                 admin_cancel=self.admin_cancel).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop everything this cluster started."""
+        if self.workload is not None:
+            self.workload.stop()
+        self.monitor.stop()
+        for r in self.replicas.values():
+            r.stop()
+        for p in self.proxies.values():
+            p.stop()
+        if self.deliveries is not None:
+            self.deliveries.stop()
+        if not self.mq.broker_running:
+            self.mq.start_broker()
+
+    # ---- rounds -------------------------------------------------------------------------------------
+
+    def run_round(self, fault: str, settle_s: float = 3.0) -> Round:
+        """Inject one fault, heal, let things settle; the round's record."""
+        holder, epoch = self.monitor.holder()
+        rnd = Round(len(self.rounds) + 1, fault, now_ms(), holder_before=holder)
+        self.rounds.append(rnd)
+        getattr(self, f"_fault_{fault}")(rnd, holder, epoch)
+        time.sleep(settle_s)
+        rnd.holder_after = self.monitor.holder()[0]
+        rnd.end_ms = now_ms()
+        return rnd
+
+    def _takeover(self, rnd: Round, fault_ms: int, epoch: int, extra_ms: int = 0) -> tuple[str, int]:
+        name, new_epoch, seen = self.monitor.wait_epoch_above(epoch, 30)
+        rnd.failovers.append(Failover(fault_ms, seen, epoch, new_epoch, extra_ms))
+        return name, new_epoch
+
+    def _fault_kill(self, rnd: Round, holder: str, epoch: int) -> None:
+        fault_ms = now_ms()
+        self.replicas[holder].signal(signal.SIGKILL)
+        self.replicas[holder].proc.wait()
+        self._takeover(rnd, fault_ms, epoch, max(0, self.offsets[holder]))
+        self.restart_replica(holder)
+
+    def _fault_pause(self, rnd: Round, holder: str, epoch: int) -> None:
+        r = self.replicas[holder]
+        fault_ms = now_ms()
+        r.signal(signal.SIGSTOP)
+        self._takeover(rnd, fault_ms, epoch, max(0, self.offsets[holder]))
+        time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 3000 - now_ms()) / 1000))
+        r.signal(signal.SIGCONT)
+        rnd.fenced.append((epoch, now_ms()))
+        wait_for(f"{holder} answers again, as a standby",
+                 lambda: _standby(r), 30, r)
+
+    def _fault_partition(self, rnd: Round, holder: str, epoch: int) -> None:
+        mode: Literal["drop", "blackhole"] = (
+            "blackhole" if sum(1 for x in self.rounds if x.fault == "partition") % 2 == 0 else "drop")
+        rnd.notes.append(mode)
+        fence_ms = int(FENCE_FRACTION * SESSION_S * 1000)
+        fault_ms = now_ms()
+        self.proxies[holder].cut(mode)
+        rnd.fenced.append((epoch, fault_ms + fence_ms + PUBLISH_SLACK_MS))
+        self._takeover(rnd, fault_ms, epoch, fence_ms + max(0, self.offsets[holder]))
+        time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 2000 - now_ms()) / 1000))
+        self.proxies[holder].heal()
+        r = self.replicas[holder]
+        wait_for(f"{holder} answers again, as a standby", lambda: _standby(r), 30, r)
+
+    def _fault_skew(self, rnd: Round, holder: str, epoch: int) -> None:
+        skew = SKEW_MS if sum(1 for x in self.rounds if x.fault == "skew") % 2 == 1 else -SKEW_MS
+        rnd.skew_ms = skew
+        skewed = self.standbys()[0]
+        rnd.notes.append(f"{skewed} {skew:+d} ms")
+        self.replicas[skewed].stop()
+        self.restart_replica(skewed, offset_ms=skew)
+        fault_ms = now_ms()
+        self.replicas[holder].signal(signal.SIGKILL)
+        self.replicas[holder].proc.wait()
+        name, new_epoch = self._takeover(rnd, fault_ms, epoch)
+        self.restart_replica(holder)
+        time.sleep(5.0)  # the new holder delivers (on its clock), the others follow its watermark
+        fault_ms = now_ms()
+        self.replicas[skewed].stop()  # graceful: a last watermark, the session closed at once
+        if name == skewed:
+            self._takeover(rnd, fault_ms, new_epoch, max(0, skew))
+        self.restart_replica(skewed)
+
+    def _fault_broker(self, rnd: Round, holder: str, epoch: int) -> None:
+        self.mq.stop_broker(kill=True)
+        down = time.monotonic()
+        time.sleep(3.0)
+        self.mq.start_broker()
+        rnd.notes.append(f"broker down {time.monotonic() - down:.1f} s")
+        time.sleep(5.0)  # retries after the broker came back
+
+    def _fault_wipe(self, rnd: Round, holder: str, epoch: int) -> None:
+        wiped = self.standbys()[-1]
+        r = self.replicas[wiped]
+        r.signal(signal.SIGKILL)
+        r.proc.wait()
+        shutil.rmtree(r.data_dir)
+        restarted = now_ms()
+        self.restart_replica(wiped)
+        caught_up = restarted + LONGEST_DELAY_MS + 2_000
+        time.sleep(max(0.0, (caught_up - now_ms()) / 1000))
+        held = [e for e, (n, seen) in self.monitor.epochs.items() if n == wiped and seen >= restarted]
+        if held:
+            rnd.problems.append(f"the wiped replica {wiped} held the lease (epoch {held}) before its gap came due")
+        rnd.notes.append(f"{wiped} wiped, standby {LONGEST_DELAY_MS / 1000 + 2:.0f} s")
+
+    def _fault_wipe_takeover(self, rnd: Round, holder: str, epoch: int) -> None:
+        wiped = self.standbys()[-1]
+        r = self.replicas[wiped]
+        r.signal(signal.SIGKILL)
+        r.proc.wait()
+        wiped_ms = now_ms()
+        shutil.rmtree(r.data_dir)
+        self.restart_replica(wiped)
+        fault_ms = now_ms()
+        self.replicas[holder].signal(signal.SIGKILL)
+        self.replicas[holder].proc.wait()
+        name, _ = self._takeover(rnd, fault_ms, epoch, max(0, self.offsets[holder]))
+        rnd.gap = (wiped_ms, fault_ms)
+        rnd.notes.append(f"{wiped} wiped, then {name} took over")
+        self.restart_replica(holder)
+        time.sleep(LONGEST_DELAY_MS / 1000)  # the gap comes due
+
+    def _fault_dupid(self, rnd: Round, holder: str, epoch: int) -> None:
+        victim = holder if sum(1 for x in self.rounds if x.fault == "dupid") % 2 == 1 else self.standbys()[0]
+        name = f"dup{next(self._starts)}"
+        impostor = Replica(name, self.work, self.env, replica_id=victim,
+                           TIMEWHEEL_HA_ZOOKEEPER=self.zk.connect_string)
+        try:
+            code: int | None = impostor.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            impostor.stop()
+        rnd.notes.append(f"id {victim}: exit {code}")
+        if code is None or code == 0:
+            rnd.problems.append(f"a second process with replica_id {victim!r} was not refused (exit {code})")
+        said = impostor.log.read_text()
+        if "already live" not in said or "Traceback" in said:
+            rnd.problems.append(f"the refused process did not say why in one line (it said: {said[-600:]!r})")
+        after = self.monitor.holder()
+        if after != (holder, epoch):
+            rnd.problems.append(f"the lease moved from {holder} (epoch {epoch}) to {after} when a duplicate id started")
+
+    # ---- the end ------------------------------------------------------------------------------------
+
+    def drain(self, timeout_s: float = 120.0) -> None:
+        """Stop the workload and wait until everything it expects has arrived (or `timeout_s` after the last due)."""
+        assert self.workload is not None and self.deliveries is not None
+        self.workload.stop()
+        sent = self.workload.snapshot()
+        expected = {b for b, s in sent.items() if s.cancel_acked_ms is None and not s.cancel_unsure}
+        last = max((s.effective_ms for s in sent.values()), default=now_ms())
+        deadline = time.monotonic() + max(0.0, (last - now_ms()) / 1000) + timeout_s
+        while time.monotonic() < deadline and not expected <= set(self.deliveries.snapshot()):
+            time.sleep(0.5)
+        time.sleep(3.0)  # a late duplicate shows up before counting
+
+    def report(self) -> "Report":
+        """The checker's verdict on what the target topic received."""
+        assert self.workload is not None and self.deliveries is not None
+        return check(self.rounds, self.workload.snapshot(), self.deliveries.snapshot(), self.monitor.epochs,
+                     self.workload.unacked)
+
+
+def _standby(r: Replica) -> bool:
+    try:
+        doc = r.replica(timeout=1)
+        return not doc["holder"] and doc["epoch"] == 0
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class Report:
+    """The checker's findings: a table row per round and everything that broke a rule."""
+
+    rows: list[Row]
+    failures: list[str]
+    totals: dict[str, int]
+
+    def table(self) -> str:
+        """The rounds as a Markdown table."""
+        head = ("| round | fault | holder before -> after | takeover s | acked | delivered | lost | "
+                "cancelled but delivered | duplicates (failover) | resent | bound |")
+        lines = [head, "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in self.rows:
+            lines.append(f"| {r.number} | {r.fault} | {r.holder_before} -> {r.holder_after} | {r.takeover_s} | "
+                         f"{r.acked} | {r.delivered} | {r.lost} | {r.cancelled_delivered} | {r.duplicates} | "
+                         f"{r.resent} | {r.bound} |")
+        return "\n".join(lines)
+
+
+def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list[Delivery]], epochs: dict[int, tuple[str, int]],
+          unacked: int) -> Report:
+    """Compare what was acknowledged with what the target topic received, round by round."""
+    failures: list[str] = []
+    skew = max((abs(r.skew_ms) for r in rounds), default=0)
+
+    def round_of(ms: int) -> Round | None:
+        for r in reversed(rounds):
+            if ms >= r.start_ms:
+                return r
+        return None
+
+    failover_of = {f.new_epoch: (r, f) for r in rounds for f in r.failovers}
+    first_epoch = min(epochs, default=0)
+    for epoch, (holder, seen) in sorted(epochs.items()):
+        if epoch != first_epoch and epoch not in failover_of:
+            r = round_of(seen)
+            f = Failover(seen, seen, 0, epoch, planned=False)
+            if r is not None:
+                r.failovers.append(f)
+                r.notes.append(f"unplanned failover to {holder} (epoch {epoch})")
+                failover_of[epoch] = (r, f)
+    per: dict[int, dict[str, int]] = {r.number: dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0,
+                                                      bound=0, gap=0) for r in rounds}
+    warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0, gap=0)
+    gaps = [r for r in rounds if r.gap is not None]
+
+    def in_gap(s: Sent) -> Round | None:
+        for r in gaps:
+            assert r.gap is not None
+            if s.sent_ms < r.gap[0] and r.gap[1] < s.effective_ms <= r.gap[1] + LONGEST_DELAY_MS:
+                return r
+        return None
+
+    lost_examples: list[str] = []
+    for body, s in sent.items():
+        r = round_of(s.effective_ms)
+        bucket = per[r.number] if r is not None else warm
+        got = copies.get(body, [])
+        if s.cancel_acked_ms is not None:
+            if got and s.cancel_acked_ms <= s.due_ms - 1_000 - skew:
+                bucket["cancelled"] += 1
+            continue
+        if s.cancel_unsure:
+            continue
+        bucket["acked"] += 1
+        if got:
+            bucket["delivered"] += 1
+        elif (g := in_gap(s)) is not None:
+            per[g.number]["gap"] += 1
+        else:
+            bucket["lost"] += 1
+            lost_examples.append(f"{body.decode()} (due {s.due_ms}, sent {s.sent_ms}, round {r.number if r else 0})")
+        if len(got) > 1:
+            e = max(d.epoch for d in got)
+            if len({d.epoch for d in got}) > 1 and e in failover_of:
+                per[failover_of[e][0].number]["dups"] += len(got) - 1
+                failover_of[e][1].dups += len(got) - 1
+            else:
+                bucket["resent"] += len(got) - 1
+    # the bound of each failover: what was to go out from two watermark intervals (+0.5 s) before the
+    # fault to the fault, or to the old holder's last possible send (fencing period, clock ahead)
+    eff = sorted(s.effective_ms for s in sent.values())
+
+    for r in rounds:
+        for f in r.failovers:
+            lo = f.fault_ms - 2 * int(WATERMARK_S * 1000) - PUBLISH_SLACK_MS
+            hi = f.fault_ms + f.extra_ms
+            bound = bisect.bisect_right(eff, hi) - bisect.bisect_right(eff, lo)
+            f.bound = bound
+            per[r.number]["bound"] += bound
+            dups = f.dups
+            if f.planned and f.takeover_s > TAKEOVER_BOUND_S:
+                failures.append(f"round {r.number} ({r.fault}): takeover {f.takeover_s:.1f} s > {TAKEOVER_BOUND_S} s")
+            if dups > bound:
+                failures.append(f"round {r.number} ({r.fault}): {dups} duplicates at the failover to epoch "
+                                f"{f.new_epoch}, above the bound {bound}")
+        for epoch, after_ms in r.fenced:
+            late = [b for b, got in copies.items() for d in got if d.epoch == epoch and d.store_ms > after_ms]
+            if late:
+                failures.append(f"round {r.number} ({r.fault}): {len(late)} copies with the deposed epoch {epoch} "
+                                f"stored after its deadline")
+        failures += [f"round {r.number} ({r.fault}): {p}" for p in r.problems]
+    rows = []
+    for r in rounds:
+        p = per[r.number]
+        takeovers = ", ".join(f"{f.takeover_s:.1f}" + ("" if f.planned else "?") for f in r.failovers) or "-"
+        if p["lost"]:
+            failures.append(f"round {r.number} ({r.fault}): {p['lost']} acknowledged messages never delivered")
+        if p["cancelled"]:
+            failures.append(f"round {r.number} ({r.fault}): {p['cancelled']} cancelled messages delivered")
+        label = r.fault + (f" ({'; '.join(r.notes)})" if r.notes else "")
+        rows.append(Row(r.number, label, r.holder_before, r.holder_after, takeovers, p["acked"], p["delivered"],
+                        str(p["lost"]) + (f" (+{p['gap']} gap)" if p["gap"] else ""), p["cancelled"], p["dups"], p["resent"],
+                        str(p["bound"]) if r.failovers else "-"))
+    if warm["lost"] or warm["cancelled"]:
+        failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
+    if lost_examples:
+        failures.append("lost, e.g. " + "; ".join(lost_examples[:5]))
+    totals = dict(acked=sum(p["acked"] for p in per.values()) + warm["acked"],
+                  lost=sum(p["lost"] for p in per.values()) + warm["lost"],
+                  lost_in_known_gap=sum(p["gap"] for p in per.values()),
+                  duplicates=sum(p["dups"] for p in per.values()),
+                  resent=sum(p["resent"] for p in per.values()) + warm["resent"],
+                  cancels=sum(1 for s in sent.values() if s.cancel_acked_ms is not None),
+                  unacked=unacked)
+    return Report(rows, failures, totals)
+
+
+def run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, faults: list[str], *, replicas: int = 2,
+        rate: float = 100.0, warm_up_s: float = 6.0, log: Callable[[str], None] = print) -> Report:
+    """Run one round per fault in `faults` on a fresh shard and check the outcome."""
+    cluster = Cluster(rocketmq, zookeeper, work, replicas=replicas, rate=rate)
+    try:
+        cluster.start()
+        time.sleep(warm_up_s)
+        for fault in faults:
+            t = time.monotonic()
+            rnd = cluster.run_round(fault)
+            log(f"round {rnd.number} {fault}: {rnd.holder_before} -> {rnd.holder_after}, "
+                f"{', '.join(f'takeover {f.takeover_s:.1f} s' for f in rnd.failovers) or 'no failover'}"
+                f"{' (' + '; '.join(rnd.notes) + ')' if rnd.notes else ''}; {time.monotonic() - t:.0f} s")
+        cluster.drain()
+        return cluster.report()
+    finally:
+        cluster.stop()
+
+
+def rounds_of(n: int, first: int = 0) -> list[str]:
+    """`n` faults, every kind in turn."""
+    return [FAULTS[(first + i) % len(FAULTS)] for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.coordination.nemesis`: see bench/nemesis.py."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=len(FAULTS))
+    p.add_argument("--faults", default="", help="comma-separated faults instead of every kind in turn")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--rate", type=float, default=100.0)
+    p.add_argument("--work", type=Path, default=None)
+    args = p.parse_args(argv)
+    faults = args.faults.split(",") if args.faults else rounds_of(args.rounds)
+    import os
+    import tempfile
+
+    started = time.monotonic()
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="nemesis-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        with LocalRocketMQ(stop_timeout=3.0) as mq, LocalZooKeeper() as zk:
+            report = run(mq, zk, work, faults, replicas=args.replicas, rate=args.rate)
+    print()
+    print(report.table())
+    print()
+    print(json.dumps(report.totals))
+    print(f"{len(faults)} rounds, {args.replicas} replicas, {args.rate:g} messages/s, "
+          f"{time.monotonic() - started:.0f} s; load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
+    for f in report.failures:
+        print("FAILED:", f)
+    return 1 if report.failures else 0
