@@ -12,15 +12,14 @@ Faults (one a round, in this order, round after round):
   turn), kill the holder so that a skewed replica holds, restart the killed one, then restart the
   skewed one with its true clock (SIGTERM: a graceful hand-over).
 - `broker`: kill the broker (SIGKILL) and start it again on its store.
-- `wipe`: SIGKILL a standby, delete its data directory and restart it under the same id (it resumes
-  at its group's committed offset and has a gap: the schedule it had stored). Until the gap has come
-  due (the workload's longest delay), it must not hold the lease: the round keeps the holder running
-  that long and then checks that the wiped replica never held meanwhile. (A data directory that knows
-  its gap and stays out of the lease until caught up is not built yet: docs/HA.md, Limits.)
-- `wipe_takeover` (not in the rotation; `--faults wipe_takeover`): as `wipe`, then kill the holder
-  at once, so that the wiped replica holds before its gap has come due. It shows the gap: what the
-  wiped replica had stored and was due after the takeover is lost. Those losses are reported
-  apart ("gap") and not counted as failures until a data directory knows its gap.
+- `wipe`: SIGKILL a standby, delete its data directory and restart it under the same id (a new
+  directory reads every queue from its earliest retained offset and is not eligible for the lease
+  until it has read them to the end). It must not hold the lease meanwhile: the round keeps the
+  holder running for the workload's longest delay and checks that the wiped replica never held
+  before it had caught up.
+- `wipe_takeover`: as `wipe`, then kill the holder at once, so that the only replica left is the
+  wiped one: it takes the lease once caught up, and must send everything the killed holder had
+  not (nothing lost, takeover within 10 s).
 - `dupid`: start a further process with the holder's (or a standby's) `replica_id`: it must be
   refused and exit non-zero, and the lease must not move.
 
@@ -55,14 +54,14 @@ from forwarder.local_rocketmq import LocalRocketMQ
 from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
 from tests.reliability.kill_loop import serve_env
 
-FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "dupid")
+FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
 SESSION_S = 4.0
 WATERMARK_S = 1.0
 FENCE_FRACTION = 0.6
 PUBLISH_SLACK_MS = 500
 TAKEOVER_BOUND_S = 10.0
 SKEW_MS = 3_000
-LONGEST_DELAY_MS = 20_000  # the workload's longest delay: a wiped replica's gap has come due after it
+LONGEST_DELAY_MS = 20_000  # the workload's longest delay: what a wiped replica reads again has come due after it
 TOKEN = "nemesis"
 
 
@@ -99,9 +98,6 @@ class Round:
     #: copies stamped with this epoch and stored by the broker after this time are a fencing failure
     fenced: list[tuple[int, int]] = field(default_factory=list)
     skew_ms: int = 0
-    #: (wipe, takeover) of a `wipe_takeover` round: what was sent before the wipe and due after the
-    #: takeover (within the longest delay) is the known gap, reported apart
-    gap: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -378,8 +374,8 @@ class Cluster:
         caught_up = restarted + LONGEST_DELAY_MS + 2_000
         time.sleep(max(0.0, (caught_up - now_ms()) / 1000))
         held = [e for e, (n, seen) in self.monitor.epochs.items() if n == wiped and seen >= restarted]
-        if held:
-            rnd.problems.append(f"the wiped replica {wiped} held the lease (epoch {held}) before its gap came due")
+        if held:  # the holder ran all along: the wiped replica had no lease to take
+            rnd.problems.append(f"the wiped replica {wiped} held the lease (epoch {held}) beside a live holder")
         rnd.notes.append(f"{wiped} wiped, standby {LONGEST_DELAY_MS / 1000 + 2:.0f} s")
 
     def _fault_wipe_takeover(self, rnd: Round, holder: str, epoch: int) -> None:
@@ -387,17 +383,15 @@ class Cluster:
         r = self.replicas[wiped]
         r.signal(signal.SIGKILL)
         r.proc.wait()
-        wiped_ms = now_ms()
         shutil.rmtree(r.data_dir)
         self.restart_replica(wiped)
         fault_ms = now_ms()
         self.replicas[holder].signal(signal.SIGKILL)
         self.replicas[holder].proc.wait()
         name, _ = self._takeover(rnd, fault_ms, epoch, max(0, self.offsets[holder]))
-        rnd.gap = (wiped_ms, fault_ms)
         rnd.notes.append(f"{wiped} wiped, then {name} took over")
         self.restart_replica(holder)
-        time.sleep(LONGEST_DELAY_MS / 1000)  # the gap comes due
+        time.sleep(LONGEST_DELAY_MS / 1000)  # what the wiped replica had to read again comes due
 
     def _fault_dupid(self, rnd: Round, holder: str, epoch: int) -> None:
         victim = holder if sum(1 for x in self.rounds if x.fault == "dupid") % 2 == 1 else self.standbys()[0]
@@ -492,16 +486,8 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
                 r.notes.append(f"unplanned failover to {holder} (epoch {epoch})")
                 failover_of[epoch] = (r, f)
     per: dict[int, dict[str, int]] = {r.number: dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0,
-                                                      bound=0, gap=0) for r in rounds}
-    warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0, gap=0)
-    gaps = [r for r in rounds if r.gap is not None]
-
-    def in_gap(s: Sent) -> Round | None:
-        for r in gaps:
-            assert r.gap is not None
-            if s.sent_ms < r.gap[0] and r.gap[1] < s.effective_ms <= r.gap[1] + LONGEST_DELAY_MS:
-                return r
-        return None
+                                                      bound=0) for r in rounds}
+    warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0)
 
     lost_examples: list[str] = []
     for body, s in sent.items():
@@ -517,8 +503,6 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         bucket["acked"] += 1
         if got:
             bucket["delivered"] += 1
-        elif (g := in_gap(s)) is not None:
-            per[g.number]["gap"] += 1
         else:
             bucket["lost"] += 1
             lost_examples.append(f"{body.decode()} (due {s.due_ms}, sent {s.sent_ms}, round {r.number if r else 0})")
@@ -562,7 +546,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
             failures.append(f"round {r.number} ({r.fault}): {p['cancelled']} cancelled messages delivered")
         label = r.fault + (f" ({'; '.join(r.notes)})" if r.notes else "")
         rows.append(Row(r.number, label, r.holder_before, r.holder_after, takeovers, p["acked"], p["delivered"],
-                        str(p["lost"]) + (f" (+{p['gap']} gap)" if p["gap"] else ""), p["cancelled"], p["dups"], p["resent"],
+                        str(p["lost"]), p["cancelled"], p["dups"], p["resent"],
                         str(p["bound"]) if r.failovers else "-"))
     if warm["lost"] or warm["cancelled"]:
         failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
@@ -570,7 +554,6 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         failures.append("lost, e.g. " + "; ".join(lost_examples[:5]))
     totals = dict(acked=sum(p["acked"] for p in per.values()) + warm["acked"],
                   lost=sum(p["lost"] for p in per.values()) + warm["lost"],
-                  lost_in_known_gap=sum(p["gap"] for p in per.values()),
                   duplicates=sum(p["dups"] for p in per.values()),
                   resent=sum(p["resent"] for p in per.values()) + warm["resent"],
                   cancels=sum(1 for s in sent.values() if s.cancel_acked_ms is not None),
