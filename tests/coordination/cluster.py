@@ -230,6 +230,7 @@ class Sent:
     msg_id: str
     cancel_acked_ms: int | None = None  # the cancel's acknowledgement; None: not cancelled
     cancel_unsure: bool = False  # a cancel whose outcome is unknown (it may or may not have applied)
+    cancel_via: str = ""  # "topic", or "admin" (through some replica's admin API)
 
     @property
     def effective_ms(self) -> int:
@@ -325,6 +326,7 @@ class Workload:
             ok = self._send(OutgoingMessage(self.delay_topic, b"cancel", None, None, {"TW_CANCEL_ID": msg_id})) \
                 is not None or None
         with self._lock:
+            self.sent[body].cancel_via = "admin" if via_admin and self.admin_cancel is not None else "topic"
             if ok:
                 self.sent[body].cancel_acked_ms = now_ms()
             else:

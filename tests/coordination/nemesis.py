@@ -497,6 +497,10 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         if s.cancel_acked_ms is not None:
             if got and s.cancel_acked_ms <= s.due_ms - 1_000 - skew:
                 bucket["cancelled"] += 1
+                lost_examples.append(
+                    f"cancelled but delivered: {body.decode()} id {s.msg_id} (sent {s.sent_ms}, due {s.due_ms}, "
+                    f"cancel via {s.cancel_via} acknowledged {s.cancel_acked_ms}; copies "
+                    + ", ".join(f"epoch {d.epoch} stored {d.store_ms}" for d in got) + ")")
             continue
         if s.cancel_unsure:
             continue
@@ -551,7 +555,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
     if warm["lost"] or warm["cancelled"]:
         failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
     if lost_examples:
-        failures.append("lost, e.g. " + "; ".join(lost_examples[:5]))
+        failures.append("e.g. " + "; ".join(lost_examples[:5]))
     totals = dict(acked=sum(p["acked"] for p in per.values()) + warm["acked"],
                   lost=sum(p["lost"] for p in per.values()) + warm["lost"],
                   duplicates=sum(p["dups"] for p in per.values()),

@@ -187,4 +187,5 @@ def test_admin_metrics_move_and_mutations_need_the_token(world: World) -> None:
             urllib.request.urlopen(req, timeout=5)
         assert err.value.code == status
     ok = urllib.request.Request(base + "/cancel?id=unknown", method="POST", headers={"Authorization": "Bearer s3cret"})
-    assert json.loads(urllib.request.urlopen(ok, timeout=5).read()) == {"cancelled": 0}
+    assert json.loads(urllib.request.urlopen(ok, timeout=5).read()) == {"cancelled": 0, "applied_on": "engine",
+                                                                         "promise": True}
