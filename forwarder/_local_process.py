@@ -217,6 +217,11 @@ def write_broker_config(folder: Path, name: str, broker_port: int, ha_port: int,
         # and the 85 % at which it deletes commit logs by force.
         "diskSpaceWarningLevelRatio": 98,
         "diskSpaceCleanForciblyRatio": 97,
+        # Delivery looks messages up on their target by UNIQ_KEY through this index before a
+        # re-send: it must exist (the default) and survive a kill -9, which by default it does not
+        # (most recent entries vanish), so that "not in the index" means "not stored".
+        "messageIndexEnable": True,
+        "messageIndexSafe": True,
     }
     options.update(broker_options)
     # Values are written bare: the broker silently ignores a number with trailing spaces.

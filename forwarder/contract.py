@@ -8,7 +8,9 @@ Properties of a delay message:
     __STARTDELIVERTIME epoch ms (Aliyun RocketMQ's convention)
 Tags, keys, body and every other user property pass through; the delivered message also carries
 TW_ORIGINAL_MSG_ID (the delay message's id and a checksum of its content: `<UNIQ_KEY>:<crc>`), so
-consumers can dedupe, and TW_DUE_MS, its due time.
+consumers can dedupe, and TW_DUE_MS, its due time. Its own id (UNIQ_KEY, the message id consumers
+see) is `delivered_id` of those two: every copy of one message, from any replica, after any restart
+or re-send, carries the same id, so it can be looked up on the target topic by that id.
 
 One set of limits, derived once from RocketMQ's: a message's properties (tags and keys included)
 are at most 32,767 bytes as sent, and a message at most the broker's 4 MiB. Ingest accepts only
@@ -26,7 +28,7 @@ import crc32c
 from dataclasses import dataclass
 from typing import Mapping
 
-from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, MAX_PROPERTIES_BYTES
+from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, MAX_PROPERTIES_BYTES, derived_id
 from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, TAGS, UNIQ_KEY, WAIT,
                                         OutgoingMessage, ReceivedMessage, join_properties, user_properties)
 from timewheel.message import Message
@@ -204,6 +206,13 @@ def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[s
 def delay_message_id(engine_msg_id: str) -> str:
     """The RocketMQ id of the delay message an engine id was made from."""
     return engine_msg_id.split(":", 1)[0]
+
+
+def delivered_id(original_msg_id: str, due_ms: int) -> str:
+    """The UNIQ_KEY of every delivered copy of the message stored as `original_msg_id`, due at `due_ms`."""
+    # A function of what the schedule log holds and nothing else (no host, clock or counter):
+    # replicas and restarts agree on it, which a look-up on the target before a re-send relies on.
+    return derived_id(original_msg_id.encode(), due_ms)
 
 
 def to_outgoing(m: Message) -> OutgoingMessage:

@@ -2,7 +2,9 @@
 
 Due messages go out through `forwarder.rocketmq.RemotingProducer`: grouped by topic, cut into
 SEND_BATCH_MESSAGE requests of up to 128 messages / 1 MiB, each stored by the broker as separate
-messages with their own ids. Dead letters go through the wire client too (a producer of their own,
+messages, each under the id its content decides (`contract.delivered_id`): a copy sent again,
+by this process or another replica, carries the id of the first. Dead letters are new messages on
+a topic of the engine's own and get fresh ids. Dead letters go through the wire client too (a producer of their own,
 shared with ingest), so the engine never loads the bundled native client.
 
 Up to `send_threads` batches are in flight at once (`max_in_flight`: the engine runs that many
@@ -28,11 +30,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, to_dead_letter,
-                                to_outgoing)
+from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, delivered_id,
+                                to_dead_letter, to_outgoing)
 from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
-from forwarder.record_encoding import encode_records
+from forwarder.record_encoding import delivered_ids, encode_records
 from storage import RecordBytes, no_answers
 from timewheel.message import Message, SendResults
 
@@ -140,7 +142,7 @@ class RocketMQSink:
         outgoing = [to_outgoing(m) for m in messages]
         try:
             with self._checkout() as sender:
-                outcomes: list[Receipt | RemotingError] = sender.send(outgoing)
+                outcomes: list[Receipt | RemotingError] = sender.send(outgoing, _ids(messages, sender))
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(messages)
         return self._settle([m.topic for m in messages], outcomes)
@@ -164,7 +166,7 @@ class RocketMQSink:
         answers = no_answers(len(records))
         try:
             with self._checkout() as sender:
-                ids = sender.new_ids(len(records))
+                ids = delivered_ids(records, sender.new_ids)
                 outcomes: list[RemotingError | None] = sender.send_encoded(
                     topics, encode_records(records, ids, extra), ids, fence, answers)
         except RemotingError as e:  # the sender is closed
@@ -219,6 +221,15 @@ class RocketMQSink:
                                           reason, msg_id=m.msg_id or ""))
         self.producer.send_batch(self.cfg.dead_letter_topic, letters)
         self._count(dead_lettered=len(letters))
+
+
+def _ids(messages: Sequence[Message], sender: RemotingProducer) -> list[str]:
+    """Each message's UNIQ_KEY on its target: derived from its id and due time (fresh without an id)."""
+    ids = [delivered_id(m.msg_id, m.deliver_at_ms) if m.msg_id else "" for m in messages]
+    if not all(ids):
+        spare = iter(sender.new_ids(ids.count("")))
+        ids = [i or next(spare) for i in ids]
+    return ids
 
 
 @functools.lru_cache(maxsize=4096)  # a handful of topics take every message: check each once

@@ -8,21 +8,24 @@ time, in the same order (TW_ORIGINAL_MSG_ID, TW_DUE_MS, TAGS, KEYS, WAIT, UNIQ_K
 carrying properties of its own (a minority: the stored properties are length-prefixed, RocketMQ's
 are separator-delimited, and theirs come first and may repeat a name), or an id, tags or keys
 holding a separator (refused with the error the general path gives), takes the general path.
+
+`delivered_ids` gives each row's UNIQ_KEY (`contract.delivered_id` of its id and due time), read
+from the same slices.
 """
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
-from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, encode_message, encode_serialized
+from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, derived_id, encode_message, encode_serialized
 from forwarder.rocketmq.errors import MessageRejectedError
 from forwarder.rocketmq.message import KEYS, TAGS, UNIQ_KEY, WAIT
 from storage import RecordBytes
 from timewheel.message import Message
 
-__all__ = ["encode_records"]
+__all__ = ["delivered_ids", "encode_records"]
 
 _ORIGINAL = f"{ORIGINAL_MSG_ID}\x01".encode()
 _DUE = f"\x02{DUE_MS}\x01".encode()
@@ -87,6 +90,21 @@ def encode_records(records: RecordBytes, ids: list[str],
             out[i] = encode_message(to_outgoing(_with(Message.from_record(records.record(i)), extra)), ids[i])
         except MessageRejectedError as e:
             out[i] = e
+    return out
+
+
+def delivered_ids(records: RecordBytes, fresh: Callable[[int], list[str]]) -> list[str]:
+    """Per row, the UNIQ_KEY its delivered copy carries: `contract.delivered_id(msg_id, due_ms)`, or
+    one of `fresh(n)` for a row stored without an id (nothing to derive one from)."""
+    id_at = records.field_starts()[0].tolist()
+    h = records.header
+    id_len, due = h["id_len"].tolist(), h["due_ms"].tolist()
+    data = records.data
+    # derived_id of the id's bytes is contract.delivered_id of the id: ids are stored as UTF-8
+    out = [derived_id(data[a:a + n], d) if n else "" for a, n, d in zip(id_at, id_len, due)]
+    if not all(out):
+        spare = iter(fresh(out.count("")))
+        out = [i or next(spare) for i in out]
     return out
 
 

@@ -14,6 +14,7 @@ Modules, each with one job:
     _puller     the pull threads: pull requests, their answers, batches to the callback, commits, retries
     _queue_state the one owner of each consumed queue's offsets, pull in flight, and what was accepted
     consumer_status  the bodies of those questions and answers (reset offsets, running info for mqadmin)
+    lookup      which messages a topic already holds, by UNIQ_KEY, through the brokers' message index
     admin       topic creation, group members, broker registration, a group's lag (launcher, tests)
     compression message bodies in every codec producers write, read back under a size bound
     acl         the AccessKey/SecretKey request signature of RocketMQ's ACL
@@ -27,6 +28,7 @@ from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsum
 from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError, FencedError,
                                        MessageDecodeError, MessageRejectedError, ProtocolError, RemotingError,
                                        RequestTimeoutError, TopicNotFoundError)
+from forwarder.rocketmq.lookup import Copy, KeyLookup, LookupState, MessageLookup, query_broker
 from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, SYSTEM_PROPERTIES, TAGS,
                                         UNIQ_KEY, WAIT, OutgoingMessage, Receipt, ReceivedMessage, SendResult,
                                         SendStatus, join_properties, split_properties, user_properties)
@@ -37,10 +39,10 @@ from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = [
     "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
-    "ClientSecurity", "Connection", "Credentials", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
+    "ClientSecurity", "Connection", "Copy", "Credentials", "KeyLookup", "LookupState", "MessageLookup", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue", "QueueLag",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
     "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
     "WAIT", "allocate_averagely", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "decode_messages",
-    "encode_message", "error_for_code", "join_properties", "queue_lags", "split_properties", "topic_route", "user_properties",
+    "encode_message", "error_for_code", "join_properties", "query_broker", "queue_lags", "split_properties", "topic_route", "user_properties",
 ]

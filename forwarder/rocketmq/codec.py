@@ -23,6 +23,8 @@ PULL_MESSAGE body: stored messages one after another (MessageDecoder), each:
 """
 from __future__ import annotations
 
+import calendar
+import hashlib
 import itertools
 import os
 import random
@@ -36,7 +38,7 @@ from forwarder.rocketmq.message import (KEYS, TAGS, UNIQ_KEY, WAIT, OutgoingMess
                                         join_properties, split_properties)
 from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
 
-__all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "MAX_PROPERTIES_BYTES", "RESERVED_BYTES", "decode_messages",
+__all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "derived_id", "MAX_PROPERTIES_BYTES", "RESERVED_BYTES", "decode_messages",
            "encode_message", "encode_serialized"]
 
 # Bytes that would split a property (\x01, \x02), or cut it short in the C++ clients (\x00).
@@ -97,6 +99,12 @@ _ID_SUFFIX = struct.Struct(
     "H"  # counter, wraps
 )
 _COUNTER_MASK = 0xFFFF
+_U32 = struct.Struct(">I")
+#: the key of `derived_id`'s hash: ids derived here never equal ids derived another way from the same seed
+_DERIVED_KEY = b"timewheel.uniq.v1"
+#: how far a local clock's month start can lie after UTC's (UTC-12): `derived_id`'s time field is
+#: that much early, so that a tool decoding it in any time zone begins its search before `at_ms`
+_ZONE_MARGIN_MS = 12 * 3600 * 1000
 
 
 def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
@@ -257,3 +265,35 @@ def _month_bounds(now_s: float) -> tuple[int, int]:
     year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
     end = time.mktime((year, month, 1, 0, 0, 0, 0, 0, -1))
     return int(start * 1000), int(end * 1000)
+
+
+def derived_id(seed: bytes, at_ms: int) -> str:
+    """A message id (UNIQ_KEY) that is a function of `seed` and `at_ms` alone: 32 upper-case hex digits.
+
+    Laid out as `IdMaker`'s: a keyed BLAKE2b of `seed` fills the address, pid, salt and counter
+    fields (12 bytes, 96 bits: no collision among any number of messages worth counting), and the
+    time field holds `at_ms` 12 hours early, in ms since the start of that UTC month. RocketMQ's
+    tools read that field back (MessageClientIDSetter.getNearlyTimeFromID, in their local time zone)
+    and search the index from one second before it (`mqadmin queryMsgByUniqueKey`, the dashboard):
+    taken 12 hours early, and from UTC rather than the host's zone (replicas may differ in zone; the
+    id may not), that start lies before `at_ms` in every time zone, so those tools find the message.
+    """
+    h = hashlib.blake2b(seed, digest_size=12, key=_DERIVED_KEY).digest()
+    t = at_ms - _ZONE_MARGIN_MS
+    return (h[:10] + _U32.pack(t - _utc_month_start(t)) + h[10:]).hex().upper()
+
+
+_month_cache: tuple[int, int] = (0, 0)  # [start, end) in epoch ms of the last month asked for
+
+
+def _utc_month_start(ms: int) -> int:
+    """Epoch ms of the start of the UTC month holding `ms` (cached: nearly every call asks the same month)."""
+    global _month_cache
+    start, end = _month_cache
+    if start <= ms < end:
+        return start
+    t = time.gmtime(ms // 1000)
+    start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0)) * 1000
+    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    _month_cache = (start, calendar.timegm((year, month, 1, 0, 0, 0)) * 1000)
+    return start

@@ -111,8 +111,10 @@ class RemotingProducer:
 
     # -- sending --
 
-    def send(self, messages: Sequence[OutgoingMessage]) -> list[Receipt | RemotingError]:
-        """Send messages of any topics; per message, its Receipt or the error of its batch."""
+    def send(self, messages: Sequence[OutgoingMessage],
+             ids: Sequence[str] | None = None) -> list[Receipt | RemotingError]:
+        """Send messages of any topics, under `ids` (their UNIQ_KEYs) or fresh ones; per message, its
+        Receipt or the error of its batch."""
         if self._closed:
             raise ConnectionFailedError("the producer is closed")
         if not messages:
@@ -120,7 +122,7 @@ class RemotingProducer:
         deadline = time.monotonic() + self.timeout
         routes = self._routes.routes_of(m.topic for m in messages)
         out: list[Outcome] = [None] * len(messages)
-        self._dispatch(self._cut(messages, routes, out), routes, out, deadline, receipts=True)
+        self._dispatch(self._cut(messages, routes, out, ids), routes, out, deadline, receipts=True)
         return [r if isinstance(r, (Receipt, RemotingError)) else ConnectionFailedError("not sent") for r in out]
 
     def send_to_every_queue(self, message: OutgoingMessage) -> list[Receipt | RemotingError]:
@@ -202,9 +204,13 @@ class RemotingProducer:
         self._exchange(plans, out, deadline, receipts, fence, answers)
 
     def _cut(self, messages: Sequence[OutgoingMessage], routes: Mapping[str, TopicRoute | RemotingError],
-             out: list[Outcome]) -> list[SendBatch]:
-        """Encode every message of a routable topic; cut batches per topic within the count and byte limits."""
-        ids = self._id_maker().next_ids(len(messages))
+             out: list[Outcome], ids: Sequence[str] | None = None) -> list[SendBatch]:
+        """Encode every message of a routable topic (under `ids`, or fresh ones); cut batches per topic
+        within the count and byte limits."""
+        if ids is None:
+            ids = self._id_maker().next_ids(len(messages))
+        elif len(ids) != len(messages):
+            raise ValueError(f"{len(ids)} ids for {len(messages)} messages")
         encoded: list[bytes | RemotingError] = []
         for m, msg_id in zip(messages, ids):
             if isinstance(routes[m.topic], RemotingError):

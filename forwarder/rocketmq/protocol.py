@@ -35,6 +35,7 @@ from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnava
 # -- request codes (apache/rocketmq RequestCode) ---------------------------------------------
 
 PULL_MESSAGE = 11
+QUERY_MESSAGE = 12  # by index key: topic, key, maxNum, beginTimestamp, endTimestamp
 QUERY_CONSUMER_OFFSET = 14
 UPDATE_CONSUMER_OFFSET = 15
 UPDATE_AND_CREATE_TOPIC = 17

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from forwarder.rocketmq import ReceivedMessage
-from forwarder.contract import ContractLimits, ContractViolation, to_dead_letter, to_message, to_outgoing
+from forwarder.contract import ContractLimits, ContractViolation, delivered_id, to_dead_letter, to_message, to_outgoing
 from timewheel import Message
 
 LIMITS = ContractLimits(max_delay_ms=3_600_000, max_body_bytes=1024)
@@ -129,17 +129,25 @@ def test_the_delivery_sink_refuses_topics_that_are_not_targets_without_sending()
     class Sender:
         def __init__(self) -> None:
             self.topics: list[str] = []
+            self.ids: list[str] = []
 
-        def send(self, outgoing: list) -> list:
+        def send(self, outgoing: list, ids: list[str]) -> list:
             self.topics += [o.topic for o in outgoing]
+            self.ids += ids
             return [Receipt.__new__(Receipt) for _ in outgoing]
+
+        def new_ids(self, n: int) -> list[str]:
+            return ["FRESH"] * n
 
     sender = Sender()
     sink = RocketMQSink(RocketMQConfig(), None, sender=sender)  # type: ignore[arg-type]
-    msgs = [Message("ORDERS", b"a", NOW), Message("%RETRY%other-group", b"b", NOW), Message("TW_DLQ", b"c", NOW),
-            Message("RMQ_SYS_TRANS_HALF_TOPIC", b"d", NOW), Message("PAYMENTS", b"e", NOW)]
+    msgs = [Message("ORDERS", b"a", NOW, msg_id="A:1"), Message("%RETRY%other-group", b"b", NOW),
+            Message("TW_DLQ", b"c", NOW), Message("RMQ_SYS_TRANS_HALF_TOPIC", b"d", NOW), Message("PAYMENTS", b"e", NOW)]
     assert sink.send_batch(msgs) == [True, False, False, False, True]
     assert sender.topics == ["ORDERS", "PAYMENTS"]
+    # a stored message goes under the id derived from its own; one without an id (scheduled in
+    # process) under a fresh one
+    assert sender.ids == [delivered_id("A:1", NOW), "FRESH"]
 
 
 def test_a_dead_letter_topic_equal_to_the_delay_topic_is_refused() -> None:

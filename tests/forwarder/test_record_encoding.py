@@ -87,3 +87,13 @@ def test_extra_properties_go_on_every_message_by_either_path(tmp_path: Path) -> 
             return split_properties(data[22 + body_len:22 + body_len + n].decode())
 
         assert props(with_epoch) == {**props(without), "TW_LEASE_EPOCH": "7"}
+
+
+def test_each_row_goes_under_the_id_derived_from_its_stored_id_and_due_time(tmp_path: Path) -> None:
+    from forwarder.contract import delivered_id
+    from forwarder.record_encoding import delivered_ids
+
+    with ScheduleStore(tmp_path) as store:
+        raw = _read(store, [Record("ü-a:1", "T", b"x", NOW + 1), Record("b:2", "T", b"y", NOW + 2, tags="t")])
+        assert delivered_ids(raw, lambda n: ["FRESH"] * n) == [delivered_id("ü-a:1", NOW + 1),
+                                                               delivered_id("b:2", NOW + 2)]
