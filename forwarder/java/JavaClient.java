@@ -129,6 +129,11 @@ public final class JavaClient {
         if (batch && !pending.isEmpty()) {
             report(() -> p.send(pending), pending.size());
         }
+        if (opt.getOrDefault("trace", "false").equals("true")) {
+            // the trace records go out asynchronously, and shutdown() waits only 500 ms for them before
+            // stopping their sender: on a loaded machine that lost the producer's own record
+            Thread.sleep(3_000);
+        }
         p.shutdown();
     }
 
