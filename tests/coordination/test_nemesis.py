@@ -24,5 +24,5 @@ def test_faults_lose_nothing_and_stay_within_the_stated_bounds(rocketmq: LocalRo
     n = os.environ.get("TIMEWHEEL_NEMESIS_ROUNDS")
     faults = rounds_of(int(n) if n else len(FAULTS))
     report = run(rocketmq, zookeeper, tmp_path, faults)
-    print("\n" + report.table() + f"\n{report.totals}")
+    print("\n" + report.table() + f"\n{report.totals}\n" + "\n".join(report.cancelled_delivered))
     assert report.failures == []
