@@ -55,8 +55,8 @@ from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpP
 from tests.reliability.kill_loop import serve_env
 
 #: rounds where a cancelled message may still be delivered, an open defect docs/HA.md states: the
-#: replica that takes over has just read the delay topic again from its start, and has been seen to
-#: miss 1-2 cancels a round that were on the topic long before. Counted and shown, not failed.
+#: replica that takes over has just read the delay topic again from its start, reads some cancels
+#: after their messages came due, and keeps those it held as a standby. Counted and shown, not failed.
 CATCH_UP_CANCEL_WINDOW = frozenset({"wipe_takeover"})
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
 SESSION_S = 4.0
