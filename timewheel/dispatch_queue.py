@@ -7,7 +7,10 @@ Kafka's SystemTimer hands expired tasks to its executor:
 - a dispatch thread calls `await_turn()`, which waits until sending is worth it and counts the
   thread as sending, then `take()`s a batch, sends it, and calls `end_turn()`; failed sends come
   back with `retry()` and are taken again once their backoff is over;
-- `cancel()` marks refs that must not be sent even if they are already here.
+- `cancel()` marks refs that must not be sent even if they are already here; `withdraw()` does the
+  same for entries cancelled after they came due, and hands each one it drops to the dispatcher
+  that took it (`drain_withdrawn()`), which records it cancelled: only an entry still here is
+  withdrawn, so none gets two outcomes.
 
 The dispatch policy lives here, because only here are both sides visible under one lock:
 - a full batch, or any catch-up backlog, goes at once, side by side with sends in flight;
@@ -64,6 +67,8 @@ class DispatchQueue:
         self._backlog = DueChunks()
         self._retries = RetryArrays()
         self._cancelled = np.empty(0, np.uint64)
+        self._withdrawn = np.empty(0, np.uint64)  # cancelled after due: dropped at take, recorded by the taker
+        self._dropped: dict[int, list[DueArrays]] = {}  # per dispatch thread, withdrawn entries it dropped
         self._sending = 0  # dispatch passes in progress
         # earliest due time of what each dispatch thread took and has not finished with (the
         # delivered-up-to watermark must not pass it)
@@ -110,6 +115,21 @@ class DispatchQueue:
         """Never hand out these refs (cancelled; they may already be due and waiting here)."""
         with self._cv:
             self._cancelled = np.union1d(self._cancelled, refs)
+
+    def withdraw(self, refs: np.ndarray) -> None:
+        """Never hand out these refs, though already due (cancelled late on a replica that sent none of
+        them); the thread whose `take()` drops one gets it from `drain_withdrawn()` to record."""
+        with self._cv:
+            self._withdrawn = np.union1d(self._withdrawn, refs)
+
+    def drain_withdrawn(self) -> DueArrays | None:
+        """The withdrawn entries the calling thread's `take()`s dropped since it last asked."""
+        with self._cv:
+            got = self._dropped.pop(threading.get_ident(), None)
+        if not got:
+            return None
+        return (np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]),
+                np.concatenate([g[2] for g in got]))
 
     def close(self) -> None:
         """Wake every dispatch thread to end."""
@@ -197,6 +217,13 @@ class DispatchQueue:
             if len(self._cancelled):
                 keep = ~np.isin(batch[1], self._cancelled)
                 batch = batch[0][keep], batch[1][keep], batch[2][keep]
+            if len(self._withdrawn):
+                w = np.isin(batch[1], self._withdrawn)
+                if w.any():
+                    self._dropped.setdefault(threading.get_ident(), []).append(
+                        (batch[0][w], batch[1][w], batch[2][w]))
+                    self._withdrawn = np.setdiff1d(self._withdrawn, batch[1][w])
+                    batch = batch[0][~w], batch[1][~w], batch[2][~w]
             return batch, taken
 
     def note_in_hand(self, due_ms: int) -> None:

@@ -25,7 +25,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from storage import CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
+from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
 from timewheel._arrays import groups
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
@@ -166,6 +166,7 @@ class Dispatcher:
                 return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
             (due, refs, attempts), n = taken
             try:
+                self._record_withdrawn()
                 if self.gate is not None:
                     due, refs, attempts = self._through_gate(self.gate, due, refs, attempts)
                 if len(due):
@@ -183,6 +184,15 @@ class Dispatcher:
             return n
         finally:
             self.queue.clear_in_hand()
+
+    def _record_withdrawn(self) -> None:
+        """Record as cancelled the entries withdrawn after they came due that this thread dropped."""
+        dropped = self.queue.drain_withdrawn()
+        if dropped is None:
+            return
+        due, refs, attempts = dropped
+        segs, parts, offsets = self.segments.locate(refs)
+        self._record(Batch([], due, refs, attempts, segs, parts, offsets), self.clock.now_ms(), CANCELLED, attempts)
 
     def earliest_held_due(self) -> int | None:
         """Earliest due time of what the shaper holds (None: nothing)."""

@@ -291,7 +291,11 @@ class Engine:
         if not ids:
             return 0
         now = self.clock.now_ms()
+        # A standby has sent none of its due entries (the gate held them): one cancelled late is
+        # withdrawn rather than kept, or it would go out once this replica holds the lease.
+        standby = self.gate is not None and not self.gate.may_send()
         by_seg: dict[int, list[tuple[int, int, int]]] = {}
+        late: dict[int, list[tuple[int, int]]] = {}
         taken: list[str] = []
         for mid, loc in zip(ids, meta.locations(ids)):
             if loc is None:
@@ -301,11 +305,17 @@ class Engine:
             except CorruptRecordError:
                 continue
             if rec.due_ms <= now:
+                if standby:
+                    late.setdefault(loc.segment_ms, []).append((loc.part, loc.offset))
+                    taken.append(mid)
                 continue  # already due: it is being, or has been, delivered
             by_seg.setdefault(loc.segment_ms, []).append((loc.part, loc.offset, rec.due_ms))
             taken.append(mid)
-        if taken:
+        if by_seg:
             run.timer.cancel({seg: np.array(items, dtype=np.int64) for seg, items in by_seg.items()}, now)
+        if late:
+            run.timer.withdraw({seg: np.array(items, dtype=np.int64) for seg, items in late.items()})
+        if taken:
             with self._lock:
                 self._cancelled += len(taken)
         meta.mark_cancelled(taken, now)

@@ -145,6 +145,15 @@ class TimerDriver:
                     self.loader.note_done(np.full(len(arr), seg))
         self._wake.set()
 
+    def withdraw(self, by_segment: dict[int, np.ndarray]) -> None:
+        """Keep entries already due from being sent (rows of part, offset per segment): those still in
+        the dispatch queue are dropped there and recorded cancelled by the dispatcher that drops them."""
+        with self._lock:
+            for seg, arr in by_segment.items():
+                if seg in self.loader.loaded:
+                    self.queue.withdraw(self.loader.refs(seg, arr[:, 0].astype(np.uint16),
+                                                         arr[:, 1].astype(np.uint32)))
+
     def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment_ms, part, offset) arrays of refs (they stay decodable after a segment is let go)."""
         return self.loader.locate(refs)

@@ -255,3 +255,27 @@ def test_one_message_stuck_retrying_does_not_hold_the_watermark_back_and_the_nex
     drive(standby, clock, T0 + 14_000)
     standby.stop()
     assert [mid for mid, _ in standby_sink.sent] == ["m3"]  # the stuck one is sent, nothing twice
+
+
+def test_a_cancel_a_standby_reads_after_its_message_came_due_is_kept_when_it_takes_over(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """A replica reading the delay topic again (a wiped directory) reads some cancels after their
+    messages came due. An engine skips cancels of due messages (they may be in flight), but a standby
+    has sent none: before this, it kept the one its gate held and sent it once it held the lease."""
+    from storage import CANCELLED
+    from timewheel.cancels import CancelRequest
+
+    sink = RecordingSink(clock)
+    gate = ScriptedGate()
+    standby = _engine(tmp_path / "b", sink, clock, gate)
+    standby.schedule([Message("T", b"doomed", T0 + 1000, msg_id="doomed"),
+                      Message("T", b"kept", T0 + 1000, msg_id="kept")], [("broker-a:0", 0), ("broker-a:0", 1)])
+    drive(standby, clock, T0 + 2000)  # both came due and are held: this replica may not send
+    assert sink.sent == [] and gate.held >= 2
+    assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
+    gate.open = True  # it takes the lease
+    drive(standby, clock, T0 + 4000)
+    standby.stop()
+    assert [mid for mid, _ in sink.sent] == ["kept"]
+    rows = _dispatch_rows(tmp_path / "b")
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
