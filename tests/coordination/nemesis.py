@@ -54,10 +54,6 @@ from forwarder.local_rocketmq import LocalRocketMQ
 from tests.coordination.cluster import Deliveries, Delivery, Replica, Sent, TcpProxy, Workload, now_ms, wait_for
 from tests.reliability.kill_loop import serve_env
 
-#: rounds where a cancelled message may still be delivered, an open defect docs/HA.md states: the
-#: replica that takes over has just read the delay topic again from its start, reads some cancels
-#: after their messages came due, and keeps those it held as a standby. Counted and shown, not failed.
-CATCH_UP_CANCEL_WINDOW = frozenset({"wipe_takeover"})
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
 SESSION_S = 4.0
 WATERMARK_S = 1.0
@@ -553,12 +549,11 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         takeovers = ", ".join(f"{f.takeover_s:.1f}" + ("" if f.planned else "?") for f in r.failovers) or "-"
         if p["lost"]:
             failures.append(f"round {r.number} ({r.fault}): {p['lost']} acknowledged messages never delivered")
-        if p["cancelled"] and r.fault not in CATCH_UP_CANCEL_WINDOW:
+        if p["cancelled"]:
             failures.append(f"round {r.number} ({r.fault}): {p['cancelled']} cancelled messages delivered")
         label = r.fault + (f" ({'; '.join(r.notes)})" if r.notes else "")
         rows.append(Row(r.number, label, r.holder_before, r.holder_after, takeovers, p["acked"], p["delivered"],
-                        str(p["lost"]), f"{p['cancelled']} (catch-up)" if p["cancelled"] and r.fault in
-                        CATCH_UP_CANCEL_WINDOW else str(p["cancelled"]), p["dups"], p["resent"],
+                        str(p["lost"]), str(p["cancelled"]), p["dups"], p["resent"],
                         str(p["bound"]) if r.failovers else "-"))
     if warm["lost"] or warm["cancelled"]:
         failures.append(f"before the first round: {warm['lost']} lost, {warm['cancelled']} cancelled delivered")
