@@ -109,7 +109,7 @@ class Replica:
                 self.proc.wait()
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float, replica: Replica | None = None) -> None:
+def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 20.0, replica: Replica | None = None) -> None:
     """Poll `predicate` until true; AssertionError (with the replica's log tail) after `timeout` s."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -9,6 +9,7 @@ from typing import Callable
 
 import pytest
 
+from tests.coordination.cluster import wait_for
 from coordination import HAConfig, LocalZooKeeper, ShardReplica
 from coordination.identity import Eligibility, ReplicaDataDir, ReplicaIdentityMismatch
 
@@ -80,14 +81,6 @@ def test_an_offset_the_broker_moved_is_a_gap_that_survives_a_restart_until_force
     assert forced.check() and forced.reason.startswith("forced")
 
 
-def _wait(what: str, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_a_replica_that_is_not_eligible_follows_but_does_not_contend_until_it_caught_up(
         zookeeper: LocalZooKeeper, tmp_path: Path) -> None:
     topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
@@ -108,9 +101,9 @@ def test_a_replica_that_is_not_eligible_follows_but_does_not_contend_until_it_ca
         (tmp_path / "a").mkdir()
         (tmp_path / "b").mkdir()
         a = replica("a", ready)
-        _wait("a holds the lease", a.may_send)
+        wait_for("a holds the lease", a.may_send)
         b = replica("b", behind)
-        _wait("b follows a's watermark", lambda: b.delivered_elsewhere_up_to() == 1_000)
+        wait_for("b follows a's watermark", lambda: b.delivered_elsewhere_up_to() == 1_000)
         doc = b.status_document()
         assert doc["replica"]["eligible"] is False and "catching up" in doc["replica"]["eligibility"]  # type: ignore[index]
         assert doc["shards"][0]["standbys"] == []  # type: ignore[index]  # no lease node: not a contender
@@ -118,7 +111,7 @@ def test_a_replica_that_is_not_eligible_follows_but_does_not_contend_until_it_ca
         time.sleep(1.0)
         assert not b.may_send()  # the shard has no holder rather than one with a gap
         behind.caught_up = 2
-        _wait("b holds the lease once caught up", b.may_send)
+        wait_for("b holds the lease once caught up", b.may_send)
     finally:
         for r in made:
             r.stop()

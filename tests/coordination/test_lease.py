@@ -9,25 +9,18 @@ import pytest
 from kazoo.client import KazooClient
 
 from timewheel.gate import NO_WATERMARK
+from tests.coordination.cluster import wait_for
 from coordination import (HAConfig, LocalZooKeeper, ShardReplica, Watermark, publish_watermark, read_watermark, ruok,
                           shard_status)
-
-
-def _wait(what: str, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _holder_and_follower(replicas: Callable[..., ShardReplica], a_mark: int,
                          b_mark: int) -> tuple[ShardReplica, ShardReplica]:
     """Replica a holding the lease with watermark `a_mark`, and b following it."""
     a = replicas("a", lambda: a_mark)
-    _wait("a holds the lease", a.may_send)
+    wait_for("a holds the lease", a.may_send)
     b = replicas("b", lambda: b_mark)
-    _wait("b follows", lambda: b.delivered_elsewhere_up_to() == a_mark)
+    wait_for("b follows", lambda: b.delivered_elsewhere_up_to() == a_mark)
     return a, b
 
 
@@ -62,21 +55,21 @@ def test_the_local_zookeeper_answers_ruok_and_stops(tmp_path) -> None:  # type: 
 def test_one_replica_holds_and_the_next_takes_over_from_its_watermark_with_a_larger_epoch(
         replicas: Callable[..., ShardReplica]) -> None:
     a = replicas("a", lambda: 1_000)
-    _wait("a holds the lease", a.may_send)
+    wait_for("a holds the lease", a.may_send)
     b = replicas("b", lambda: 5)
-    _wait("b follows a's watermark", lambda: b.delivered_elsewhere_up_to() == 1_000)
+    wait_for("b follows a's watermark", lambda: b.delivered_elsewhere_up_to() == 1_000)
     assert not b.may_send() and b.epoch == 0
     first = a.epoch
     doc = b.status_document()
     assert [(s["holder"], s["epoch"], s["standbys"], s["watermark_ms"]) for s in doc["shards"]] == \
         [("a", first, ["b"], 1_000)]  # type: ignore[index]
     a.stop()  # a graceful holder publishes its last watermark and leaves: b holds at once
-    _wait("b holds the lease", b.may_send, 5.0)
+    wait_for("b holds the lease", b.may_send, 5.0)
     assert b.epoch > first
     assert b.delivered_elsewhere_up_to() == 1_000  # what a delivered is not b's to send
     # b publishes its own engine's watermark (with its own offsets) under its epoch; a's mark, which
     # covers what a had stored, stays with b
-    _wait("b publishes under its own epoch", lambda: b.status()["published_watermark_ms"] == 5)
+    wait_for("b publishes under its own epoch", lambda: b.status()["published_watermark_ms"] == 5)
     assert b.delivered_elsewhere_up_to() == 1_000
     assert b.counters.takeovers == 1
 
@@ -91,15 +84,15 @@ def test_a_holder_whose_session_expires_stops_sending_and_cannot_move_its_succes
     thief.start()
     thief.stop()
     thief.close()
-    _wait("b takes over", b.may_send, 10.0)
+    wait_for("b takes over", b.may_send, 10.0)
     assert b.epoch > first
-    _wait("a no longer sends", lambda: not a.may_send(), 5.0)
+    wait_for("a no longer sends", lambda: not a.may_send(), 5.0)
     time.sleep(1.0)  # a is a standby now
     assert not a.may_send()
     path = b.path
     client = b._client
     assert not publish_watermark(client, path, Watermark(first, 99_999, "a", 0))  # a's old epoch is refused
-    _wait("b's watermark", lambda: read_watermark(client, path).epoch == b.epoch)
+    wait_for("b's watermark", lambda: read_watermark(client, path).epoch == b.epoch)
     assert read_watermark(client, path).watermark_ms == 3_000
     statuses = shard_status(client, b.cfg, b.delay_topic)
     assert statuses[0].holder == "b" and statuses[0].standbys == ("a",)
@@ -146,8 +139,8 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
 
     a = replicas("a", failing)
     b = replicas("b", lambda: 5)
-    _wait("a holds the lease", a.may_send)
-    _wait("a's replica thread dies", lambda: a.dead_threads() == ["timewheel-replica"])
+    wait_for("a holds the lease", a.may_send)
+    wait_for("a's replica thread dies", lambda: a.dead_threads() == ["timewheel-replica"])
     assert not a.may_send()  # it stops sending at once, not at the end of its fencing period
 
     class Engine:
@@ -161,14 +154,14 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
     svc.engine, svc._consuming, svc.replica = Engine(), True, a  # type: ignore[assignment]
     assert svc.ready() is False and svc.dead_threads() == ["timewheel-replica"]  # /readyz answers 503
     a.stop()  # what serve does when it sees a dead thread: the session ends and the lease moves
-    _wait("b takes over", b.may_send, 5.0)
+    wait_for("b takes over", b.may_send, 5.0)
 
 
 def test_a_second_process_with_a_live_replica_id_is_refused(replicas: Callable[..., ShardReplica]) -> None:
     from coordination.replica import ReplicaIdTaken
 
     a = replicas("a", lambda: 1)
-    _wait("a holds the lease", a.may_send)
+    wait_for("a holds the lease", a.may_send)
     with pytest.raises(ReplicaIdTaken, match="already live"):
         replicas("a", lambda: 1)
     assert a.may_send()
@@ -184,10 +177,10 @@ def test_a_malformed_watermark_is_reported_and_sends_rather_than_drops(
         replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper) -> None:
     a, b = _holder_and_follower(replicas, 1_000, 5)
     a.stop()
-    _wait("b holds the lease", b.may_send, 5.0)
+    wait_for("b holds the lease", b.may_send, 5.0)
     b._client.set(f"{b.path}/watermark", b"{not json")
     c = replicas("c", lambda: 7)
-    _wait("c reads the malformed watermark", lambda: c.counters.malformed_watermarks > 0)
+    wait_for("c reads the malformed watermark", lambda: c.counters.malformed_watermarks > 0)
     assert c.dead_threads() == [] and c.delivered_elsewhere_up_to() == NO_WATERMARK
     def rewritten() -> bool:
         try:
@@ -195,7 +188,7 @@ def test_a_malformed_watermark_is_reported_and_sends_rather_than_drops(
         except ValueError:
             return False
 
-    _wait("b writes a good one over it", rewritten)
+    wait_for("b writes a good one over it", rewritten)
 
 
 def test_a_watermark_interval_outside_the_fencing_period_is_refused() -> None:
