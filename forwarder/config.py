@@ -4,11 +4,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from forwarder.contract import SYSTEM_TOPIC_PREFIXES, ContractViolation, check_target_topic
 from forwarder.rocketmq import ClientSecurity, Credentials
 from timewheel.errors import ConfigError
+
+#: the default `dedupe_sentinel_topic` (the local launcher creates it on every broker)
+SENTINEL_TOPIC = "TW_SENTINEL"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,22 @@ class RocketMQConfig:
     #: target), written to `trace_topic` as RocketMQ's clients write theirs (`forwarder.trace`)
     trace: bool = False
     trace_topic: str = "RMQ_SYS_TRACE_TOPIC"
+    #: zero duplicates: after a restart, a takeover or an ambiguous failed send, look each message up on
+    #: its target topic (the brokers' message index) and send again only what no broker holds
+    #: (`forwarder.copy_finder`); needs messageIndexSafe=true on the brokers (see docs/HA.md)
+    dedupe: bool = True
+    #: how long after a restart or takeover before the look-up (a dead predecessor's last writes land)
+    dedupe_quiet_ms: int = 2000
+    #: a topic with a queue on every broker of the targets: a message sent there and found in a
+    #: broker's index proves that every message that broker stored before it is indexed
+    dedupe_sentinel_topic: str = SENTINEL_TOPIC
+    #: how far apart the engine's clock and the brokers' may be: widens every look-up window
+    dedupe_clock_skew_ms: int = 2000
+    #: fault injection for the fault harness, never for production: after this many send batches
+    #: were written and answered, and before their outcomes are recorded, signal this very process
+    #: (`fault_signal`); 0: never
+    fault_after_sends: int = 0
+    fault_signal: Literal["SIGKILL", "SIGSTOP"] = "SIGKILL"
 
     #: keys whose values are never shown (print-config, logs)
     SECRET_KEYS: ClassVar[frozenset[str]] = frozenset({"secret_key"})
@@ -84,6 +103,13 @@ class RocketMQConfig:
             ("tls_verify", self.tls_verify or self.tls_insecure,
              "true: certificates are always checked; set tls_insecure = true to check none (a self-signed test "
              "broker; `timewheel broker --tls` prints its CA file instead)"),
+            ("dedupe_quiet_ms", 0 <= self.dedupe_quiet_ms <= 600_000, "between 0 and 600000"),
+            ("dedupe_clock_skew_ms", 0 <= self.dedupe_clock_skew_ms <= 600_000, "between 0 and 600000"),
+            ("dedupe_sentinel_topic", _topic_problem(self.dedupe_sentinel_topic) is None
+             and self.dedupe_sentinel_topic not in (self.delay_topic, self.dead_letter_topic),
+             "a topic name other than delay_topic and dead_letter_topic"),
+            ("fault_after_sends", self.fault_after_sends >= 0, "0 (off) or a positive count"),
+            ("fault_signal", self.fault_signal in ("SIGKILL", "SIGSTOP"), '"SIGKILL" or "SIGSTOP"'),
             ("tls_ca_file", not (self.tls and self.tls_ca_file) or Path(self.tls_ca_file).is_file(),
              "a readable PEM file of the CA certificates that signed the brokers'"),
         ]

@@ -29,18 +29,13 @@ from forwarder._local_process import (BROKER_JVM, BROKER_READY, MQADMIN_JVM, NAM
                                       major_version, pick_ports, quiet_logback, start_jvm, tail, terminate,
                                       write_broker_config, write_configs, write_legacy_logback)
 from forwarder._local_tls import tls_jvm_flags
+from forwarder.config import SENTINEL_TOPIC
 from forwarder.errors import LocalRocketMQError
 from forwarder.rocketmq import (ClientSecurity, Credentials, NameServerClient, RemotingError, broker_registered,
                                 consumer_ids, consumer_lag, create_topics, topic_route)
 
-__all__ = [
-    "ROCKETMQ_VERSION",
-    "LocalRocketMQ",
-    "default_cache_dir",
-    "ensure_distribution",
-    "run_foreground",
-    "topic_route",
-]
+__all__ = ["ROCKETMQ_VERSION", "LocalRocketMQ", "default_cache_dir", "ensure_distribution", "run_foreground",
+           "topic_route"]
 
 
 def acl_broker_options(user: Credentials) -> dict[str, str | int | bool]:
@@ -214,8 +209,9 @@ class LocalRocketMQ:
                         self._namesrv = self._start_jvm("namesrv", deadline)
                         for node in self._nodes:
                             node.proc = self._start_broker_jvm(node, deadline)
-                        for node in self._nodes:
+                        for node in self._nodes:  # with the sentinel of the engine's look-ups (copy_finder)
                             self._wait_registered(node, deadline)
+                            create_topics(node.addr, [SENTINEL_TOPIC], 1, timeout, self.security)
                         return
                     except PortTaken:
                         terminate([p for p in (self._namesrv, *(n.proc for n in self._nodes)) if p is not None], 10.0)

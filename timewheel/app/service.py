@@ -124,12 +124,18 @@ class Service:
                                            queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
         delivery: RecordSink = sink
+        if rmq.fault_after_sends:  # the fault harness's crash between a send and its record
+            from forwarder.faults import SignalAfterSends
+
+            log.warning("fault injection is on: %s after %d send batches (rocketmq.fault_after_sends)",
+                        rmq.fault_signal, rmq.fault_after_sends)
+            delivery = SignalAfterSends(sink, rmq.fault_after_sends, signal.Signals[rmq.fault_signal])
         if rmq.trace:  # RocketMQ's message trace of the engine's two hops (forwarder.trace)
             from forwarder.trace import TraceWriter, TracingSink
 
             self.trace = TraceWriter(self._endpoints.dead_letters, rmq.trace_topic, rmq.consumer_group,
                                      rmq.producer_group).start()
-            delivery = TracingSink(sink, self.trace, self.clock.now_ms)
+            delivery = TracingSink(delivery, self.trace, self.clock.now_ms)
         if ha.enabled:
             from coordination import EpochStampingSink, FencedSink, ShardReplica
             from coordination.watermark import MAX_EXCEPTIONS
