@@ -14,11 +14,11 @@ from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, 
                               TimewheelError)
 from timewheel.gate import NO_WATERMARK, DeliveredMark, DeliveryGate
 from timewheel.lateness import LatenessSummary
-from timewheel.message import DeadLetterSink, Fence, Message, RecordSink, SendResults, Shaper, Sink, Source
+from timewheel.message import CopyCheck, CopyFinder, DeadLetterSink, Fence, Message, RecordSink, SendResults, Shaper, Sink, Source
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError",
+__all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "CopyCheck", "CopyFinder", "DeadLetterSink", "DelayTooLongError",
            "DeliveredMark", "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats",
            "Fence", "Found", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "MessageFinder",
            "RecordSink", "SendResults",

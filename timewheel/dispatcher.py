@@ -8,8 +8,8 @@ backlog), reads the records from disk, and
   first; past `_MAX_HELD` held messages, due entries stay in the queue as arrays;
 then writes each outcome to its segment's dispatch log (delivered, corrupt, dead-lettered), tells
 the loaded segments' keeper (`Segments`: the timer driver), and records lateness. A failed send
-goes back to the queue with exponential backoff and jitter; after `max_attempts` it goes to the
-dead-letter sink (if that fails too, it keeps retrying rather than being lost).
+goes back to the queue with backoff and jitter; after `max_attempts`, to the dead-letter sink (if
+that fails too, it keeps retrying). What a crash, takeover or failed send left ambiguous is looked up first.
 
 The dispatcher's lock guards the held queues and its counters; it is never held while calling the
 Sink, the store or the segments' keeper (the shaper and the queue are called under it).
@@ -26,7 +26,7 @@ from typing import Protocol, cast
 import numpy as np
 
 from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
-from timewheel._arrays import groups
+from timewheel._arrays import by_note, error_notes, groups
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
@@ -35,6 +35,7 @@ from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, RecordSink, SendResults, Shaper, Sink
 from timewheel._read_batch import read_bytes, read_messages
+from timewheel._recovery import FOUND_NOTE, Recovery
 from timewheel._threads import guarded
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
@@ -72,9 +73,11 @@ class Dispatcher:
     def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
                  sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None,
-                 counters: DispatchCounters | None = None, gate: DeliveryGate | None = None) -> None:
+                 counters: DispatchCounters | None = None, gate: DeliveryGate | None = None,
+                 recovery: Recovery | None = None) -> None:
         """`counters`: to count on from (an engine started again keeps its totals); `gate`: a replica's
-        lease (`timewheel.gate`), None when this engine alone delivers what it stores."""
+        lease (`timewheel.gate`), None when this engine alone delivers what it stores; `recovery`: the
+        look-up of ambiguous entries before they are sent again (`timewheel._recovery`)."""
         self.config = config
         self.store = store
         self.segments = segments
@@ -85,6 +88,7 @@ class Dispatcher:
         self.clock = clock
         self.lateness = lateness
         self.gate = gate
+        self.recovery = recovery
         self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
         # a sink that sends stored records as they are spares a Message per delivered message
@@ -92,8 +96,7 @@ class Dispatcher:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
         self._threads: list[threading.Thread] = []
-        #: a pass failed (fail-stop): no thread takes anything more
-        self.failed = False
+        self.failed = False  # a pass failed (fail-stop): no thread takes anything more
 
     # ---- the threads ----------------------------------------------------------------------------
 
@@ -203,6 +206,8 @@ class Dispatcher:
                       attempts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Record what another replica delivered (due by its watermark) and hold the rest while this
         replica may not send; return what may go on to be sent."""
+        if self.recovery is not None:
+            self.recovery.observe_takeover(int(getattr(gate, "took_over_ms", 0)))
         elsewhere = due <= gate.delivered_elsewhere_up_to()
         peer = 0
         if elsewhere.any():
@@ -311,6 +316,11 @@ class Dispatcher:
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
         """Send one batch through the sink and record every outcome; rows the sink held (a fence:
         `coordination.FencedSink` decides it) go back to the queue without spending an attempt."""
+        if self.recovery is not None and b.raw is not None:  # look ambiguous rows up first (timewheel._recovery)
+            b, held_since = self._resolved(self.recovery, b, held_since)
+            if not len(b):
+                return
+            self.recovery.note_sending(b.due)
         answers: np.ndarray | None = None
         errors: list[str | None] | None = None
         held: np.ndarray | None = None
@@ -358,6 +368,19 @@ class Dispatcher:
             failed_errors = [errors[i] for i in np.flatnonzero(failed_rows).tolist()] if errors else None
             self._fail(b.select(failed_rows), sent_at, failed_errors)
 
+    def _resolved(self, recovery: Recovery, b: Batch, held_since: np.ndarray | None) -> tuple[Batch, np.ndarray | None]:
+        """What is left of `b` to send once its ambiguous rows waited or were looked up."""
+        now = self.clock.now_ms()
+        keep = recovery.resolve(b, now, self.queue.retry,
+                                lambda f, answers: self._record(f, now, DELIVERED, f.attempts + 1, answers, FOUND_NOTE),
+                                lambda u, errors: self._fail(u, now, errors))
+        if keep.all():
+            return b, held_since
+        if self.shaper is not None:  # granted but not sent now: the tokens go back
+            for topic, n in Counter(b.select(~keep).topic_list()).items():
+                self.shaper.release(topic, n)
+        return b.select(keep), None if held_since is None else held_since[keep]
+
     def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None,
                                             np.ndarray | None]:
         """One send batch through the sink: delivered or not per row, with the broker's answers, the
@@ -385,7 +408,7 @@ class Dispatcher:
         final = tries >= self.config.max_attempts
         with self._lock:
             self.counters.send_failures += len(bad.due)
-        why = _error_notes(errors, len(bad.due))
+        why = error_notes(errors, len(bad.due))
         if final.any():
             dead = bad.select(final)
             reason = f"not delivered after {self.config.max_attempts} attempts"
@@ -397,7 +420,7 @@ class Dispatcher:
                     final[:] = False
                     why = [f"{w}; dead letter failed too: {type(e).__name__}: {e}" for w in why]
             if final.any():
-                for note, rows in _by_note([why[i] for i in np.flatnonzero(final).tolist()]):
+                for note, rows in by_note([why[i] for i in np.flatnonzero(final).tolist()]):
                     self._record(dead.select(rows), now, DEAD_LETTERED, tries[final][rows],
                                  note=f"{reason}; last error: {note}")
                 with self._lock:
@@ -410,7 +433,7 @@ class Dispatcher:
                 jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
                 self.counters.retries += int(retry.sum())
             again = bad.select(retry)
-            for note, rows in _by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
+            for note, rows in by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
                 self._record(again.select(rows), now, RETRIED, tries[retry][rows], note=note, terminal=False)
             self.queue.retry(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
                              np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16))
@@ -425,18 +448,3 @@ class Dispatcher:
                                        answers[m] if answers is not None else None, note)
         if terminal:
             self.segments.note_done(b.segs)
-
-
-def _error_notes(errors: list[str | None] | None, n: int) -> list[str]:
-    """Per failed row, what to record of why it failed."""
-    if errors is None:
-        return ["the sink did not say why"] * n
-    return [e or "the sink did not say why" for e in errors]
-
-
-def _by_note(notes: list[str]) -> list[tuple[str, np.ndarray]]:
-    """Rows grouped by their note (a failed send batch has one error per request, so few groups)."""
-    rows: dict[str, list[int]] = {}
-    for i, note in enumerate(notes):
-        rows.setdefault(note, []).append(i)
-    return [(note, np.asarray(idx, np.int64)) for note, idx in rows.items()]

@@ -49,7 +49,8 @@ from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.gate import DeliveredMark, DeliveryGate
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
-from timewheel.message import DeadLetterSink, Message, Shaper, Sink
+from timewheel._recovery import Recovery
+from timewheel.message import CopyFinder, DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
 from timewheel.watermark import delivered_up_to, delivered_up_to_except
@@ -75,10 +76,14 @@ class Engine:
 
     def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, *, shaper: Shaper | None = None,
-                 seed: int | None = None, gate: DeliveryGate | None = None) -> None:
-        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`)."""
+                 seed: int | None = None, gate: DeliveryGate | None = None,
+                 copy_finder: CopyFinder | None = None) -> None:
+        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`);
+        `copy_finder`: look up what a crash or takeover left ambiguous before sending it again."""
         self.config = config
         self.gate = gate
+        self.copy_finder = copy_finder
+        self.recovery: Recovery | None = None
         self.sink = sink
         self.shaper = shaper
         self.clock: Clock = clock or SystemClock()
@@ -139,9 +144,11 @@ class Engine:
         queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
                               linger_ms=int(getattr(self.sink, "linger_ms", 0)), wake_timer=timer_wake.set)
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
+        if self.copy_finder is not None:
+            self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
         dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                 dead_letter_sink=self._dead_letter_sink, seed=self._seed,
-                                counters=self._dispatch_counters, gate=self.gate)
+                                counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
         tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
                                 cfg.max_tombstones)
         tombstones.load(self.clock.now_ms())

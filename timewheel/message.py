@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -87,6 +87,30 @@ class RecordSink(Sink, Protocol):
     def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
                      fence: Fence | None = None) -> list[bool]:
         """Send stored records; one bool per record."""
+        ...
+
+
+class CopyCheck(NamedTuple):
+    """A `CopyFinder`'s answer, aligned with the records asked about."""
+
+    found: np.ndarray  # bool: a copy is stored on the record's target (not to be sent again)
+    unknown: np.ndarray  # bool: no copy seen, and some broker could not say (not to be sent yet)
+    answers: np.ndarray | None = None  # where each found copy is stored (`storage.ANSWER_DTYPE` rows)
+    errors: list[str | None] | None = None  # why, for each unknown row
+
+
+class CopyFinder(Protocol):
+    """Which records already have a copy on their targets: asked before sending again what a crash,
+    a takeover or a failed send left ambiguous (`timewheel._recovery`)."""
+
+    #: how long after a restart or takeover to wait before asking (a predecessor's last writes land)
+    quiet_ms: int
+    #: how far apart this engine's clock and the targets' may be (widens every window asked about)
+    clock_skew_ms: int
+
+    def find_copies(self, records: RecordBytes, sent_from_ms: int, written_before_ms: int) -> CopyCheck:
+        """Per record, whether a copy sent at or after `sent_from_ms` (this engine's clock) is stored;
+        every copy written before `written_before_ms` must be visible to the answer."""
         ...
 
 
