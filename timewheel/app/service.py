@@ -328,6 +328,11 @@ class Service:
             out["ha_holder"] = self.replica.may_send()
         if self.trace is not None:  # with [rocketmq] trace: records written, sent, dropped, failed
             out["trace"] = self.trace.counter_values()
+        recovery = self.engine.recovery if self.engine is not None else None
+        if self.copy_finder is not None and recovery is not None:  # the look-ups before sending again
+            snap = recovery.snapshot()
+            out["dedupe"] = {**{k: snap[k] for k in ("episodes", "looked_up", "found", "missing", "unknown")},
+                             "barriers": self.copy_finder.counters["barriers"]}
         return out
 
     def stats(self) -> dict[str, object]:
