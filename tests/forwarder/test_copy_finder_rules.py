@@ -123,3 +123,20 @@ def test_a_broker_gone_from_the_route_is_waited_for_not_taken_as_empty(records: 
     del brokers.route["broker-b"]  # down long enough for the NameServer to drop it
     check = finder.find_copies(records, T, T + 4000)
     assert check.unknown.all() and "not in its route" in (check.errors[0] or "")  # type: ignore[index]
+
+
+def test_a_broker_without_the_sentinel_topic_is_trusted_only_well_after_the_writes(records: RecordBytes) -> None:
+    from forwarder.copy_finder import UNPROVEN_SETTLE_MS
+
+    class NoSentinelOnB(Brokers):
+        def brokers(self, topic: str) -> dict[str, str]:
+            return {"broker-a": self.route["broker-a"]} if topic == "TW_SENTINEL" else dict(self.route)
+
+        def send_to_every_queue(self, message: OutgoingMessage) -> list[Receipt | RemotingError]:
+            return [r for r in super().send_to_every_queue(message) if isinstance(r, Receipt) and r.broker == "broker-a"]
+
+    finder = _finder(NoSentinelOnB())  # its clock reads T + 5000
+    soon = finder.find_copies(records, T, T + 5000 - UNPROVEN_SETTLE_MS + 1)
+    assert soon.unknown.all() and "no queue there" in (soon.errors[0] or "")  # type: ignore[index]
+    later = finder.find_copies(records, T, T + 5000 - UNPROVEN_SETTLE_MS)
+    assert not later.unknown.any()
