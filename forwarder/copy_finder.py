@@ -179,7 +179,11 @@ class BrokerCopyFinder:
         brokers are those of the sentinel topic, which must have a queue on every broker)."""
         warnings: list[str] = []
         try:
-            self.index_settings(self._lookup.brokers(self.sentinel_topic))
+            sentinel_brokers = self._lookup.brokers(self.sentinel_topic)
+            self.index_settings(sentinel_brokers)
+            lacking = sorted(set().union(*self._served.values()) - set(sentinel_brokers)) if self._served else []
+            warnings += [f"broker {b} serves target topics but has no queue of {self.sentinel_topic}: its look-ups "
+                         f"wait {UNPROVEN_SETTLE_MS} ms instead of a proof" for b in lacking]
         except RemotingError as e:
             warnings.append(f"the sentinel topic {self.sentinel_topic} cannot be routed ({type(e).__name__}: {e}): "
                             f"create it with a queue on every broker, or look-ups after a crash cannot finish")
