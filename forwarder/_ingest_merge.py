@@ -31,6 +31,10 @@ class RowSources:
         self.starts.append(start)
         self.runs.append(source)
 
+    def is_general(self, row: int) -> bool:
+        """Whether row `row` took the general path."""
+        return isinstance(self.runs[bisect_right(self.starts, row) - 1], ReceivedMessage)
+
     def received(self, row: int) -> ReceivedMessage:
         """Row `row` as the general path reads it (to dead-letter it)."""
         k = bisect_right(self.starts, row) - 1

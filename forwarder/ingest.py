@@ -87,8 +87,9 @@ class DelayTopicIngest:
         self._idle = threading.Condition()
         #: a replica's own start offsets (`RemotingPullConsumer.start_offsets`); None: the group's
         self.start_offsets: dict[str, int] | None = None
+        #: "one_pass": messages stored as the one pass encoded them (the rest of "ingested" took the general path)
         self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0,
-                         "cancels_received": 0}
+                         "cancels_received": 0, "one_pass": 0}
 
     def start(self, schedule: ScheduleFn, cancel: CancelFn | None = None,
               encoded: EncodedScheduler | None = None) -> None:
@@ -216,6 +217,8 @@ class DelayTopicIngest:
             self.counters["redelivered"] += n
             return False
         self.counters["ingested"] += stored.count(None)
+        self.counters["one_pass"] += sum(len(a.rows) for a in answers) - sum(
+            1 for i, e in enumerate(stored) if e is not None and not sources.is_general(i))
         # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
         refused = [(r, e) for (_, r), e in zip(todo, refusals) if e is not None]
         refused += [(sources.received(i), e) for i, e in enumerate(stored) if e is not None]

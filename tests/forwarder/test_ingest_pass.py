@@ -265,6 +265,8 @@ def test_one_pass_stores_and_dead_letters_exactly_what_the_general_path_does(pai
     p_ing, p_dlq = _ingest(one_pass, one_pass=True)
     assert g_ing._on_batch(flat) is True
     assert p_ing._on_answers([a for a in answers if len(a)]) is True
+    event(f"stored in one pass: {min(p_ing.counters.pop('one_pass'), 4)}")
+    g_ing.counters.pop("one_pass")
     assert p_ing.counters == g_ing.counters
     assert _letters(p_dlq) == _letters(g_dlq)
     assert one_pass.stats().counters == general.stats().counters
