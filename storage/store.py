@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -193,21 +193,28 @@ class ScheduleStore:
         blobs: list[bytes] = []
         new_pos: list[int] = []
         dups: list[tuple[int, int]] = []
-        for i, mid in enumerate(ids):
-            loc = existing[i]
-            if loc is not None:
-                locs[i] = (loc.segment_ms, 0, loc.offset, 0, loc.part, 0, 0)
-                continue
-            j = first_seen.get(mid)
-            if j is not None:
-                dups.append((i, j))
-                continue
-            first_seen[mid] = i
-            item = items[i]
-            blobs.append(item if isinstance(item, bytes) else encode(item, item.enqueue_ms or now_ms))
-            new_pos.append(i)
+        every = existing.count(None) == n and len(set(ids)) == n and all(type(b) is bytes for b in items)
+        if every:  # the usual batch of encoded records, all new and each once: nothing to sort out
+            blobs, new_pos = list(items), list(range(n))  # type: ignore[arg-type]
+        else:
+            for i, mid in enumerate(ids):
+                loc = existing[i]
+                if loc is not None:
+                    locs[i] = (loc.segment_ms, 0, loc.offset, 0, loc.part, 0, 0)
+                    continue
+                j = first_seen.get(mid)
+                if j is not None:
+                    dups.append((i, j))
+                    continue
+                first_seen[mid] = i
+                item = items[i]
+                blobs.append(item if isinstance(item, bytes) else encode(item, item.enqueue_ms or now_ms))
+                new_pos.append(i)
         if blobs:
-            dues = [rows.due_ms[i] for i in new_pos]
+            def new_of(column: list[Any]) -> list[Any]:
+                return column if every else [column[i] for i in new_pos]
+
+            dues = new_of(rows.due_ms)
             undo = self._undo_point()
             written = self.writer.place(dues, blobs)
             pos = np.asarray(new_pos)
@@ -217,17 +224,15 @@ class ScheduleStore:
                 locs[i] = locs[j]
             try:
                 self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
-                self.writer.write(written, blobs, self._origin_rows([rows.queues[i] for i in new_pos],
-                                                                    [rows.offsets[i] for i in new_pos]))
+                self.writer.write(written, blobs, self._origin_rows(new_of(rows.queues), new_of(rows.offsets)))
             except OSError as e:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
             for listener in self.commit_listeners:
                 listener(written)
-            self.meta.put_records([ids[i] for i in new_pos], written["segment_ms"].tolist(),
-                                  written["part"].tolist(), written["offset"].tolist(),
-                                  [rows.keys[i] for i in new_pos])
+            self.meta.put_records(new_of(ids), written["segment_ms"].tolist(), written["part"].tolist(),
+                                  written["offset"].tolist(), new_of(rows.keys))
         start = 0
         for req in batch:
             end = start + len(req.rows)
