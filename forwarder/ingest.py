@@ -217,13 +217,16 @@ class DelayTopicIngest:
             self.counters["redelivered"] += n
             return False
         self.counters["ingested"] += stored.count(None)
-        refused_rows = [i for i, e in enumerate(stored) if e is not None] if stored.count(None) < len(stored) else []
-        self.counters["one_pass"] += sum(len(a.rows) for a in answers) - sum(
-            1 for i in refused_rows if not sources.is_general(i))
+        refused = [(r, e.reason) for (_, r), e in zip(todo, refusals) if e is not None]
+        one_pass = sum(len(a.rows) for a in answers)
+        if stored.count(None) < len(stored):
+            for i, e in enumerate(stored):
+                if e is not None:
+                    one_pass -= not sources.is_general(i)
+                    refused.append((sources.received(i), e.reason))
+        self.counters["one_pass"] += one_pass
         # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
-        refused = [(r, e) for (_, r), e in zip(todo, refusals) if e is not None]
-        refused += [(sources.received(i), stored[i]) for i in refused_rows]
-        return all(self._dead_letter(msg, e.reason) for msg, e in refused)
+        return all(self._dead_letter(msg, reason) for msg, reason in refused)
 
     def _apply_cancels(self, control: list[ReceivedMessage], now: int) -> bool:
         """Hand a batch's cancels to the engine (kept durably before the batch is acknowledged);

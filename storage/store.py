@@ -195,7 +195,7 @@ class ScheduleStore:
         dups: list[tuple[int, int]] = []
         every = existing.count(None) == n and len(set(ids)) == n and all(type(b) is bytes for b in items)
         if every:  # the usual batch of encoded records, all new and each once: nothing to sort out
-            blobs, new_pos = list(items), list(range(n))  # type: ignore[arg-type]
+            blobs, new_pos = list(items), list(range(n))
         else:
             for i, mid in enumerate(ids):
                 loc = existing[i]

@@ -127,8 +127,10 @@ class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
 
-    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None) -> None:
-        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`."""
+    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None,
+              encoded: "EncodedScheduler | None" = None) -> None:
+        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`; a source that
+        encodes records itself may store them through `encoded` instead (the engine)."""
         ...
 
     def stop(self) -> None:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, cast
 
 from forwarder.rocketmq._membership import Membership
 from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
@@ -231,7 +231,7 @@ class Puller:
                 found.append((q, *got))
         if not found:
             return
-        batch: list[Any] = ([m for _, _, _, msgs, _ in found for m in msgs] if self._flat
+        batch: list[Any] = ([m for _, _, _, msgs, _ in found for m in cast(_Messages, msgs)] if self._flat
                             else [msgs for _, _, _, msgs, _ in found if len(msgs)])
         try:
             accepted = self.on_batch(batch) if batch else True
