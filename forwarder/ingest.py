@@ -6,8 +6,12 @@ RocketMQ message id (UNIQ_KEY) is the dedup id, so a redelivered or re-sent mess
 once.
 
 The delay topic is read by the wire client's pull consumer (`forwarder.rocketmq.RemotingPullConsumer`),
-which hands over batches; each batch is stored with one `schedule()` call, and its offset is
-committed only after that. Dead letters go through a `RemotingProducer`.
+which hands over batches; each batch is stored in one store commit, and its offset is committed
+only after that. Started with the engine as `encoded`, the consumer reads each pull answer in one
+pass (`forwarder._ingest_pass`): the common messages arrive as record bytes, and only the others
+are looked at here one by one, then all go to `Engine.schedule_encoded` in arrival order; without
+it, every message is looked at here and the batch goes to `schedule()`. Dead letters go through a
+`RemotingProducer`.
 """
 from __future__ import annotations
 
@@ -206,9 +210,9 @@ class DelayTopicIngest:
         todo = self._admit([m for a in answers for m in a.general], self.now_ms())
         if todo is None:
             return False
-        rows, refusals = encoded.encode_messages([m for m, _ in todo], [r.origin for _, r in todo])
-        batch, sources = merge_answers(answers, [r for _, r in todo], rows, refusals)
         try:
+            rows, refusals = encoded.encode_messages([m for m, _ in todo], [r.origin for _, r in todo])
+            batch, sources = merge_answers(answers, [r for _, r in todo], rows, refusals)
             stored = _refusing(lambda kept: encoded.schedule_encoded(batch if len(kept) == len(batch)
                                                                      else batch.take(kept)), len(batch))
         except Exception:
