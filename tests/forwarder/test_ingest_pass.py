@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import struct
+import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,9 @@ from forwarder._ingest_pass import OnePass, PulledAnswer
 from forwarder.config import RocketMQConfig
 from forwarder.contract import ContractLimits
 from forwarder.ingest import DelayTopicIngest
-from forwarder.rocketmq import MessageDecodeError, OutgoingMessage, ReceivedMessage
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import MessageDecodeError, OutgoingMessage, ReceivedMessage, RemotingPullConsumer
+from forwarder.rocketmq.consumer import BodyReader
 from forwarder.rocketmq.codec import decode_messages
 from forwarder.rocketmq.compression import InflateBudget
 from timewheel import Engine, EngineConfig, ManualClock, Message
@@ -287,3 +291,41 @@ def test_a_common_message_takes_the_one_pass_and_an_unusual_one_the_general_path
     assert len(answer) == 5 and len(answer.rows) == 2 and answer.general_at == [2, 3, 4]
     assert answer.rows.queues == ["b:1", "b:1"] and answer.rows.keys == [("a", "b"), ("a", "b")]
     assert answer.received(1) == decode_messages(common, MAX_BODY, "b")[0]
+
+
+@pytest.mark.rocketmq
+def test_a_consumer_reading_in_one_pass_keeps_the_commit_budget_and_loses_nothing(rocketmq: LocalRocketMQ) -> None:
+    """From a real broker: ordinary delay messages arrive as record rows, compressed ones (1 MiB
+    each, a few KB as stored) on the general path, a couple per commit under its inflate budget;
+    every offset once."""
+    from forwarder._rmq_native import NativeProducer
+
+    topic, group = f"PASS_{uuid.uuid4().hex[:8]}", f"pass-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=1)
+    contract = {"TW_TARGET_TOPIC": "ORDERS", "TW_DELAY_MS": "1000", "Zoë": "名"}
+    with NativeProducer(f"pass-producer-{uuid.uuid4().hex[:8]}", rocketmq.namesrv_addr) as p:
+        for i in range(8):
+            body = bytes([65 + i]) * (1 << 20) if i % 2 else f"small-{i}".encode()
+            p.send(OutgoingMessage(topic, body, "tag", f"k{i}", contract))
+    commits: list[tuple[list[int], list[int]]] = []  # per commit: offsets read in one pass, offsets general
+
+    def collect(answers: list[PulledAnswer]) -> bool:
+        commits.append(([o for a in answers for o in a.rows.offsets],
+                        [m.queue_offset for a in answers for m in a.general]))
+        assert all(m.undecodable is None and len(m.body) == 1 << 20 for a in answers for m in a.general)
+        return True
+    limits = ContractLimits(HOUR, 2 << 20)
+    c = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, collect, rebalance_interval_s=0.5,
+                             max_body_bytes=2 << 20, max_commit_inflated_bytes=2 << 20,
+                             reader=BodyReader(OnePass(limits, lambda: int(time.time() * 1000)).read,
+                                               PulledAnswer.of_messages))
+    c.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(len(f) + len(g) for f, g in commits) < 8:
+            time.sleep(0.05)
+    finally:
+        c.stop()
+    assert sorted(o for f, g in commits for o in f + g) == list(range(8)), commits
+    assert sorted(o for f, _ in commits for o in f) == [0, 2, 4, 6], commits
+    assert max(len(g) for _, g in commits) <= 3, commits
