@@ -34,12 +34,14 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, Origin, ScheduleStore, TombstoneLog
+from storage import (AppendResult, CorruptRecordError, DelayTooLongError, EncodedRecords, InvalidRecordError, Origin,
+                     ScheduleStore, TombstoneLog)
+from timewheel._admission import check_rows, encode_messages, validate
 from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
@@ -201,7 +203,6 @@ class Engine:
         InvalidMessageError (nothing stored) if any message breaks the contract.
         """
         run = self._require_started()
-        store, tombstones = run.store, run.tombstones
         now = self.clock.now_ms()
         ids = []
         records = []
@@ -210,29 +211,65 @@ class Engine:
             mid = m.msg_id or uuid.uuid4().hex
             ids.append(mid)
             records.append(m.to_record(mid))
+
+        def append(cancelled: list[int]) -> AppendResult | None:
+            recs, origs = records, origins
+            if cancelled:
+                gone = set(cancelled)
+                recs = [r for i, r in enumerate(records) if i not in gone]
+                origs = [o for i, o in enumerate(origins) if i not in gone] if origins is not None else None
+            return run.store.append(recs, now, origs) if recs else None
+
+        self._store_screened(run, ids, [m.msg_id for m in messages], [m.keys for m in messages], now, append)
+        return ids
+
+    def encode_messages(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None
+                        ) -> tuple[EncodedRecords, list[InvalidMessageError | None]]:
+        """The records `schedule` would store for `messages`, encoded now, for `schedule_encoded`
+        (beside rows encoded elsewhere, in one commit); per message, why it is refused, or None."""
+        self._require_started()
+        return encode_messages(messages, origins, self.clock.now_ms(), self.config)
+
+    def schedule_encoded(self, rows: EncodedRecords) -> list[str]:
+        """`schedule` for records already encoded (`storage.EncodedRecords`: ingest's one pass over
+        a pull answer, `encode_messages`): the engine's limits checked on the columns, tombstones
+        screened, one store commit, the same counters. Raises InvalidMessageError with the first
+        offending row's index (nothing stored)."""
+        run = self._require_started()
+        now = self.clock.now_ms()
+        check_rows(rows, now, self.config)
+
+        def append(cancelled: list[int]) -> AppendResult | None:
+            kept = rows.without(cancelled) if cancelled else rows
+            return run.store.append_encoded(kept, now) if len(kept) else None
+
+        self._store_screened(run, rows.msg_ids, rows.msg_ids, rows.keys, now, append)
+        return list(rows.msg_ids)
+
+    def _store_screened(self, run: _Running, ids: Sequence[str], named: Sequence[str | None],
+                        keys: Sequence[Sequence[str]], now: int,
+                        append: Callable[[list[int]], AppendResult | None]) -> None:
+        """Store rows (ids, the ids they were named by, their keys) less what a tombstone cancels:
+        `append` gets the positions cancelled. Counts them, and cancels what a cancel that came
+        meanwhile names."""
+        tombstones = run.tombstones
         generation = tombstones.generation
-        cancelled = tombstones.screen(messages, now)
-        if cancelled:
-            gone = set(cancelled)
-            records = [r for i, r in enumerate(records) if i not in gone]
-            if origins is not None:
-                origins = [o for i, o in enumerate(origins) if i not in gone]
+        cancelled = tombstones.screen_rows(named, keys, now)
         try:
-            result = store.append(records, now, origins) if records else None
+            result = append(cancelled)
         except (DelayTooLongError, InvalidRecordError) as e:
             raise InvalidMessageError(str(e)) from e
         fresh = int(result.new.sum()) if result is not None else 0
         with self._lock:
             self._scheduled += fresh
-            self._duplicates += len(records) - fresh
+            self._duplicates += len(ids) - len(cancelled) - fresh
             self._cancelled_on_arrival += len(cancelled)
         if tombstones.generation != generation:
             # a cancel arrived while these were screened and stored: it may have looked for them
             # before they were in the store, so they are checked again now that they are
-            late = tombstones.screen(messages, now)
+            late = tombstones.screen_rows(named, keys, now)
             for i in late:
                 self.cancel(msg_id=ids[i])
-        return ids
 
     def apply_cancels(self, requests: Sequence[CancelRequest]) -> int:
         """Apply cancels that came as control messages: each is kept as a tombstone (on disk
@@ -255,21 +292,7 @@ class Engine:
         return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
-        if not isinstance(m, Message):
-            raise InvalidMessageError(f"expected a timewheel.Message, got {type(m).__name__}", index=i)
-        if not m.topic or not isinstance(m.topic, str):
-            raise InvalidMessageError("a message needs a target topic", index=i)
-        if not isinstance(m.deliver_at_ms, int) or isinstance(m.deliver_at_ms, bool) or m.deliver_at_ms < 0:
-            raise InvalidMessageError(f"deliver_at_ms must be a non-negative int of epoch ms, not "
-                                      f"{m.deliver_at_ms!r}", index=i)
-        if m.deliver_at_ms - now > self.config.max_delay_ms:
-            raise InvalidMessageError(f"due in {m.deliver_at_ms - now} ms, past the maximum delay of "
-                                      f"{self.config.max_delay_ms} ms", index=i)
-        if not isinstance(m.body, (bytes, bytearray)):
-            raise InvalidMessageError(f"body must be bytes, not {type(m.body).__name__}", index=i)
-        if len(m.body) > self.config.max_body_bytes:
-            raise InvalidMessageError(f"body of {len(m.body)} bytes exceeds max_body_bytes="
-                                      f"{self.config.max_body_bytes}", index=i)
+        validate(m, i, now, self.config)
 
     def cancel(self, msg_id: str | None = None, key: str | None = None) -> int:
         """Cancel a message by id, or every message under a business key; returns how many.

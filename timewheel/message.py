@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, Seque
 
 import numpy as np
 
-from storage import Origin, Record, RecordBytes
+from storage import EncodedRecords, Origin, Record, RecordBytes
 
 if TYPE_CHECKING:
     from timewheel.cancels import CancelRequest
+    from timewheel.errors import InvalidMessageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +151,29 @@ class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
 
-    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None) -> None:
-        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`."""
+    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None,
+              encoded: "EncodedScheduler | None" = None) -> None:
+        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`; a source that
+        encodes records itself may store them through `encoded` instead (the engine)."""
         ...
 
     def stop(self) -> None:
         """Stop feeding; return once no call to `schedule` is in progress."""
+        ...
+
+
+class EncodedScheduler(Protocol):
+    """The engine's way in for a source that encodes records itself (ingest's one pass over a pull
+    answer): the messages it could not encode, made rows as `schedule` would store them, and the
+    whole batch stored in one commit (`timewheel.Engine` implements it)."""
+
+    def encode_messages(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None
+                        ) -> tuple[EncodedRecords, list["InvalidMessageError | None"]]:
+        """Rows of the messages the engine takes; per message, its refusal or None."""
+        ...
+
+    def schedule_encoded(self, rows: EncodedRecords) -> list[str]:
+        """Store the rows as `schedule` stores messages; InvalidMessageError with the first offender's index."""
         ...
 
 

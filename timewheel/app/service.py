@@ -175,7 +175,10 @@ class Service:
             from forwarder.trace import traced_schedule
 
             schedule = traced_schedule(schedule, self.trace, self.clock.now_ms)
-        self._endpoints.source.start(schedule, self.engine.apply_cancels)
+        # without a trace, pull answers are read in one pass and stored as record bytes (a trace
+        # records each message as scheduled, so it takes them as messages)
+        self._endpoints.source.start(schedule, self.engine.apply_cancels,
+                                     encoded=self.engine if self.trace is None else None)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
