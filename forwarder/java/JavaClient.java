@@ -15,6 +15,17 @@
 //                                 BENCH_ID and BENCH_DUE_MS: with --target, delay messages of timewheel's contract
 //                                 due a uniformly random delay later; without, plain messages whose "due" time is
 //                                 their send time (µs precision); prints {"sent":n,"failed":f,"seconds":s,"rate":r}
+//   lateness --namesrv A --topic T --group G --id-min N --id-max M [--count C] [--wait-ms W] [--idle-ms I]
+//            [--threads N] [--ak K --sk S]
+//                                 RocketMQ's push consumer, a fresh group from the first offset: prints
+//                                 {"ready":true,"queues":q} once it holds every queue of the topic; a number on
+//                                 stdin (EOF: --count) is how many distinct BENCH_IDs in [id-min, id-max) to wait
+//                                 for (at most --wait-ms from then, giving up after --idle-ms without one); each
+//                                 one's lateness is its receive time (µs precision) − BENCH_DUE_MS; prints
+//                                 {"received","expected","duplicates","other","quantiles_ms":[1001, 0..100 %]}
+//   noop     --namesrv A --topic T --group G --count N [--batch B] [--timeout-ms M] [--idle-ms I] [--ak K --sk S]
+//                                 RocketMQ's lite pull consumer reading a backlog from the first offset and doing
+//                                 nothing with it; prints {"received":n,"seconds":s,"rate":r} (first to last message)
 //   sign                          one JSON request a line on stdin: {"fields":{...},"body" (base64),"ak","sk"};
 //                                 prints the ext fields AclClientRPCHook sends for it
 import com.alibaba.fastjson.JSON;
@@ -23,14 +34,20 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Base64;
+import java.util.BitSet;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import org.apache.rocketmq.acl.common.AclClientRPCHook;
 import org.apache.rocketmq.acl.common.SessionCredentials;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.compression.CompressionType;
@@ -55,9 +72,11 @@ public final class JavaClient {
                 case "consume": consume(opt); break;
                 case "intake": intake(opt); break;
                 case "pace": pace(opt); break;
+                case "lateness": lateness(opt); break;
+                case "noop": noop(opt); break;
                 case "sign": sign(); break;
                 default:
-                    System.err.println("usage: JavaClient produce|consume|intake|pace|sign --namesrv HOST:PORT ...");
+                    System.err.println("usage: JavaClient produce|consume|intake|pace|lateness|noop|sign --namesrv HOST:PORT ...");
                     System.exit(2);
             }
         } catch (Exception e) {
@@ -331,5 +350,227 @@ public final class JavaClient {
         out.put("rate", sent.get() / took);
         System.out.println(out.toJSONString());
         p.shutdown();
+    }
+
+    /** Epoch milliseconds with the clock's sub-millisecond part (the plain hop is a few ms). */
+    private static double nowMs() {
+        java.time.Instant now = java.time.Instant.now();
+        return now.getEpochSecond() * 1000.0 + now.getNano() / 1e6;
+    }
+
+    /** Latenesses of the distinct wanted messages received, and what else arrived. */
+    private static final class Arrivals {
+        private final long idMin;
+        private final long idMax;
+        private final BitSet seen = new BitSet();
+        private double[] late = new double[1 << 16];
+        private int count;
+        private long duplicates;
+        private long other;
+        private double firstMs;
+        private double lastMs;
+
+        Arrivals(long idMin, long idMax) {
+            this.idMin = idMin;
+            this.idMax = idMax;
+        }
+
+        synchronized void record(MessageExt m, double receivedMs) {
+            String id = m.getUserProperty("BENCH_ID");
+            String due = m.getUserProperty("BENCH_DUE_MS");
+            long n;
+            double dueMs;
+            try {
+                n = id == null ? -1 : Long.parseLong(id);
+                dueMs = due == null ? Double.NaN : Double.parseDouble(due);
+            } catch (NumberFormatException e) {
+                n = -1;
+                dueMs = Double.NaN;
+            }
+            if (n < idMin || n >= idMax || Double.isNaN(dueMs)) {
+                other++;
+                return;
+            }
+            int bit = (int) (n - idMin);
+            if (seen.get(bit)) {
+                duplicates++;
+                return;
+            }
+            seen.set(bit);
+            if (count == late.length) {
+                late = Arrays.copyOf(late, count * 2);
+            }
+            late[count++] = receivedMs - dueMs;
+            if (count == 1) {
+                firstMs = receivedMs;
+            }
+            lastMs = receivedMs;
+        }
+
+        synchronized int count() {
+            return count;
+        }
+
+        /** 1001 quantiles (0, 0.1, ... 100 %), interpolated linearly between ranks as numpy.percentile does. */
+        synchronized double[] quantiles() {
+            double[] sorted = Arrays.copyOf(late, count);
+            Arrays.sort(sorted);
+            double[] q = new double[count == 0 ? 0 : 1001];
+            for (int i = 0; i < q.length; i++) {
+                double pos = i * (count - 1) / 1000.0;
+                int lo = (int) Math.floor(pos);
+                int hi = Math.min(lo + 1, count - 1);
+                q[i] = sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+            }
+            return q;
+        }
+    }
+
+    private static void lateness(Map<String, String> opt) throws Exception {
+        String topic = opt.get("topic");
+        long idMin = Long.parseLong(opt.get("id-min"));
+        long idMax = Long.parseLong(opt.get("id-max"));
+        long planned = Long.parseLong(opt.getOrDefault("count", Long.toString(idMax - idMin)));
+        long waitMs = Long.parseLong(opt.getOrDefault("wait-ms", "60000"));
+        long idleMs = Long.parseLong(opt.getOrDefault("idle-ms", "20000"));
+        int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
+        Arrivals got = new Arrivals(idMin, idMax);
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(opt.get("group"), hook(opt));
+        c.setNamesrvAddr(opt.get("namesrv"));
+        c.setInstanceName("java-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setConsumeThreadMin(threads);
+        c.setConsumeThreadMax(threads);
+        c.subscribe(topic, "*");
+        c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            for (MessageExt m : msgs) {
+                got.record(m, nowMs());
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        int queues = c.fetchSubscribeMessageQueues(topic).size();
+        long readyBy = System.currentTimeMillis() + 60_000;
+        // the queues are this consumer's (and their pull requests under way) once the rebalance put them here
+        while (c.getDefaultMQPushConsumerImpl().getRebalanceImpl().getProcessQueueTable().size() < queues) {
+            if (System.currentTimeMillis() > readyBy) {
+                throw new IllegalStateException("the consumer was not given the topic's " + queues + " queues in 60 s");
+            }
+            Thread.sleep(20);
+        }
+        JSONObject ready = new JSONObject();
+        ready.put("ready", true);
+        ready.put("queues", queues);
+        System.out.println(ready.toJSONString());
+        System.out.flush();
+
+        AtomicReference<Long> expected = new AtomicReference<>();
+        AtomicLong expectedAt = new AtomicLong();
+        Thread control = new Thread(() -> {
+            long want = planned;
+            try {
+                BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+                String line;
+                while ((line = in.readLine()) != null) {
+                    if (!line.isBlank()) {
+                        want = Long.parseLong(line.trim());
+                        break;
+                    }
+                }
+            } catch (Exception e) {
+                // a closed or broken stdin means the planned count
+            }
+            expectedAt.set(System.currentTimeMillis());
+            expected.set(want);
+        });
+        control.setDaemon(true);
+        control.start();
+        int lastCount = -1;
+        long lastChange = System.currentTimeMillis();
+        boolean complete = false;
+        while (true) {
+            Thread.sleep(20);
+            long now = System.currentTimeMillis();
+            int n = got.count();
+            if (n != lastCount) {
+                lastCount = n;
+                lastChange = now;
+            }
+            Long want = expected.get();
+            if (want == null) {
+                continue;
+            }
+            if (n >= want) {
+                complete = true;
+                break;
+            }
+            long since = expectedAt.get();
+            if (now - since > waitMs || now - Math.max(lastChange, since) > idleMs) {
+                break;
+            }
+        }
+        c.shutdown();
+        JSONObject out = new JSONObject();
+        synchronized (got) {
+            out.put("received", got.count);
+            out.put("expected", expected.get());
+            out.put("complete", complete);
+            out.put("duplicates", got.duplicates);
+            out.put("other", got.other);
+            out.put("queues", queues);
+            out.put("first_ms", got.firstMs);
+            out.put("last_ms", got.lastMs);
+            double[] q = got.quantiles();
+            List<Double> rounded = new ArrayList<>(q.length);
+            for (double v : q) {
+                rounded.add(Math.round(v * 100) / 100.0);
+            }
+            out.put("quantiles_ms", rounded);
+        }
+        System.out.println(out.toJSONString());
+    }
+
+    private static void noop(Map<String, String> opt) throws Exception {
+        DefaultLitePullConsumer c = new DefaultLitePullConsumer(opt.get("group"), hook(opt));
+        c.setNamesrvAddr(opt.get("namesrv"));
+        c.setInstanceName("java-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        int batch = Integer.parseInt(opt.getOrDefault("batch", "32"));
+        c.setPullBatchSize(batch);
+        c.subscribe(opt.get("topic"), "*");
+        long start = System.nanoTime();
+        c.start();
+        long want = Long.parseLong(opt.get("count"));
+        long deadline = System.currentTimeMillis() + Long.parseLong(opt.getOrDefault("timeout-ms", "300000"));
+        long idleNs = Long.parseLong(opt.getOrDefault("idle-ms", "10000")) * 1_000_000L;
+        long got = 0;
+        long firstBatch = 0;  // read before the clock starts: the rate is over the messages after it
+        long first = 0;
+        long last = 0;
+        while (got < want && System.currentTimeMillis() < deadline) {
+            List<MessageExt> msgs = c.poll(200);
+            long now = System.nanoTime();
+            if (msgs.isEmpty()) {
+                if (got > 0 && now - last > idleNs) {
+                    break;
+                }
+                continue;
+            }
+            if (got == 0) {
+                first = now;
+                firstBatch = msgs.size();
+            }
+            got += msgs.size();
+            last = now;
+        }
+        double seconds = (last - first) / 1e9;
+        JSONObject out = new JSONObject();
+        out.put("received", got);
+        out.put("seconds", seconds);
+        out.put("rate", seconds > 0 ? (got - firstBatch) / seconds : 0.0);
+        out.put("wall_seconds", (System.nanoTime() - start) / 1e9);
+        out.put("batch", batch);
+        System.out.println(out.toJSONString());
+        c.shutdown();
     }
 }
