@@ -167,7 +167,8 @@ class LatenessConsumer:
 
     def result(self, timeout: float) -> dict[str, Any]:
         """The consumer's summary: received, expected, complete, duplicates, other (outside the id range),
-        queues, first_ms and last_ms (receive times), quantiles_ms (1001, from 0 to 100 %)."""
+        queues, first_ms and last_ms (receive times), quantiles_ms (1001, from 0 to 100 %), by_second
+        ([messages, p50, p99, max] for each second of receive time from the first arrival)."""
         try:
             out = self._line(timeout)
             self.proc.wait(30)

@@ -22,7 +22,8 @@
 //                                 stdin (EOF: --count) is how many distinct BENCH_IDs in [id-min, id-max) to wait
 //                                 for (at most --wait-ms from then, giving up after --idle-ms without one); each
 //                                 one's lateness is its receive time (µs precision) − BENCH_DUE_MS; prints
-//                                 {"received","expected","duplicates","other","quantiles_ms":[1001, 0..100 %]}
+//                                 {"received","expected","duplicates","other","quantiles_ms":[1001, 0..100 %],
+//                                 "by_second":[[n, p50, p99, max] a second of receive time]}
 //   noop     --namesrv A --topic T --group G --count N [--batch B] [--timeout-ms M] [--idle-ms I] [--ak K --sk S]
 //                                 RocketMQ's lite pull consumer reading a backlog from the first offset and doing
 //                                 nothing with it; prints {"received":n,"seconds":s,"rate":r} (first to last message)
@@ -364,6 +365,7 @@ public final class JavaClient {
         private final long idMax;
         private final BitSet seen = new BitSet();
         private double[] late = new double[1 << 16];
+        private double[] received = new double[1 << 16];
         private int count;
         private long duplicates;
         private long other;
@@ -399,7 +401,9 @@ public final class JavaClient {
             seen.set(bit);
             if (count == late.length) {
                 late = Arrays.copyOf(late, count * 2);
+                received = Arrays.copyOf(received, count * 2);
             }
+            received[count] = receivedMs;
             late[count++] = receivedMs - dueMs;
             if (count == 1) {
                 firstMs = receivedMs;
@@ -411,19 +415,58 @@ public final class JavaClient {
             return count;
         }
 
-        /** 1001 quantiles (0, 0.1, ... 100 %), interpolated linearly between ranks as numpy.percentile does. */
+        /** 1001 quantiles (0, 0.1, ... 100 %) of all latenesses. */
         synchronized double[] quantiles() {
-            double[] sorted = Arrays.copyOf(late, count);
-            Arrays.sort(sorted);
-            double[] q = new double[count == 0 ? 0 : 1001];
-            for (int i = 0; i < q.length; i++) {
-                double pos = i * (count - 1) / 1000.0;
-                int lo = (int) Math.floor(pos);
-                int hi = Math.min(lo + 1, count - 1);
-                q[i] = sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
-            }
-            return q;
+            return quantilesOf(Arrays.copyOf(late, count), 1000);
         }
+
+        /** Per second of receive time from the first arrival: [messages, p50, p99, max], to tell a cold start
+         *  or a backlog building up from a steady state. */
+        synchronized List<List<Double>> bySecond() {
+            List<List<Double>> out = new ArrayList<>();
+            if (count == 0) {
+                return out;
+            }
+            int seconds = (int) ((lastMs - firstMs) / 1000) + 1;
+            int[] n = new int[seconds];
+            for (int i = 0; i < count; i++) {
+                n[(int) ((received[i] - firstMs) / 1000)]++;
+            }
+            double[][] rows = new double[seconds][];
+            for (int s = 0; s < seconds; s++) {
+                rows[s] = new double[n[s]];
+                n[s] = 0;
+            }
+            for (int i = 0; i < count; i++) {
+                int s = (int) ((received[i] - firstMs) / 1000);
+                rows[s][n[s]++] = late[i];
+            }
+            for (double[] row : rows) {
+                double[] q = quantilesOf(row, 100);
+                out.add(q.length == 0 ? List.of(0.0)
+                        : List.of((double) row.length, round2(q[50]), round2(q[99]), round2(q[100])));
+            }
+            return out;
+        }
+    }
+
+    /** steps + 1 quantiles (0 .. 100 %) of `values` (sorted here), interpolated linearly between ranks as
+     *  numpy.percentile does; none for no values. */
+    private static double[] quantilesOf(double[] values, int steps) {
+        Arrays.sort(values);
+        int count = values.length;
+        double[] q = new double[count == 0 ? 0 : steps + 1];
+        for (int i = 0; i < q.length; i++) {
+            double pos = (double) i * (count - 1) / steps;
+            int lo = (int) Math.floor(pos);
+            int hi = Math.min(lo + 1, count - 1);
+            q[i] = values[lo] + (values[hi] - values[lo]) * (pos - lo);
+        }
+        return q;
+    }
+
+    private static double round2(double v) {
+        return Math.round(v * 100) / 100.0;
     }
 
     private static void lateness(Map<String, String> opt) throws Exception {
@@ -523,9 +566,10 @@ public final class JavaClient {
             double[] q = got.quantiles();
             List<Double> rounded = new ArrayList<>(q.length);
             for (double v : q) {
-                rounded.add(Math.round(v * 100) / 100.0);
+                rounded.add(round2(v));
             }
             out.put("quantiles_ms", rounded);
+            out.put("by_second", got.bySecond());
         }
         System.out.println(out.toJSONString());
     }

@@ -66,6 +66,7 @@ def test_lateness_consumer_counts_each_wanted_message_once_and_reports_numpy_qua
     off = q - np.percentile(np.arange(20) * step, np.linspace(0, 100, 1001))
     assert len(q) == 1001 and np.all(np.diff(q) >= 0)
     assert off.min() >= -0.01 and off.max() <= elapsed + 0.01
+    assert sum(row[0] for row in got["by_second"]) == 20
 
 
 def test_noop_consumer_reads_a_backlog_from_the_first_offset(rocketmq: LocalRocketMQ) -> None:
