@@ -117,15 +117,18 @@ class JavaClient:
         return {k: float(v) for k, v in rows[-1].items()}
 
     def pace(self, topic: str, *, rate: float, seconds: float, id_start: int, threads: int = 4, body_size: int = 100,
-             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7) -> dict[str, float]:
-        """Messages at a steady `rate` for `seconds`, numbered from `id_start` (property BENCH_ID) with their
-        wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a target,
-        plain messages stamped with their send time. Returns sent, failed, seconds, rate."""
+             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7,
+             warm_up_s: float = 0.0) -> dict[str, float]:
+        """Messages at a steady `rate` for `warm_up_s` + `seconds`, numbered from `id_start` (property BENCH_ID)
+        with their wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a
+        target, plain messages stamped with their send time. Returns sent (after the warm-up), warm_up_sent,
+        failed, seconds, rate (of all sent)."""
         args = ["pace", "--topic", topic, "--rate", str(rate), "--seconds", str(seconds), "--id-start", str(id_start),
-                "--threads", str(threads), "--body-size", str(body_size), "--seed", str(seed)]
+                "--warm-up-seconds", str(warm_up_s), "--threads", str(threads), "--body-size", str(body_size),
+                "--seed", str(seed)]
         if target:
             args += ["--target", target, "--delay-min-ms", str(delay_ms[0]), "--delay-max-ms", str(delay_ms[1])]
-        rows = self._run(args, timeout=seconds + 120)
+        rows = self._run(args, timeout=warm_up_s + seconds + 120)
         return {k: float(v) for k, v in rows[-1].items()}
 
     def lateness(self, topic: str, id_range: tuple[int, int], *, group: str, wait_s: float = 60.0,

@@ -9,12 +9,14 @@
 //                                 prints each message received as JSON, then {"done":true,"received":n}
 //   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--props JSON] [--ak K --sk S]
 //                                 prints {"sent":n,"seconds":s,"rate":r}
-//   pace     --namesrv A --topic T --rate R --seconds S --id-start N [--threads N] [--body-size Z]
-//            [--target T --delay-min-ms A --delay-max-ms B] [--seed S] [--ak K --sk S]
+//   pace     --namesrv A --topic T --rate R --seconds S --id-start N [--warm-up-seconds W] [--threads N]
+//            [--body-size Z] [--target T --delay-min-ms A --delay-max-ms B] [--seed S] [--ak K --sk S]
 //                                 messages at a steady rate (small batches from several threads), each with
 //                                 BENCH_ID and BENCH_DUE_MS: with --target, delay messages of timewheel's contract
 //                                 due a uniformly random delay later; without, plain messages whose "due" time is
-//                                 their send time (µs precision); prints {"sent":n,"failed":f,"seconds":s,"rate":r}
+//                                 their send time (µs precision); the first W seconds' messages (numbered from
+//                                 id-start too) warm the path up and are counted apart; prints {"sent":n (after the
+//                                 warm-up),"warm_up_sent":w,"failed":f,"seconds":s,"rate":r (all sent / s)}
 //   lateness --namesrv A --topic T --group G --id-min N --id-max M [--count C] [--wait-ms W] [--idle-ms I]
 //            [--threads N] [--ak K --sk S]
 //                                 RocketMQ's push consumer, a fresh group from the first offset: prints
@@ -289,7 +291,8 @@ public final class JavaClient {
         String topic = opt.get("topic");
         String target = opt.get("target");
         double rate = Double.parseDouble(opt.get("rate"));
-        long total = (long) (rate * Double.parseDouble(opt.get("seconds")));
+        long warm = (long) (rate * Double.parseDouble(opt.getOrDefault("warm-up-seconds", "0")));
+        long total = warm + (long) (rate * Double.parseDouble(opt.get("seconds")));
         long idStart = Long.parseLong(opt.get("id-start"));
         int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
         long delayMin = Long.parseLong(opt.getOrDefault("delay-min-ms", "1000"));
@@ -297,6 +300,7 @@ public final class JavaClient {
         byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
         long seed = Long.parseLong(opt.getOrDefault("seed", "7"));
         AtomicLong sent = new AtomicLong();
+        AtomicLong warmSent = new AtomicLong();
         AtomicLong failed = new AtomicLong();
         long start = System.nanoTime();
         List<Thread> workers = new ArrayList<>();
@@ -308,7 +312,9 @@ public final class JavaClient {
                 while (next < total) {
                     long due = (long) ((System.nanoTime() - start) / 1e9 * rate);
                     List<Message> batch = new ArrayList<>();
+                    long warmInBatch = 0;
                     while (next < total && next <= due && batch.size() < 32) {
+                        warmInBatch += next < warm ? 1 : 0;
                         Message m = new Message(topic, body);
                         m.putUserProperty("BENCH_ID", Long.toString(idStart + next));
                         if (target != null) {
@@ -331,7 +337,8 @@ public final class JavaClient {
                     }
                     try {
                         p.send(batch);
-                        sent.addAndGet(batch.size());
+                        sent.addAndGet(batch.size() - warmInBatch);
+                        warmSent.addAndGet(warmInBatch);
                     } catch (Exception e) {
                         failed.addAndGet(batch.size());
                     }
@@ -346,9 +353,10 @@ public final class JavaClient {
         double took = (System.nanoTime() - start) / 1e9;
         JSONObject out = new JSONObject();
         out.put("sent", sent.get());
+        out.put("warm_up_sent", warmSent.get());
         out.put("failed", failed.get());
         out.put("seconds", took);
-        out.put("rate", sent.get() / took);
+        out.put("rate", (sent.get() + warmSent.get()) / took);
         System.out.println(out.toJSONString());
         p.shutdown();
     }

@@ -76,3 +76,15 @@ def test_noop_consumer_reads_a_backlog_from_the_first_offset(rocketmq: LocalRock
     assert result["ok"], result
     got = java.noop("JAVA_NOOP", 200, group="java-noop", timeout_s=60)
     assert got["received"] == 200 and got["rate"] >= 0 and got["wall_seconds"] >= got["seconds"]
+
+
+def test_paced_stream_after_its_warm_up_is_what_the_lateness_consumer_measures(rocketmq: LocalRocketMQ) -> None:
+    rocketmq.create_topics(["JAVA_PACED"])
+    java = JavaClient(rocketmq.namesrv_addr)
+    with java.lateness("JAVA_PACED", (1200, 1400), group="java-paced", wait_s=60) as consumer:
+        sent = java.pace("JAVA_PACED", rate=200, seconds=1, id_start=1000, warm_up_s=1)
+        assert (sent["sent"], sent["warm_up_sent"], sent["failed"]) == (200, 200, 0)
+        consumer.expect(int(sent["sent"]))
+        got = consumer.result(120)
+    assert (got["received"], got["complete"], got["duplicates"], got["other"]) == (200, True, 0, 200)
+    assert 0 < got["quantiles_ms"][500] < 60_000  # a plain hop: receive time after send time
