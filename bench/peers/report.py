@@ -233,7 +233,8 @@ def _clients(r: dict, phase: str) -> str:
 
 
 def chart(doc: dict, path: Path) -> None:
-    """CDFs of steady and burst lateness per system, symmetric-log x axis (ms)."""
+    """CDFs of steady (and, where measured, high-rate steady) and burst lateness per system, symmetric-log
+    x axis (ms)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,8 +242,10 @@ def chart(doc: dict, path: Path) -> None:
     import numpy as np
 
     phases = ["steady", "burst"]
-    if any(_get(r, "steady_high", "quantiles_ms") for r in doc["systems"].values()):
+    high = [r for r in doc["systems"].values() if _get(r, "steady_high", "quantiles_ms")]
+    if high:
         phases.insert(1, "steady_high")
+    clients = "Java producer and consumer" if any(_get(r, "steady_high", "consumer") for r in high) else "Java producer"
     fig, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 5), sharey=True)
     # one colour per system in every panel (a system missing from one must not shift the others')
     colours = {name: f"C{i}" for i, name in enumerate(doc["systems"])}
@@ -258,7 +261,7 @@ def chart(doc: dict, path: Path) -> None:
         delays = f"delays {c['delay_min_ms'] / 1000:g}–{c['delay_max_ms'] / 1000:g} s"
         titles = {"steady": f"steady: {c['steady_rate']:,}/s for {c['steady_seconds']:g} s, {delays}",
                   "steady_high": f"steady: {c.get('steady_high_rate', 0):,}/s for {c.get('steady_high_seconds', 0):g} s, "
-                                 f"{delays}\nRocketMQ's Java producer and consumer",
+                                 f"{delays}\nRocketMQ's {clients}",
                   "burst": f"burst: {c['burst']:,} due in the same millisecond"}
         ax.set_title(titles[phase], fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
