@@ -316,11 +316,12 @@ class Dispatcher:
                 ok = int(delivered[idx].sum())
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
                 self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
-        good = b if delivered.all() else b.select(delivered)
+        all_ok = bool(delivered.all())
+        good = b if all_ok else b.select(delivered)
         if len(good.due):
             try:
                 self._record(good, sent_at, DELIVERED, good.attempts + 1,
-                             answers[delivered] if answers is not None else None)
+                             answers if answers is None or all_ok else answers[delivered])
             except StorageWriteError:
                 # Delivered, but the dispatch log could not say so (disk full?): after a restart
                 # these are sent again. Counted, and the engine stops: it cannot record outcomes.
@@ -331,6 +332,8 @@ class Dispatcher:
             self.lateness.observe(np.maximum(late, 0, out=late))
             with self._lock:
                 self.counters.delivered += len(good.due)
+        if all_ok and held is None:  # the usual answer: nothing held, nothing failed
+            return
         if held is not None and held.any():
             # the lease ran out while the batch was on its way: held for whoever holds the lease,
             # not an attempt that failed
