@@ -103,3 +103,14 @@ def test_a_send_does_not_wait_for_the_timer_and_its_outcomes_reach_the_timer_lat
     assert run.timer.loader.loaded[seg].outstanding == 3, "the timer counts outcomes off on its own thread"
     run.timer.run_pass(clock.now_ms())
     assert run.timer.loader.loaded[seg].outstanding == 0
+
+
+def test_the_timer_pops_in_steps_of_the_sinks_linger(make_engine: Callable[..., Engine], clock: ManualClock,
+                                                     sink: RecordingSink) -> None:
+    sink.linger_ms = 5  # type: ignore[attr-defined]
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 100 + i, msg_id=f"m{i}") for i in range(4)])
+    e.step()
+    assert e.next_wakeup_ms() == T0 + 105, "a linger after the first was due, with what came due meanwhile"
+    clock.set(T0 + 105)
+    assert e.step() == 4 and [t for _, t in sink.sent] == [T0 + 105] * 4
