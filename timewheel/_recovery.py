@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from storage import RecordBytes
+from timewheel._due import DueEntries
 from timewheel._held import Batch
 from timewheel.message import CopyCheck, CopyFinder
 
@@ -129,7 +130,7 @@ class Recovery:
             c.resolve_ms_total += took
         return CopyCheck(found, unknown, out.answers, out.errors)
 
-    def resolve(self, b: Batch, now_ms: int, wait: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None],
+    def resolve(self, b: Batch, now_ms: int, wait: Callable[[np.ndarray, DueEntries], None],
                 found: Callable[[Batch, np.ndarray | None], None],
                 unknown: Callable[[Batch, list[str | None] | None], None]) -> np.ndarray:
         """The rows of `b` (stored bytes) to send now. Ambiguous rows wait for the quiet period
@@ -142,7 +143,7 @@ class Recovery:
         a = b.select(amb)
         keep = ~amb
         if now_ms < self.quiet_until_ms:
-            wait(np.full(len(a), self.quiet_until_ms, np.int64), a.due, a.refs, a.attempts)
+            wait(np.full(len(a), self.quiet_until_ms, np.int64), a.entries())
             self.note_quiet(len(a))
             return keep
         assert a.raw is not None

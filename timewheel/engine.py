@@ -12,17 +12,18 @@ Threads, when started in the background, and what each owns:
   `SegmentLoader`, catch-up of past segments and cancels' removals from the wheel: it pops what is
   due at the exact millisecond into the `DispatchQueue` and nudges it;
 - the dispatch threads (`timewheel-dispatch-N`, `Dispatcher`; as many as the sink's
-  `max_in_flight`, default one) own the shaper's held queues, the Sink calls, backoff (failed
+  `max_in_flight`, default one, of which more than one sends only while a full batch waits) own the shaper's held queues, the Sink calls, backoff (failed
   entries wait in the queue for their next attempt), dead letters, outcome records and lateness;
 - the housekeeping thread (`timewheel-housekeeping`, `Housekeeper`) checkpoints the store and
   retires old segments.
 
 Thread-safety rule: the timer and the dispatchers share only the `DispatchQueue`, which has its own
-Condition and holds the dispatch policy (linger, wait for the send in flight unless a batch is
-full, a backlog waits or 20 ms went by). The timer never reads a dispatcher's state, and a
-dispatcher reaches the timer only to locate a record and to count an outcome off its segment
-(`TimerDriver.note_done`). Locks are taken in one order: timer or dispatcher, then queue; the queue
-calls out to nobody but the timer's wake-up event.
+Condition and holds the dispatch policy (linger, wait for the send in flight unless a full batch
+waits or 20 ms went by). The timer never reads a dispatcher's state, and a dispatcher never calls
+into the timer: each entry carries its record's location from the timer, and the terminal outcomes
+a dispatcher recorded go back as counts per segment through the queue (`count_done`), which the
+timer takes on its own thread (`take_done`). Locks are taken in one order: timer or dispatcher,
+then queue; the queue calls out to nobody but the timer's wake-up event.
 
 `start(background=False)` starts no thread: `step()` runs one timer pass and then dispatch passes
 until nothing is left, on the caller's thread, for tests driven by a ManualClock.
@@ -45,6 +46,7 @@ from timewheel._admission import check_rows, encode_messages, validate
 from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
+from timewheel._due import DueEntries
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
@@ -148,7 +150,7 @@ class Engine:
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
         if self.copy_finder is not None:
             self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
-        dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
+        dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                 dead_letter_sink=self._dead_letter_sink, seed=self._seed,
                                 counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
         tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
@@ -401,9 +403,8 @@ class Engine:
         a replica holding the shard's lease publishes (`timewheel.watermark`)."""
         run = self._require_started()
 
-        def origins_of(refs: np.ndarray) -> list[tuple[str, int] | None]:
-            segs, parts, offsets = run.dispatcher.segments.locate(refs)
-            rows = run.store.read_origins(segs, parts, offsets)
+        def origins_of(entries: DueEntries) -> list[tuple[str, int] | None]:
+            rows = run.store.read_origins(entries.segs, entries.parts, entries.offsets)
             names = run.store.queues.names()
             return [(names[q], int(o)) if 0 <= q < len(names) else None
                     for q, o in zip(rows["queue"].tolist(), rows["offset"].tolist())]
