@@ -39,6 +39,7 @@ SMALL = 8
 _CRC_FROM = HEADER_DTYPE.fields["crc"][1] + 4  # type: ignore[index]  # the CRC covers what follows it
 _HEADER_COLUMNS = np.arange(HEADER_SIZE, dtype=np.int64)
 _ZERO = (0,) * len(_HEADER_NAMES)
+_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,15 @@ def check_records(buf: bytes | memoryview, offsets: np.ndarray, *, due_ms: np.nd
     try:
         if len(offsets) <= SMALL:
             return _check_each(mv, offsets, due_ms, lengths, verify_crc)
-        return _check_all(mv, np.asarray(offsets, np.int64), due_ms, lengths, verify_crc)
+        offsets = np.asarray(offsets, np.int64)
+        if len(offsets) <= _CHUNK:
+            return _check_all(mv, offsets, due_ms, lengths, verify_crc)
+        # in chunks: the header gather holds HEADER_SIZE int64 positions per row
+        parts = [_check_all(mv, offsets[a:a + _CHUNK], None if due_ms is None else due_ms[a:a + _CHUNK],
+                            None if lengths is None else lengths[a:a + _CHUNK], verify_crc)
+                 for a in range(0, len(offsets), _CHUNK)]
+        return CheckedRecords(offsets, np.concatenate([p.header for p in parts]), np.concatenate([p.ok for p in parts]),
+                              {k * _CHUNK + r: e for k, p in enumerate(parts) for r, e in p.errors.items()})
     finally:
         mv.release()
 
