@@ -159,11 +159,12 @@ def check_record(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None
     try:
         return _check(mv, offset, due_ms, length, verify_crc)
     except CorruptRecordError as e:
-        # a fresh error: the caught one's traceback holds views of `buf`, which may be a map that must close
-        err = CorruptRecordError(e.reason, offset=offset, record_due_ms=e.record_due_ms)
+        reason, record_due = e.reason, e.record_due_ms
     finally:
         mv.release()
-    raise err
+    # a fresh error, and no name for it here: the caught one's traceback holds views of `buf`, and a
+    # frame naming the raised one would hold it in a cycle, with its callers' frames (a map kept open)
+    raise CorruptRecordError(reason, offset=offset, record_due_ms=record_due)
 
 
 def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool) -> tuple[int, ...]:
