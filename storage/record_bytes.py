@@ -91,18 +91,8 @@ def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: 
                    due_ms: np.ndarray | None) -> RecordBytes:
     """Check and copy out records: per part, its mapped bytes, the rows it serves and their offsets;
     `due_ms` (per row) is what the index says."""
-    if len(buffers) == 1 and len(buffers[0][1]) == n:  # one part serves every row, in order
-        mv, _, offsets = buffers[0]
-        c = check_records(mv, offsets, due_ms=due_ms)
-        header, ok, errors = c.header, c.ok, c.errors
-        good = c.offset.tolist() if not errors else c.offset[ok].tolist()
-        lens = header["length"].tolist() if not errors else header["length"][ok].tolist()
-        data = b"".join([mv[o:o + ln] for o, ln in zip(good, lens)])
-        start = np.cumsum(header["length"], dtype=np.int64)
-        start -= header["length"]
-        if errors:
-            start[~ok] = -1
-        return RecordBytes(data, start, header, ok, errors)
+    if len(buffers) == 1 and len(buffers[0][1]) == n:  # one part serves every row (rows 0..n-1)
+        return _one_part(buffers[0][0], buffers[0][2], due_ms)
     header = np.zeros(n, HEADER_DTYPE)
     ok = np.zeros(n, bool)
     errors: dict[int, CorruptRecordError] = {}
@@ -125,4 +115,18 @@ def gather_records(buffers: list[tuple[memoryview, np.ndarray, np.ndarray]], n: 
         order = np.concatenate(rows_in_order)
         lengths = header["length"][order].astype(np.int64)
         start[order] = np.cumsum(lengths) - lengths
+    return RecordBytes(data, start, header, ok, errors)
+
+
+def _one_part(mv: memoryview, offsets: np.ndarray, due_ms: np.ndarray | None) -> RecordBytes:
+    """`gather_records` of rows all in one part (the usual send batch): fewer numpy calls."""
+    c = check_records(mv, offsets, due_ms=due_ms)
+    header, ok, errors = c.header, c.ok, c.errors
+    good = c.offset.tolist() if not errors else c.offset[ok].tolist()
+    lens = header["length"].tolist() if not errors else header["length"][ok].tolist()
+    data = b"".join([mv[o:o + ln] for o, ln in zip(good, lens)])
+    start = np.cumsum(header["length"], dtype=np.int64)
+    start -= header["length"]
+    if errors:
+        start[~ok] = -1
     return RecordBytes(data, start, header, ok, errors)
