@@ -188,6 +188,16 @@ def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, 
     if props_len > MAX_PROPERTIES or body_len > MAX_BODY:
         raise CorruptRecordError(f"properties of {props_len} or body of {body_len} bytes past the limits "
                                  f"({MAX_PROPERTIES}, {MAX_BODY})", offset=offset)
+    check_fields(mv, offset, id_len, topic_len, tags_len, keys_len, props_len)
+    if due_ms is not None and h[5] != due_ms:
+        raise CorruptRecordError(f"due {h[5]}, index says {due_ms}", offset=offset, record_due_ms=h[5])
+    return h
+
+
+def check_fields(mv: memoryview, offset: int, id_len: int, topic_len: int, tags_len: int, keys_len: int,
+                 props_len: int) -> None:
+    """`check_record`'s check of the variable fields of a record at `offset` whose lengths add up:
+    keys and properties well formed, every text UTF-8; raises CorruptRecordError."""
     p = offset + HEADER_SIZE
     texts = [mv[p:p + id_len], mv[p + id_len:p + id_len + topic_len]]
     p += id_len + topic_len
@@ -204,9 +214,6 @@ def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, 
         str(b"\x00".join(texts), "utf-8")
     except UnicodeDecodeError as e:
         raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from None
-    if due_ms is not None and h[5] != due_ms:
-        raise CorruptRecordError(f"due {h[5]}, index says {due_ms}", offset=offset, record_due_ms=h[5])
-    return h
 
 
 def _walk(mv: memoryview, per_entry: int, out: list[memoryview], at: int) -> None:
