@@ -155,9 +155,15 @@ def check_record(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None
     the index's `due_ms` when given (the error then carries the record's own in `record_due_ms`).
     `storage.record_reader` checks many records at once to the same verdicts.
     """
+    return _checked(buf, offset, due_ms, length, verify_crc, True)
+
+
+def _checked(buf: bytes | memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool,
+             fields: bool) -> tuple[int, ...]:
+    """`_check` on a view of `buf`, released after; its error raised afresh."""
     mv = memoryview(buf)
     try:
-        return _check(mv, offset, due_ms, length, verify_crc)
+        return _check(mv, offset, due_ms, length, verify_crc, fields)
     except CorruptRecordError as e:
         reason, record_due = e.reason, e.record_due_ms
     finally:
@@ -167,8 +173,9 @@ def check_record(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None
     raise CorruptRecordError(reason, offset=offset, record_due_ms=record_due)
 
 
-def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool) -> tuple[int, ...]:
-    """`check_record` on a view of the buffer."""
+def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool,
+           fields: bool) -> tuple[int, ...]:
+    """`check_record` on a view of the buffer (without `check_fields` and the due time unless `fields`)."""
     buf = mv
     size = record_length(buf, offset)
     if length is not None and size != length:
@@ -188,10 +195,16 @@ def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, 
     if props_len > MAX_PROPERTIES or body_len > MAX_BODY:
         raise CorruptRecordError(f"properties of {props_len} or body of {body_len} bytes past the limits "
                                  f"({MAX_PROPERTIES}, {MAX_BODY})", offset=offset)
-    check_fields(mv, offset, id_len, topic_len, tags_len, keys_len, props_len)
-    if due_ms is not None and h[5] != due_ms:
-        raise CorruptRecordError(f"due {h[5]}, index says {due_ms}", offset=offset, record_due_ms=h[5])
+    if fields:
+        check_fields(mv, offset, id_len, topic_len, tags_len, keys_len, props_len)
+        _check_due(h[5], due_ms, offset)
     return h
+
+
+def _check_due(due: int, index_due: int | None, offset: int) -> None:
+    """The last check: the record's own due time is the index's (when known)."""
+    if index_due is not None and due != index_due:
+        raise CorruptRecordError(f"due {due}, index says {index_due}", offset=offset, record_due_ms=due)
 
 
 def check_fields(mv: memoryview, offset: int, id_len: int, topic_len: int, tags_len: int, keys_len: int,
@@ -239,15 +252,23 @@ def decode(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None = Non
     """Decode the record at `offset`; returns it and its length. Raises CorruptRecordError
     (`check_record`, with the index's `due_ms` when given)."""
     (_m, _v, _f, length, _c, due, enqueue_ms, id_len, topic_len, tags_len, keys_len, props_len,
-     body_len) = check_record(buf, offset, due_ms=due_ms)
+     body_len) = _checked(buf, offset, None, None, True, False)
     raw = bytes(buf[offset:offset + length])  # one copy; every field below is sliced from it
     p = HEADER_SIZE
-    msg_id = raw[p:p + id_len].decode(); p += id_len
-    topic = raw[p:p + topic_len].decode(); p += topic_len
-    tags = raw[p:p + tags_len].decode() if tags_len else ""; p += tags_len
-    keys = decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
-    props = decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
-    p += props_len
+    try:  # decoding the fields checks them as check_fields does (the same walk, strict UTF-8)
+        msg_id = raw[p:p + id_len].decode(); p += id_len
+        topic = raw[p:p + topic_len].decode(); p += topic_len
+        tags = raw[p:p + tags_len].decode() if tags_len else ""; p += tags_len
+        keys = decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
+        props = decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
+        p += props_len
+        bad = False
+    except (UnicodeDecodeError, CorruptRecordError):
+        bad = True
+    if bad:  # check_record's own words for it
+        check_record(buf, offset)
+        raise AssertionError(f"the record at offset {offset} does not decode, and check_record accepts it")
+    _check_due(due, due_ms, offset)
     return Record(msg_id, topic, raw[p:p + body_len], due, enqueue_ms, tags, keys, props), length
 
 

@@ -1,5 +1,5 @@
 """The one reader of the record layout (`storage.record_reader`): its scalar path (a walk with
-`check_record`) and its column path (numpy) give the same columns, verdicts and errors, on good
+`check_record`), its column path (numpy) and `decode` give the same columns, verdicts and errors, on good
 records and on damaged ones (flipped bytes, with or without a CRC that matches again, truncation,
 an index whose due time or length disagrees)."""
 from __future__ import annotations
@@ -82,6 +82,16 @@ def test_scalar_and_column_paths_agree(recs: list[Record], damages: list, cut: i
             assert each.ok[i] and tuple(each.header[i].tolist()) == h
     if not damages and cut is None:
         assert each.ok.all()
+    for i, o in enumerate(offs.tolist()):  # decode (read_records' path) refuses with the same words
+        d = int(due[i]) if with_due else None
+        try:
+            check_record(buf, o, due_ms=d)
+        except CorruptRecordError as e:
+            with pytest.raises(CorruptRecordError) as raised:
+                decode(buf, o, due_ms=d)
+            assert (raised.value.reason, raised.value.record_due_ms) == (e.reason, e.record_due_ms)
+        else:
+            assert decode(buf, o, due_ms=d)[0].due_ms == d or d is None
 
 
 @settings(max_examples=30, deadline=None)
