@@ -16,7 +16,8 @@ from storage.record import HEADER, HEADER_SIZE, check_record, crc32c
 from storage.record_reader import HEADER_DTYPE, SMALL, CheckedRecords, _check_all, _check_each, check_records
 
 T0 = 1_800_000_000_000
-text = st.text(max_size=8) | st.text(alphabet="abcXYZ-:0123456789", max_size=12)
+text = (st.text(max_size=8) | st.text(alphabet="abcXYZ-:0123456789", max_size=12)
+        | st.text(alphabet="aé", min_size=120, max_size=140))  # past the column path's ASCII window
 record = st.builds(
     lambda i, topic, body, due, tags, keys, props: Record(f"{i}-{topic}", topic or "T", body, T0 + due, T0, tags,
                                                           tuple(keys), props),
