@@ -20,6 +20,9 @@ Layout (little-endian), written down for every reader in docs/FORMAT.md::
 
 keys: repeated (uint16 length, UTF-8 bytes). properties: repeated (uint16 key length, key bytes,
 uint16 value length, value bytes), UTF-8.
+
+`check_record` is the one definition of a good record (`decode` applies it; `storage.record_reader`
+applies it to many records at once, as columns).
 """
 from __future__ import annotations
 
