@@ -85,7 +85,7 @@ def check_records(buf: bytes | memoryview, offsets: np.ndarray, *, due_ms: np.nd
         offsets = np.asarray(offsets, np.int64)
         if len(offsets) <= _CHUNK:
             return _check_all(mv, offsets, due_ms, lengths, verify_crc)
-        # in chunks: the header gather holds HEADER_SIZE int64 positions per row
+        # in chunks: the column path holds a few columns, lists and text windows per row
         parts = [_check_all(mv, offsets[a:a + _CHUNK], None if due_ms is None else due_ms[a:a + _CHUNK],
                             None if lengths is None else lengths[a:a + _CHUNK], verify_crc)
                  for a in range(0, len(offsets), _CHUNK)]

@@ -123,3 +123,13 @@ def test_only_the_due_time_disagreeing_carries_the_records(n: int) -> None:
     got = check_records(b"".join(blobs), offs, due_ms=due)
     assert got.ok.tolist() == [False] + [True] * (n - 1)
     assert got.errors[0].record_due_ms == T0 and "index says" in got.errors[0].reason
+
+
+def test_many_rows_are_checked_in_chunks_to_the_same_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.record_reader as reader
+    monkeypatch.setattr(reader, "_CHUNK", 20)
+    blobs = [encode(Record(f"id-{i}", "T", b"b" * i, T0 + i)) for i in range(50)]
+    buf, offs, due, lengths = _damaged(blobs, [T0 + i for i in range(50)], [("due", 37, 3), ("flip", 3, 1)], None)
+    with memoryview(buf) as mv:
+        _same(check_records(buf, offs, due_ms=due, lengths=lengths), _check_each(mv, offs, due, lengths, True))
+    assert check_records(buf, offs, due_ms=due).errors[37].record_due_ms == T0 + 37
