@@ -16,8 +16,9 @@ column reads cost more than the rows themselves); a larger one reads each column
 """
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
@@ -51,21 +52,30 @@ def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: 
                 *, max_message: int, max_count: int, max_bytes: int) -> EncodedBatches:
     """Every row (every row good) encoded under its delivered id (one of `fresh(n)` for a row stored
     without an id) and cut into batches per topic; `extra` properties go on every message."""
-    tail = f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode()
-    if extra:
-        if RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra.items()).encode()):
-            raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
-        tail = "".join(f"\x02{k}\x01{v}" for k, v in extra.items()).encode() + tail
-    missing = int((records.header["id_len"] == 0).sum()) if len(records) else 0
+    template = _template(tuple(extra.items()) if extra else ())
+    rows = _rows(records)
+    missing = sum(1 for r in rows if not r[2])
     ids = _Ids(fresh(missing) if missing else [])
     checked: list[bytes] = []
     limits = (max_message, max_count, max_bytes)
-    out = _pass(records, tail, extra, ids, checked, limits)
+    out = _pass(records, rows, template, extra, ids, checked, limits)
     if checked and RESERVED_BYTES.search(b"".join(checked)):
         # rare: again, each row checked on its own, so that one holding a separator is refused in the
         # general path's words
-        out = _pass(records, tail, extra, _Ids([], out.ids), None, limits)
+        out = _pass(records, rows, template, extra, _Ids([], out.ids), None, limits)
     return out
+
+
+@functools.lru_cache(maxsize=64)  # a replica's epoch, or nothing: the same few for every batch
+def _template(extra: tuple[tuple[str, str], ...]) -> bytes:
+    """Every message's properties as one %-format: id, due time, TAGS (or nothing), KEYS (or nothing),
+    the `extra` properties, WAIT, then UNIQ_KEY (`encode_records`' names and order)."""
+    tail = f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode()
+    if extra:
+        if RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra).encode()):
+            raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
+        tail = "".join(f"\x02{k}\x01{v}" for k, v in extra).encode() + tail
+    return _ORIGINAL + b"%s" + _DUE + b"%d%s%s" + tail.replace(b"%", b"%%") + b"%s\x02"
 
 
 class _Ids:
@@ -78,16 +88,16 @@ class _Ids:
         self.given = given
 
 
-def _rows(records: RecordBytes) -> Iterable[Row]:
+def _rows(records: RecordBytes) -> list[Row]:
     """Per row: where it starts, its due time and the lengths of its fields."""
     if len(records) <= SCALAR_ROWS:
         # HEADER_DTYPE: magic, version, flags, length, crc, due_ms, enqueue_ms, then the six lengths
-        return ((s, h[5], *h[7:]) for s, h in zip(records.start.tolist(), records.header.tolist()))
+        return [(s, h[5], *h[7:]) for s, h in zip(records.start.tolist(), records.header.tolist())]
     h = records.header
-    return zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS))
+    return list(zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS)))
 
 
-def _pass(records: RecordBytes, tail: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
+def _pass(records: RecordBytes, rows: list[Row], template: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
           checked: list[bytes] | None, limits: tuple[int, int, int]) -> EncodedBatches:
     """The one pass. `checked` collects each row's text for one search afterwards; without it, each
     row is searched on its own and one holding a separator goes the general way."""
@@ -98,67 +108,70 @@ def _pass(records: RecordBytes, tail: bytes, extra: Mapping[str, str] | None, ro
     head_pack, plen_pack = _HEAD.pack, _PROPS_LEN.pack
     fresh, given = row_ids.fresh, row_ids.given
     ids: list[str] = [] if given is None else given
-    topic_names: dict[bytes, str] = {}
+    keep = checked.append if checked is not None else None
+    names: dict[bytes, str] = {}
     open_batch: dict[bytes, SendBatch] = {}
     batches: list[SendBatch] = []
     rejected: list[tuple[int, str, RemotingError]] = []
-    for i, (s, due, il, tl, gl, kl, pl, bl) in enumerate(_rows(records)):
+    for i, (s, due, il, tl, gl, kl, pl, bl) in enumerate(rows):
         a = s + hsize
-        mid = data[a:a + il]
+        t = a + il
+        mid = data[a:t]
         if given is None:
             uid = derived_id(mid, due) if il else next(fresh)
             ids.append(uid)
         else:
             uid = given[i]
-        a += il
-        tkey = data[a:a + tl]
-        topic = topic_names.get(tkey)
-        if topic is None:
-            topic = topic_names[tkey] = tkey.decode("utf-8", "replace")
+        g = t + tl
+        tkey = data[t:g]
         props: bytes | None = None
-        if not pl and (checked is not None or not _has_reserved(records, i)):
-            a += tl
-            parts = [_ORIGINAL, mid, _DUE, b"%d" % due]
-            if gl:
-                parts += (_TAGS, data[a:a + gl])
-                a += gl
-            if checked is not None:
-                checked.append(data[s + hsize:a])  # id, topic and tags: one slice, as they lie in the record
+        if not pl and (keep is not None or not _has_reserved(records, i)):
+            k = g + gl
             if kl:
-                keys = data[a + 2:a + kl] if data[a] | data[a + 1] << 8 == kl - 2 else _joined_keys(data[a:a + kl])
+                keys = data[k + 2:k + kl] if data[k] | data[k + 1] << 8 == kl - 2 else _joined_keys(data[k:k + kl])
+            else:
+                keys = b""
+            if keep is not None:
+                keep(data[a:k])  # id, topic and tags: one slice, as they lie in the record
                 if keys:
-                    parts += (_KEYS, keys)
-                    if checked is not None:
-                        checked.append(keys)
-            parts += (tail, uid.encode(), b"\x02")
-            props = b"".join(parts)
+                    keep(keys)
+            props = template % (mid, due, _TAGS + data[g:k] if gl else b"", _KEYS + keys if keys else b"",
+                                uid.encode())
             if len(props) > MAX_PROPERTIES_BYTES:
                 props = None  # the general path says why
         if props is None:
             try:
                 whole = encode_message(to_outgoing(_with(Message.from_record(records.record(i)), extra)), uid)
             except MessageRejectedError as e:
-                rejected.append((i, topic, e))
+                rejected.append((i, _name(names, tkey), e))
                 continue
             size = len(whole)
             pieces: tuple[bytes | memoryview, ...] = (whole,)
         else:
             size = _OVERHEAD + bl + len(props)
-            at = s + hsize + il + tl + gl + kl
+            at = g + gl + kl
             pieces = (head_pack(size, 0, 0, 0, bl), mv[at:at + bl], plen_pack(len(props)) + props)
         if size > max_message:
-            rejected.append((i, topic, MessageRejectedError(
+            rejected.append((i, _name(names, tkey), MessageRejectedError(
                 f"message of {size} bytes exceeds the maximum of {max_message}", code=MESSAGE_ILLEGAL)))
             continue
         b = open_batch.get(tkey)
         if b is None or len(b.index) >= max_count or b.size + size > max_bytes:
-            b = open_batch[tkey] = SendBatch(topic)
+            b = open_batch[tkey] = SendBatch(_name(names, tkey))
             batches.append(b)
         b.index.append(i)
         b.ids.append(uid)
         b.parts += pieces
         b.size += size
     return EncodedBatches(batches, rejected, ids)
+
+
+def _name(names: dict[bytes, str], topic: bytes) -> str:
+    """A topic's name from its stored bytes (each decoded once)."""
+    name = names.get(topic)
+    if name is None:
+        name = names[topic] = topic.decode("utf-8", "replace")
+    return name
 
 
 def _with(m: Message, extra: Mapping[str, str] | None) -> Message:
