@@ -606,3 +606,37 @@ def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) 
         assert server.batches() == [], "nothing reached the broker"
         assert p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: True) == [None] * 3
     assert len(server.batches()) == 1
+
+
+def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_row(server: FakeServer,
+                                                                                   tmp_path) -> None:
+    """`RocketMQSink.send_records` on the one-pass batches: a closed fence sends nothing, an open one
+    sends each row under its derived id; a row too large fails alone, a row for a topic that is no
+    target is refused the general path's way."""
+    import numpy as np
+
+    from forwarder.contract import delivered_id
+    from storage import Record, ScheduleStore
+
+    recs = [Record(f"id-{i}", "T", b"x" * (5000 if i == 1 else 10), 1_800_000_000_000 + i, tags="t") for i in range(4)]
+    sink = RocketMQSink(RocketMQConfig(namesrv=server.addr), None,  # type: ignore[arg-type]
+                        sender=RemotingProducer(server.addr, "g", max_message_bytes=1000))
+    try:
+        with ScheduleStore(tmp_path / "data") as store:
+            locs = store.append(recs + [Record("sys", "TW_DLQ", b"x", 1_800_000_000_009)], 1_800_000_000_000).locations
+            raw = store.read_record_bytes(locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16),
+                                          locs["offset"].astype(np.uint32))
+        rows = raw.select(np.arange(4))
+        held = sink.send_records(rows, fence=lambda: False)
+        assert list(held) == [False] * 4 and server.batches() == []
+        assert held.errors is not None and "FencedError" in str(held.errors[0]) and "MessageRejected" in str(held.errors[1])
+        sent = sink.send_records(rows, fence=lambda: True)
+        assert list(sent) == [True, False, True, True]
+        [req] = server.batches()
+        assert [p["UNIQ_KEY"] for _, p in decode_batch(req.body)] == [delivered_id(r.msg_id, r.due_ms)
+                                                                      for r in recs if r.msg_id != "id-1"]
+        # a row for the dead-letter topic: refused alone, the rest sent the general way
+        assert list(sink.send_records(raw)) == [True, False, True, True, False]
+        assert len(server.batches()) == 2
+    finally:
+        sink.close()
