@@ -2,7 +2,7 @@
 
 `cut_records` does, row by row and once, what `record_encoding.delivered_ids`,
 `record_encoding.encode_records` and the producer's `cut_encoded` do in turn: per row it takes the
-UNIQ_KEY (`codec.derived_id` of the stored id and due time), joins the properties once (the same
+UNIQ_KEY (`codec.derived_id` of the stored id and due time), formats the properties once (the same
 names, values and order as `encode_records`), and appends the message's head, a view of its stored
 body and its properties to the open batch of its topic (cut within the count and byte limits as
 `cut_encoded` cuts them). The request bodies that come out are byte for byte those of that general
@@ -38,14 +38,15 @@ _HEAD = struct.Struct(">iiiii")
 _PROPS_LEN = struct.Struct(">h")
 _OVERHEAD = _HEAD.size + _PROPS_LEN.size
 _U16 = struct.Struct("<H")
-#: the header fields a row needs, in `storage.RecordBytes.header`'s order of names
+#: the properties' fixed parts (their names and separators), as `record_encoding` writes them
 _ORIGINAL = f"{ORIGINAL_MSG_ID}\x01".encode()
 _DUE = f"\x02{DUE_MS}\x01".encode()
 _TAGS = f"\x02{TAGS}\x01".encode()
 _KEYS = f"\x02{KEYS}\x01".encode()
+#: the header fields a row needs, in `storage.RecordBytes.header`'s order of names
 _COLUMNS = ("due_ms", "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
 
-Row = tuple[int, int, int, int, int, int, int, int]  # start, due, then the lengths of _COLUMNS[1:]
+_Row = tuple[int, int, int, int, int, int, int, int]  # start, due, then the lengths of _COLUMNS[1:]
 
 
 def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: Mapping[str, str] | None = None,
@@ -88,7 +89,7 @@ class _Ids:
         self.given = given
 
 
-def _rows(records: RecordBytes) -> list[Row]:
+def _rows(records: RecordBytes) -> list[_Row]:
     """Per row: where it starts, its due time and the lengths of its fields."""
     if len(records) <= SCALAR_ROWS:
         # HEADER_DTYPE: magic, version, flags, length, crc, due_ms, enqueue_ms, then the six lengths
@@ -97,7 +98,7 @@ def _rows(records: RecordBytes) -> list[Row]:
     return list(zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS)))
 
 
-def _pass(records: RecordBytes, rows: list[Row], template: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
+def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
           checked: list[bytes] | None, limits: tuple[int, int, int]) -> EncodedBatches:
     """The one pass. `checked` collects each row's text for one search afterwards; without it, each
     row is searched on its own and one holding a separator goes the general way."""
