@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
+from forwarder.record_encoding import _has_reserved, _joined_keys, _with  # the reference path's own helpers
 from forwarder.rocketmq import EncodedBatches, MessageRejectedError, RemotingError, SendBatch
 from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, derived_id, encode_message
 from forwarder.rocketmq.message import KEYS, TAGS, UNIQ_KEY, WAIT
@@ -37,7 +37,6 @@ SCALAR_ROWS = 32
 _HEAD = struct.Struct(">iiiii")
 _PROPS_LEN = struct.Struct(">h")
 _OVERHEAD = _HEAD.size + _PROPS_LEN.size
-_U16 = struct.Struct("<H")
 #: the properties' fixed parts (their names and separators), as `record_encoding` writes them
 _ORIGINAL = f"{ORIGINAL_MSG_ID}\x01".encode()
 _DUE = f"\x02{DUE_MS}\x01".encode()
@@ -173,24 +172,3 @@ def _name(names: dict[bytes, str], topic: bytes) -> str:
     if name is None:
         name = names[topic] = topic.decode("utf-8", "replace")
     return name
-
-
-def _with(m: Message, extra: Mapping[str, str] | None) -> Message:
-    """The message with `extra` properties added."""
-    return replace(m, properties={**(m.properties or {}), **extra}) if extra else m
-
-
-def _joined_keys(field: bytes) -> bytes:
-    """Several stored keys (uint16 length + bytes, repeated) as RocketMQ's KEYS: space-separated."""
-    keys, p = [], 0
-    while p < len(field):
-        (n,) = _U16.unpack_from(field, p)
-        keys.append(field[p + 2:p + 2 + n])
-        p += 2 + n
-    return b" ".join(keys)
-
-
-def _has_reserved(records: RecordBytes, i: int) -> bool:
-    """Whether row i's id, tags or keys hold a separator."""
-    rec = records.record(i)
-    return RESERVED_BYTES.search(" ".join((rec.msg_id, rec.tags, *rec.keys)).encode()) is not None
