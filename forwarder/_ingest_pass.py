@@ -186,8 +186,10 @@ class OnePass:
                     d = dict(map(_SPLIT_PAIR, pairs))
                 except ValueError:  # a pair without a separator
                     fast = False
-                # each property once (RocketMQ's repeats follow their own rules), no separator in a value
-                fast = fast and len(d) == len(pairs) == text.count(NAME_VALUE_SEPARATOR) and CONTROL_PROPERTIES.isdisjoint(d)
+                # each property once, or repeated with the same value (a broker stores a batch's messages
+                # with WAIT twice); other repeats follow RocketMQ's own rules; no separator in a value
+                fast = (fast and len(pairs) == text.count(NAME_VALUE_SEPARATOR) and CONTROL_PROPERTIES.isdisjoint(d)
+                        and (len(d) == len(pairs) or all(d[k] == v for k, v in map(_SPLIT_PAIR, pairs))))
             else:
                 fast = False
             # ---- the contract, for messages that meet it without a doubt

@@ -153,6 +153,8 @@ def _properties(draw: st.DrawFn, born: int) -> bytes:
         text = text[:-1]
     elif fault == 2:  # a pair without a separator
         text += "lonely\x02"
+    elif fault in (4, 5):  # as a broker stores a batch's message: WAIT again, with the same value
+        text += "MSG_REGION\x01DefaultRegion\x02CLUSTER\x01DefaultCluster\x02WAIT\x01true\x02TRACE_ON\x01true\x02"
     raw = text.encode("utf-8", "surrogatepass")
     if fault == 3:
         raw += b"\xff\xfe\x02"
