@@ -215,21 +215,22 @@ class Cluster:
     # ---- replicas -----------------------------------------------------------------------------------
 
     def start_replica(self, name: str, *, offset_ms: int = 0, replica_id: str | None = None,
-                      data_dir: Path | None = None) -> Replica:
-        """Start replica `name` (behind its proxy) and wait until it is ready."""
+                      data_dir: Path | None = None, extra: dict[str, str] | None = None) -> Replica:
+        """Start replica `name` (behind its proxy, `extra` added to its environment) and wait until it is ready."""
         self.offsets[name] = offset_ms
         r = Replica(name, self.work, self.env, data_dir=data_dir, replica_id=replica_id,
                     TIMEWHEEL_HA_ZOOKEEPER=self.proxies[name].address,
-                    TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS=str(offset_ms))
+                    TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS=str(offset_ms), **(extra or {}))
         self.replicas[name] = r
         return r.wait_ready()
 
-    def restart_replica(self, name: str, *, offset_ms: int = 0, timeout: float = 60.0) -> Replica:
+    def restart_replica(self, name: str, *, offset_ms: int = 0, timeout: float = 60.0,
+                        extra: dict[str, str] | None = None) -> Replica:
         """Start `name` again on its data directory, retrying while its old session still holds its id."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.start_replica(name, offset_ms=offset_ms)
+                return self.start_replica(name, offset_ms=offset_ms, extra=extra)
             except AssertionError:
                 if time.monotonic() > deadline or "already live" not in self.replicas[name].log.read_text()[-4000:]:
                     raise
