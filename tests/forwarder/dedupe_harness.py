@@ -64,7 +64,7 @@ def dedupe_of(r: Replica) -> dict[str, int] | None:
         return None
     if not isinstance(d, dict) or not d.get("enabled") or "found" not in d:
         return None
-    return {k: int(d.get(k, 0)) for k in (*COUNTERS, "resolve_ms_max")}
+    return {k: int(d.get(k, 0)) for k in (*COUNTERS, "resolve_ms_max", "quiet_until_ms")}
 
 
 def paused(r: Replica) -> bool:
@@ -254,7 +254,10 @@ class Harness:
         return now_ms()
 
     def _read_recovery(self, rnd: RoundRecord, engine: Replica, before: dict[str, int] | None) -> None:
-        """Wait for the engine's look-ups after the fault to settle; their counters over the round."""
+        """Wait for the engine's look-ups after the fault to settle; their counters over the round.
+
+        Settled: past the quiet period (the look-ups begin after it), something looked up since
+        `before`, and no counter moved for 1.5 s (6 s if nothing was looked up)."""
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         base = before or {k: 0 for k in COUNTERS}
         last, stable_since = dedupe_of(engine), time.monotonic()
@@ -263,10 +266,12 @@ class Harness:
             now = dedupe_of(engine)
             if now != last:
                 last, stable_since = now, time.monotonic()
-            elif last is None and time.monotonic() - stable_since > 4.0:
-                break  # no counters: the look-up is off, or not built
-            elif (last is not None and last["episodes"] > base["episodes"] and not last["unknown"] - base["unknown"]
-                  and time.monotonic() - stable_since > 1.5):
+            stable = time.monotonic() - stable_since
+            if last is None:
+                if stable > 4.0:
+                    break  # no counters: the look-up is off, or not built
+            elif now_ms() > last["quiet_until_ms"] + 500 and (
+                    stable > 6.0 or (stable > 1.5 and last["looked_up"] > base["looked_up"])):
                 break
         if last is None:
             return
