@@ -6,8 +6,12 @@ RocketMQ message id (UNIQ_KEY) is the dedup id, so a redelivered or re-sent mess
 once.
 
 The delay topic is read by the wire client's pull consumer (`forwarder.rocketmq.RemotingPullConsumer`),
-which hands over batches; each batch is stored with one `schedule()` call, and its offset is
-committed only after that. Dead letters go through a `RemotingProducer`.
+which hands over batches; each batch is stored in one store commit, and its offset is committed
+only after that. Started with the engine as `encoded`, the consumer reads each pull answer in one
+pass (`forwarder._ingest_pass`): the common messages arrive as record bytes, and only the others
+are looked at here one by one, then all go to `Engine.schedule_encoded` in arrival order; without
+it, every message is looked at here and the batch goes to `schedule()`. Dead letters go through a
+`RemotingProducer`.
 """
 from __future__ import annotations
 
@@ -19,11 +23,14 @@ from forwarder.config import RocketMQConfig
 from forwarder.contract import (ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
                                 to_message)
 from forwarder.control import split_control, to_cancel
+from forwarder._ingest_merge import merge_answers
+from forwarder._ingest_pass import OnePass, PulledAnswer
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import ReceivedMessage, RemotingProducer, RemotingPullConsumer
+from forwarder.rocketmq.consumer import BodyReader
 from timewheel.errors import InvalidMessageError
 from storage import Origin
-from timewheel.message import CancelFn, Message, ScheduleFn
+from timewheel.message import CancelFn, EncodedScheduler, Message, ScheduleFn
 
 log = logging.getLogger("timewheel.ingest")
 
@@ -35,11 +42,17 @@ def _schedule_refusing(schedule: ScheduleFn, messages: list[Message],
 
     Any other error is raised: then none of the messages is known to be stored.
     """
-    refusals: list[InvalidMessageError | None] = [None] * len(messages)
-    todo = list(range(len(messages)))
+    return _refusing(lambda rows: schedule([messages[i] for i in rows], [origins[i] for i in rows]), len(messages))
+
+
+def _refusing(store: Callable[[list[int]], object], n: int) -> list[InvalidMessageError | None]:
+    """Store rows 0..n-1 with `store(rows)`, leaving out each one the engine refuses (an
+    InvalidMessageError naming its index among `rows`); per row, its refusal or None."""
+    refusals: list[InvalidMessageError | None] = [None] * n
+    todo = list(range(n))
     while todo:
         try:
-            schedule([messages[i] for i in todo], [origins[i] for i in todo])
+            store(todo)
             return refusals
         except InvalidMessageError as e:
             if e.index is not None:
@@ -50,7 +63,7 @@ def _schedule_refusing(schedule: ScheduleFn, messages: list[Message],
                 return refusals
             for i in todo:  # the engine did not say which: one at a time
                 try:
-                    schedule([messages[i]], [origins[i]])
+                    store([i])
                 except InvalidMessageError as one:
                     refusals[i] = one
             return refusals
@@ -72,22 +85,30 @@ class DelayTopicIngest:
         self._puller: RemotingPullConsumer | None = None
         self._schedule: ScheduleFn | None = None
         self._cancel: CancelFn | None = None
+        self._encoded: EncodedScheduler | None = None
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
         #: a replica's own start offsets (`RemotingPullConsumer.start_offsets`); None: the group's
         self.start_offsets: dict[str, int] | None = None
+        #: "one_pass": messages stored as the one pass encoded them (the rest of "ingested" took the general path)
         self.counters = {"ingested": 0, "dead_lettered": 0, "dead_lettered_raw": 0, "redelivered": 0,
-                         "cancels_received": 0}
+                         "cancels_received": 0, "one_pass": 0}
 
-    def start(self, schedule: ScheduleFn, cancel: CancelFn | None = None) -> None:
+    def start(self, schedule: ScheduleFn, cancel: CancelFn | None = None,
+              encoded: EncodedScheduler | None = None) -> None:
         """Subscribe to the delay topic and start consuming; cancels (control messages) go to
-        `cancel` (without one they are dead-lettered)."""
+        `cancel` (without one they are dead-lettered). With `encoded` (the engine), each pull answer
+        is read in one pass (`forwarder._ingest_pass`): its common messages go to the store as
+        record bytes, the rest the way `schedule` takes them, in one commit."""
         self._schedule = schedule
         self._cancel = cancel
+        self._encoded = encoded
         self._accepting.set()
+        reader = BodyReader(OnePass(self.limits, self.now_ms).read, PulledAnswer.of_messages) if encoded else None
         self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
-                                            self._on_batch, pull_batch=self.cfg.consume_batch,
+                                            self._on_answers if encoded else self._on_batch,
+                                            reader=reader, pull_batch=self.cfg.consume_batch,
                                             timeout_ms=self.cfg.send_timeout_ms,
                                             max_body_bytes=self.limits.max_body_bytes,
                                             security=self.cfg.security(),
@@ -143,23 +164,31 @@ class DelayTopicIngest:
                 self._busy -= 1
                 self._idle.notify_all()
 
-    def _store_batch(self, batch: list[ReceivedMessage]) -> bool:
-        assert self._schedule is not None
-        now = self.now_ms()
+    def _admit(self, batch: list[ReceivedMessage], now: int) -> list[tuple[Message, ReceivedMessage]] | None:
+        """A batch's messages as the contract reads them: cancels applied, what cannot be read or
+        breaks the contract dead-lettered; the messages to store, each with what it was read from
+        (None: a dead letter or a cancel failed, the batch is handed back)."""
         batch, control = split_control(batch)
         if control and not self._apply_cancels(control, now):
-            return False
+            return None
         todo: list[tuple[Message, ReceivedMessage]] = []
         for msg in batch:
             if msg.undecodable is not None:
                 if not self._dead_letter_raw(msg):
-                    return False
+                    return None
                 continue
             try:
                 todo.append((to_message(msg, now, self.limits), msg))
             except ContractViolation as e:
                 if not self._dead_letter(msg, e.reason):
-                    return False
+                    return None
+        return todo
+
+    def _store_batch(self, batch: list[ReceivedMessage]) -> bool:
+        assert self._schedule is not None
+        todo = self._admit(batch, self.now_ms())
+        if todo is None:
+            return False
         try:
             refusals = _schedule_refusing(self._schedule, [m for m, _ in todo], [r.origin for _, r in todo])
         except Exception:
@@ -170,6 +199,38 @@ class DelayTopicIngest:
         # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
         return all(self._dead_letter(msg, refusal.reason)
                    for (_, msg), refusal in zip(todo, refusals) if refusal is not None)
+
+    def _on_answers(self, answers: list[PulledAnswer]) -> bool:
+        """Pull consumer callback with a one-pass reader: `_on_batch` for pull answers read so."""
+        return self._while_accepting(lambda: self._store_answers(answers))
+
+    def _store_answers(self, answers: list[PulledAnswer]) -> bool:
+        encoded = self._encoded
+        assert encoded is not None
+        todo = self._admit([m for a in answers for m in a.general], self.now_ms())
+        if todo is None:
+            return False
+        try:
+            rows, refusals = encoded.encode_messages([m for m, _ in todo], [r.origin for _, r in todo])
+            batch, sources = merge_answers(answers, [r for _, r in todo], rows, refusals)
+            stored = _refusing(lambda kept: encoded.schedule_encoded(batch if len(kept) == len(batch)
+                                                                     else batch.take(kept)), len(batch))
+        except Exception:
+            n = sum(len(a) for a in answers)
+            log.exception("storing a batch of %d delay messages failed; it will be pulled again", n)
+            self.counters["redelivered"] += n
+            return False
+        self.counters["ingested"] += stored.count(None)
+        refused = [(r, e.reason) for (_, r), e in zip(todo, refusals) if e is not None]
+        one_pass = sum(len(a.rows) for a in answers)
+        if stored.count(None) < len(stored):
+            for i, e in enumerate(stored):
+                if e is not None:
+                    one_pass -= not sources.is_general(i)
+                    refused.append((sources.received(i), e.reason))
+        self.counters["one_pass"] += one_pass
+        # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
+        return all(self._dead_letter(msg, reason) for msg, reason in refused)
 
     def _apply_cancels(self, control: list[ReceivedMessage], now: int) -> bool:
         """Hand a batch's cancels to the engine (kept durably before the batch is acknowledged);

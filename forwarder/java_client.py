@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import queue
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +71,16 @@ class JavaClient:
                  for f, b, ak, sk in requests]
         return self._run(["sign"], "\n".join(lines) + "\n")
 
-    def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
+    def _command(self, args: list[str]) -> list[str]:
         tls = ["-Dtls.enable=true"] if self.tls else []
         cmd = ["java", *_JVM_FLAGS, *tls, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
                "--namesrv", self.namesrv]
         if self.credentials:
             cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]
+        return cmd
+
+    def _run(self, args: list[str], stdin: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
+        cmd = self._command(args)
         proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
             raise LocalRocketMQError(f"the Java client exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
@@ -110,18 +116,109 @@ class JavaClient:
         rows = self._run(args, timeout=seconds + 120)
         return {k: float(v) for k, v in rows[-1].items()}
 
-
     def pace(self, topic: str, *, rate: float, seconds: float, id_start: int, threads: int = 4, body_size: int = 100,
-             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7) -> dict[str, float]:
-        """Messages at a steady `rate` for `seconds`, numbered from `id_start` (property BENCH_ID) with their
-        wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a target,
-        plain messages stamped with their send time. Returns sent, failed, seconds, rate."""
+             target: str | None = None, delay_ms: tuple[int, int] = (1000, 10_000), seed: int = 7,
+             warm_up_s: float = 0.0) -> dict[str, float]:
+        """Messages at a steady `rate` for `warm_up_s` + `seconds`, numbered from `id_start` (property BENCH_ID)
+        with their wanted time in BENCH_DUE_MS: delay messages to `target` due `delay_ms` later, or, without a
+        target, plain messages stamped with their send time. Returns sent (after the warm-up), warm_up_sent,
+        failed, seconds, rate (of all sent)."""
         args = ["pace", "--topic", topic, "--rate", str(rate), "--seconds", str(seconds), "--id-start", str(id_start),
-                "--threads", str(threads), "--body-size", str(body_size), "--seed", str(seed)]
+                "--warm-up-seconds", str(warm_up_s), "--threads", str(threads), "--body-size", str(body_size),
+                "--seed", str(seed)]
         if target:
             args += ["--target", target, "--delay-min-ms", str(delay_ms[0]), "--delay-max-ms", str(delay_ms[1])]
-        rows = self._run(args, timeout=seconds + 120)
+        rows = self._run(args, timeout=warm_up_s + seconds + 120)
         return {k: float(v) for k, v in rows[-1].items()}
+
+    def lateness(self, topic: str, id_range: tuple[int, int], *, group: str, wait_s: float = 60.0,
+                 idle_s: float = 20.0, threads: int = 4) -> "LatenessConsumer":
+        """Start RocketMQ's push consumer on `topic` under the fresh `group`, measuring the lateness of the
+        messages whose BENCH_ID is in `id_range` (start, stop) against their BENCH_DUE_MS; returns once it
+        holds every queue of the topic. See `LatenessConsumer`."""
+        return LatenessConsumer(self._command([
+            "lateness", "--topic", topic, "--group", group, "--id-min", str(id_range[0]), "--id-max", str(id_range[1]),
+            "--wait-ms", str(int(wait_s * 1000)), "--idle-ms", str(int(idle_s * 1000)), "--threads", str(threads)]))
+
+    def noop(self, topic: str, count: int, *, group: str, batch: int = 32, timeout_s: float = 300.0,
+             idle_s: float = 10.0) -> dict[str, float]:
+        """RocketMQ's lite pull consumer reading `count` messages of `topic` from the first offset under the
+        fresh `group`, doing nothing with them: received, seconds and rate from the first to the last
+        message, wall_seconds with the start-up, the pull batch."""
+        rows = self._run(["noop", "--topic", topic, "--group", group, "--count", str(count), "--batch", str(batch),
+                          "--timeout-ms", str(int(timeout_s * 1000)), "--idle-ms", str(int(idle_s * 1000))],
+                         timeout=timeout_s + 60)
+        return {k: float(v) for k, v in rows[-1].items()}
+
+
+class LatenessConsumer:
+    """A running `lateness` consumer: `expect(n)` once the producer is done, then `result()`."""
+
+    def __init__(self, cmd: list[str], ready_timeout: float = 120.0) -> None:
+        """Start the process and wait for its ready line (it holds every queue of the topic)."""
+        self._err = tempfile.TemporaryFile()
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True)
+        threading.Thread(target=self._read, name="java-lateness-out", daemon=True).start()
+        self.ready = self._line(ready_timeout)
+
+    def expect(self, n: int) -> None:
+        """Wait for `n` distinct messages (the count the broker accepted) and no more."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.close()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """The consumer's summary: received, expected, complete, duplicates, other (outside the id range),
+        queues, first_ms and last_ms (receive times), quantiles_ms (1001, from 0 to 100 %), by_second
+        ([messages, p50, p99, max] for each second of receive time from the first arrival)."""
+        try:
+            out = self._line(timeout)
+            self.proc.wait(30)
+        finally:
+            self.close()
+        return out
+
+    def _read(self) -> None:
+        """Its JSON lines, then None at the end of its output."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self._lines.put(json.loads(line))
+        self._lines.put(None)
+
+    def _line(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line of its output; fails with its stderr if it ends or times out first."""
+        try:
+            row = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            row = None
+        if row is not None:
+            return row
+        self._kill()
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace").strip()[-2000:]
+        self.close()
+        raise LocalRocketMQError(f"the Java lateness consumer stopped or gave no answer in {timeout:.0f} s "
+                                 f"(exit {self.proc.returncode}): {err}")
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Stop the process if it still runs."""
+        self._kill()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self._err.close()
+
+    def __enter__(self) -> "LatenessConsumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _compile(lib: Path, cache_root: Path, version: str) -> Path:

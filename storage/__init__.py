@@ -9,6 +9,7 @@ from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, D
                               REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, broker_message_ids,
                               dispatch_entries,
                               encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
+from storage.encoded import EncodedRecords
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
                             StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
@@ -16,7 +17,8 @@ from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record_bytes import RecordBytes
-from storage.record import MAX_BODY, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode
+from storage.record import (MAX_BODY, MAX_FIELD, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode,
+                            encode_fields, encode_keys, encode_properties)
 from storage.origin import NO_QUEUE, ORIGIN_DTYPE, QueueTable
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
@@ -29,13 +31,13 @@ __all__ = [
     "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
-    "DISPATCH_DTYPE", "DelayTooLongError", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
+    "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "NO_QUEUE",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
     "decode_properties", "dispatch_entries",
-    "encode", "encode_frame", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
+    "encode", "encode_fields", "encode_frame", "encode_keys", "encode_properties", "MAX_FIELD", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
     "summarize", "summarize_segment", "trusted_index",
 ]

@@ -65,7 +65,8 @@ class Record:
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
-def _encode_keys(keys: Sequence[str]) -> bytes:
+def encode_keys(keys: Sequence[str]) -> bytes:
+    """The keys field of a record (repeated uint16 length, UTF-8 bytes); InvalidRecordError past `MAX_FIELD`."""
     if len(keys) == 1:
         b = keys[0].encode()
         if len(b) <= MAX_FIELD:
@@ -80,7 +81,9 @@ def _encode_keys(keys: Sequence[str]) -> bytes:
     return b"".join(out)
 
 
-def _encode_properties(props: Mapping[str, str]) -> bytes:
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    """The properties field of a record (repeated uint16 key length, key, uint16 value length,
+    value), UTF-8; InvalidRecordError past `MAX_FIELD`."""
     out = []
     for k, v in props.items():
         kb = k.encode()
@@ -107,8 +110,8 @@ def encode(rec: Record, enqueue_ms: int | None = None) -> bytes:
         idb = rec.msg_id.encode()
         tb = rec.topic.encode()
         tagb = rec.tags.encode() if rec.tags else b""
-        kb = _encode_keys(rec.keys) if rec.keys else b""
-        pb = _encode_properties(rec.properties) if rec.properties else b""
+        kb = encode_keys(rec.keys) if rec.keys else b""
+        pb = encode_properties(rec.properties) if rec.properties else b""
     except UnicodeEncodeError as e:
         raise InvalidRecordError(f"a text field of record {rec.msg_id!r} is not encodable as UTF-8: {e.reason}") from e
     body = rec.body
@@ -121,9 +124,18 @@ def encode(rec: Record, enqueue_ms: int | None = None) -> bytes:
         raise InvalidRecordError(f"body of {lb} bytes exceeds the maximum of {MAX_BODY}")
     if lp > MAX_PROPERTIES:
         raise InvalidRecordError(f"properties of {lp} bytes exceed the maximum of {MAX_PROPERTIES}")
-    length = HEADER_SIZE + li + lt + lg + lk + lp + lb
-    tail = b"".join((_FIELDS.pack(rec.due_ms, enqueue, li, lt, lg, lk, lp, lb), idb, tb, tagb, kb, pb, body))
-    return _PREFIX_CRC.pack(MAGIC, VERSION, 0, length, crc32c(tail)) + tail
+    return encode_fields(rec.due_ms, enqueue, idb, tb, tagb, kb, pb, body)
+
+
+def encode_fields(due_ms: int, enqueue_ms: int, idb: bytes, tb: bytes, tagb: bytes, kb: bytes, pb: bytes,
+                  body: bytes | memoryview) -> bytes:
+    """A record from its fields already as bytes (keys by `encode_keys`, properties by
+    `encode_properties`): what `encode` writes, without its checks; the caller keeps to the limits
+    `encode` enforces (times in int64, id and topic non-empty, fields within `MAX_FIELD`,
+    `MAX_PROPERTIES` and `MAX_BODY`)."""
+    li, lt, lg, lk, lp, lb = len(idb), len(tb), len(tagb), len(kb), len(pb), len(body)
+    tail = b"".join((_FIELDS.pack(due_ms, enqueue_ms, li, lt, lg, lk, lp, lb), idb, tb, tagb, kb, pb, body))
+    return _PREFIX_CRC.pack(MAGIC, VERSION, 0, HEADER_SIZE + li + lt + lg + lk + lp + lb, crc32c(tail)) + tail
 
 
 def record_length(buf: bytes | memoryview, offset: int = 0) -> int:

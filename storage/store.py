@@ -19,7 +19,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from storage._files import fsync_path
 from storage._reader import RecordReader, SegmentIndex, segment_index
 from storage.record_bytes import RecordBytes
 from storage._writer import PartWriter, UndoPoint
+from storage.encoded import EncodedRecords
 from storage.errors import CorruptRecordError, DelayTooLongError, StorageWriteError, StoreClosedError
 from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
@@ -65,7 +66,9 @@ Origin = tuple[str, int] | None
 
 @dataclass(slots=True)
 class _Pending:
-    records: Sequence[Record]
+    """One caller's rows in a group commit: records to encode, or records already encoded."""
+
+    rows: Sequence[Record] | EncodedRecords
     origins: Sequence[Origin] | None = None
     done: bool = False
     result: AppendResult | None = None
@@ -120,14 +123,31 @@ class ScheduleStore:
         Raises DelayTooLongError (nothing written) if any record is due past the maximum delay.
         Concurrent callers are merged into one commit.
         """
-        if self._closed:
-            raise StoreClosedError("the store is closed")
         for r in records:
             if r.due_ms - now_ms > self.max_delay_ms:
                 raise DelayTooLongError(r.due_ms, now_ms, self.max_delay_ms)
         if origins is not None and len(origins) != len(records):
             raise ValueError(f"{len(origins)} origins for {len(records)} records")
-        req = _Pending(records, origins)
+        return self._group_commit(_Pending(records, origins), now_ms)
+
+    def append_encoded(self, rows: EncodedRecords, now_ms: int) -> AppendResult:
+        """`append` for records already encoded (`storage.EncodedRecords`: their bytes as `encode`
+        writes them, with their ids, due times, keys and origins): the same checks, dedup, commit
+        and results, without a `Record` per row.
+
+        Raises DelayTooLongError (nothing written) if any row is due past the maximum delay.
+        """
+        if rows.due_ms:
+            dues = np.asarray(rows.due_ms, np.int64)
+            late = np.flatnonzero(dues - now_ms > self.max_delay_ms)
+            if late.size:
+                raise DelayTooLongError(int(dues[late[0]]), now_ms, self.max_delay_ms)
+        return self._group_commit(_Pending(rows), now_ms)
+
+    def _group_commit(self, req: _Pending, now_ms: int) -> AppendResult:
+        """Queue one caller's rows and commit them, merged with whatever other callers queued meanwhile."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
         with self._cv:
             self._queue.append(req)
             while not req.done:
@@ -163,32 +183,38 @@ class ScheduleStore:
             raise
 
     def _commit_locked(self, batch: list[_Pending], now_ms: int) -> None:
-        records = [r for req in batch for r in req.records]
-        origins: list[Origin] = [o for req in batch
-                                 for o in (req.origins if req.origins is not None else [None] * len(req.records))]
-        ids = [r.msg_id for r in records]
+        rows = _columns(batch)
+        ids, items = rows.msg_ids, rows.blobs
         existing = self.meta.locations(ids)
-        n = len(records)
+        n = len(ids)
         locs = np.zeros(n, LOCATION_DTYPE)
         new = np.zeros(n, bool)
         first_seen: dict[str, int] = {}
         blobs: list[bytes] = []
         new_pos: list[int] = []
         dups: list[tuple[int, int]] = []
-        for i, r in enumerate(records):
-            loc = existing[i]
-            if loc is not None:
-                locs[i] = (loc.segment_ms, 0, loc.offset, 0, loc.part, 0, 0)
-                continue
-            j = first_seen.get(r.msg_id)
-            if j is not None:
-                dups.append((i, j))
-                continue
-            first_seen[r.msg_id] = i
-            blobs.append(encode(r, r.enqueue_ms or now_ms))
-            new_pos.append(i)
+        every = existing.count(None) == n and len(set(ids)) == n and all(type(b) is bytes for b in items)
+        if every:  # the usual batch of encoded records, all new and each once: nothing to sort out
+            blobs, new_pos = list(items), list(range(n))
+        else:
+            for i, mid in enumerate(ids):
+                loc = existing[i]
+                if loc is not None:
+                    locs[i] = (loc.segment_ms, 0, loc.offset, 0, loc.part, 0, 0)
+                    continue
+                j = first_seen.get(mid)
+                if j is not None:
+                    dups.append((i, j))
+                    continue
+                first_seen[mid] = i
+                item = items[i]
+                blobs.append(item if isinstance(item, bytes) else encode(item, item.enqueue_ms or now_ms))
+                new_pos.append(i)
         if blobs:
-            dues = [records[i].due_ms for i in new_pos]
+            def new_of(column: list[Any]) -> list[Any]:
+                return column if every else [column[i] for i in new_pos]
+
+            dues = new_of(rows.due_ms)
             undo = self._undo_point()
             written = self.writer.place(dues, blobs)
             pos = np.asarray(new_pos)
@@ -198,30 +224,28 @@ class ScheduleStore:
                 locs[i] = locs[j]
             try:
                 self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
-                self.writer.write(written, blobs, self._origin_rows([origins[i] for i in new_pos]))
+                self.writer.write(written, blobs, self._origin_rows(new_of(rows.queues), new_of(rows.offsets)))
             except OSError as e:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
             for listener in self.commit_listeners:
                 listener(written)
-            self.meta.put_records([ids[i] for i in new_pos], written["segment_ms"].tolist(),
-                                  written["part"].tolist(), written["offset"].tolist(),
-                                  [records[i].keys for i in new_pos])
+            self.meta.put_records(new_of(ids), written["segment_ms"].tolist(), written["part"].tolist(),
+                                  written["offset"].tolist(), new_of(rows.keys))
         start = 0
         for req in batch:
-            end = start + len(req.records)
+            end = start + len(req.rows)
             req.result = AppendResult(ids[start:end], locs[start:end], new[start:end])
             req.done = True
             start = end
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._rotate_locked()
 
-    def _origin_rows(self, origins: list[Origin]) -> np.ndarray:
-        if not any(origins):
-            return unknown_origins(len(origins))
-        queues = self.queues.numbers([o[0] if o is not None else None for o in origins])
-        return origin_rows(queues, [o[1] if o is not None else 0 for o in origins])
+    def _origin_rows(self, queues: list[str | None], offsets: list[int]) -> np.ndarray:
+        if not any(queues):
+            return unknown_origins(len(queues))
+        return origin_rows(self.queues.numbers(queues), offsets)
 
     def read_origins(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Where records came from (ORIGIN_DTYPE rows, queue numbers of `self.queues`; NO_QUEUE: unknown)."""
@@ -369,3 +393,25 @@ class ScheduleStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _columns(batch: list[_Pending]) -> EncodedRecords:
+    """The rows of a group commit as columns; a `Record` stands where its bytes will (encoded only
+    if it is stored: a duplicate never is)."""
+    if len(batch) == 1 and isinstance(batch[0].rows, EncodedRecords):
+        return batch[0].rows
+    out = EncodedRecords()
+    for req in batch:
+        rows = req.rows
+        if isinstance(rows, EncodedRecords):
+            out.extend(rows)
+            continue
+        origins = req.origins if req.origins is not None else [None] * len(rows)
+        out.blobs.extend(rows)  # type: ignore[arg-type]
+        out.msg_ids.extend([r.msg_id for r in rows])
+        out.due_ms.extend([r.due_ms for r in rows])
+        out.body_lengths.extend([len(r.body) for r in rows])
+        out.keys.extend([r.keys for r in rows])
+        out.queues.extend([o[0] if o is not None else None for o in origins])
+        out.offsets.extend([o[1] if o is not None else 0 for o in origins])
+    return out

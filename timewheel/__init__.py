@@ -14,12 +14,14 @@ from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, 
                               TimewheelError)
 from timewheel.gate import NO_WATERMARK, DeliveredMark, DeliveryGate
 from timewheel.lateness import LatenessSummary
-from timewheel.message import DeadLetterSink, Fence, Message, RecordSink, SendResults, Shaper, Sink, Source
+from timewheel.message import (CopyCheck, CopyFinder, DeadLetterSink, EncodedScheduler, Fence, Message, RecordSink,
+                               SendResults, Shaper, Sink, Source)
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.wheel import TimeWheel
 
-__all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "DeadLetterSink", "DelayTooLongError",
-           "DeliveredMark", "DeliveryGate", "Engine", "EngineConfig", "EngineCounters", "EngineStateError", "EngineStats",
+__all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "CopyCheck", "CopyFinder", "DeadLetterSink",
+           "DelayTooLongError", "DeliveredMark", "DeliveryGate", "EncodedScheduler", "Engine", "EngineConfig",
+           "EngineCounters", "EngineStateError", "EngineStats",
            "Fence", "Found", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "MessageFinder",
            "RecordSink", "SendResults",
            "Shaper", "Sink", "Source", "Step", "StorageError", "SystemClock", "TimeWheel", "TimewheelError", "Trail"]

@@ -29,3 +29,18 @@ def counts(values: np.ndarray) -> list[tuple[int, int]]:
         return list(out.items())
     distinct, n = np.unique(values, return_counts=True)
     return list(zip(distinct.tolist(), n.tolist()))
+
+
+def error_notes(errors: list[str | None] | None, n: int) -> list[str]:
+    """Per failed row, what to record of why it failed."""
+    if errors is None:
+        return ["the sink did not say why"] * n
+    return [e or "the sink did not say why" for e in errors]
+
+
+def by_note(notes: list[str]) -> list[tuple[str, np.ndarray]]:
+    """Rows grouped by their note (a failed send batch has one error per request, so few groups)."""
+    rows: dict[str, list[int]] = {}
+    for i, note in enumerate(notes):
+        rows.setdefault(note, []).append(i)
+    return [(note, np.asarray(idx, np.int64)) for note, idx in rows.items()]

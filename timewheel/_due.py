@@ -1,5 +1,7 @@
 """Array queues of due entries: no Python object per message, only chunks of parallel arrays.
 
+An entry carries everything a sender needs to read its record: due time, wheel ref, attempts so
+far, and its location (segment, part, offset), resolved by the timer when it pushes the entry.
 `DueChunks` holds entries in the order they were pushed (the timer pushes one small chunk a tick,
 catch-up a whole segment sorted by due time); `RetryArrays` holds failed sends until their next
 attempt. Neither locks: their owner does (the dispatch queue, or the timer for its deferred list).
@@ -7,55 +9,85 @@ attempt. Neither locks: their owner does (the dispatch queue, or the timer for i
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 EMPTY_I64 = np.empty(0, np.int64)
 EMPTY_U64 = np.empty(0, np.uint64)
 EMPTY_I16 = np.empty(0, np.int16)
+EMPTY_U16 = np.empty(0, np.uint16)
+EMPTY_U32 = np.empty(0, np.uint32)
 
-#: (due ms, refs, attempts so far), aligned
-DueArrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+class DueEntries(NamedTuple):
+    """Due entries as aligned arrays: due ms, refs, attempts so far, and where each record lives."""
+
+    due: np.ndarray  # int64
+    refs: np.ndarray  # uint64
+    attempts: np.ndarray  # int16
+    segs: np.ndarray  # int64, segment start ms
+    parts: np.ndarray  # uint16
+    offsets: np.ndarray  # uint32
+
+    @property
+    def size(self) -> int:
+        """How many entries."""
+        return len(self.due)
+
+    def select(self, idx: np.ndarray | slice) -> "DueEntries":
+        """The entries at `idx` (a mask, indices or a slice)."""
+        return DueEntries(self.due[idx], self.refs[idx], self.attempts[idx], self.segs[idx], self.parts[idx],
+                          self.offsets[idx])
+
+    @staticmethod
+    def concat(parts: list["DueEntries"]) -> "DueEntries":
+        """The entries of several, in order."""
+        if len(parts) == 1:
+            return parts[0]
+        return DueEntries(*(np.concatenate(cols) for cols in zip(*parts)))
+
+    @staticmethod
+    def empty() -> "DueEntries":
+        """No entries."""
+        return DueEntries(EMPTY_I64, EMPTY_U64, EMPTY_I16, EMPTY_I64, EMPTY_U16, EMPTY_U32)
 
 
 class DueChunks:
-    """Due entries in push order, as chunks of (due, refs, attempts) arrays."""
+    """Due entries in push order, as chunks of `DueEntries`."""
 
     def __init__(self) -> None:
-        self.chunks: deque[DueArrays] = deque()
+        self.chunks: deque[DueEntries] = deque()
         self.size = 0
 
-    def push(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray | None = None) -> None:
-        """Append entries (attempts default to none yet)."""
-        if len(due):
-            self.chunks.append((due, refs, np.zeros(len(due), np.int16) if attempts is None else attempts))
-            self.size += len(due)
+    def push(self, entries: DueEntries) -> None:
+        """Append entries."""
+        if len(entries.due):
+            self.chunks.append(entries)
+            self.size += len(entries.due)
 
     def first_due(self) -> int:
         """Due time of the oldest entry (the queue must not be empty)."""
-        return int(self.chunks[0][0][0])
+        return int(self.chunks[0].due[0])
 
-    def take(self, n: int) -> DueArrays | None:
+    def take(self, n: int) -> DueEntries | None:
         """Up to n of the oldest entries, across chunks; None when empty."""
         if not self.chunks:
             return None
-        parts: list[DueArrays] = []
+        parts: list[DueEntries] = []
         got = 0
         while self.chunks and got < n:
-            due, refs, att = self.chunks.popleft()
-            if got + len(due) > n:
+            chunk = self.chunks.popleft()
+            if got + len(chunk.due) > n:
                 k = n - got
-                self.chunks.appendleft((due[k:], refs[k:], att[k:]))
-                due, refs, att = due[:k], refs[:k], att[:k]
-            parts.append((due, refs, att))
-            got += len(due)
+                self.chunks.appendleft(chunk.select(slice(k, None)))
+                chunk = chunk.select(slice(None, k))
+            parts.append(chunk)
+            got += len(chunk.due)
         self.size -= got
-        if len(parts) == 1:
-            return parts[0]
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]))
+        return DueEntries.concat(parts)
 
-    def take_all(self) -> DueArrays | None:
+    def take_all(self) -> DueEntries | None:
         """Every entry, oldest first; None when empty."""
         return self.take(self.size) if self.size else None
 
@@ -65,31 +97,36 @@ class RetryArrays:
 
     def __init__(self) -> None:
         self.next_ms = EMPTY_I64
-        self.due = EMPTY_I64
-        self.refs = EMPTY_U64
-        self.attempts = EMPTY_I16
+        self.entries = DueEntries.empty()
 
     def __len__(self) -> int:
-        return len(self.due)
+        return len(self.next_ms)
 
-    def add(self, next_ms: np.ndarray, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+    @property
+    def due(self) -> np.ndarray:
+        """Due times of the entries waiting."""
+        return self.entries.due
+
+    def add(self, next_ms: np.ndarray, entries: DueEntries) -> None:
         """Queue entries for another attempt at `next_ms`."""
+        if not len(self.next_ms):
+            self.next_ms, self.entries = next_ms, entries
+            return
         self.next_ms = np.concatenate((self.next_ms, next_ms))
-        self.due = np.concatenate((self.due, due))
-        self.refs = np.concatenate((self.refs, refs))
-        self.attempts = np.concatenate((self.attempts, attempts))
+        self.entries = DueEntries.concat([self.entries, entries])
 
-    def pop_ready(self, now_ms: int) -> DueArrays:
-        """Remove and return the entries whose next attempt is due by `now_ms`."""
+    def pop_ready(self, now_ms: int) -> DueEntries | None:
+        """Remove and return the entries whose next attempt is due by `now_ms` (None: none)."""
+        if not len(self.next_ms):
+            return None
         sel = self.next_ms <= now_ms
         if not sel.any():
-            return EMPTY_I64, EMPTY_U64, EMPTY_I16
+            return None
         # oldest due first: what a replica held while it could not send goes out in due order
-        order = np.argsort(self.due[sel], kind="stable")
-        out = self.due[sel][order], self.refs[sel][order], self.attempts[sel][order]
+        out = self.entries.select(sel)
+        out = out.select(np.argsort(out.due, kind="stable"))
         keep = ~sel
-        self.next_ms, self.due, self.refs, self.attempts = (self.next_ms[keep], self.due[keep], self.refs[keep],
-                                                            self.attempts[keep])
+        self.next_ms, self.entries = self.next_ms[keep], self.entries.select(keep)
         return out
 
     def next_ms_min(self) -> int | None:

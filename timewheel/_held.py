@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from storage import RecordBytes
+from timewheel._due import DueEntries
 from timewheel.message import Message
 
 
@@ -45,6 +46,10 @@ class Batch:
                               for i, a in zip(range(len(raw)), self.attempts.tolist())]
         return self._messages
 
+    def entries(self) -> DueEntries:
+        """The rows as due entries (to queue them again, location and all)."""
+        return DueEntries(self.due, self.refs, self.attempts, self.segs, self.parts, self.offsets)
+
     def topic_list(self) -> list[str]:
         """Each row's target topic."""
         if self.topics is None:
@@ -54,7 +59,7 @@ class Batch:
     def select(self, mask: np.ndarray) -> "Batch":
         """The sub-batch where mask is True (or at the indices given)."""
         idx = np.flatnonzero(mask) if mask.dtype == bool else mask
-        rows = idx.tolist()
+        rows = idx.tolist() if self._messages is not None or self.topics is not None else []
         return Batch([self._messages[i] for i in rows] if self._messages is not None else None, self.due[idx],
                      self.refs[idx], self.attempts[idx], self.segs[idx], self.parts[idx], self.offsets[idx],
                      self.raw.select(idx) if self.raw is not None else None,

@@ -168,27 +168,33 @@ class Tombstones:
 
     def screen(self, messages: Sequence[Message], now_ms: int) -> list[int]:
         """Positions of the messages a tombstone cancels."""
+        if not self._ids and not self._keys:  # the usual case, without a list per batch (the lock re-checks)
+            return []
+        return self.screen_rows(list(map(_ids_of, messages)), list(map(_keys_of, messages)), now_ms)
+
+    def screen_rows(self, msg_ids: Sequence[str | None], keys: Sequence[Sequence[str]], now_ms: int) -> list[int]:
+        """Positions of the rows (an id, or None, and business keys each) a tombstone cancels."""
         with self._lock:
             if self._order and self._order[0][0] <= now_ms:
                 self._expire_locked(now_ms)
-            ids, keys = self._ids, self._keys
-            if not ids and not keys:
+            held_ids, held_keys = self._ids, self._keys
+            if not held_ids and not held_keys:
                 return []
-            if ids:
-                named = list(filter(None, map(_ids_of, messages)))
-                id_hit = not ids.keys().isdisjoint(named) or not ids.keys().isdisjoint(
+            if held_ids:
+                named = list(filter(None, msg_ids))
+                id_hit = not held_ids.keys().isdisjoint(named) or not held_ids.keys().isdisjoint(
                     map(_head, map(_split_id, named)))
             else:
                 id_hit = False
-            key_hit = bool(keys) and not keys.keys().isdisjoint(chain.from_iterable(map(_keys_of, messages)))
+            key_hit = bool(held_keys) and not held_keys.keys().isdisjoint(chain.from_iterable(keys))
             if not id_hit and not key_hit:
                 return []
-            return [i for i, m in enumerate(messages) if self._cancels(m)]
+            return [i for i, (mid, ks) in enumerate(zip(msg_ids, keys)) if self._cancels(mid, ks)]
 
-    def _cancels(self, m: Message) -> bool:
-        if m.msg_id and (m.msg_id in self._ids or m.msg_id.partition(":")[0] in self._ids):
+    def _cancels(self, msg_id: str | None, keys: Sequence[str]) -> bool:
+        if msg_id and (msg_id in self._ids or msg_id.partition(":")[0] in self._ids):
             return True
-        return any(k in self._keys for k in m.keys)
+        return any(k in self._keys for k in keys)
 
     def expire(self, now_ms: int) -> None:
         """Forget tombstones past their retention (and compact the log when mostly dead)."""

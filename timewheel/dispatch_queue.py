@@ -2,20 +2,26 @@
 
 It is the one meeting point of the engine's threads, with its own Condition, as the reaper of
 Kafka's SystemTimer hands expired tasks to its executor:
-- the timer pushes due entries (`push_ready`; past segments' entries with `push_backlog`) and then
-  calls `nudge()`; it never looks at what the dispatchers are doing;
+- the timer pushes due entries (`push_ready`; past segments' entries with `push_backlog`), each
+  with its record's location (`DueEntries`: a dispatcher never asks the timer where a record is),
+  and then calls `nudge()`; it never looks at what the dispatchers are doing;
 - a dispatch thread calls `await_turn()`, which waits until sending is worth it and counts the
   thread as sending, then `take()`s a batch, sends it, and calls `end_turn()`; failed sends come
-  back with `retry()` and are taken again once their backoff is over;
+  back with `retry()` (location and all) and are taken again once their backoff is over;
+- outcomes go back the other way: a dispatch thread counts the terminal outcomes it recorded per
+  segment (`count_done()`), and the timer takes the counts on its own thread (`take_done()`);
 - `cancel()` marks refs that must not be sent even if they are already here; `withdraw()` does the
   same for entries cancelled after they came due, and hands each one it drops to the dispatcher
   that took it (`drain_withdrawn()`), which records it cancelled: only an entry still here is
   withdrawn, so none gets two outcomes.
 
 The dispatch policy lives here, because only here are both sides visible under one lock:
-- a full batch, or any catch-up backlog, goes at once, side by side with sends in flight;
+- one thread sends unless there is a backlog: a second goes beside a send in flight only when a
+  full batch waits (`take()` wakes another only when more than one full batch was there), up to
+  the sink's `max_in_flight` threads;
 - a small batch waits for the send in flight (at most `BESIDE_AFTER_MS` after its oldest entry was
-  due): it goes with the next request instead of in a second small one beside it;
+  due; a small catch-up backlog, already late, waits for it whole): it goes with the next request
+  instead of in a second small one beside it;
 - with a sink's `linger_ms`, one thread waits that long after the oldest entry was due, for
   company; the others and `nudge()` leave it alone until the batch is full.
 
@@ -35,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from timewheel._due import DueArrays, DueChunks, RetryArrays
+from timewheel._due import DueChunks, DueEntries, RetryArrays
 from timewheel.clock import Clock, seconds_until
 
 # Due messages wait at most this long for the send in flight before going in a send of their own.
@@ -68,7 +74,8 @@ class DispatchQueue:
         self._retries = RetryArrays()
         self._cancelled = np.empty(0, np.uint64)
         self._withdrawn = np.empty(0, np.uint64)  # cancelled after due: dropped at take, recorded by the taker
-        self._dropped: dict[int, list[DueArrays]] = {}  # per dispatch thread, withdrawn entries it dropped
+        self._dropped: dict[int, list[DueEntries]] = {}  # per dispatch thread, withdrawn entries it dropped
+        self._done: dict[int, int] = {}  # terminal outcomes recorded per segment, for the timer to take
         self._sending = 0  # dispatch passes in progress
         # earliest due time of what each dispatch thread took and has not finished with (the
         # delivered-up-to watermark must not pass it)
@@ -77,17 +84,30 @@ class DispatchQueue:
         self._catch_up_waiting = False  # the timer has past segments to add once the backlog has room
         self._closed = False
 
+    @property
+    def linger_ms(self) -> int:
+        """How long a small batch waits for company after its oldest entry was due (the sink's linger)."""
+        return self._linger_ms
+
     # ---- the timer's side -----------------------------------------------------------------------
 
-    def push_ready(self, due: np.ndarray, refs: np.ndarray) -> None:
+    def push_ready(self, entries: DueEntries) -> None:
         """Entries due now (call `nudge()` once the pass is over)."""
-        with self._cv:
-            self._ready.push(due, refs)
+        if len(entries.due):
+            with self._cv:
+                self._ready.push(entries)
 
-    def push_backlog(self, due: np.ndarray, refs: np.ndarray) -> None:
+    def push_backlog(self, entries: DueEntries) -> None:
         """Overdue entries of past segments, oldest first: sent after what is due now and retries."""
+        if len(entries.due):
+            with self._cv:
+                self._backlog.push(entries)
+
+    def take_done(self) -> dict[int, int]:
+        """Terminal outcomes recorded per segment since the last call (the timer's loader counts them off)."""
         with self._cv:
-            self._backlog.push(due, refs)
+            done, self._done = self._done, {}
+        return done
 
     def expect_catch_up(self, waiting: bool) -> None:
         """Whether the timer holds more past segments: then taking from the backlog wakes it."""
@@ -107,8 +127,10 @@ class DispatchQueue:
     def nudge(self) -> None:
         """Wake a dispatch thread if what waits should go now (policy in the module docstring)."""
         with self._cv:
-            small = self._ready.size < self._batch_size
-            if (self._ready.size and not ((self._lingering or self._sending) and small)) or self._backlog.size:
+            small = self._ready.size + self._backlog.size < self._batch_size
+            if self._backlog.size and not (self._sending and small):
+                self._cv.notify()
+            elif self._ready.size and not ((self._lingering or self._sending) and small):
                 self._cv.notify()
 
     def cancel(self, refs: np.ndarray) -> None:
@@ -122,14 +144,14 @@ class DispatchQueue:
         with self._cv:
             self._withdrawn = np.union1d(self._withdrawn, refs)
 
-    def drain_withdrawn(self) -> DueArrays | None:
+    def drain_withdrawn(self) -> DueEntries | None:
         """The withdrawn entries the calling thread's `take()`s dropped since it last asked."""
-        with self._cv:
-            got = self._dropped.pop(threading.get_ident(), None)
-        if not got:
+        tid = threading.get_ident()
+        if tid not in self._dropped:  # only this thread's take() adds its key: no lock for the usual answer
             return None
-        return (np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]),
-                np.concatenate([g[2] for g in got]))
+        with self._cv:
+            got = self._dropped.pop(tid, None)
+        return DueEntries.concat(got) if got else None
 
     def close(self) -> None:
         """Wake every dispatch thread to end."""
@@ -149,7 +171,8 @@ class DispatchQueue:
             if self._closed:
                 return Turn.CLOSED
             now = self._clock.now_ms()
-            if not (self._ready.size or self._backlog.size) or held_full:
+            waiting = self._ready.size + self._backlog.size
+            if not waiting or held_full:
                 # nothing to read: wait for the timer, the next retry or the shaper's next grant
                 wake = self._retries.next_ms_min()
                 if held_wake_ms is not None:
@@ -158,8 +181,12 @@ class DispatchQueue:
                 if timeout > 0 and not self._retry_ready(now):
                     self._cv.wait(timeout)
                     return Turn.LOOK_AGAIN
-            elif not self._backlog.size and self._ready.size < self._batch_size:
-                waited_ms = now - self._ready.first_due()
+            elif waiting < self._batch_size:
+                if self._sending and not self._ready.size:
+                    # a small catch-up backlog, late already: the thread sending takes it next
+                    self._cv.wait(MAX_WAIT_S)
+                    return Turn.LOOK_AGAIN
+                waited_ms = now - self._ready.first_due() if self._ready.size else 0
                 if self._sending and waited_ms < BESIDE_AFTER_MS:
                     # A send is in flight and what is ready fits one request: it goes with the
                     # next, when that send is answered. A second small request beside it gains
@@ -171,7 +198,8 @@ class DispatchQueue:
                     return Turn.LOOK_AGAIN
                 # A sink whose every send costs a round trip asks for company: wait (at most its
                 # linger after the oldest was due) for more to come due and go together.
-                wait_ms = self._ready.first_due() + self._linger_ms - now if self._linger_ms else 0
+                wait_ms = (self._ready.first_due() + self._linger_ms - now
+                           if self._linger_ms and not self._backlog.size else 0)
                 if wait_ms > 0:
                     if self._lingering:  # another thread waits for this batch's company already
                         self._cv.wait(MAX_WAIT_S)
@@ -190,7 +218,7 @@ class DispatchQueue:
         with self._cv:
             self._sending -= 1
 
-    def take(self, n: int) -> tuple[DueArrays, int] | None:
+    def take(self, n: int) -> tuple[DueEntries, int] | None:
         """Up to n entries to send: ready first, then retries that are due, then backlog.
 
         Returns the entries not cancelled, and how many were taken (cancelled ones included); None
@@ -198,10 +226,10 @@ class DispatchQueue:
         """
         with self._cv:
             batch = self._ready.take(n)
-            if batch is None:
-                due, refs, att = self._retries.pop_ready(self._clock.now_ms())
-                if len(due):
-                    self._ready.push(due, refs, att)
+            if batch is None and len(self._retries):
+                retried = self._retries.pop_ready(self._clock.now_ms())
+                if retried is not None:
+                    self._ready.push(retried)
                     batch = self._ready.take(n)
             if batch is None:
                 batch = self._backlog.take(n)
@@ -209,21 +237,19 @@ class DispatchQueue:
                     self._wake_timer()  # room for the next past segment
             if batch is None:
                 return None
-            if self._ready.size or self._backlog.size:
-                self._cv.notify()  # more to send: another dispatch thread may take it
-            taken = len(batch[0])
+            if self._ready.size + self._backlog.size >= self._batch_size:
+                self._cv.notify()  # a full batch more: another dispatch thread may send it beside this one
+            taken = len(batch.due)
             if taken:
-                self._note_in_hand(int(batch[0].min()))
+                self._note_in_hand(int(batch.due.min()))
             if len(self._cancelled):
-                keep = ~np.isin(batch[1], self._cancelled)
-                batch = batch[0][keep], batch[1][keep], batch[2][keep]
+                batch = batch.select(~np.isin(batch.refs, self._cancelled))
             if len(self._withdrawn):
-                w = np.isin(batch[1], self._withdrawn)
+                w = np.isin(batch.refs, self._withdrawn)
                 if w.any():
-                    self._dropped.setdefault(threading.get_ident(), []).append(
-                        (batch[0][w], batch[1][w], batch[2][w]))
-                    self._withdrawn = np.setdiff1d(self._withdrawn, batch[1][w])
-                    batch = batch[0][~w], batch[1][~w], batch[2][~w]
+                    self._dropped.setdefault(threading.get_ident(), []).append(batch.select(w))
+                    self._withdrawn = np.setdiff1d(self._withdrawn, batch.refs[w])
+                    batch = batch.select(~w)
             return batch, taken
 
     def note_in_hand(self, due_ms: int) -> None:
@@ -244,28 +270,32 @@ class DispatchQueue:
     def earliest_due(self) -> int | None:
         """Earliest due time of any entry here or in a dispatch thread's hands (None: nothing)."""
         with self._cv:
-            mins = [c[0].min() for q in (self._ready, self._backlog) for c in q.chunks if len(c[0])]
+            mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
             if len(self._retries):
                 mins.append(self._retries.due.min())
             mins.extend(self._in_hand.values())
             return int(min(mins)) if mins else None
 
-    def earliest_due_apart(self, limit: int) -> tuple[int | None, np.ndarray, np.ndarray]:
+    def earliest_due_apart(self, limit: int) -> tuple[int | None, DueEntries]:
         """`earliest_due`, with the `limit` earliest retries set apart: (the earliest due time of
-        everything else, their due times, their refs), read under one lock."""
+        everything else, those retries' entries), read under one lock."""
         with self._cv:
-            mins = [c[0].min() for q in (self._ready, self._backlog) for c in q.chunks if len(c[0])]
+            mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
             mins.extend(self._in_hand.values())
             order = np.argsort(self._retries.due, kind="stable")
             if len(order) > limit:
                 mins.append(self._retries.due[order[limit]])
-            apart = order[:limit]
-            return (int(min(mins)) if mins else None), self._retries.due[apart], self._retries.refs[apart]
+            return (int(min(mins)) if mins else None), self._retries.entries.select(order[:limit])
 
-    def retry(self, next_ms: np.ndarray, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
-        """Failed entries, to be taken again from `next_ms` on."""
+    def retry(self, next_ms: np.ndarray, entries: DueEntries) -> None:
+        """Failed entries, to be taken again from `next_ms` on (their location goes with them)."""
         with self._cv:
-            self._retries.add(next_ms, due, refs, attempts)
+            self._retries.add(next_ms, entries)
+
+    def count_done(self, segment_ms: int, n: int) -> None:
+        """`n` terminal outcomes of entries of a segment were recorded (the timer takes the counts)."""
+        with self._cv:
+            self._done[segment_ms] = self._done.get(segment_ms, 0) + n
 
     def sendable(self) -> bool:
         """Something could be taken now."""

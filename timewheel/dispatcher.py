@@ -1,18 +1,25 @@
 """The dispatcher: takes due entries from the dispatch queue, sends them, and records what happened.
 
-Its threads (`max_in_flight` of the sink, default one) each loop: `DispatchQueue.await_turn()`,
-then one pass, then `end_turn()`. A pass takes a batch (ready, retries that are due, then catch-up
-backlog), reads the records from disk, and
+Its threads (`max_in_flight` of the sink, default one; the queue wakes more than one only for a
+backlog) each loop: `DispatchQueue.await_turn()`, then one pass, then `end_turn()`. A pass takes a
+batch (ready, retries that are due, then catch-up backlog; each entry with its record's location),
+reads the records from disk, and
 - without a shaper, sends them through the Sink at once;
 - with one, adds them to per-topic held queues and sends what the shaper grants, highest share
   first; past `_MAX_HELD` held messages, due entries stay in the queue as arrays;
-then writes each outcome to its segment's dispatch log (delivered, corrupt, dead-lettered), tells
-the loaded segments' keeper (`Segments`: the timer driver), and records lateness. A failed send
-goes back to the queue with exponential backoff and jitter; after `max_attempts` it goes to the
-dead-letter sink (if that fails too, it keeps retrying rather than being lost).
+then writes each outcome to its segment's dispatch log (delivered, corrupt, dead-lettered), counts
+the terminal ones per segment into the queue (`DispatchQueue.count_done`: the timer takes them on
+its own thread), and records lateness. A failed send goes back to the queue with its location,
+exponential backoff and jitter; after `max_attempts` it goes to the dead-letter sink (if that fails
+too, it keeps retrying). The dispatcher never calls into the timer. What a crash, a takeover or a
+failed send left ambiguous is looked up before `_deliver` sends it (`timewheel._recovery`).
+
+A send is two stages, `_send` (read the records: `timewheel._read_batch`) then `_deliver` (one
+send batch through the sink, then the outcomes); a stage between them takes a `Batch` and gives
+one back.
 
 The dispatcher's lock guards the held queues and its counters; it is never held while calling the
-Sink, the store or the segments' keeper (the shaper and the queue are called under it).
+Sink or the store (the shaper and the queue are called under it).
 """
 from __future__ import annotations
 
@@ -21,12 +28,13 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Protocol, cast
+from typing import cast
 
 import numpy as np
 
 from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
-from timewheel._arrays import groups
+from timewheel._arrays import by_note, error_notes, groups
+from timewheel._due import DueEntries
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
@@ -35,23 +43,12 @@ from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
 from timewheel.message import DeadLetterSink, RecordSink, SendResults, Shaper, Sink
 from timewheel._read_batch import read_bytes, read_messages
+from timewheel._recovery import FOUND_NOTE, Recovery
 from timewheel._threads import guarded
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
 log = logging.getLogger("timewheel.dispatcher")
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
-
-
-class Segments(Protocol):
-    """What the dispatcher asks of the loaded segments' keeper (the `TimerDriver`)."""
-
-    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment_ms, part, offset) arrays of refs."""
-        ...
-
-    def note_done(self, segments: np.ndarray) -> None:
-        """Terminal outcomes were recorded for entries of these segments (one each)."""
-        ...
 
 
 @dataclass
@@ -69,15 +66,16 @@ class DispatchCounters:
 class Dispatcher:
     """Sends due entries through the Sink (and the Shaper), retries, dead-letters, records outcomes."""
 
-    def __init__(self, config: EngineConfig, store: ScheduleStore, segments: Segments, queue: DispatchQueue,
+    def __init__(self, config: EngineConfig, store: ScheduleStore, queue: DispatchQueue,
                  sink: Sink, clock: Clock, lateness: LatenessRecorder, *, shaper: Shaper | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, seed: int | None = None,
-                 counters: DispatchCounters | None = None, gate: DeliveryGate | None = None) -> None:
+                 counters: DispatchCounters | None = None, gate: DeliveryGate | None = None,
+                 recovery: Recovery | None = None) -> None:
         """`counters`: to count on from (an engine started again keeps its totals); `gate`: a replica's
-        lease (`timewheel.gate`), None when this engine alone delivers what it stores."""
+        lease (`timewheel.gate`), None when this engine alone delivers what it stores; `recovery`: the
+        look-up of ambiguous entries before they are sent again (`timewheel._recovery`)."""
         self.config = config
         self.store = store
-        self.segments = segments
         self.queue = queue
         self.sink = sink
         self.shaper = shaper
@@ -85,6 +83,7 @@ class Dispatcher:
         self.clock = clock
         self.lateness = lateness
         self.gate = gate
+        self.recovery = recovery
         self.counters = counters or DispatchCounters()
         self._held = HeldQueues()
         # a sink that sends stored records as they are spares a Message per delivered message
@@ -92,8 +91,7 @@ class Dispatcher:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
         self._threads: list[threading.Thread] = []
-        #: a pass failed (fail-stop): no thread takes anything more
-        self.failed = False
+        self.failed = False  # a pass failed (fail-stop): no thread takes anything more
 
     # ---- the threads ----------------------------------------------------------------------------
 
@@ -164,22 +162,20 @@ class Dispatcher:
             taken = None if held_full else self.queue.take(self.config.send_batch_size)
             if taken is None:
                 return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
-            (due, refs, attempts), n = taken
+            back, n = taken
             try:
                 self._record_withdrawn()
-                if self.gate is not None:
-                    due, refs, attempts = self._through_gate(self.gate, due, refs, attempts)
-                if len(due):
-                    self._send(due, refs, attempts)
+                entries = back if self.gate is None else self._through_gate(self.gate, back)
+                if len(entries.due):
+                    self._send(entries)
             except BaseException:
                 # Fail-stop: what was taken goes back (so the watermark stays before it and a restart or
                 # the next holder sends it: duplicates at worst, never a loss), and the error ends the
                 # thread, which the engine reports (not ready; the service exits for its supervisor).
-                back = taken[0]
-                self.queue.retry(np.full(len(back[0]), self.clock.now_ms() + 1000, np.int64), *back)
+                self.queue.retry(np.full(len(back.due), self.clock.now_ms() + 1000, np.int64), back)
                 self.failed = True
                 log.critical("a dispatch pass failed with %d entries taken; they are back in the queue and this "
-                             "engine stops dispatching", len(back[0]), exc_info=True)
+                             "engine stops dispatching", len(back.due), exc_info=True)
                 raise
             return n
         finally:
@@ -190,70 +186,64 @@ class Dispatcher:
         dropped = self.queue.drain_withdrawn()
         if dropped is None:
             return
-        due, refs, attempts = dropped
-        segs, parts, offsets = self.segments.locate(refs)
-        self._record(Batch([], due, refs, attempts, segs, parts, offsets), self.clock.now_ms(), CANCELLED, attempts)
+        self._record(Batch([], *dropped), self.clock.now_ms(), CANCELLED, dropped.attempts)
 
     def earliest_held_due(self) -> int | None:
         """Earliest due time of what the shaper holds (None: nothing)."""
         with self._lock:
             return self._held.earliest_due()
 
-    def _through_gate(self, gate: DeliveryGate, due: np.ndarray, refs: np.ndarray,
-                      attempts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _through_gate(self, gate: DeliveryGate, e: DueEntries) -> DueEntries:
         """Record what another replica delivered (due by its watermark) and hold the rest while this
         replica may not send; return what may go on to be sent."""
-        elsewhere = due <= gate.delivered_elsewhere_up_to()
+        if self.recovery is not None:
+            self.recovery.observe_takeover(int(getattr(gate, "took_over_ms", 0)))
+        elsewhere = e.due <= gate.delivered_elsewhere_up_to()
         peer = 0
         if elsewhere.any():
             # due by the holder's watermark: delivered there only if the holder had stored it (its origin)
             cand = np.flatnonzero(elsewhere)
-            segs, parts, offsets = self.segments.locate(refs[cand])
-            origins = self.store.read_origins(segs, parts, offsets)
-            by_peer = np.asarray(gate.delivered_elsewhere(due[cand], origins, self.store.queues.names()), bool)
+            origins = self.store.read_origins(e.segs[cand], e.parts[cand], e.offsets[cand])
+            by_peer = np.asarray(gate.delivered_elsewhere(e.due[cand], origins, self.store.queues.names()), bool)
             elsewhere[cand[~by_peer]] = False
             peer = int(by_peer.sum())
         if peer:
-            k = by_peer
             # attempts 0: delivered, by the replica that held the lease; this one never sent it
-            self._record(Batch([], due[elsewhere], refs[elsewhere], attempts[elsewhere], segs[k], parts[k],
-                               offsets[k]), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
-            keep = ~elsewhere
-            due, refs, attempts = due[keep], refs[keep], attempts[keep]
+            self._record(Batch([], *e.select(elsewhere)), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
+            e = e.select(~elsewhere)
         held = 0
         # A standby reads nothing it could not send: what is left waits whole, unread. Whether a batch
         # that was read may go out is the sink's to decide (`coordination.FencedSink`), right before
         # the send and again at the write.
-        if len(due) and not gate.may_send():
-            held = len(due)
-            self._hold(due, refs, attempts, counted=False)
-            due, refs, attempts = due[:0], refs[:0], attempts[:0]
+        if len(e.due) and not gate.may_send():
+            held = len(e.due)
+            self._hold(e, counted=False)
+            e = e.select(slice(0, 0))
         if peer or held:
             gate.count(peer, held)
-        return due, refs, attempts
+        return e
 
-    def _hold(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray, *, counted: bool = True) -> None:
+    def _hold(self, e: DueEntries, *, counted: bool = True) -> None:
         """Queue entries again without counting an attempt: this replica may not send them now
         (`counted`: tell the gate how many, unless the caller does)."""
         gate = self.gate
         hold_ms = gate.hold_ms if gate is not None else self.config.retry_base_ms
-        self.queue.retry(np.full(len(due), self.clock.now_ms() + hold_ms, np.int64), due, refs, attempts)
+        self.queue.retry(np.full(len(e.due), self.clock.now_ms() + hold_ms, np.int64), e)
         if gate is not None and counted:
-            gate.count(0, len(due))
+            gate.count(0, len(e.due))
 
-    def _send(self, due: np.ndarray, refs: np.ndarray, attempts: np.ndarray) -> None:
+    def _send(self, e: DueEntries) -> None:
         """Read the due records and send them (through the shaper's queues when there is one)."""
-        segs, parts, offsets = self.segments.locate(refs)
         # the index's due times go along: a record whose own (CRC-checked) due time differs goes at its own
         read = read_bytes if self._record_sink is not None else read_messages
-        batch, found = read(self.store, due, refs, attempts, segs, parts, offsets)
+        batch, found = read(self.store, *e)
         now = self.clock.now_ms()
-        c = self._reschedule_misdated(found, due, refs, attempts)
-        if len(c):
-            self._record(Batch([], due[c], refs[c], attempts[c], segs[c], parts[c], offsets[c]), now, CORRUPT,
-                         attempts[c])
-            with self._lock:
-                self.counters.corrupt += len(c)
+        if found:
+            c = self._reschedule_misdated(found, e)
+            if len(c):
+                self._record(Batch([], *e.select(c)), now, CORRUPT, e.attempts[c])
+                with self._lock:
+                    self.counters.corrupt += len(c)
         if not len(batch):
             return
         if self.shaper is None:
@@ -263,18 +253,16 @@ class Dispatcher:
             self._held.add(batch, now)
         self._deliver_granted()
 
-    def _reschedule_misdated(self, corrupt: list[tuple[int, int | None]], due: np.ndarray, refs: np.ndarray,
-                             attempts: np.ndarray) -> np.ndarray:
+    def _reschedule_misdated(self, corrupt: list[tuple[int, int | None]], e: DueEntries) -> np.ndarray:
         """Queue again, at the record's own due time, each row whose index entry disagrees with its
         intact record (the index has no CRC, the record has); returns the rows really corrupt."""
         rows = np.array([r for r, _ in corrupt], np.int64)
         record_due = np.array([-1 if d is None else d for _, d in corrupt], np.int64)
         m = record_due >= 0
         if m.any():
-            c = rows[m]
             log.warning("%d index entries disagree with their intact records: rescheduled at the records' own "
-                        "due times", len(c))
-            self.queue.retry(record_due[m], record_due[m], refs[c], attempts[c])
+                        "due times", int(m.sum()))
+            self.queue.retry(record_due[m], e.select(rows[m])._replace(due=record_due[m]))
         return rows[~m]
 
     def _deliver_granted(self) -> int:
@@ -311,6 +299,11 @@ class Dispatcher:
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
         """Send one batch through the sink and record every outcome; rows the sink held (a fence:
         `coordination.FencedSink` decides it) go back to the queue without spending an attempt."""
+        if self.recovery is not None and b.raw is not None:  # look ambiguous rows up first (timewheel._recovery)
+            b, held_since = self._resolved(self.recovery, b, held_since)
+            if not len(b):
+                return
+            self.recovery.note_sending(b.due)
         answers: np.ndarray | None = None
         errors: list[str | None] | None = None
         held: np.ndarray | None = None
@@ -320,7 +313,7 @@ class Dispatcher:
             log.exception("sink failed a batch of %d", len(b))
             delivered, errors = np.zeros(len(b), bool), [f"{type(e).__name__}: {e}"] * len(b)
         if held is not None and held.all():  # fenced before it went: nothing was sent
-            self._hold(b.due, b.refs, b.attempts)
+            self._hold(b.entries())
             if self.shaper is not None:
                 for topic, n in Counter(b.topic_list()).items():
                     self.shaper.release(topic, n)
@@ -334,29 +327,45 @@ class Dispatcher:
                 ok = int(delivered[idx].sum())
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
                 self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
-        good = b.select(delivered)
+        all_ok = bool(delivered.all())
+        good = b if all_ok else b.select(delivered)
         if len(good.due):
             try:
                 self._record(good, sent_at, DELIVERED, good.attempts + 1,
-                             answers[delivered] if answers is not None else None)
+                             answers if answers is None or all_ok else answers[delivered])
             except StorageWriteError:
                 # Delivered, but the dispatch log could not say so (disk full?): after a restart
                 # these are sent again. Counted, and the engine stops: it cannot record outcomes.
                 with self._lock:
                     self.counters.dispatch_log_errors += len(good.due)
                 raise
-            self.lateness.observe(np.maximum(sent_at - good.due, 0))
+            late = sent_at - good.due
+            self.lateness.observe(np.maximum(late, 0, out=late))
             with self._lock:
                 self.counters.delivered += len(good.due)
+        if all_ok and held is None:  # the usual answer: nothing held, nothing failed
+            return
         if held is not None and held.any():
             # the lease ran out while the batch was on its way: held for whoever holds the lease,
             # not an attempt that failed
-            kept = b.select(held)
-            self._hold(kept.due, kept.refs, kept.attempts)
+            self._hold(b.select(held).entries())
         failed_rows = ~delivered if held is None else ~delivered & ~held
         if failed_rows.any():
             failed_errors = [errors[i] for i in np.flatnonzero(failed_rows).tolist()] if errors else None
             self._fail(b.select(failed_rows), sent_at, failed_errors)
+
+    def _resolved(self, recovery: Recovery, b: Batch, held_since: np.ndarray | None) -> tuple[Batch, np.ndarray | None]:
+        """What is left of `b` to send once its ambiguous rows waited or were looked up."""
+        now = self.clock.now_ms()
+        keep = recovery.resolve(b, now, self.queue.retry,
+                                lambda f, answers: self._record(f, now, DELIVERED, f.attempts + 1, answers, FOUND_NOTE),
+                                lambda u, errors: self._fail(u, now, errors))
+        if keep.all():
+            return b, held_since
+        if self.shaper is not None:  # granted but not sent now: the tokens go back
+            for topic, n in Counter(b.select(~keep).topic_list()).items():
+                self.shaper.release(topic, n)
+        return b.select(keep), None if held_since is None else held_since[keep]
 
     def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None,
                                             np.ndarray | None]:
@@ -385,7 +394,7 @@ class Dispatcher:
         final = tries >= self.config.max_attempts
         with self._lock:
             self.counters.send_failures += len(bad.due)
-        why = _error_notes(errors, len(bad.due))
+        why = error_notes(errors, len(bad.due))
         if final.any():
             dead = bad.select(final)
             reason = f"not delivered after {self.config.max_attempts} attempts"
@@ -397,7 +406,7 @@ class Dispatcher:
                     final[:] = False
                     why = [f"{w}; dead letter failed too: {type(e).__name__}: {e}" for w in why]
             if final.any():
-                for note, rows in _by_note([why[i] for i in np.flatnonzero(final).tolist()]):
+                for note, rows in by_note([why[i] for i in np.flatnonzero(final).tolist()]):
                     self._record(dead.select(rows), now, DEAD_LETTERED, tries[final][rows],
                                  note=f"{reason}; last error: {note}")
                 with self._lock:
@@ -410,33 +419,19 @@ class Dispatcher:
                 jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
                 self.counters.retries += int(retry.sum())
             again = bad.select(retry)
-            for note, rows in _by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
+            for note, rows in by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
                 self._record(again.select(rows), now, RETRIED, tries[retry][rows], note=note, terminal=False)
-            self.queue.retry(now + (backoff * jitter).astype(np.int64), bad.due[retry], bad.refs[retry],
-                             np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16))
+            self.queue.retry(now + (backoff * jitter).astype(np.int64), again.entries()._replace(
+                attempts=np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16)))
 
     def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray, answers: np.ndarray | None = None,
                 note: str = "", terminal: bool = True) -> None:
         """Write outcomes (attempts and the broker's `answers` aligned with the batch, one `note` for
-        all) to each segment's dispatch log, then count terminal ones off the loader."""
+        all) to each segment's dispatch log; terminal ones are counted for the timer (through the queue)."""
         for seg, m in groups(b.segs):
-            self.store.record_dispatch(seg, dispatch_entries(b.parts[m], b.offsets[m], b.due[m], now, outcome,
+            parts = b.parts[m]
+            self.store.record_dispatch(seg, dispatch_entries(parts, b.offsets[m], b.due[m], now, outcome,
                                                              attempts[m]), now,
                                        answers[m] if answers is not None else None, note)
-        if terminal:
-            self.segments.note_done(b.segs)
-
-
-def _error_notes(errors: list[str | None] | None, n: int) -> list[str]:
-    """Per failed row, what to record of why it failed."""
-    if errors is None:
-        return ["the sink did not say why"] * n
-    return [e or "the sink did not say why" for e in errors]
-
-
-def _by_note(notes: list[str]) -> list[tuple[str, np.ndarray]]:
-    """Rows grouped by their note (a failed send batch has one error per request, so few groups)."""
-    rows: dict[str, list[int]] = {}
-    for i, note in enumerate(notes):
-        rows.setdefault(note, []).append(i)
-    return [(note, np.asarray(idx, np.int64)) for note, idx in rows.items()]
+            if terminal:
+                self.queue.count_done(seg, len(parts))

@@ -12,17 +12,18 @@ Threads, when started in the background, and what each owns:
   `SegmentLoader`, catch-up of past segments and cancels' removals from the wheel: it pops what is
   due at the exact millisecond into the `DispatchQueue` and nudges it;
 - the dispatch threads (`timewheel-dispatch-N`, `Dispatcher`; as many as the sink's
-  `max_in_flight`, default one) own the shaper's held queues, the Sink calls, backoff (failed
+  `max_in_flight`, default one, of which more than one sends only while a full batch waits) own the shaper's held queues, the Sink calls, backoff (failed
   entries wait in the queue for their next attempt), dead letters, outcome records and lateness;
 - the housekeeping thread (`timewheel-housekeeping`, `Housekeeper`) checkpoints the store and
   retires old segments.
 
 Thread-safety rule: the timer and the dispatchers share only the `DispatchQueue`, which has its own
-Condition and holds the dispatch policy (linger, wait for the send in flight unless a batch is
-full, a backlog waits or 20 ms went by). The timer never reads a dispatcher's state, and a
-dispatcher reaches the timer only to locate a record and to count an outcome off its segment
-(`TimerDriver.note_done`). Locks are taken in one order: timer or dispatcher, then queue; the queue
-calls out to nobody but the timer's wake-up event.
+Condition and holds the dispatch policy (linger, wait for the send in flight unless a full batch
+waits or 20 ms went by). The timer never reads a dispatcher's state, and a dispatcher never calls
+into the timer: each entry carries its record's location from the timer, and the terminal outcomes
+a dispatcher recorded go back as counts per segment through the queue (`count_done`), which the
+timer takes on its own thread (`take_done`). Locks are taken in one order: timer or dispatcher,
+then queue; the queue calls out to nobody but the timer's wake-up event.
 
 `start(background=False)` starts no thread: `step()` runs one timer pass and then dispatch passes
 until nothing is left, on the caller's thread, for tests driven by a ManualClock.
@@ -34,22 +35,26 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from storage import CorruptRecordError, DelayTooLongError, InvalidRecordError, Origin, ScheduleStore, TombstoneLog
+from storage import (AppendResult, CorruptRecordError, DelayTooLongError, EncodedRecords, InvalidRecordError, Origin,
+                     ScheduleStore, TombstoneLog)
+from timewheel._admission import check_rows, encode_messages, validate
 from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
+from timewheel._due import DueEntries
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.dispatcher import DispatchCounters, Dispatcher
 from timewheel.errors import EngineStateError, InvalidMessageError
 from timewheel.gate import DeliveredMark, DeliveryGate
 from timewheel.housekeeping import Housekeeper
 from timewheel.lateness import LatenessBuckets, LatenessRecorder
-from timewheel.message import DeadLetterSink, Message, Shaper, Sink
+from timewheel._recovery import Recovery
+from timewheel.message import CopyFinder, DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
 from timewheel.watermark import delivered_up_to, delivered_up_to_except
@@ -75,10 +80,14 @@ class Engine:
 
     def __init__(self, config: EngineConfig, sink: Sink, clock: Clock | None = None,
                  dead_letter_sink: DeadLetterSink | None = None, *, shaper: Shaper | None = None,
-                 seed: int | None = None, gate: DeliveryGate | None = None) -> None:
-        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`)."""
+                 seed: int | None = None, gate: DeliveryGate | None = None,
+                 copy_finder: CopyFinder | None = None) -> None:
+        """`gate`: when this engine is one replica of a shard, what lets it send (`timewheel.gate`);
+        `copy_finder`: look up what a crash or takeover left ambiguous before sending it again."""
         self.config = config
         self.gate = gate
+        self.copy_finder = copy_finder
+        self.recovery: Recovery | None = None
         self.sink = sink
         self.shaper = shaper
         self.clock: Clock = clock or SystemClock()
@@ -139,9 +148,11 @@ class Engine:
         queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
                               linger_ms=int(getattr(self.sink, "linger_ms", 0)), wake_timer=timer_wake.set)
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
-        dispatcher = Dispatcher(cfg, store, timer, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
+        if self.copy_finder is not None:
+            self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
+        dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                 dead_letter_sink=self._dead_letter_sink, seed=self._seed,
-                                counters=self._dispatch_counters, gate=self.gate)
+                                counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
         tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
                                 cfg.max_tombstones)
         tombstones.load(self.clock.now_ms())
@@ -194,7 +205,6 @@ class Engine:
         InvalidMessageError (nothing stored) if any message breaks the contract.
         """
         run = self._require_started()
-        store, tombstones = run.store, run.tombstones
         now = self.clock.now_ms()
         ids = []
         records = []
@@ -203,29 +213,65 @@ class Engine:
             mid = m.msg_id or uuid.uuid4().hex
             ids.append(mid)
             records.append(m.to_record(mid))
+
+        def append(cancelled: list[int]) -> AppendResult | None:
+            recs, origs = records, origins
+            if cancelled:
+                gone = set(cancelled)
+                recs = [r for i, r in enumerate(records) if i not in gone]
+                origs = [o for i, o in enumerate(origins) if i not in gone] if origins is not None else None
+            return run.store.append(recs, now, origs) if recs else None
+
+        self._store_screened(run, ids, [m.msg_id for m in messages], [m.keys for m in messages], now, append)
+        return ids
+
+    def encode_messages(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None
+                        ) -> tuple[EncodedRecords, list[InvalidMessageError | None]]:
+        """The records `schedule` would store for `messages`, encoded now, for `schedule_encoded`
+        (beside rows encoded elsewhere, in one commit); per message, why it is refused, or None."""
+        self._require_started()
+        return encode_messages(messages, origins, self.clock.now_ms(), self.config)
+
+    def schedule_encoded(self, rows: EncodedRecords) -> list[str]:
+        """`schedule` for records already encoded (`storage.EncodedRecords`: ingest's one pass over
+        a pull answer, `encode_messages`): the engine's limits checked on the columns, tombstones
+        screened, one store commit, the same counters. Raises InvalidMessageError with the first
+        offending row's index (nothing stored)."""
+        run = self._require_started()
+        now = self.clock.now_ms()
+        check_rows(rows, now, self.config)
+
+        def append(cancelled: list[int]) -> AppendResult | None:
+            kept = rows.without(cancelled) if cancelled else rows
+            return run.store.append_encoded(kept, now) if len(kept) else None
+
+        self._store_screened(run, rows.msg_ids, rows.msg_ids, rows.keys, now, append)
+        return list(rows.msg_ids)
+
+    def _store_screened(self, run: _Running, ids: Sequence[str], named: Sequence[str | None],
+                        keys: Sequence[Sequence[str]], now: int,
+                        append: Callable[[list[int]], AppendResult | None]) -> None:
+        """Store rows (ids, the ids they were named by, their keys) less what a tombstone cancels:
+        `append` gets the positions cancelled. Counts them, and cancels what a cancel that came
+        meanwhile names."""
+        tombstones = run.tombstones
         generation = tombstones.generation
-        cancelled = tombstones.screen(messages, now)
-        if cancelled:
-            gone = set(cancelled)
-            records = [r for i, r in enumerate(records) if i not in gone]
-            if origins is not None:
-                origins = [o for i, o in enumerate(origins) if i not in gone]
+        cancelled = tombstones.screen_rows(named, keys, now)
         try:
-            result = store.append(records, now, origins) if records else None
+            result = append(cancelled)
         except (DelayTooLongError, InvalidRecordError) as e:
             raise InvalidMessageError(str(e)) from e
         fresh = int(result.new.sum()) if result is not None else 0
         with self._lock:
             self._scheduled += fresh
-            self._duplicates += len(records) - fresh
+            self._duplicates += len(ids) - len(cancelled) - fresh
             self._cancelled_on_arrival += len(cancelled)
         if tombstones.generation != generation:
             # a cancel arrived while these were screened and stored: it may have looked for them
             # before they were in the store, so they are checked again now that they are
-            late = tombstones.screen(messages, now)
+            late = tombstones.screen_rows(named, keys, now)
             for i in late:
                 self.cancel(msg_id=ids[i])
-        return ids
 
     def apply_cancels(self, requests: Sequence[CancelRequest]) -> int:
         """Apply cancels that came as control messages: each is kept as a tombstone (on disk
@@ -248,21 +294,7 @@ class Engine:
         return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
-        if not isinstance(m, Message):
-            raise InvalidMessageError(f"expected a timewheel.Message, got {type(m).__name__}", index=i)
-        if not m.topic or not isinstance(m.topic, str):
-            raise InvalidMessageError("a message needs a target topic", index=i)
-        if not isinstance(m.deliver_at_ms, int) or isinstance(m.deliver_at_ms, bool) or m.deliver_at_ms < 0:
-            raise InvalidMessageError(f"deliver_at_ms must be a non-negative int of epoch ms, not "
-                                      f"{m.deliver_at_ms!r}", index=i)
-        if m.deliver_at_ms - now > self.config.max_delay_ms:
-            raise InvalidMessageError(f"due in {m.deliver_at_ms - now} ms, past the maximum delay of "
-                                      f"{self.config.max_delay_ms} ms", index=i)
-        if not isinstance(m.body, (bytes, bytearray)):
-            raise InvalidMessageError(f"body must be bytes, not {type(m.body).__name__}", index=i)
-        if len(m.body) > self.config.max_body_bytes:
-            raise InvalidMessageError(f"body of {len(m.body)} bytes exceeds max_body_bytes="
-                                      f"{self.config.max_body_bytes}", index=i)
+        validate(m, i, now, self.config)
 
     def cancel(self, msg_id: str | None = None, key: str | None = None) -> int:
         """Cancel a message by id, or every message under a business key; returns how many.
@@ -371,9 +403,8 @@ class Engine:
         a replica holding the shard's lease publishes (`timewheel.watermark`)."""
         run = self._require_started()
 
-        def origins_of(refs: np.ndarray) -> list[tuple[str, int] | None]:
-            segs, parts, offsets = run.dispatcher.segments.locate(refs)
-            rows = run.store.read_origins(segs, parts, offsets)
+        def origins_of(entries: DueEntries) -> list[tuple[str, int] | None]:
+            rows = run.store.read_origins(entries.segs, entries.parts, entries.offsets)
             names = run.store.queues.names()
             return [(names[q], int(o)) if 0 <= q < len(names) else None
                     for q, o in zip(rows["queue"].tolist(), rows["offset"].tolist())]

@@ -44,6 +44,12 @@ class DeliveryGate(Protocol):
     #: how long held entries wait before the dispatcher looks at them again
     hold_ms: int
 
+    @property
+    def took_over_ms(self) -> int:
+        """When (epoch ms) this replica last became the holder, 0 never: what the previous holder may
+        have sent is due up to then (looked up before it is sent again: `timewheel._recovery`)."""
+        ...
+
     def may_send(self) -> bool:
         """True while this engine holds the shard's lease and its fencing deadline has not passed."""
         ...

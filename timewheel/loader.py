@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage import TERMINAL, ScheduleStore, record_keys
-from timewheel._arrays import counts
 
 _OFFSET_MASK = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
@@ -121,9 +120,9 @@ class SegmentLoader:
         seg.outstanding += len(fresh)
         return fresh
 
-    def note_done(self, segment_ms: np.ndarray) -> None:
-        """Terminal outcomes were recorded for records of these segments (one entry each)."""
-        for s, c in counts(segment_ms):
+    def note_done(self, done: dict[int, int]) -> None:
+        """Terminal outcomes were recorded for records of these segments (how many per segment)."""
+        for s, c in done.items():
             seg = self.loaded.get(s)
             if seg is not None:
                 seg.outstanding -= c

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from storage import Origin, Record, RecordBytes
+from storage import EncodedRecords, Origin, Record, RecordBytes
 
 if TYPE_CHECKING:
     from timewheel.cancels import CancelRequest
+    from timewheel.errors import InvalidMessageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,30 @@ class RecordSink(Sink, Protocol):
         ...
 
 
+class CopyCheck(NamedTuple):
+    """A `CopyFinder`'s answer, aligned with the records asked about."""
+
+    found: np.ndarray  # bool: a copy is stored on the record's target (not to be sent again)
+    unknown: np.ndarray  # bool: no copy seen, and some broker could not say (not to be sent yet)
+    answers: np.ndarray | None = None  # where each found copy is stored (`storage.ANSWER_DTYPE` rows)
+    errors: list[str | None] | None = None  # why, for each unknown row
+
+
+class CopyFinder(Protocol):
+    """Which records already have a copy on their targets: asked before sending again what a crash,
+    a takeover or a failed send left ambiguous (`timewheel._recovery`)."""
+
+    #: how long after a restart or takeover to wait before asking (a predecessor's last writes land)
+    quiet_ms: int
+    #: how far apart this engine's clock and the targets' may be (widens every window asked about)
+    clock_skew_ms: int
+
+    def find_copies(self, records: RecordBytes, sent_from_ms: int, written_before_ms: int) -> CopyCheck:
+        """Per record, whether a copy sent at or after `sent_from_ms` (this engine's clock) is stored;
+        every copy written before `written_before_ms` must be visible to the answer."""
+        ...
+
+
 class DeadLetterSink(Protocol):
     """Where messages go that failed every attempt or break the contract."""
 
@@ -126,12 +151,29 @@ class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch
     and acknowledges upstream only once `schedule` returned (the messages are stored)."""
 
-    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None) -> None:
-        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`."""
+    def start(self, schedule: "ScheduleFn", cancel: "CancelFn | None" = None,
+              encoded: "EncodedScheduler | None" = None) -> None:
+        """Begin feeding messages to `schedule`, and the cancels it reads to `cancel`; a source that
+        encodes records itself may store them through `encoded` instead (the engine)."""
         ...
 
     def stop(self) -> None:
         """Stop feeding; return once no call to `schedule` is in progress."""
+        ...
+
+
+class EncodedScheduler(Protocol):
+    """The engine's way in for a source that encodes records itself (ingest's one pass over a pull
+    answer): the messages it could not encode, made rows as `schedule` would store them, and the
+    whole batch stored in one commit (`timewheel.Engine` implements it)."""
+
+    def encode_messages(self, messages: Sequence[Message], origins: Sequence[Origin] | None = None
+                        ) -> tuple[EncodedRecords, list["InvalidMessageError | None"]]:
+        """Rows of the messages the engine takes; per message, its refusal or None."""
+        ...
+
+    def schedule_encoded(self, rows: EncodedRecords) -> list[str]:
+        """Store the rows as `schedule` stores messages; InvalidMessageError with the first offender's index."""
         ...
 
 

@@ -6,18 +6,24 @@ pushes what is due into the `DispatchQueue`. It never reads the dispatchers' sta
 nudges, and leaves the decision to send to the queue's policy.
 
 One pass (`run_pass`, under the driver's lock) does, in order:
+0. count off the loaded segments the terminal outcomes the dispatchers recorded (they hand the
+   counts back through the queue, `DispatchQueue.take_done`: they never take this driver's lock);
 1. load the current segment, and the next one `preload_seconds` before it begins;
 2. take the records the store committed since the last pass (its commit listener appends their
    locations to an inbound list, under a lock of its own) and add those of loaded segments;
 3. every `rescan_seconds`, pick up parts other writers (Spark backfill) published;
 4. remove cancelled entries from the wheel;
-5. pop what is due at the exact millisecond into the queue;
+5. pop what is due into the queue, each entry with its record's location (segment, part, offset)
+   so that a dispatcher reads it without asking the driver;
 6. catch-up: while the queue's backlog has room, load the next past segment not fully dispatched
    (oldest first) into it; overdue entries of segments loaded meanwhile wait behind (deferred);
 7. mark over and fully dispatched segments done, and seal live parts once per segment.
 
 The timer thread runs a pass, nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
-a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier).
+a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier). With a
+sink that lingers (`DispatchQueue.linger_ms`), it pops in steps of that linger: the wheel's next
+entry is popped a linger after it was due, with all that came due meanwhile, which is when the
+queue would have sent it anyway; each send then carries a fuller batch, for fewer timer passes.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from collections import deque
 import numpy as np
 
 from storage import CANCELLED, ScheduleStore, dispatch_entries
-from timewheel._due import DueChunks
+from timewheel._due import DueChunks, DueEntries
 from timewheel._memory import release_free_memory
 from timewheel.clock import Clock, seconds_until
 from timewheel.config import EngineConfig
@@ -142,7 +148,7 @@ class TimerDriver:
                     refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
                     self.queue.cancel(refs)
                     self._pending_removals.append(refs)
-                    self.loader.note_done(np.full(len(arr), seg))
+                    self.loader.note_done({seg: len(arr)})
         self._wake.set()
 
     def withdraw(self, by_segment: dict[int, np.ndarray]) -> None:
@@ -153,15 +159,6 @@ class TimerDriver:
                 if seg in self.loader.loaded:
                     self.queue.withdraw(self.loader.refs(seg, arr[:, 0].astype(np.uint16),
                                                          arr[:, 1].astype(np.uint32)))
-
-    def locate(self, refs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment_ms, part, offset) arrays of refs (they stay decodable after a segment is let go)."""
-        return self.loader.locate(refs)
-
-    def note_done(self, segments: np.ndarray) -> None:
-        """Terminal outcomes were recorded for entries of these segments (one each)."""
-        with self._lock:
-            self.loader.note_done(segments)
 
     def released_up_to(self) -> int:
         """Every entry due at or before this has left the timer for the dispatch queue (-1: none yet).
@@ -174,7 +171,7 @@ class TimerDriver:
             if self._catch_up:
                 bound = min(bound, min(self._catch_up) - 1)
             if self._deferred.size:
-                bound = min(bound, min(int(c[0].min()) for c in self._deferred.chunks) - 1)
+                bound = min(bound, min(int(c.due.min()) for c in self._deferred.chunks) - 1)
             with self._inbound_lock:
                 if self._inbound_min_due is not None:
                     bound = min(bound, self._inbound_min_due - 1)
@@ -183,6 +180,7 @@ class TimerDriver:
     def snapshot(self) -> tuple[int, int, int, dict[str, int]]:
         """(catch-up segments pending, wheel entries, wheel bytes, outstanding per loaded segment)."""
         with self._lock:
+            self.loader.note_done(self.queue.take_done())
             return (len(self._catch_up), len(self.wheel), self.wheel.nbytes,
                     {str(k): v.outstanding for k, v in self.loader.loaded.items()})
 
@@ -201,6 +199,7 @@ class TimerDriver:
 
     def _pass(self, now: int) -> None:
         loader, wheel, queue = self.loader, self.wheel, self.queue
+        loader.note_done(queue.take_done())
         seg_ms = self.config.segment_ms
         current = now - now % seg_ms
         loaded = False
@@ -225,18 +224,18 @@ class TimerDriver:
             refs = np.concatenate(self._pending_removals)
             self._pending_removals = []
             wheel.remove(refs)
-        queue.push_ready(*wheel.pop_due(now))
+        queue.push_ready(self._entries(*wheel.pop_due(now)))
         if self._catch_up and queue.backlog_has_room():
             seg = self._catch_up.popleft()
             if seg not in loader.loaded:
                 due, refs = loader.load(seg)
                 order = np.argsort(due, kind="stable")
-                queue.push_backlog(due[order], refs[order])
+                queue.push_backlog(self._entries(due[order], refs[order]))
                 self.catch_up_segments += 1
                 del due, refs, order
                 release_free_memory()
         if not self._catch_up and (deferred := self._deferred.take_all()) is not None:
-            queue.push_backlog(deferred[0], deferred[1])
+            queue.push_backlog(deferred)
         queue.expect_catch_up(bool(self._catch_up))
         self._released_ms = now
         self._finish_segments(now)
@@ -250,15 +249,21 @@ class TimerDriver:
         late = status == EXPIRED
         if late.any():
             order = np.argsort(due[late], kind="stable")
-            late_due, late_refs = due[late][order], refs[late][order]
+            entries = self._entries(due[late][order], refs[late][order])
             if not overdue_to_backlog:
-                self.queue.push_ready(late_due, late_refs)
+                self.queue.push_ready(entries)
             elif self._catch_up:
-                self._deferred.push(late_due, late_refs)
+                self._deferred.push(entries)
             else:
-                self.queue.push_backlog(late_due, late_refs)
+                self.queue.push_backlog(entries)
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
+
+    def _entries(self, due: np.ndarray, refs: np.ndarray) -> DueEntries:
+        """Due entries with their records' locations, for the queue (no attempt yet)."""
+        if not len(due):
+            return DueEntries.empty()
+        return DueEntries(due, refs, np.zeros(len(due), np.int16), *self.loader.locate(refs))
 
     def _take_inbound(self, inbound: list[np.ndarray], now: int) -> None:
         loader = self.loader
@@ -300,7 +305,8 @@ class TimerDriver:
         candidates = [preload if preload > now else start + seg_ms]
         nd = self.wheel.next_due_ms()
         if nd is not None:
-            candidates.append(nd)
+            # a linger after the next entry was due: it goes then with what came due meanwhile
+            candidates.append(nd + self.queue.linger_ms)
         # catch-up moves on only when the backlog has room: taking from it wakes the timer then
         catch_up_can_move = bool(self._catch_up) and self.queue.backlog_has_room()
         if (self._inbound or (self._deferred.size and not self._catch_up) or self._pending_removals

@@ -19,11 +19,12 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from timewheel._due import DueEntries
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.gate import DeliveredMark, PendingEntry
 
-#: the origins (queue name, offset) of refs, None where unknown
-OriginsOf = Callable[[np.ndarray], Sequence[tuple[str, int] | None]]
+#: the origins (queue name, offset) of due entries (by their locations), None where unknown
+OriginsOf = Callable[[DueEntries], Sequence[tuple[str, int] | None]]
 
 
 class _Timer(Protocol):
@@ -50,24 +51,23 @@ def delivered_up_to_except(timer: _Timer, queue: DispatchQueue, dispatcher: _Dis
     origin (an entry whose origin is unknown cannot be named to another replica: it bounds the
     watermark as before)."""
     bound = timer.released_up_to()
-    first, due1, refs1 = queue.earliest_due_apart(limit)
+    first, apart1 = queue.earliest_due_apart(limit)
     held = dispatcher.earliest_held_due()
-    second, due2, refs2 = queue.earliest_due_apart(limit)
+    second, apart2 = queue.earliest_due_apart(limit)
     for earliest in (first, held, second):
         if earliest is not None:
             bound = min(bound, earliest - 1)
     # an entry may move between the two reads: what either set apart is set apart
-    refs, at = np.unique(np.concatenate((refs1, refs2)), return_index=True)
-    due = np.concatenate((due1, due2))[at]
-    order = np.argsort(due, kind="stable")
-    due, refs = due[order], refs[order]
-    if len(due) > limit:
-        bound = min(bound, int(due[limit]) - 1)
-        due, refs = due[:limit], refs[:limit]
-    keep = due <= bound
-    due, refs = due[keep], refs[keep]
+    both = DueEntries.concat([apart1, apart2])
+    _, at = np.unique(both.refs, return_index=True)
+    apart = both.select(at)
+    apart = apart.select(np.argsort(apart.due, kind="stable"))
+    if len(apart.due) > limit:
+        bound = min(bound, int(apart.due[limit]) - 1)
+        apart = apart.select(slice(None, limit))
+    apart = apart.select(apart.due <= bound)
     exceptions: list[PendingEntry] = []
-    for d, origin in zip(due.tolist(), origins_of(refs) if len(refs) else []):
+    for d, origin in zip(apart.due.tolist(), origins_of(apart) if len(apart.due) else []):
         if origin is None:
             bound = min(bound, d - 1)
             break

@@ -16,10 +16,15 @@ The same workloads run against six systems, one after another, on one machine:
 - `heapq`: an in-memory heap and a release thread on a condition variable (how Pulsar's in-memory
   tracker works), positions in memory, bodies in an append-only log it rebuilds from on restart.
 
-Workloads: `steady` (a paced producer, delays spread over a window), `burst` (many messages due in the
+Reference rows measure the broker alone: `plain-hop` (plain messages through it, no delay),
+`intake-ceiling` (what RocketMQ's Java producer pushes in), `noop-consumer` (what RocketMQ's Java pull
+consumer reads out).
+
+Workloads: `steady` (a paced producer, delays spread over a window; for the plain hop and timewheel also
+at 10k/s, produced and consumed by RocketMQ's Java clients), `burst` (many messages due in the
 same second), `horizon` (messages spread over days: memory per pending message and
 restart-to-first-delivery, without waiting for them). Modules: `common` (recording, percentiles,
 processes), `servers` (Redis and PostgreSQL started on loopback), `systems` (one adapter per
-system), `heap_engine` (the heapq engine), `runner` (the workloads), `report` (table, chart,
-RESULTS.md), `cli`.
+system), `heap_engine` (the heapq engine), `runner` (the workloads), `java_workloads` (those run with
+RocketMQ's Java clients), `report` (table, chart, RESULTS.md), `cli`.
 """

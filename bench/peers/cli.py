@@ -7,6 +7,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from pathlib import Path
 
 from bench.peers.common import RESULTS_DIR
 from bench.peers.report import console, write_report
@@ -17,6 +18,8 @@ _HELP = {
     "steady_seconds": "steady workload: seconds of producing",
     "steady_high_rate": "high-rate steady workload (plain hop and timewheel): messages per second",
     "steady_high_seconds": "high-rate steady workload: seconds of producing",
+    "steady_high_warm_up_s": "high-rate steady workload: seconds of the same stream before it, not measured "
+                             "(the Java clients' JVMs warm up)",
     "delay_min_ms": "steady workload: shortest delay (ms)",
     "delay_max_ms": "steady workload: longest delay (ms)",
     "burst": "burst workload: messages due in the same millisecond",
@@ -28,9 +31,11 @@ _HELP = {
     "body_bytes": "message body size",
     "senders": "producer threads",
     "poll_ms": "Redis and PostgreSQL pollers: longest sleep between polls (ms)",
-    "intake_seconds": "intake ceiling and timewheel's batch ingest: seconds of RocketMQ's Java producer",
+    "intake_seconds": ("intake ceiling, the no-op consumer's backlog and timewheel's batch ingest: seconds of "
+                       "RocketMQ's Java producer"),
     "intake_threads": "intake ceiling and batch ingest: Java producer threads",
     "intake_batch": "intake ceiling and batch ingest: messages per batch send",
+    "pull_batch": "no-op consumer: messages per pull (timewheel's own consumer pulls 32)",
     "seed": "random seed of the delays and due times",
 }
 
@@ -55,13 +60,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="write only the JSON and the chart, leave bench/RESULTS.md alone (trial runs)")
     rep = sub.add_parser("report", help="rebuild RESULTS.md and the chart from a results JSON")
     rep.add_argument("--stem", default="peers")
+    for p in (r, rep):
+        p.add_argument("--out", type=Path, default=None,
+                       help="a scratch directory for trial runs: OUT/RESULTS.md, OUT/results/STEM.json and .png, "
+                            "leaving bench/ alone")
     args = ap.parse_args(args_list)
     if args.cmd == "run":
         cfg = RunConfig(**{f.name: getattr(args, f.name) for f in fields(RunConfig) if f.name != "systems"},
                         systems=tuple(args.systems or ALL_SYSTEMS))
         command = "python -m bench.peers " + shlex.join(args_list)
         doc = run_fast_switch(cfg, command)
-        if args.no_results_md:
+        if args.out is not None:
+            write_report(doc, args.stem, args.out)
+        elif args.no_results_md:
             from bench.peers.report import chart
 
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -71,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             write_report(doc, args.stem)
         print(console(doc))
     else:
-        doc = json.loads((RESULTS_DIR / f"{args.stem}.json").read_text())
-        write_report(doc, args.stem)
+        results = RESULTS_DIR if args.out is None else args.out / "results"
+        doc = json.loads((results / f"{args.stem}.json").read_text())
+        write_report(doc, args.stem, args.out)
         print(console(doc))

@@ -114,6 +114,14 @@ def percentiles(late_ms: np.ndarray) -> dict[str, float | int]:
             "max": round(float(late_ms.max()), 2), "min": round(float(late_ms.min()), 2), "count": int(len(late_ms))}
 
 
+def percentiles_of_quantiles(quantiles: list[float], count: int) -> dict[str, float | int]:
+    """`percentiles` read off 1001 quantiles (0, 0.1, ... 100 %) computed elsewhere (RocketMQ's Java consumer)."""
+    if not quantiles or not count:
+        return {"count": 0}
+    return {"p50": round(quantiles[500], 2), "p99": round(quantiles[990], 2), "p999": round(quantiles[999], 2),
+            "max": round(quantiles[1000], 2), "min": round(quantiles[0], 2), "count": count}
+
+
 def free_port() -> int:
     """A TCP port free on loopback right now."""
     with socket.socket() as s:

@@ -7,11 +7,14 @@ from pathlib import Path
 from bench.peers.common import RESULTS_DIR, RESULTS_MD
 
 #: Rows that measure the broker itself, not a delay system: shown against timewheel, not among the peers.
-REFERENCES = ("plain-hop", "intake-ceiling")
+REFERENCES = ("plain-hop", "intake-ceiling", "noop-consumer")
+#: The reference rows with a rate and no lateness.
+RATE_ROWS = ("intake-ceiling", "noop-consumer")
 
 LABELS = {
     "plain-hop": "plain messages through the same broker, producer and consumer (no delay)",
     "intake-ceiling": "RocketMQ's own Java producer, batches from several threads",
+    "noop-consumer": "RocketMQ's own Java lite pull consumer reading a backlog, doing nothing with it",
     "timewheel": "timewheel (delay topic → engine → target topic)",
     "rocketmq-timer": "RocketMQ 5 timer (`TIMER_DELIVER_MS`)",
     "rocketmq-levels": "RocketMQ delay levels (`DELAY`)",
@@ -53,7 +56,7 @@ def lateness_table(doc: dict) -> str:
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
     rows = []
     for name, r in doc["systems"].items():
-        if name == "intake-ceiling":
+        if name in RATE_ROWS:
             continue
         cells = [f"{name}"]
         for phase in ("steady", "burst"):
@@ -70,12 +73,14 @@ def lateness_table(doc: dict) -> str:
 
 
 def _cpu_per_msg(r: dict, phase: str = "steady", engine_only: bool = False) -> str:
-    """CPU time of the system's own processes during a steady phase, per accepted message (the engine
+    """CPU time of the system's own processes during a steady phase, per message accepted in it (the engine
     process alone, without the broker, if `engine_only`)."""
     cpu = _get(r, phase, "server_cpu_s")
     n = _get(r, phase, "accepted")
     if not isinstance(cpu, dict) or not cpu or not isinstance(n, int) or not n:
         return "–"
+    warm = _get(r, phase, "warm_up_sent")  # the high rate's warm-up ran in the phase too
+    n += warm if isinstance(warm, int) else 0
     spent = sum(v for k, v in cpu.items() if not (engine_only and "broker" in k))
     return f"{spent / n * 1e6:,.0f}"
 
@@ -175,14 +180,17 @@ def _ratio(a: object, b: object) -> str:
 
 
 def floor_tables(doc: dict) -> str:
-    """Markdown: timewheel against the broker's own floor (plain hop, intake ceiling), from the same run."""
+    """Markdown: timewheel against the broker's own floor (plain hop, intake ceiling, no-op consumer), from the
+    same run."""
     systems = doc["systems"]
     tw, hop, ceiling = systems.get("timewheel"), systems.get("plain-hop"), systems.get("intake-ceiling")
-    if not tw or not (hop or ceiling):
-        return "(run with `--system plain-hop --system intake-ceiling --system timewheel` for this section)\n"
-    out = ["| steady workload | plain hop p50 | p99 | timewheel p50 | p99 | p99 ÷ plain hop | "
+    noop = systems.get("noop-consumer")
+    if not tw or not (hop or ceiling or noop):
+        return ("(run with `--system plain-hop --system intake-ceiling --system noop-consumer --system timewheel` "
+                "for this section)\n")
+    out = ["| steady workload | clients | plain hop p50 | p99 | timewheel p50 | p99 | p99 ÷ plain hop | "
            "p50 − plain hop | engine CPU µs/msg | broker CPU µs/msg | producer reached |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for phase in ("steady", "steady_high"):
         t, h = _get(tw, phase, "lateness_ms") or {}, _get(hop, phase, "lateness_ms") or {}
         if not t:
@@ -194,36 +202,54 @@ def floor_tables(doc: dict) -> str:
         if engine != "–" and total != "–":
             broker = f"{float(total.replace(',', '')) - float(engine.replace(',', '')):,.0f}"
         out.append("| " + " | ".join([
-            f"{_get(tw, phase, 'rate') or doc['config']['steady_rate']:,}/s", _ms(h.get("p50")), _ms(h.get("p99")),
+            f"{_get(tw, phase, 'rate') or doc['config']['steady_rate']:,}/s", _clients(tw, phase),
+            _ms(h.get("p50")), _ms(h.get("p99")),
             _ms(t.get("p50")), _ms(t.get("p99")), _ratio(t.get("p99"), h.get("p99")),
             f"{diff:+.1f}" if isinstance(diff, (int, float)) else "–", engine, broker,
             f"{_num(_get(tw, phase, 'producer_rate'))}/s"]) + " |")
-    cap = _get(ceiling, "intake", "rate")
+    cap, read = _get(ceiling, "intake", "rate"), _get(noop, "read", "rate")
     rows = [("broker intake ceiling: RocketMQ's Java producer, "
              f"{_get(ceiling, 'intake', 'threads')} threads × batches of {_get(ceiling, 'intake', 'batch')}", cap),
+            ("no-op consumer: RocketMQ's Java lite pull consumer reading a backlog" + (
+                f" of {_num(_get(noop, 'read', 'backlog'))} from {_get(noop, 'read', 'queues')} queues, "
+                f"{_get(noop, 'read', 'pull_batch')} a pull" if read is not None else " (not run)"), read),
             ("timewheel ingest: the same Java producer sending delay messages (stored per second)",
              _get(tw, "batch_ingest", "stored_per_s")),
             ("timewheel ingest: 8 threads of single sends through the Python client (burst)",
              _get(tw, "burst", "ingest_stored_per_s")),
             (f"timewheel dispatch: {doc['config']['burst']:,} due in one millisecond, all delivered",
              _dispatch_rate(tw))]
-    out += ["", "| rate | msg/s | ÷ intake ceiling |", "| --- | ---: | ---: |"]
-    out += [f"| {label} | {_num(v)} | {_ratio(v, cap)} |" for label, v in rows]
+    out += ["", "| rate | msg/s | ÷ intake ceiling | ÷ no-op consumer |", "| --- | ---: | ---: | ---: |"]
+    out += [f"| {label} | {_num(v)} | {_ratio(v, cap)} | {_ratio(v, read)} |" for label, v in rows]
     return "\n".join(out) + "\n"
 
 
+def _clients(r: dict, phase: str) -> str:
+    """Who produced and who consumed a steady phase (runs before the Java consumer have no `consumer`)."""
+    if phase == "steady":
+        return "Python"
+    consumer = _get(r, phase, "consumer")
+    return "Java → Java" if consumer else "Java → Python"
+
+
 def chart(doc: dict, path: Path) -> None:
-    """CDFs of steady and burst lateness per system, symmetric-log x axis (ms)."""
+    """CDFs of steady (and, where measured, high-rate steady) and burst lateness per system, symmetric-log
+    x axis (ms)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    # one colour per system in both panels (a system missing from one must not shift the others')
+    phases = ["steady", "burst"]
+    high = [r for r in doc["systems"].values() if _get(r, "steady_high", "quantiles_ms")]
+    if high:
+        phases.insert(1, "steady_high")
+    clients = "Java producer and consumer" if any(_get(r, "steady_high", "consumer") for r in high) else "Java producer"
+    fig, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 5), sharey=True)
+    # one colour per system in every panel (a system missing from one must not shift the others')
     colours = {name: f"C{i}" for i, name in enumerate(doc["systems"])}
-    for ax, phase in zip(axes, ("steady", "burst")):
+    for ax, phase in zip(axes, phases):
         for name, r in doc["systems"].items():
             q = _get(r, phase, "quantiles_ms")
             if not q:
@@ -232,14 +258,21 @@ def chart(doc: dict, path: Path) -> None:
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_xlabel("lateness, ms (receive time − due time; symlog)")
         c = doc["config"]
-        title = (f"steady: {c['steady_rate']}/s for {c['steady_seconds']:g} s, delays "
-                 f"{c['delay_min_ms'] / 1000:g}–{c['delay_max_ms'] / 1000:g} s" if phase == "steady"
-                 else f"burst: {c['burst']:,} due in the same millisecond")
-        ax.set_title(title)
+        delays = f"delays {c['delay_min_ms'] / 1000:g}–{c['delay_max_ms'] / 1000:g} s"
+        titles = {"steady": f"steady: {c['steady_rate']:,}/s for {c['steady_seconds']:g} s, {delays}",
+                  "steady_high": f"steady: {c.get('steady_high_rate', 0):,}/s for {c.get('steady_high_seconds', 0):g} s, "
+                                 f"{delays}\nRocketMQ's {clients}",
+                  "burst": f"burst: {c['burst']:,} due in the same millisecond"}
+        ax.set_title(titles[phase], fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.axvline(0, color="grey", lw=0.8)
     axes[0].set_ylabel("fraction of messages")
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, labels = [], []
+    for ax in axes:  # every system once, whichever panel it is in
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs, "
                  f"load avg {doc['load_average_start'][0]}")
@@ -253,9 +286,10 @@ _METHOD = """\
 
 | system | how it is run and measured |
 | --- | --- |
-| plain-hop | reference: the timewheel row's producer (`rocketmq-client-python`, sync sends from 8 threads) sends plain messages to `PEER_PLAIN`, read by the same kind of native push consumer; lateness is receive − send time. It runs the steady workloads only. |
+| plain-hop | reference: the timewheel row's producer (`rocketmq-client-python`, sync sends from 8 threads) sends plain messages to `PEER_PLAIN`, read by the same kind of native push consumer; lateness is receive − send time. It runs the steady workloads only. At the high rate both ends are RocketMQ's Java clients (`forwarder/java/JavaClient.java`): `pace` sends to `PEER_PLAIN_JAVA`, stamping each message's send time (µs) in `BENCH_DUE_MS`, and `lateness`, a push consumer (4 consume threads) in a fresh group that alone reads that topic, takes each message's receive time (µs) − `BENCH_DUE_MS` and reports 1001 quantiles (and p50, p99, max for each second of receive time, in the JSON). The stream starts a few seconds (`--steady-high-warm-up-s`) before the measured messages, numbered apart: both clients' JVMs start cold for the phase, and their first second would otherwise be the p99. |
 | intake-ceiling | reference: RocketMQ's own Java producer (`forwarder/java/JavaClient.java`, `intake`) sending batches from several threads to a plain topic for a fixed time; the rate the broker acknowledged. |
-| timewheel | `python -m timewheel serve` as a subprocess (defaults: 500 ms wheel, hourly segments, async flush), fed by the local RocketMQ's `TW_DELAY` topic (`TW_TARGET_TOPIC`, `TW_DELIVER_AT_MS`), delivering to `PEER_TW_OUT`, read by a native push consumer in the harness. Ingest rate counts a message once the engine has stored it (its `scheduled` counter), not when the broker acknowledged it. |
+| noop-consumer | reference: the intake ceiling's producer fills `PEER_NOOP` (8 queues) for the same time, then RocketMQ's own Java lite pull consumer (`JavaClient.java`, `noop`; a fresh group from the first offset, the pull batch of timewheel's consumer) reads the backlog and does nothing with it; the rate is messages over the time from its first to its last poll answer, without start-up and rebalance. What the broker hands one consumer per second: the yardstick for the engine's ingest, itself a pull consumer. |
+| timewheel | `python -m timewheel serve` as a subprocess (defaults: 500 ms wheel, hourly segments, async flush), fed by the local RocketMQ's `TW_DELAY` topic (`TW_TARGET_TOPIC`, `TW_DELIVER_AT_MS`), delivering to `PEER_TW_OUT`, read by a native push consumer in the harness. Ingest rate counts a message once the engine has stored it (its `scheduled` counter), not when the broker acknowledged it. At the high rate both ends are RocketMQ's Java clients, as for the plain hop: `pace` sends delay messages (due in `BENCH_DUE_MS`, the same value as `TW_DELIVER_AT_MS`) for the target `PEER_TW_OUT_JAVA`, which only the `lateness` consumer reads. |
 | rocketmq-timer | the same broker's timer messages: `TIMER_DELIVER_MS` on a normal topic, broker defaults (`timerPrecisionMs=1000`, `timerMaxDelaySec=259200`). |
 | rocketmq-levels | the same broker's delay levels: `DELAY` = the smallest of `1s 5s 10s 30s 1m … 2h` at or above the wanted delay; lateness is against the wanted due time, so the rounding shows. |
 | redis-zset | Debian's `redis-server` on loopback (AOF, `appendfsync everysec`); producers `ZADD` (one command per batch, pipelined for the bulk load); one poller runs a Lua script moving up to 1000 due members to a list atomically, sleeping until the earliest score or the poll interval; two consumers `BLPOP` + `LPOP 255`. |
@@ -287,6 +321,12 @@ for PostgreSQL, the log for heapq.
 """
 
 
+def _warm_up(doc: dict) -> str:
+    """The high-rate phase's unmeasured lead, as the page says it."""
+    w = doc["config"].get("steady_high_warm_up_s")
+    return f"{w:g} s" if isinstance(w, (int, float)) else "no time (runs before the warm-up existed)"
+
+
 def _process_label(key: str) -> str:
     """'PID name' of a CPU sample as a reader would say it."""
     name = key.split(" ", 1)[1] if " " in key else key
@@ -310,7 +350,7 @@ def observations(doc: dict) -> str:
                 out.append(f"- {name}: the paced producer reached only {rate:,.0f} of {wanted:,} msg/s "
                            f"(its sends waited on a saturated path), and lateness grew while it produced. CPU "
                            f"seconds spent by its processes in that phase: {spent}.")
-        for phase in ("steady", "burst"):
+        for phase in ("steady", "steady_high", "burst"):
             p = _get(r, phase) or {}
             if isinstance(p, dict) and "accepted" in p and p.get("received", 0) < p["accepted"]:
                 out.append(f"- {name}, {phase}: {p['accepted'] - p['received']:,} of {p['accepted']:,} accepted "
@@ -380,11 +420,15 @@ say how busy it was around each (the benchmark's own broker and servers included
 
 Measured in the same run: the plain hop is a message produced to and consumed from the same broker
 by the same producer and consumer, with no delay (lateness = receive − send); the intake ceiling is
-what RocketMQ's own Java producer pushes into the broker. The 1k/s rows are produced by the Python
-client as every peer is; the 10k/s rows by RocketMQ's Java producer (small batches from 4 threads),
-for the plain hop and timewheel alike, since the Python client tops out below 10k/s here. Engine CPU is the `timewheel serve`
-process alone over the messages sent in the phase (idle time included); broker CPU is the broker
-process during the same phase.
+what RocketMQ's own Java producer pushes into the broker; the no-op consumer is what RocketMQ's own Java
+pull consumer reads out of it. The 1k/s rows are produced and consumed by the Python client as every
+peer's are, so they compare with the peers' rows above; the 10k/s rows are produced by RocketMQ's
+Java producer (small batches from 4 threads) and consumed by RocketMQ's Java push consumer (a topic
+only it reads), for the plain hop and timewheel alike, since the Python producer tops out below 10k/s
+here and the Python consumer saturates there, so those figures would be the harness's, not the
+system's; their stream runs {_warm_up(doc)} before the measured messages, unmeasured, while the clients'
+JVMs warm up. Engine CPU is the `timewheel serve` process alone over the messages sent in the phase (idle
+time included); broker CPU is the broker process during the same phase; neither counts the clients.
 
 {floor_tables(doc)}
 ## timewheel's figures as ratios to each peer
@@ -396,14 +440,16 @@ ingest rate: above 1 means timewheel does better by that factor.
 {_METHOD}"""
 
 
-def write_report(doc: dict, stem: str = "peers") -> tuple[Path, Path, Path]:
-    """Write `results/<stem>.json`, `results/<stem>.png` and RESULTS.md; return their paths."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    js, png = RESULTS_DIR / f"{stem}.json", RESULTS_DIR / f"{stem}.png"
+def write_report(doc: dict, stem: str = "peers", out: Path | None = None) -> tuple[Path, Path, Path]:
+    """Write `results/<stem>.json`, `results/<stem>.png` and RESULTS.md (bench/'s, or under `out`, a scratch
+    directory for trial runs); return their paths."""
+    results, md = (RESULTS_DIR, RESULTS_MD) if out is None else (out / "results", out / "RESULTS.md")
+    results.mkdir(parents=True, exist_ok=True)
+    js, png = results / f"{stem}.json", results / f"{stem}.png"
     js.write_text(json.dumps(doc, indent=1) + "\n")
     chart(doc, png)
-    RESULTS_MD.write_text(render(doc, js.name, png.name))
-    return js, png, RESULTS_MD
+    md.write_text(render(doc, js.name, png.name))
+    return js, png, md
 
 
 def console(doc: dict) -> str:

@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.peers.common import BenchMessage, Recorder, load_average, now_ms, percentiles, remove_tree
+from bench.peers.java_workloads import run_intake_ceiling, run_noop_consumer, run_steady_java
 from bench.peers.systems import (DAY_MS, Heap, PlainHop, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink,
                                  System, Timewheel)
 
-#: The two reference rows (the broker's own floor), then every system, in the order they run.
-REFERENCES = ("plain-hop", "intake-ceiling")
+#: The reference rows (the broker's own floor), then every system, in the order they run.
+REFERENCES = ("plain-hop", "intake-ceiling", "noop-consumer")
 ALL_SYSTEMS = (*REFERENCES, "timewheel", "rocketmq-timer", "rocketmq-levels", "redis-zset", "postgres", "heapq")
 _QUANTILES = np.linspace(0, 100, 1001)
 
@@ -33,6 +34,7 @@ class RunConfig:
     steady_seconds: float = 30.0
     steady_high_rate: int = 10_000
     steady_high_seconds: float = 20.0
+    steady_high_warm_up_s: float = 5.0
     delay_min_ms: int = 1000
     delay_max_ms: int = 10_000
     burst: int = 20_000
@@ -47,6 +49,7 @@ class RunConfig:
     intake_seconds: int = 10
     intake_threads: int = 4
     intake_batch: int = 128
+    pull_batch: int = 32
     seed: int = 7
 
 
@@ -113,29 +116,6 @@ def run_steady(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.ran
     complete = rec.wait_count(accepted, wait_s, idle=20)
     return {"rate": rate, "messages": n, "accepted": accepted, "received": rec.count, "complete": complete,
             "producer_rate": round(accepted / produce_s), **_lateness(rec)}
-
-
-def run_steady_java(system: System, sink: Sink, cfg: RunConfig, ids: Ids) -> dict[str, object]:
-    """The high steady rate, produced by RocketMQ's own Java producer (small batches from 4 threads): this
-    harness's Python producer tops out below 10k/s on a small machine, and the floor it is compared with
-    (the plain hop) is produced the same way."""
-    from forwarder.java_client import JavaClient
-
-    rate, seconds = cfg.steady_high_rate, cfg.steady_high_seconds
-    n = int(rate * seconds)
-    first = int(ids.take(n)[0])
-    topic, target = system.paced_topics()
-    rec = Recorder()
-    sink.current = rec
-    java = JavaClient(system.mq.namesrv_addr)  # type: ignore[attr-defined]
-    got = java.pace(topic, rate=rate, seconds=seconds, id_start=first, body_size=cfg.body_bytes, target=target,
-                    delay_ms=(cfg.delay_min_ms, cfg.delay_max_ms), seed=cfg.seed)
-    accepted = int(got["sent"])
-    system.wait_stored(accepted, 120)
-    complete = rec.wait_count(accepted, cfg.delay_max_ms / 1000 + 60, idle=20)
-    return {"rate": rate, "messages": n, "accepted": accepted, "failed": int(got["failed"]), "received": rec.count,
-            "complete": complete, "producer_rate": round(got["rate"]), "producer": "RocketMQ's Java producer",
-            **_lateness(rec)}
 
 
 def run_burst(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.random.Generator,
@@ -218,19 +198,6 @@ def run_horizon(system: System, sink: Sink, cfg: RunConfig, ids: Ids, rng: np.ra
     return out
 
 
-def run_intake_ceiling(mq: object, cfg: RunConfig) -> dict[str, object]:
-    """RocketMQ's own Java producer, batches from several threads, into a plain topic: the broker's intake
-    ceiling on this machine, the yardstick for ingest and dispatch rates."""
-    from forwarder.java_client import JavaClient
-
-    mq.create_topics(["PEER_INTAKE"], queues=8)  # type: ignore[attr-defined]
-    java = JavaClient(mq.namesrv_addr)  # type: ignore[attr-defined]
-    got = java.intake("PEER_INTAKE", seconds=cfg.intake_seconds, threads=cfg.intake_threads,
-                      batch=cfg.intake_batch, body_size=cfg.body_bytes)
-    return {"sent": int(got["sent"]), "seconds": round(got["seconds"], 2), "rate": round(got["rate"]),
-            "threads": cfg.intake_threads, "batch": cfg.intake_batch}
-
-
 def run_batch_ingest(system: Timewheel, cfg: RunConfig) -> dict[str, object]:
     """The intake ceiling's Java producer sending delay messages (due in a day) to the engine's delay topic:
     the rate at which the engine stores what batching producers send, sampled from its `scheduled` counter."""
@@ -284,7 +251,7 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
                               "load_average_start": load_average(), "systems": {}}
     work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
     mq = producer = None
-    needs_mq = any(s.startswith(("timewheel", "rocketmq", "plain", "intake")) for s in cfg.systems)
+    needs_mq = any(s.startswith(("timewheel", "rocketmq", "plain", "intake", "noop")) for s in cfg.systems)
     try:
         if needs_mq:
             log("starting the local RocketMQ ...")
@@ -294,8 +261,8 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
             producer.start()
             out["rocketmq"] = {"namesrv": mq.namesrv_addr}
         for name in cfg.systems:
-            if name == "intake-ceiling":
-                out["systems"][name] = _run_intake(cfg, mq, log)  # type: ignore[index]
+            if name in _BROKER_ROWS:
+                out["systems"][name] = _run_broker_row(name, cfg, mq, log)  # type: ignore[index]
             else:
                 out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
     finally:
@@ -402,16 +369,24 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
     return result
 
 
-def _run_intake(cfg: RunConfig, mq: object, log: Callable[[str], None]) -> dict[str, object]:
-    """The intake-ceiling reference row; a failure is recorded and the run goes on."""
+#: The reference rows measuring the broker alone with RocketMQ's Java clients: (result key, what, how).
+_BROKER_ROWS = {
+    "intake-ceiling": ("intake", "RocketMQ's Java producer, batches", run_intake_ceiling),
+    "noop-consumer": ("read", "a backlog read by RocketMQ's Java lite pull consumer doing nothing", run_noop_consumer),
+}
+
+
+def _run_broker_row(name: str, cfg: RunConfig, mq: object, log: Callable[[str], None]) -> dict[str, object]:
+    """A reference row of `_BROKER_ROWS`; a failure is recorded and the run goes on."""
+    key, what, fn = _BROKER_ROWS[name]
     result: dict[str, object] = {"load_average_before": load_average()}
-    log("[intake-ceiling] RocketMQ's Java producer, batches ...")
+    log(f"[{name}] {what} ...")
     try:
-        result["intake"] = run_intake_ceiling(mq, cfg)
-        log(f"[intake-ceiling] {result['intake']}")
+        result[key] = fn(mq, cfg)
+        log(f"[{name}] {result[key]}")
     except Exception as e:  # noqa: BLE001
         result["error"] = f"{type(e).__name__}: {e}"
-        log(f"[intake-ceiling] failed: {result['error']}")
+        log(f"[{name}] failed: {result['error']}")
     result["load_average_after"] = load_average()
     return result
 

@@ -94,7 +94,8 @@ class System:
 
     def paced_topics(self) -> tuple[str, str | None]:
         """(topic, delay target) for RocketMQ's Java producer at the high steady rate: the target is None
-        for plain messages. Only the systems with a `steady_high` phase have them."""
+        for plain messages. The topic read (the target, else the topic) is one only RocketMQ's Java consumer
+        reads, not the harness's Python consumer. Only the systems with a `steady_high` phase have them."""
         raise NotImplementedError(f"{self.name} has no high-rate steady phase")
 
     def send(self, msgs: Sequence[BenchMessage]) -> int:
@@ -269,8 +270,8 @@ class PlainHop(_RocketMQSystem):
     phases = ("steady", "steady_high")
 
     def paced_topics(self) -> tuple[str, str | None]:
-        """Plain messages to the consumed topic."""
-        return self.out_topic, None
+        """Plain messages to a topic of their own."""
+        return "PEER_PLAIN_JAVA", None
 
     def _message(self, m: BenchMessage, sent_ms: int) -> OutgoingMessage:
         sent = time.time_ns() / 1e6  # sub-millisecond: the floor is a few ms, whole-ms stamps would blur it
@@ -332,8 +333,8 @@ class Timewheel(_RocketMQSystem):
     phases = ("steady", "steady_high", "burst", "horizon", "batch_ingest")
 
     def paced_topics(self) -> tuple[str, str | None]:
-        """Delay messages to the delay topic, for the consumed topic."""
-        return self.delay_topic, self.out_topic
+        """Delay messages to the delay topic, for a target topic of their own."""
+        return self.delay_topic, "PEER_TW_OUT_JAVA"
 
     def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer) -> None:
         super().__init__(deliver, work, mq, producer)

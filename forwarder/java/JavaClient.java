@@ -9,12 +9,26 @@
 //                                 prints each message received as JSON, then {"done":true,"received":n}
 //   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--props JSON] [--ak K --sk S]
 //                                 prints {"sent":n,"seconds":s,"rate":r}
-//   pace     --namesrv A --topic T --rate R --seconds S --id-start N [--threads N] [--body-size Z]
-//            [--target T --delay-min-ms A --delay-max-ms B] [--seed S] [--ak K --sk S]
+//   pace     --namesrv A --topic T --rate R --seconds S --id-start N [--warm-up-seconds W] [--threads N]
+//            [--body-size Z] [--target T --delay-min-ms A --delay-max-ms B] [--seed S] [--ak K --sk S]
 //                                 messages at a steady rate (small batches from several threads), each with
 //                                 BENCH_ID and BENCH_DUE_MS: with --target, delay messages of timewheel's contract
 //                                 due a uniformly random delay later; without, plain messages whose "due" time is
-//                                 their send time (µs precision); prints {"sent":n,"failed":f,"seconds":s,"rate":r}
+//                                 their send time (µs precision); the first W seconds' messages (numbered from
+//                                 id-start too) warm the path up and are counted apart; prints {"sent":n (after the
+//                                 warm-up),"warm_up_sent":w,"failed":f,"seconds":s,"rate":r (all sent / s)}
+//   lateness --namesrv A --topic T --group G --id-min N --id-max M [--count C] [--wait-ms W] [--idle-ms I]
+//            [--threads N] [--ak K --sk S]
+//                                 RocketMQ's push consumer, a fresh group from the first offset: prints
+//                                 {"ready":true,"queues":q} once it holds every queue of the topic; a number on
+//                                 stdin (EOF: --count) is how many distinct BENCH_IDs in [id-min, id-max) to wait
+//                                 for (at most --wait-ms from then, giving up after --idle-ms without one); each
+//                                 one's lateness is its receive time (µs precision) − BENCH_DUE_MS; prints
+//                                 {"received","expected","duplicates","other","quantiles_ms":[1001, 0..100 %],
+//                                 "by_second":[[n, p50, p99, max] a second of receive time]}
+//   noop     --namesrv A --topic T --group G --count N [--batch B] [--timeout-ms M] [--idle-ms I] [--ak K --sk S]
+//                                 RocketMQ's lite pull consumer reading a backlog from the first offset and doing
+//                                 nothing with it; prints {"received":n,"seconds":s,"rate":r} (first to last message)
 //   sign                          one JSON request a line on stdin: {"fields":{...},"body" (base64),"ak","sk"};
 //                                 prints the ext fields AclClientRPCHook sends for it
 import com.alibaba.fastjson.JSON;
@@ -23,14 +37,20 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Base64;
+import java.util.BitSet;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
 import org.apache.rocketmq.acl.common.AclClientRPCHook;
 import org.apache.rocketmq.acl.common.SessionCredentials;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.compression.CompressionType;
@@ -55,9 +75,11 @@ public final class JavaClient {
                 case "consume": consume(opt); break;
                 case "intake": intake(opt); break;
                 case "pace": pace(opt); break;
+                case "lateness": lateness(opt); break;
+                case "noop": noop(opt); break;
                 case "sign": sign(); break;
                 default:
-                    System.err.println("usage: JavaClient produce|consume|intake|pace|sign --namesrv HOST:PORT ...");
+                    System.err.println("usage: JavaClient produce|consume|intake|pace|lateness|noop|sign --namesrv HOST:PORT ...");
                     System.exit(2);
             }
         } catch (Exception e) {
@@ -269,7 +291,8 @@ public final class JavaClient {
         String topic = opt.get("topic");
         String target = opt.get("target");
         double rate = Double.parseDouble(opt.get("rate"));
-        long total = (long) (rate * Double.parseDouble(opt.get("seconds")));
+        long warm = (long) (rate * Double.parseDouble(opt.getOrDefault("warm-up-seconds", "0")));
+        long total = warm + (long) (rate * Double.parseDouble(opt.get("seconds")));
         long idStart = Long.parseLong(opt.get("id-start"));
         int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
         long delayMin = Long.parseLong(opt.getOrDefault("delay-min-ms", "1000"));
@@ -277,6 +300,7 @@ public final class JavaClient {
         byte[] body = new byte[Integer.parseInt(opt.getOrDefault("body-size", "100"))];
         long seed = Long.parseLong(opt.getOrDefault("seed", "7"));
         AtomicLong sent = new AtomicLong();
+        AtomicLong warmSent = new AtomicLong();
         AtomicLong failed = new AtomicLong();
         long start = System.nanoTime();
         List<Thread> workers = new ArrayList<>();
@@ -288,7 +312,9 @@ public final class JavaClient {
                 while (next < total) {
                     long due = (long) ((System.nanoTime() - start) / 1e9 * rate);
                     List<Message> batch = new ArrayList<>();
+                    long warmInBatch = 0;
                     while (next < total && next <= due && batch.size() < 32) {
+                        warmInBatch += next < warm ? 1 : 0;
                         Message m = new Message(topic, body);
                         m.putUserProperty("BENCH_ID", Long.toString(idStart + next));
                         if (target != null) {
@@ -311,7 +337,8 @@ public final class JavaClient {
                     }
                     try {
                         p.send(batch);
-                        sent.addAndGet(batch.size());
+                        sent.addAndGet(batch.size() - warmInBatch);
+                        warmSent.addAndGet(warmInBatch);
                     } catch (Exception e) {
                         failed.addAndGet(batch.size());
                     }
@@ -326,10 +353,276 @@ public final class JavaClient {
         double took = (System.nanoTime() - start) / 1e9;
         JSONObject out = new JSONObject();
         out.put("sent", sent.get());
+        out.put("warm_up_sent", warmSent.get());
         out.put("failed", failed.get());
         out.put("seconds", took);
-        out.put("rate", sent.get() / took);
+        out.put("rate", (sent.get() + warmSent.get()) / took);
         System.out.println(out.toJSONString());
         p.shutdown();
+    }
+
+    /** Epoch milliseconds with the clock's sub-millisecond part (the plain hop is a few ms). */
+    private static double nowMs() {
+        java.time.Instant now = java.time.Instant.now();
+        return now.getEpochSecond() * 1000.0 + now.getNano() / 1e6;
+    }
+
+    /** Latenesses of the distinct wanted messages received, and what else arrived. */
+    private static final class Arrivals {
+        private final long idMin;
+        private final long idMax;
+        private final BitSet seen = new BitSet();
+        private double[] late = new double[1 << 16];
+        private double[] received = new double[1 << 16];
+        private int count;
+        private long duplicates;
+        private long other;
+        private double firstMs;
+        private double lastMs;
+
+        Arrivals(long idMin, long idMax) {
+            this.idMin = idMin;
+            this.idMax = idMax;
+        }
+
+        synchronized void record(MessageExt m, double receivedMs) {
+            String id = m.getUserProperty("BENCH_ID");
+            String due = m.getUserProperty("BENCH_DUE_MS");
+            long n;
+            double dueMs;
+            try {
+                n = id == null ? -1 : Long.parseLong(id);
+                dueMs = due == null ? Double.NaN : Double.parseDouble(due);
+            } catch (NumberFormatException e) {
+                n = -1;
+                dueMs = Double.NaN;
+            }
+            if (n < idMin || n >= idMax || Double.isNaN(dueMs)) {
+                other++;
+                return;
+            }
+            int bit = (int) (n - idMin);
+            if (seen.get(bit)) {
+                duplicates++;
+                return;
+            }
+            seen.set(bit);
+            if (count == late.length) {
+                late = Arrays.copyOf(late, count * 2);
+                received = Arrays.copyOf(received, count * 2);
+            }
+            received[count] = receivedMs;
+            late[count++] = receivedMs - dueMs;
+            if (count == 1) {
+                firstMs = receivedMs;
+            }
+            lastMs = receivedMs;
+        }
+
+        synchronized int count() {
+            return count;
+        }
+
+        /** 1001 quantiles (0, 0.1, ... 100 %) of all latenesses. */
+        synchronized double[] quantiles() {
+            return quantilesOf(Arrays.copyOf(late, count), 1000);
+        }
+
+        /** Per second of receive time from the first arrival: [messages, p50, p99, max], to tell a cold start
+         *  or a backlog building up from a steady state. */
+        synchronized List<List<Double>> bySecond() {
+            List<List<Double>> out = new ArrayList<>();
+            if (count == 0) {
+                return out;
+            }
+            int seconds = (int) ((lastMs - firstMs) / 1000) + 1;
+            int[] n = new int[seconds];
+            for (int i = 0; i < count; i++) {
+                n[(int) ((received[i] - firstMs) / 1000)]++;
+            }
+            double[][] rows = new double[seconds][];
+            for (int s = 0; s < seconds; s++) {
+                rows[s] = new double[n[s]];
+                n[s] = 0;
+            }
+            for (int i = 0; i < count; i++) {
+                int s = (int) ((received[i] - firstMs) / 1000);
+                rows[s][n[s]++] = late[i];
+            }
+            for (double[] row : rows) {
+                double[] q = quantilesOf(row, 100);
+                out.add(q.length == 0 ? List.of(0.0)
+                        : List.of((double) row.length, round2(q[50]), round2(q[99]), round2(q[100])));
+            }
+            return out;
+        }
+    }
+
+    /** steps + 1 quantiles (0 .. 100 %) of `values` (sorted here), interpolated linearly between ranks as
+     *  numpy.percentile does; none for no values. */
+    private static double[] quantilesOf(double[] values, int steps) {
+        Arrays.sort(values);
+        int count = values.length;
+        double[] q = new double[count == 0 ? 0 : steps + 1];
+        for (int i = 0; i < q.length; i++) {
+            double pos = (double) i * (count - 1) / steps;
+            int lo = (int) Math.floor(pos);
+            int hi = Math.min(lo + 1, count - 1);
+            q[i] = values[lo] + (values[hi] - values[lo]) * (pos - lo);
+        }
+        return q;
+    }
+
+    private static double round2(double v) {
+        return Math.round(v * 100) / 100.0;
+    }
+
+    private static void lateness(Map<String, String> opt) throws Exception {
+        String topic = opt.get("topic");
+        long idMin = Long.parseLong(opt.get("id-min"));
+        long idMax = Long.parseLong(opt.get("id-max"));
+        long planned = Long.parseLong(opt.getOrDefault("count", Long.toString(idMax - idMin)));
+        long waitMs = Long.parseLong(opt.getOrDefault("wait-ms", "60000"));
+        long idleMs = Long.parseLong(opt.getOrDefault("idle-ms", "20000"));
+        int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
+        Arrivals got = new Arrivals(idMin, idMax);
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(opt.get("group"), hook(opt));
+        c.setNamesrvAddr(opt.get("namesrv"));
+        c.setInstanceName("java-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        c.setConsumeThreadMin(threads);
+        c.setConsumeThreadMax(threads);
+        c.subscribe(topic, "*");
+        c.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            for (MessageExt m : msgs) {
+                got.record(m, nowMs());
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        c.start();
+        int queues = c.fetchSubscribeMessageQueues(topic).size();
+        long readyBy = System.currentTimeMillis() + 60_000;
+        // the queues are this consumer's (and their pull requests under way) once the rebalance put them here
+        while (c.getDefaultMQPushConsumerImpl().getRebalanceImpl().getProcessQueueTable().size() < queues) {
+            if (System.currentTimeMillis() > readyBy) {
+                throw new IllegalStateException("the consumer was not given the topic's " + queues + " queues in 60 s");
+            }
+            Thread.sleep(20);
+        }
+        JSONObject ready = new JSONObject();
+        ready.put("ready", true);
+        ready.put("queues", queues);
+        System.out.println(ready.toJSONString());
+        System.out.flush();
+
+        AtomicReference<Long> expected = new AtomicReference<>();
+        AtomicLong expectedAt = new AtomicLong();
+        Thread control = new Thread(() -> {
+            long want = planned;
+            try {
+                BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+                String line;
+                while ((line = in.readLine()) != null) {
+                    if (!line.isBlank()) {
+                        want = Long.parseLong(line.trim());
+                        break;
+                    }
+                }
+            } catch (Exception e) {
+                // a closed or broken stdin means the planned count
+            }
+            expectedAt.set(System.currentTimeMillis());
+            expected.set(want);
+        });
+        control.setDaemon(true);
+        control.start();
+        int lastCount = -1;
+        long lastChange = System.currentTimeMillis();
+        boolean complete = false;
+        while (true) {
+            Thread.sleep(20);
+            long now = System.currentTimeMillis();
+            int n = got.count();
+            if (n != lastCount) {
+                lastCount = n;
+                lastChange = now;
+            }
+            Long want = expected.get();
+            if (want == null) {
+                continue;
+            }
+            if (n >= want) {
+                complete = true;
+                break;
+            }
+            long since = expectedAt.get();
+            if (now - since > waitMs || now - Math.max(lastChange, since) > idleMs) {
+                break;
+            }
+        }
+        c.shutdown();
+        JSONObject out = new JSONObject();
+        synchronized (got) {
+            out.put("received", got.count);
+            out.put("expected", expected.get());
+            out.put("complete", complete);
+            out.put("duplicates", got.duplicates);
+            out.put("other", got.other);
+            out.put("queues", queues);
+            out.put("first_ms", got.firstMs);
+            out.put("last_ms", got.lastMs);
+            double[] q = got.quantiles();
+            List<Double> rounded = new ArrayList<>(q.length);
+            for (double v : q) {
+                rounded.add(round2(v));
+            }
+            out.put("quantiles_ms", rounded);
+            out.put("by_second", got.bySecond());
+        }
+        System.out.println(out.toJSONString());
+    }
+
+    private static void noop(Map<String, String> opt) throws Exception {
+        DefaultLitePullConsumer c = new DefaultLitePullConsumer(opt.get("group"), hook(opt));
+        c.setNamesrvAddr(opt.get("namesrv"));
+        c.setInstanceName("java-" + ProcessHandle.current().pid());
+        c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        int batch = Integer.parseInt(opt.getOrDefault("batch", "32"));
+        c.setPullBatchSize(batch);
+        c.subscribe(opt.get("topic"), "*");
+        long start = System.nanoTime();
+        c.start();
+        long want = Long.parseLong(opt.get("count"));
+        long deadline = System.currentTimeMillis() + Long.parseLong(opt.getOrDefault("timeout-ms", "300000"));
+        long idleNs = Long.parseLong(opt.getOrDefault("idle-ms", "10000")) * 1_000_000L;
+        long got = 0;
+        long firstBatch = 0;  // read before the clock starts: the rate is over the messages after it
+        long first = 0;
+        long last = 0;
+        while (got < want && System.currentTimeMillis() < deadline) {
+            List<MessageExt> msgs = c.poll(200);
+            long now = System.nanoTime();
+            if (msgs.isEmpty()) {
+                if (got > 0 && now - last > idleNs) {
+                    break;
+                }
+                continue;
+            }
+            if (got == 0) {
+                first = now;
+                firstBatch = msgs.size();
+            }
+            got += msgs.size();
+            last = now;
+        }
+        double seconds = (last - first) / 1e9;
+        JSONObject out = new JSONObject();
+        out.put("received", got);
+        out.put("seconds", seconds);
+        out.put("rate", seconds > 0 ? (got - firstBatch) / seconds : 0.0);
+        out.put("wall_seconds", (System.nanoTime() - start) / 1e9);
+        out.put("batch", batch);
+        System.out.println(out.toJSONString());
+        c.shutdown();
     }
 }

@@ -21,7 +21,7 @@ Modules, each with one job:
     security    ACL credentials and TLS, applied by every connection
 """
 from forwarder.rocketmq.acl import Credentials
-from forwarder.rocketmq.admin import QueueLag, broker_registered, consumer_ids, consumer_lag, create_topics, queue_lags
+from forwarder.rocketmq.admin import QueueLag, broker_config, broker_registered, consumer_ids, consumer_lag, create_topics, queue_lags
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsumer, allocate_averagely
@@ -43,6 +43,6 @@ __all__ = [
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue", "QueueLag",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
     "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
-    "WAIT", "allocate_averagely", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "decode_messages",
+    "WAIT", "allocate_averagely", "broker_config", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "decode_messages",
     "encode_message", "error_for_code", "join_properties", "query_broker", "queue_lags", "split_properties", "topic_route", "user_properties",
 ]

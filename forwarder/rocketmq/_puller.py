@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Protocol, cast
 
 from forwarder.rocketmq._membership import Membership
 from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
@@ -34,7 +34,7 @@ from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFS
                                          SUCCESS, Reply, Request, Response)
 from forwarder.rocketmq.security import ClientSecurity
 
-__all__ = ["BatchCallback", "PullSettings", "Puller"]
+__all__ = ["Answer", "BatchCallback", "BodyReader", "PullSettings", "Puller"]
 
 log = logging.getLogger("timewheel.pull")
 
@@ -46,6 +46,48 @@ _MAX_ANSWERS_PER_COMMIT = 32
 
 #: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
 BatchCallback = Callable[[list[ReceivedMessage]], bool]
+
+
+class Answer(Protocol):
+    """A pull answer's messages as a `BodyReader` reads them."""
+
+    def __len__(self) -> int:
+        """How many messages."""
+        ...
+
+    def unreadable(self) -> list[str]:
+        """Why each message that cannot be read cannot."""
+        ...
+
+    def last_offset(self) -> int:
+        """The queue offset of the last message."""
+        ...
+
+
+@dataclass(frozen=True)
+class BodyReader:
+    """How pull answers' bodies are read when not into `ReceivedMessage`s (ingest's one pass): the
+    callback then gets one `Answer` per pull answer instead of their messages in one list."""
+
+    #: (body, max_body_bytes, broker, the commit's inflate budget) -> its messages; a framing fault
+    #: raises MessageDecodeError as `codec.decode_messages` does
+    read: Callable[[bytes, int, str, InflateBudget], Answer]
+    #: (messages decoded otherwise: what came before a framing fault and its rest, broker) -> an answer
+    wrap: Callable[[list[ReceivedMessage], str], Answer]
+
+
+class _Messages(list[ReceivedMessage]):
+    """The messages of one pull answer as `decode_messages` reads them: the default `Answer`."""
+
+    def unreadable(self) -> list[str]:
+        return [m.undecodable for m in self if m.undecodable]
+
+    def last_offset(self) -> int:
+        return self[-1].queue_offset
+
+
+_DECODE = BodyReader(lambda body, limit, broker, budget: _Messages(decode_messages(body, limit, broker, budget)),
+                     lambda messages, broker: _Messages(messages))
 
 
 @dataclass(frozen=True)
@@ -68,10 +110,14 @@ class PullSettings:
 class Puller:
     """The pull threads of one consumer, one per broker it owns queues of; see the module docstring."""
 
-    def __init__(self, settings: PullSettings, table: QueueTable, membership: Membership, on_batch: BatchCallback,
-                 answer: Callable[[Request], Reply | None], counters: dict[str, int]) -> None:
+    def __init__(self, settings: PullSettings, table: QueueTable, membership: Membership,
+                 on_batch: Callable[[list[Any]], bool], answer: Callable[[Request], Reply | None],
+                 counters: dict[str, int], reader: BodyReader | None = None) -> None:
         """`membership` says where brokers are and commits a queue given up; `answer` answers what a
-        broker asks on a pull connection."""
+        broker asks on a pull connection; `reader`: how bodies are read (then `on_batch` gets one
+        `Answer` per pull answer; without one, every answer's messages in one list)."""
+        self.reader = reader or _DECODE
+        self._flat = reader is None
         self.settings = settings
         self.table = table
         self.membership = membership
@@ -177,7 +223,7 @@ class Puller:
 
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
-        found: list[tuple[Queue, QueueState, int, list[ReceivedMessage], bool]] = []
+        found: list[tuple[Queue, QueueState, int, Answer, bool]] = []
         budget = InflateBudget(self.settings.max_commit_inflated_bytes)
         for q, resp in answered:
             got = self._read_pull(q, resp, budget)
@@ -185,7 +231,8 @@ class Puller:
                 found.append((q, *got))
         if not found:
             return
-        batch = [m for _, _, _, msgs, _ in found for m in msgs]
+        batch: list[Any] = ([m for _, _, _, msgs, _ in found for m in cast(_Messages, msgs)] if self._flat
+                            else [msgs for _, _, _, msgs, _ in found if len(msgs)])
         try:
             accepted = self.on_batch(batch) if batch else True
         except Exception:
@@ -201,7 +248,7 @@ class Puller:
                 st.retry_after(self.settings.retry_backoff_s)
 
     def _read_pull(self, q: Queue, resp: Response,
-                   budget: InflateBudget) -> tuple[QueueState, int, list[ReceivedMessage], bool] | None:
+                   budget: InflateBudget) -> tuple[QueueState, int, Answer, bool] | None:
         """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
         that reaches the end of the queue as it was when the pull was answered), or
         None once handled here (nothing new, offset moved, an error, a body to pull again)."""
@@ -215,7 +262,7 @@ class Puller:
         next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
         if resp.code == SUCCESS:
             try:
-                batch = decode_messages(resp.body, s.max_body_bytes, q[0], budget)
+                batch = self.reader.read(resp.body, s.max_body_bytes, q[0], budget)
                 st.decode_failures = 0
             except MessageDecodeError as e:
                 st.decode_failures += 1
@@ -224,18 +271,18 @@ class Puller:
                               s.topic, q, st.offset, st.decode_failures, s.max_decode_tries, e)
                     st.retry_after(s.retry_backoff_s)
                     return None
-                batch = [*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)]
-            undecodable = sum(1 for m in batch if m.undecodable)
-            if undecodable:
-                self.counters["undecodable"] += undecodable
-                log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", undecodable,
-                          s.topic, q, st.offset, next(m.undecodable for m in batch if m.undecodable))
+                batch = self.reader.wrap([*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)], q[0])
+            unreadable = batch.unreadable()
+            if unreadable:
+                self.counters["undecodable"] += len(unreadable)
+                log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", len(unreadable),
+                          s.topic, q, st.offset, unreadable[0])
             self.counters["pulled"] += len(batch)
             caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
             if budget.stopped:
                 # the commit's inflate budget stopped reading: the rest comes with the next pull
                 budget.stopped = False
-                next_offset, caught_up = (batch[-1].queue_offset + 1 if batch else st.offset), False
+                next_offset, caught_up = (batch.last_offset() + 1 if len(batch) else st.offset), False
             return st, next_offset, batch, caught_up
         if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset

@@ -7,6 +7,7 @@
       a group without members is answered with an error code.
     GET_MAX_OFFSET (30) and QUERY_CONSUMER_OFFSET (14), to a broker: topic, queueId (and
       consumerGroup) -> ext "offset": a group's lag per queue, as `mqadmin consumerProgress` shows it.
+    GET_BROKER_CONFIG (26), to a broker: body the broker's settings as Java properties text.
     GET_BROKER_CLUSTER_INFO (106), to a NameServer: body ClusterInfo, in Fastjson's non-standard
       JSON (integer keys), so it is searched, not parsed.
 """
@@ -21,12 +22,12 @@ from forwarder.rocketmq.connection import Connection, call
 from forwarder.rocketmq.errors import ProtocolError, RemotingError
 from forwarder.rocketmq.namesrv import TopicRoute, topic_route
 from forwarder.rocketmq.security import ClientSecurity
-from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
+from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_BROKER_CONFIG, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
                                          QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS,
                                          REQUEST_CODE_NOT_SUPPORTED, UPDATE_AND_CREATE_TOPIC,
                                          UPDATE_AND_CREATE_TOPIC_LIST, Response, error_for_code)
 
-__all__ = ["QueueLag", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "queue_lags"]
+__all__ = ["QueueLag", "broker_config", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "queue_lags"]
 
 _PERM_READ_WRITE = 6
 
@@ -84,6 +85,19 @@ def consumer_ids(broker: str, group: str, timeout: float = 5.0, security: Client
     except ValueError as e:
         raise ProtocolError(f"consumer list of {group} from {broker} is not JSON: {e}") from e
     return sorted(ids)
+
+
+def broker_config(broker: str, timeout: float = 5.0, security: ClientSecurity | None = None) -> dict[str, str]:
+    """The settings of the broker at address `broker`, as it reports them (names as in broker.conf)."""
+    resp = call(broker, GET_BROKER_CONFIG, {}, b"", timeout, security)
+    if resp.code != SUCCESS:
+        raise error_for_code(resp.code, resp.remark, f"the settings of broker {broker}")
+    out: dict[str, str] = {}
+    for line in resp.body.decode("utf-8", "replace").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.startswith("#"):
+            out[name.strip()] = value.strip()
+    return out
 
 
 def broker_registered(namesrv: str, broker: str, timeout: float = 5.0, security: ClientSecurity | None = None) -> bool:

@@ -48,10 +48,10 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 from forwarder.rocketmq._membership import Membership, allocate_averagely
-from forwarder.rocketmq._puller import BatchCallback, PullSettings, Puller
+from forwarder.rocketmq._puller import Answer, BatchCallback, BodyReader, PullSettings, Puller
 from forwarder.rocketmq._queue_state import Queue, QueueTable
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES
 from forwarder.rocketmq.consumer_status import consumer_status_body, parse_reset_offsets, running_info_body
@@ -61,7 +61,7 @@ from forwarder.rocketmq.protocol import (GET_CONSUMER_RUNNING_INFO, GET_CONSUMER
                                          RESET_CONSUMER_CLIENT_OFFSET, SUCCESS, SYSTEM_ERROR, Reply, Request)
 from forwarder.rocketmq.security import ClientSecurity
 
-__all__ = ["BatchCallback", "Queue", "RemotingPullConsumer", "allocate_averagely"]
+__all__ = ["Answer", "BatchCallback", "BodyReader", "Queue", "RemotingPullConsumer", "allocate_averagely"]
 
 log = logging.getLogger("timewheel.pull")
 
@@ -69,18 +69,20 @@ log = logging.getLogger("timewheel.pull")
 class RemotingPullConsumer:
     """One member of a clustering consumer group on one topic; see the module docstring."""
 
-    def __init__(self, namesrv: str, group: str, topic: str, on_batch: BatchCallback, *,
+    def __init__(self, namesrv: str, group: str, topic: str, on_batch: BatchCallback | Callable[[list[Any]], bool], *,
                  pull_batch: int = 32, suspend_ms: int = 1000, rebalance_interval_s: float = 2.0,
                  retry_backoff_s: float = 1.0, timeout_ms: int = 3000, client_id: str | None = None,
                  max_body_bytes: int = BROKER_MAX_MESSAGE_BYTES, max_decode_tries: int = 3,
                  max_commit_inflated_bytes: int = 64 << 20,
                  security: ClientSecurity | None = None,
-                 queue_filter: Callable[[Queue], bool] | None = None) -> None:
+                 queue_filter: Callable[[Queue], bool] | None = None,
+                 reader: BodyReader | None = None) -> None:
         """Configure (nothing connects until start()).
 
         A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
         unreadable rest goes to `on_batch` as one `undecodable` message and the queue moves on.
         `queue_filter`: only queues it accepts are shared out in the group (a replica's shard).
+        `reader`: how pull answers' bodies are read; `on_batch` then gets one `Answer` per pull answer.
         """
         self.group = group
         self.topic = topic
@@ -97,7 +99,7 @@ class RemotingPullConsumer:
                                       timeout=timeout, security=security, queue_filter=queue_filter)
         settings = PullSettings(group, topic, pull_batch, suspend_ms, retry_backoff_s, timeout, max_body_bytes,
                                 max_decode_tries, max_commit_inflated_bytes, security)
-        self._puller = Puller(settings, self._queues, self._membership, on_batch, self.answer, self.counters)
+        self._puller = Puller(settings, self._queues, self._membership, on_batch, self.answer, self.counters, reader)
         self._stopping = threading.Event()
         self._rebalancer: threading.Thread | None = None
         self._started_ms = 0

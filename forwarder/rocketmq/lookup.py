@@ -28,6 +28,7 @@ import enum
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -171,8 +172,14 @@ class MessageLookup:
         except RemotingError as e:
             return {k: KeyLookup(k, (), (f"{type(e).__name__}: {e}",)) for k in keys}
         deadline = time.monotonic() + self.timeout
-        for name, addr in sorted(brokers.items()):
-            for k, got in self._ask(name, addr, topic, keys, begin_ms, end_ms, deadline).items():
+        ask = lambda item: self._ask(item[0], item[1], topic, keys, begin_ms, end_ms, deadline)  # noqa: E731
+        if len(brokers) == 1:
+            answers = [ask(next(iter(brokers.items())))]
+        else:  # every broker at once: each answers its share while the others do
+            with ThreadPoolExecutor(len(brokers), thread_name_prefix="timewheel-lookup") as pool:
+                answers = list(pool.map(ask, sorted(brokers.items())))
+        for answered in answers:
+            for k, got in answered.items():
                 if isinstance(got, RemotingError):
                     errors[k].append(f"{type(got).__name__}: {got}")
                 else:

@@ -5,6 +5,9 @@ itself (every codec, a batch, unicode tags, keys and properties) without timewhe
 """
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 from forwarder.java_client import JavaClient, JavaMessage
@@ -35,3 +38,53 @@ def test_java_producer_and_consumer_round_trip_every_codec_and_a_batch(rocketmq:
         r = by_body[m.body]
         assert (r.tags, r.keys) == (m.tags, m.keys)
         assert {k: r.props[k] for k in m.props} == dict(m.props)
+
+
+def test_lateness_consumer_counts_each_wanted_message_once_and_reports_numpy_quantiles(
+        rocketmq: LocalRocketMQ) -> None:
+    rocketmq.create_topics(["JAVA_LATENESS"])
+    java = JavaClient(rocketmq.namesrv_addr)
+    ids = range(100, 120)
+    step = 1_000_000.0  # far wider than any hop: the k-th latest message is the k-th due
+    t0 = time.time_ns() / 1e6
+    wanted = [JavaMessage("JAVA_LATENESS", b"x", None, None,
+                          {"BENCH_ID": str(i), "BENCH_DUE_MS": f"{t0 - (i - 100) * step:.3f}"}) for i in ids]
+    stray = [JavaMessage("JAVA_LATENESS", b"outside", None, None, {"BENCH_ID": "5", "BENCH_DUE_MS": f"{t0:.3f}"}),
+             JavaMessage("JAVA_LATENESS", b"no properties"), wanted[0]]
+    with java.lateness("JAVA_LATENESS", (100, 120), group="java-lateness", wait_s=60) as consumer:
+        assert consumer.ready["queues"] >= 1
+        [result] = java.produce([*wanted, *stray], batch=True)
+        assert result["ok"], result
+        consumer.expect(len(wanted))
+        got = consumer.result(120)
+    elapsed = time.time_ns() / 1e6 - t0
+    assert (got["received"], got["expected"], got["complete"]) == (20, 20, True)
+    assert (got["duplicates"], got["other"]) == (1, 2)
+    q = np.asarray(got["quantiles_ms"])
+    # each lateness is (i - 100) * step plus its hop, which lies in [0, elapsed]: numpy's interpolation of
+    # the steps alone must sit below each quantile by no more than the hop
+    off = q - np.percentile(np.arange(20) * step, np.linspace(0, 100, 1001))
+    assert len(q) == 1001 and np.all(np.diff(q) >= 0)
+    assert off.min() >= -0.01 and off.max() <= elapsed + 0.01
+    assert sum(row[0] for row in got["by_second"]) == 20
+
+
+def test_noop_consumer_reads_a_backlog_from_the_first_offset(rocketmq: LocalRocketMQ) -> None:
+    rocketmq.create_topics(["JAVA_NOOP"])
+    java = JavaClient(rocketmq.namesrv_addr)
+    [result] = java.produce([JavaMessage("JAVA_NOOP", f"m{i}".encode()) for i in range(200)], batch=True)
+    assert result["ok"], result
+    got = java.noop("JAVA_NOOP", 200, group="java-noop", timeout_s=60)
+    assert got["received"] == 200 and got["rate"] >= 0 and got["wall_seconds"] >= got["seconds"]
+
+
+def test_paced_stream_after_its_warm_up_is_what_the_lateness_consumer_measures(rocketmq: LocalRocketMQ) -> None:
+    rocketmq.create_topics(["JAVA_PACED"])
+    java = JavaClient(rocketmq.namesrv_addr)
+    with java.lateness("JAVA_PACED", (1200, 1400), group="java-paced", wait_s=60) as consumer:
+        sent = java.pace("JAVA_PACED", rate=200, seconds=1, id_start=1000, warm_up_s=1)
+        assert (sent["sent"], sent["warm_up_sent"], sent["failed"]) == (200, 200, 0)
+        consumer.expect(int(sent["sent"]))
+        got = consumer.result(120)
+    assert (got["received"], got["complete"], got["duplicates"], got["other"]) == (200, True, 0, 200)
+    assert 0 < got["quantiles_ms"][500] < 60_000  # a plain hop: receive time after send time

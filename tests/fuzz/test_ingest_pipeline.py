@@ -30,6 +30,7 @@ import zstandard
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from forwarder._ingest_pass import OnePass
 from forwarder.contract import (TARGET_TOPIC, ContractLimits, ContractViolation, raw_dead_letter, to_dead_letter,
                                 to_message)
 from forwarder.control import split_control, to_cancel
@@ -170,9 +171,25 @@ def _deliverable(engine: Engine, msg_id: str) -> None:
                                     "attempts", msg_id=m.msg_id or ""))
 
 
+def _one_pass_agrees(raw: bytes) -> None:
+    """Ingest's one pass reads the answer as the codec does: the same framing faults, and the
+    codec's own messages wherever it does not write the record itself."""
+    one = OnePass(LIMITS, lambda: NOW)
+    try:
+        decoded = decode_messages(raw, MAX_BODY, budget=InflateBudget(COMMIT_BUDGET))
+    except MessageDecodeError as e:
+        with pytest.raises(MessageDecodeError) as got:
+            one.read(raw, MAX_BODY, "", InflateBudget(COMMIT_BUDGET))
+        assert (got.value.decoded, got.value.raw) == (e.decoded, e.raw)
+        return
+    answer = one.read(raw, MAX_BODY, "", InflateBudget(COMMIT_BUDGET))
+    assert len(answer) == len(decoded) and answer.general == [decoded[i] for i in answer.general_at]
+
+
 def _one(engine: Engine, raw: bytes) -> list[str]:
     """Take one pull answer through the pipeline, checking each message's ending; the endings."""
     endings: list[str] = []
+    _one_pass_agrees(raw)
     try:
         batch = decode_messages(raw, MAX_BODY, budget=InflateBudget(COMMIT_BUDGET))
     except MessageDecodeError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from timewheel import ManualClock
+from timewheel._due import DueEntries
 from timewheel.dispatch_queue import BESIDE_AFTER_MS, DispatchQueue, Turn
 
 T0 = 1_800_000_000_000
@@ -20,37 +21,46 @@ def _refs(*r: int) -> np.ndarray:
     return np.array(r, np.uint64)
 
 
+def _e(due: np.ndarray, refs: np.ndarray, attempts: np.ndarray | None = None) -> DueEntries:
+    """Entries located in segment 7, part 1, at offset ref * 10 (so a test can see the location travel)."""
+    n = len(due)
+    return DueEntries(due, refs, np.zeros(n, np.int16) if attempts is None else attempts, np.full(n, 7, np.int64),
+                      np.ones(n, np.uint16), (refs * 10).astype(np.uint32))
+
+
 def test_take_serves_ready_then_due_retries_then_backlog() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock)
-    q.push_backlog(np.array([T0 - 9000], np.int64), _refs(30))
-    q.retry(np.array([T0 + 500], np.int64), np.array([T0 - 100], np.int64), _refs(20), np.array([1], np.int16))
-    q.push_ready(np.array([T0, T0], np.int64), _refs(10, 11))
-    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
-    assert refs.tolist() == [10, 11] and n == 2 and attempts.tolist() == [0, 0]
-    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
-    assert refs.tolist() == [30], "a retry waits out its backoff; the backlog goes meanwhile"
+    q.push_backlog(_e(np.array([T0 - 9000], np.int64), _refs(30)))
+    q.retry(np.array([T0 + 500], np.int64), _e(np.array([T0 - 100], np.int64), _refs(20), np.array([1], np.int16)))
+    q.push_ready(_e(np.array([T0, T0], np.int64), _refs(10, 11)))
+    e, n = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [10, 11] and n == 2 and e.attempts.tolist() == [0, 0]
+    assert e.segs.tolist() == [7, 7] and e.parts.tolist() == [1, 1] and e.offsets.tolist() == [100, 110]
+    e, n = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [30], "a retry waits out its backoff; the backlog goes meanwhile"
     assert q.take(4) is None and q.sizes() == (0, 0, 1) and not q.idle()
     clock.advance(500)
-    (due, refs, attempts), n = q.take(4) or ((None, None, None), 0)
-    assert refs.tolist() == [20] and attempts.tolist() == [1] and q.idle()
+    e, n = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [20] and e.attempts.tolist() == [1] and q.idle()
+    assert e.offsets.tolist() == [200], "a retry keeps its location"
 
 
 def test_cancelled_refs_are_counted_as_taken_but_never_handed_out() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock)
-    q.push_ready(np.array([T0] * 3, np.int64), _refs(1, 2, 3))
+    q.push_ready(_e(np.array([T0] * 3, np.int64), _refs(1, 2, 3)))
     q.cancel(_refs(2))
     taken = q.take(4)
     assert taken is not None
-    (_, refs, _), n = taken
-    assert refs.tolist() == [1, 3] and n == 3
+    e, n = taken
+    assert e.refs.tolist() == [1, 3] and e.offsets.tolist() == [10, 30] and n == 3
 
 
 def test_taking_from_the_backlog_wakes_the_timer_only_when_catch_up_waits_for_room() -> None:
     clock = ManualClock(T0)
     q, woken = _queue(clock, catch_up_chunk=3)
-    q.push_backlog(np.arange(5, dtype=np.int64), _refs(*range(5)))
+    q.push_backlog(_e(np.arange(5, dtype=np.int64), _refs(*range(5))))
     assert not q.backlog_has_room()
     q.take(1)
     assert woken == [], "no past segment waits: nobody to wake"
@@ -61,24 +71,41 @@ def test_taking_from_the_backlog_wakes_the_timer_only_when_catch_up_waits_for_ro
     assert woken == [T0] and q.backlog_has_room()
 
 
-def test_a_full_batch_or_a_backlog_goes_beside_a_send_in_flight() -> None:
+def test_only_a_full_batch_goes_beside_a_send_in_flight() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock, batch_size=2)
-    q.push_ready(np.array([T0] * 2, np.int64), _refs(1, 2))
+    q.push_ready(_e(np.array([T0] * 2, np.int64), _refs(1, 2)))
     assert q.await_turn() is Turn.SEND
     assert q.await_turn() is Turn.SEND, "a full batch does not wait for the send in flight"
     q.take(2)
-    q.push_backlog(np.array([T0 - 5000], np.int64), _refs(3))
-    assert q.await_turn() is Turn.SEND, "catch-up does not wait for the send in flight"
+    q.push_backlog(_e(np.array([T0 - 5000], np.int64), _refs(3)))
+    assert q.await_turn() is Turn.LOOK_AGAIN, "a small catch-up backlog waits for a sender to come back"
+    q.push_backlog(_e(np.array([T0 - 4000], np.int64), _refs(4)))
+    assert q.await_turn() is Turn.SEND, "a full batch of catch-up goes beside the sends in flight"
+    q.take(2)
+    q.end_turn()
+    q.end_turn()
+    q.end_turn()
+    q.push_backlog(_e(np.array([T0 - 3000], np.int64), _refs(5)))
+    assert q.await_turn() is Turn.SEND, "nothing in flight: a small backlog goes at once"
+
+
+def test_outcomes_counted_by_the_dispatchers_are_taken_once_by_the_timer() -> None:
+    q, _ = _queue(ManualClock(T0))
+    q.count_done(7, 3)
+    q.count_done(8, 1)
+    q.count_done(7, 2)
+    assert q.take_done() == {7: 5, 8: 1}
+    assert q.take_done() == {}
 
 
 def test_a_small_batch_waits_for_the_send_in_flight_at_most_beside_after_ms() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock)
-    q.push_ready(np.array([T0], np.int64), _refs(1))
+    q.push_ready(_e(np.array([T0], np.int64), _refs(1)))
     assert q.await_turn() is Turn.SEND  # nothing in flight: it goes
     q.take(4)
-    q.push_ready(np.array([T0], np.int64), _refs(2))
+    q.push_ready(_e(np.array([T0], np.int64), _refs(2)))
     assert q.await_turn() is Turn.LOOK_AGAIN, "one in flight: the small batch waits to go with the next"
     clock.advance(BESIDE_AFTER_MS)
     assert q.await_turn() is Turn.SEND, "held long enough (a slow send): it goes beside"
@@ -89,7 +116,7 @@ def test_a_small_batch_waits_for_the_send_in_flight_at_most_beside_after_ms() ->
 def test_a_small_batch_lingers_for_company_until_its_oldest_waited_linger_ms() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock, linger_ms=3)
-    q.push_ready(np.array([T0], np.int64), _refs(1))
+    q.push_ready(_e(np.array([T0], np.int64), _refs(1)))
     assert q.await_turn() is Turn.LOOK_AGAIN
     clock.advance(3)
     assert q.await_turn() is Turn.SEND
@@ -98,7 +125,7 @@ def test_a_small_batch_lingers_for_company_until_its_oldest_waited_linger_ms() -
 def test_held_messages_stop_reading_and_a_closed_queue_ends_the_threads() -> None:
     clock = ManualClock(T0)
     q, _ = _queue(clock, batch_size=1)
-    q.push_ready(np.array([T0], np.int64), _refs(1))
+    q.push_ready(_e(np.array([T0], np.int64), _refs(1)))
     assert q.await_turn(held_full=True, held_wake_ms=T0 + 10) is Turn.LOOK_AGAIN
     assert q.await_turn(held_full=True, held_wake_ms=T0) is Turn.SEND, "the shaper may grant now"
     assert q.next_send_ms(T0, held_full=True) is None and q.next_send_ms(T0, held_full=False) == T0

@@ -7,12 +7,13 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
 
 from tests.polling import wait_for
-from timewheel import Engine, EngineConfig, Message
+from timewheel import Engine, EngineConfig, ManualClock, Message
+from tests.timewheel.conftest import T0, RecordingSink
 
 
 class RoundTripSink:
@@ -80,3 +81,36 @@ def test_a_slow_send_holds_small_batches_back_only_briefly(tmp_path: Path) -> No
         assert wait_for(lambda: len(sink.ids) == 10, 30)
     print(f"\nslow sends: {len(sink.sizes)} sends, most in flight {sink.most_in_flight}")
     assert sink.most_in_flight > 1, "small batches went beside the slow send after a bounded wait"
+
+
+def test_a_send_does_not_wait_for_the_timer_and_its_outcomes_reach_the_timer_later(
+        make_engine: Callable[..., Engine], clock: ManualClock, sink: RecordingSink) -> None:
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 10, msg_id=f"m{i}") for i in range(3)])
+    clock.set(T0 + 10)
+    run = e._run
+    assert run is not None
+    run.timer.run_pass(clock.now_ms())
+    seg = next(iter(run.timer.loader.loaded))
+    assert run.timer.loader.loaded[seg].outstanding == 3
+    done = threading.Event()
+    with run.timer._lock:  # as while the timer loads a segment
+        t = threading.Thread(target=lambda: (run.dispatcher.dispatch_pass(), done.set()))
+        t.start()
+        assert done.wait(10), "a dispatch pass waited for the timer's lock"
+    t.join()
+    assert sorted(m for m, _ in sink.sent) == ["m0", "m1", "m2"]
+    assert run.timer.loader.loaded[seg].outstanding == 3, "the timer counts outcomes off on its own thread"
+    run.timer.run_pass(clock.now_ms())
+    assert run.timer.loader.loaded[seg].outstanding == 0
+
+
+def test_the_timer_pops_in_steps_of_the_sinks_linger(make_engine: Callable[..., Engine], clock: ManualClock,
+                                                     sink: RecordingSink) -> None:
+    sink.linger_ms = 5  # type: ignore[attr-defined]
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 100 + i, msg_id=f"m{i}") for i in range(4)])
+    e.step()
+    assert e.next_wakeup_ms() == T0 + 105, "a linger after the first was due, with what came due meanwhile"
+    clock.set(T0 + 105)
+    assert e.step() == 4 and [t for _, t in sink.sent] == [T0 + 105] * 4

@@ -123,7 +123,7 @@ def _saturates(e: Engine, clock: ManualClock, dead_letters: Any) -> None:
                      np.array([loc.offset], np.uint32))
     run.dispatcher._fail(near_end, T0 + 2600)
     assert e.stats().retrying == 2 and e.stats().counters.dead_lettered == 0
-    assert run.queue._retries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
+    assert run.queue._retries.entries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
 
 
 def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -> None:

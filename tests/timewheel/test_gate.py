@@ -18,6 +18,7 @@ class ScriptedGate:
     """A gate the test opens, closes and moves by hand."""
 
     hold_ms = 100
+    took_over_ms = 0  # the test sets it when this replica takes over
 
     def __init__(self) -> None:
         self.open = False

@@ -1,11 +1,12 @@
 """Metrics helpers: percentiles of the lateness histogram."""
 from __future__ import annotations
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timewheel.lateness import hdr_percentiles
+from timewheel.lateness import LatenessBuckets, LatenessRecorder, hdr_percentiles
 
 PERCENTILES = (0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0)
 
@@ -22,3 +23,20 @@ def test_percentiles_match_the_library(values: list[tuple[int, int]]) -> None:
 
 def test_empty_histogram_gives_zeros() -> None:
     assert hdr_percentiles(HdrHistogram(1, 3_600_000_000, 3), (50, 99)) == [0, 0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 400_000)), max_size=60), max_size=4))
+def test_a_recorder_counts_what_a_value_at_a_time_would(batches: list[list[int]]) -> None:
+    r = LatenessRecorder()
+    h = HdrHistogram(1, 3_600_000_000, 3)
+    b = LatenessBuckets()
+    for batch in batches:
+        values = np.asarray(batch, np.int64)
+        r.observe(values)
+        b.observe(values)
+        for v in batch:
+            h.record_value(v * 1000)
+    assert r.buckets.counts.tolist() == b.counts.tolist() and r.buckets.sum_ms == b.sum_ms
+    assert list(r.histogram.counts) == list(h.counts) and r.histogram.get_total_count() == h.get_total_count()
+    assert (r.histogram.get_min_value(), r.histogram.get_max_value()) == (h.get_min_value(), h.get_max_value())

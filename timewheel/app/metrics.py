@@ -44,7 +44,8 @@ class EngineCollector(Collector):
             yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st.counters, key)))
         yield from _shaping_families(st.shaping or {})
         ep = self._endpoints() if self._endpoints is not None else {}
-        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"), ("ha", "timewheel_ha")):
+        for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"), ("ha", "timewheel_ha"),
+                            ("dedupe", "timewheel_dedupe")):
             counters = ep.get(sub)
             for key, value in (counters.items() if isinstance(counters, Mapping) else ()):
                 if isinstance(value, (int, float)):

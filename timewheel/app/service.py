@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from forwarder import RocketMQConfig, RocketMQEndpoints
     from forwarder.shaping_control import ShapingControl
     from forwarder.trace import TraceWriter
+    from forwarder.copy_finder import BrokerCopyFinder
 
 log = logging.getLogger("timewheel.app.service")
 
@@ -96,6 +97,7 @@ class Service:
         self._consuming = False
         self._want_admin = admin
         self.trace: TraceWriter | None = None
+        self.copy_finder: BrokerCopyFinder | None = None
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
@@ -143,9 +145,13 @@ class Service:
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
             # the fence decided in one place: before each batch, at the write, after a failed send
             delivery = FencedSink(EpochStampingSink(delivery, self.replica), self.replica.may_send)
+        if rmq.dedupe:  # look up what a crash or takeover left ambiguous before sending it again
+            from forwarder.copy_finder import BrokerCopyFinder
+
+            self.copy_finder = BrokerCopyFinder(rmq, self.clock.now_ms)
         # the shaper grants nothing until the rules in force are settled from the meta store
         self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
-                             gate=self.replica).start()
+                             gate=self.replica, copy_finder=self.copy_finder).start()
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
             from coordination import ReplicaIdTaken
@@ -169,7 +175,10 @@ class Service:
             from forwarder.trace import traced_schedule
 
             schedule = traced_schedule(schedule, self.trace, self.clock.now_ms)
-        self._endpoints.source.start(schedule, self.engine.apply_cancels)
+        # without a trace, pull answers are read in one pass and stored as record bytes (a trace
+        # records each message as scheduled, so it takes them as messages)
+        self._endpoints.source.start(schedule, self.engine.apply_cancels,
+                                     encoded=self.engine if self.trace is None else None)
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:
@@ -198,6 +207,9 @@ class Service:
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+        if self.copy_finder is not None:
+            self.copy_finder.close()
+            self.copy_finder = None
         if self.trace is not None:  # what was traced is sent before its producer closes
             self.trace.stop()
             self.trace = None
@@ -295,7 +307,16 @@ class Service:
                               lateness_ms=late, lateness_count=count, lateness_span_ms=span)
         if self.replica is not None:
             doc["ha"] = self.replica.status_document()
+        doc["dedupe"] = self.dedupe_status()
         return doc
+
+    def dedupe_status(self) -> dict[str, Any]:
+        """The look-ups before sending again: on or off, what they did, the brokers' index settings."""
+        if self.copy_finder is None:
+            return {"enabled": False, "note": "rocketmq.dedupe is off: after a crash or takeover, messages may be "
+                                              "delivered twice (consumers dedupe on TW_ORIGINAL_MSG_ID)"}
+        recovery = self.engine.recovery if self.engine is not None else None
+        return {"enabled": True, **(recovery.snapshot() if recovery is not None else {}), **self.copy_finder.status()}
 
     def endpoint_stats(self) -> dict[str, object]:
         """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
@@ -310,6 +331,11 @@ class Service:
             out["ha_holder"] = self.replica.may_send()
         if self.trace is not None:  # with [rocketmq] trace: records written, sent, dropped, failed
             out["trace"] = self.trace.counter_values()
+        recovery = self.engine.recovery if self.engine is not None else None
+        if self.copy_finder is not None and recovery is not None:  # the look-ups before sending again
+            snap = recovery.snapshot()
+            out["dedupe"] = {**{k: snap[k] for k in ("episodes", "looked_up", "found", "missing", "unknown")},
+                             "barriers": self.copy_finder.counters["barriers"]}
         return out
 
     def stats(self) -> dict[str, object]:

@@ -135,7 +135,21 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
         lines.append(Text(f"ingest lag unknown: {ingest['error']}", style="red"))
     if doc.get("ha"):
         lines.extend(_ha_lines(doc["ha"]))
+    if doc.get("dedupe"):
+        lines.extend(_dedupe_lines(doc["dedupe"]))
     return Group(*lines)
+
+
+def _dedupe_lines(d: Mapping[str, Any]) -> list[RenderableType]:
+    """The look-ups before sending again: what they did, and what could let a duplicate through."""
+    if not d.get("enabled"):
+        return [Text(f"dedupe OFF: {d.get('note', '')}", style="yellow")]
+    out: list[RenderableType] = [Text(
+        f"dedupe: {d.get('episodes', 0)} restarts/takeovers resolved; looked up {d.get('looked_up', 0):,}: "
+        f"found {d.get('found', 0):,} (not sent again), missing {d.get('missing', 0):,} (sent), unknown "
+        f"{d.get('unknown', 0):,} (waiting); barriers {d.get('barriers', 0)}, slowest {d.get('resolve_ms_max', 0)} ms")]
+    out += [Text(f"WARNING: {w}", style="yellow") for w in d.get("warnings") or []]
+    return out
 
 
 def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:

@@ -62,3 +62,27 @@ def test_status_without_an_engine_says_what_to_check() -> None:
     res = CliRunner().invoke(app, ["status", "--admin", f"127.0.0.1:{port}"])
     assert res.exit_code == 2
     assert "is `timewheel serve` running?" in res.output and "--admin HOST:PORT" in res.output
+
+
+def test_status_shows_the_look_ups_and_each_brokers_index_settings(running: Running) -> None:
+    doc = status_json(running.admin)
+    dedupe = doc["dedupe"]
+    assert dedupe["enabled"] is True and dedupe["warnings"] == [], dedupe
+    assert dedupe["brokers"] and all(s["messageIndexSafe"] == "true" for s in dedupe["brokers"].values())
+    res = CliRunner().invoke(app, ["status", "--admin", running.admin], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "dedupe: " in res.output and "found" in res.output, res.output
+
+
+def test_a_broker_without_a_safe_index_and_dedupe_off_are_shown_as_warnings() -> None:
+    from rich.console import Console
+
+    from timewheel.app.status import render_status
+
+    base = {"now_ms": 1_800_000_000_000, "serving": True}
+    console = Console(width=200, record=True)
+    console.print(render_status({**base, "dedupe": {"enabled": True, "warnings": [
+        "broker broker-b does not say messageIndexSafe=true: duplicates are possible after it crashes"]}}, "a:1"))
+    console.print(render_status({**base, "dedupe": {"enabled": False, "note": "rocketmq.dedupe is off"}}, "a:1"))
+    text = console.export_text()
+    assert "WARNING: broker broker-b does not say messageIndexSafe=true" in text
+    assert "dedupe OFF: rocketmq.dedupe is off" in text
