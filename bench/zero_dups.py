@@ -23,7 +23,7 @@ from pathlib import Path
 
 from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.forwarder.dedupe_harness import FAULTS, report_json, rounds_of, run
+from tests.forwarder.dedupe_harness import BROKER_OPTIONS, FAULTS, report_json, rounds_of, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown faults {sorted(unknown)}")
     started, load = time.monotonic(), os.getloadavg()
-    options = {"messageIndexSafe": False} if args.index_unsafe else {}
+    options = {**BROKER_OPTIONS, **({"messageIndexSafe": False} if args.index_unsafe else {})}
     with tempfile.TemporaryDirectory(prefix="zero-dups-") as tmp:
         work = Path(tmp)
         with LocalRocketMQ(work / "mq", brokers=2, stop_timeout=3.0, broker_options=options) as mq, \

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from coordination import LocalZooKeeper
+from forwarder._rmq_native import LogLevel, NativeProducer
 from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import OutgoingMessage, create_topics
 from tests.coordination.cluster import Replica, Sent, Workload, now_ms, wait_for
 from tests.coordination.nemesis import Cluster, _standby
 from tests.forwarder.dedupe_checker import COUNTERS, Report, RoundRecord, StoredCopy, TopicReader, check
@@ -41,6 +43,13 @@ from tests.reliability.kill_loop import serve_env
 FAULTS = ("engine_kill", "holder_kill", "holder_pause", "broker_kill", "broker_restart")
 HOOK_TIMEOUT_S = 30.0  # an armed engine that has not fired by then is killed by the harness (noted)
 RECOVERY_TIMEOUT_S = 25.0
+#: the harness's brokers: commit-log files of 1 MiB (64 MiB by default in the launcher), so that a
+#: broker fault can roll the log into a new file (`Harness._roll_commit_log`)
+COMMIT_LOG_FILE_BYTES = 1 << 20
+BROKER_OPTIONS: dict[str, str | int | bool] = {"mappedFileSizeCommitLog": COMMIT_LOG_FILE_BYTES}
+FILL_TOPICS = ("ZERO_DUPS_FILL_A", "ZERO_DUPS_FILL_B")  # one on each broker only
+FILL_BODY_BYTES = 16 << 10
+CHECKPOINT_LAG_S = 5.0  # a broker's checkpoint trails its log by its flush interval plus 3 s
 
 
 class ShortDelays(Workload):
@@ -139,12 +148,22 @@ class Harness:
         self.ha.env.update(env)
         self.rounds: list[RoundRecord] = []
         self._broker_turn = 0
+        self._single_copies: TopicReader | None = None
+        self._filler: NativeProducer | None = None
+        #: what the brokers said of their index (`messageIndexSafe`), from the first engine status that tells
+        self.index_settings: dict[str, Any] = {}
 
     def start(self) -> "Harness":
         """Both groups, then a few seconds of traffic."""
         for d in (self.single.work, self.ha.work):
             d.mkdir(parents=True, exist_ok=True)
         self.single.start()
+        self._single_copies = TopicReader(self.mq.namesrv_addr, self.single.target)
+        for topic, addr in zip(FILL_TOPICS, sorted(self.mq.broker_addrs.items())):
+            create_topics(addr[1], [topic], 1)  # on that broker alone
+        self._filler = NativeProducer(f"zero_dups_filler_{self.single.run}", self.mq.namesrv_addr,
+                                      log_level=LogLevel.ERROR)
+        self._filler.start()
         self.ha.start()
         return self
 
@@ -152,6 +171,8 @@ class Harness:
         """Everything this harness started (the brokers are left running)."""
         self.single.stop()
         self.ha.stop()
+        if self._filler is not None:
+            self._filler.shutdown()
 
     # ---- rounds ---------------------------------------------------------------------------------------
 
@@ -184,8 +205,8 @@ class Harness:
         rnd.notes.append(f"after {n} sends")
         self._await_hook(rnd, victim, lambda: not victim.alive)
         if fault.startswith("broker_"):
-            i = self._broker_turn % len(self.mq.broker_addrs)
-            self._broker_turn += 1
+            i = self._broker_of_last_send()
+            self._roll_commit_log(i)
             down = time.monotonic()
             if fault == "broker_kill":
                 self.mq.stop_broker(kill=True, index=i)
@@ -196,6 +217,29 @@ class Harness:
         engine = self.single.launch().wait_ready()
         rnd.recovered_by = engine.name
         self._read_recovery(rnd, engine, None)
+
+    def _broker_of_last_send(self) -> int:
+        """The broker that stored the single engine's latest copy (its ambiguous batch, as the engine
+        died right after it); the brokers in turn if that cannot be told."""
+        assert self._single_copies is not None
+        new = self._single_copies.read()
+        if new:
+            name = max(new, key=lambda c: c.store_ms).where.split(":", 1)[0]
+            return sorted(self.mq.broker_addrs).index(name)
+        self._broker_turn += 1
+        return self._broker_turn % len(self.mq.broker_addrs)
+
+    def _roll_commit_log(self, index: int) -> None:
+        """Fill broker `index`'s commit log into a new file, then wait until its checkpoint is past
+        that file's start: a broker recovering from a crash reads its log again (and indexes it again)
+        from the file its checkpoint names, so what the index lacks from before that file stays lost
+        unless messageIndexSafe holds the checkpoint back. Under real load the log rolls by itself;
+        this harness's few messages a second would not fill a file in a round."""
+        assert self._filler is not None
+        topic = FILL_TOPICS[index]
+        for _ in range(COMMIT_LOG_FILE_BYTES // FILL_BODY_BYTES + 16):
+            self._filler.send(OutgoingMessage(topic, b"f" * FILL_BODY_BYTES, None, None, {}))
+        time.sleep(CHECKPOINT_LAG_S)
 
     def _holder_fault(self, rnd: RoundRecord, sig: str) -> None:
         ha = self.ha
@@ -253,6 +297,15 @@ class Harness:
             time.sleep(0.02)
         return now_ms()
 
+    def _note_index_settings(self, engine: Replica) -> None:
+        if not self.index_settings:
+            try:
+                brokers = (engine.status(timeout=2.0).get("dedupe") or {}).get("brokers")
+            except (OSError, ValueError):
+                return
+            if isinstance(brokers, dict):
+                self.index_settings = brokers
+
     def _read_recovery(self, rnd: RoundRecord, engine: Replica, before: dict[str, int] | None) -> None:
         """Wait for the engine's look-ups after the fault to settle; their counters over the round.
 
@@ -275,6 +328,7 @@ class Harness:
                 break
         if last is None:
             return
+        self._note_index_settings(engine)
         rnd.dedupe = {k: last[k] - base.get(k, 0) for k in COUNTERS}
         rnd.resolve_ms_max = last["resolve_ms_max"]
         if rnd.dedupe["episodes"] <= 0:
@@ -306,7 +360,9 @@ class Harness:
         fresh = [TopicReader(self.mq.namesrv_addr, t) for t in (self.single.target, self.ha.target)]
         copies: list[StoredCopy] = [c for r in fresh for c in r.read()]
         unacked = self.single.workload.unacked + self.ha.workload.unacked
-        return check(self.rounds, sent, copies, unacked=unacked, problems=[p for r in fresh for p in r.problems])
+        report = check(self.rounds, sent, copies, unacked=unacked, problems=[p for r in fresh for p in r.problems])
+        report.totals["brokers_index"] = self.index_settings
+        return report
 
 
 def rounds_of(n: int, first: int = 0) -> list[str]:

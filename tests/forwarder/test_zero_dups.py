@@ -17,7 +17,7 @@ import pytest
 
 from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.forwarder.dedupe_harness import FAULTS, rounds_of, run
+from tests.forwarder.dedupe_harness import BROKER_OPTIONS, FAULTS, rounds_of, run
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def two_brokers() -> Iterator[LocalRocketMQ]:
     """A RocketMQ of two masters (broker-a, broker-b) under one NameServer, for this module only."""
-    mq = LocalRocketMQ(brokers=2, stop_timeout=3.0)
+    mq = LocalRocketMQ(brokers=2, stop_timeout=3.0, broker_options=BROKER_OPTIONS)
     mq.start()
     try:
         yield mq
