@@ -30,6 +30,7 @@ class StoredCopy:
     """One message stored on a target queue."""
 
     original_id: str  # its TW_ORIGINAL_MSG_ID ("" if it carries none)
+    msg_id: str  # its own UNIQ_KEY
     body: bytes
     store_ms: int
     epoch: int  # the lease epoch a replica set's holder stamped on it (-1: none)
@@ -79,7 +80,7 @@ class TopicReader:
             nxt = int(resp.ext.get("nextBeginOffset", offset))
             if resp.code == SUCCESS:
                 for m in decode_messages(resp.body, broker=broker):
-                    out.append(StoredCopy(m.properties.get(ORIGINAL_MSG_ID, ""), m.body, m.store_timestamp,
+                    out.append(StoredCopy(m.properties.get(ORIGINAL_MSG_ID, ""), m.msg_id, m.body, m.store_timestamp,
                                           int(m.properties.get(EPOCH_PROPERTY, "-1")),
                                           f"{broker}:{qid}@{m.queue_offset}"))
                 offset = nxt
@@ -147,11 +148,14 @@ def _dash(v: object) -> str:
 
 
 def check(rounds: Sequence[RoundRecord], sent: Mapping[bytes, Sent], copies: Iterable[StoredCopy],
-          *, unacked: int = 0, problems: Sequence[str] = ()) -> Report:
+          *, unacked: int = 0, problems: Sequence[str] = (), produced: Mapping[bytes, int] | None = None) -> Report:
     """Compare what the producers had acknowledged with the copies the brokers store.
 
     Passing needs 0 lost, 0 duplicates, no late copy of a deposed holder, and look-ups that found
     copies and look-ups that led to a re-send (summed over the run), so that it cannot pass vacuously.
+    `produced`: per body, how many delay messages (distinct UNIQ_KEYs) the delay topics hold: a
+    producer that sent one body twice under two ids (its own retry) gets two deliveries under two
+    original ids, which is not the engines' doing.
     """
     failures = list(problems)
     starts = [r.start_ms for r in rounds]
@@ -189,7 +193,8 @@ def check(rounds: Sequence[RoundRecord], sent: Mapping[bytes, Sent], copies: Ite
             p["lost"] += 1
             if len(lost_examples) < 5:
                 lost_examples.append(f"{body.decode()} (due {s.due_ms})")
-    several = sum(1 for ids in by_body.values() if len(ids) > 1)
+    several = [b for b, ids in by_body.items() if len(ids) > (produced or {}).get(b, 1)]
+    resent_by_producer = sum(1 for n in (produced or {}).values() if n > 1)
     strangers = sum(1 for b in by_body if b not in sent)
     late = [(r, c) for r in rounds for epoch, after in r.fenced for cs in by_id.values() for c in cs
             if c.epoch == epoch and c.store_ms > after]
@@ -216,13 +221,15 @@ def check(rounds: Sequence[RoundRecord], sent: Mapping[bytes, Sent], copies: Ite
             failures.append(f"round {r.number} ({r.fault}): {p['duplicates']} duplicate copies stored")
         failures += [f"round {r.number} ({r.fault}): {x}" for x in r.problems]
     totals.update(copies=sum(len(v) for v in by_id.values()), unacked=unacked, without_original_id=unnamed,
-                  bodies_under_several_ids=several, not_produced=strangers, late_deposed_copies=len(late),
+                  bodies_under_several_ids=len(several), resent_by_producer=resent_by_producer,
+                  not_produced=strangers, late_deposed_copies=len(late),
                   rounds=len(rounds))
     if per[-1]["lost"] or per[-1]["duplicates"]:
         failures.append(f"before the first round: {per[-1]['lost']} lost, {per[-1]['duplicates']} duplicates")
     if unnamed or several or strangers:
-        failures.append(f"{unnamed} copies without {ORIGINAL_MSG_ID}, {several} bodies under several ids, "
-                        f"{strangers} bodies no producer sent")
+        failures.append(f"{unnamed} copies without {ORIGINAL_MSG_ID}, {len(several)} bodies under more ids than "
+                        f"the delay topic holds them, {strangers} bodies no producer sent; e.g. "
+                        + "; ".join(f"{b[:40]!r}: {sorted(by_body[b])}" for b in several[:3]))
     for r, c in late[:5]:
         failures.append(f"round {r.number} ({r.fault}): a deposed holder's copy (epoch {c.epoch}) stored "
                         f"{c.store_ms} at {c.where}, after its deadline")

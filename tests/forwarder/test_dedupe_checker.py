@@ -14,7 +14,7 @@ def rounds() -> list[RoundRecord]:
 
 
 def copy(oid: str, body: bytes, store_ms: int, epoch: int = -1) -> StoredCopy:
-    return StoredCopy(oid, body, store_ms, epoch, "broker-a:0@0")
+    return StoredCopy(oid, oid, body, store_ms, epoch, "broker-a:0@0")
 
 
 def test_every_message_once_passes() -> None:
@@ -66,3 +66,11 @@ def test_copies_without_an_id_or_that_no_producer_sent_fail() -> None:
     report = check(rounds(), sent, [copy("A:1", b"m1", 1_510), copy("", b"x", 1_520)])
     assert report.totals["without_original_id"] == 1 and report.totals["not_produced"] == 1
     assert any("no producer sent" in f for f in report.failures)
+
+
+def test_a_body_under_two_ids_passes_only_if_the_producer_sent_it_twice() -> None:
+    sent = {b"m1": Sent(900, 1_500, "A")}
+    copies = [copy("A:1", b"m1", 1_510), copy("C:1", b"m1", 1_520)]
+    assert any("more ids than" in f for f in check(rounds(), sent, copies).failures)
+    twice = check(rounds(), sent, copies, produced={b"m1": 2})
+    assert twice.failures == [] and twice.totals["resent_by_producer"] == 1
