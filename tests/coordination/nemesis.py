@@ -321,7 +321,7 @@ class Cluster:
         r.signal(signal.SIGCONT)
         rnd.fenced.append((epoch, now_ms()))
         wait_for(f"{holder} answers again, as a standby",
-                 lambda: _standby(r), 30, r)
+                 lambda: answers_as_standby(r), 30, r)
 
     def _fault_partition(self, rnd: Round, holder: str, epoch: int) -> None:
         mode: Literal["drop", "blackhole"] = (
@@ -335,7 +335,7 @@ class Cluster:
         time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 2000 - now_ms()) / 1000))
         self.proxies[holder].heal()
         r = self.replicas[holder]
-        wait_for(f"{holder} answers again, as a standby", lambda: _standby(r), 30, r)
+        wait_for(f"{holder} answers again, as a standby", lambda: answers_as_standby(r), 30, r)
 
     def _fault_skew(self, rnd: Round, holder: str, epoch: int) -> None:
         skew = SKEW_MS if sum(1 for x in self.rounds if x.fault == "skew") % 2 == 1 else -SKEW_MS
@@ -436,7 +436,8 @@ class Cluster:
                      self.workload.unacked)
 
 
-def _standby(r: Replica) -> bool:
+def answers_as_standby(r: Replica) -> bool:
+    """It answers, holding nothing (epoch 0): a standby."""
     try:
         doc = r.replica(timeout=1)
         return not doc["holder"] and doc["epoch"] == 0

@@ -36,7 +36,7 @@ from forwarder._rmq_native import LogLevel, NativeProducer
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, create_topics
 from tests.coordination.cluster import Replica, Sent, Workload, now_ms, wait_for
-from tests.coordination.nemesis import Cluster, _standby
+from tests.coordination.nemesis import Cluster, answers_as_standby
 from tests.forwarder.dedupe_checker import COUNTERS, Report, RoundRecord, StoredCopy, TopicReader, check
 from tests.reliability.kill_loop import serve_env
 
@@ -154,7 +154,7 @@ class Harness:
         self.index_settings: dict[str, Any] = {}
 
     def start(self) -> "Harness":
-        """Both groups, then a few seconds of traffic."""
+        """Both groups (engines and producers) and the filler producer of the broker faults."""
         for d in (self.single.work, self.ha.work):
             d.mkdir(parents=True, exist_ok=True)
         self.single.start()
@@ -271,7 +271,7 @@ class Harness:
             time.sleep(max(0.0, (fault_ms + 4_000 + 2_000 - now_ms()) / 1000))  # past its session
             victim.signal(signal.SIGCONT)
             rnd.fenced.append((handed or new_epoch - 1, now_ms()))
-            wait_for(f"{standby} answers again, as a standby", lambda: _standby(victim), 30, victim)
+            wait_for(f"{standby} answers again, as a standby", lambda: answers_as_standby(victim), 30, victim)
             time.sleep(2.0)  # whatever it would still send lands before the next round
 
     def _held_by(self, name: str, above: int, timeout: float = 30.0) -> tuple[int, int]:
