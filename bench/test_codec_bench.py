@@ -8,10 +8,16 @@ Run: .venv/bin/python -m pytest bench/test_codec_bench.py --benchmark-only
   `encode_message` (before), against `read_record_bytes` → `encode_records` (after), for a send
   batch of 256 due records of 200-byte bodies with tags and a key;
 - decode: `decode_messages` of a pull answer of 32 stored messages with the contract's properties,
-  then `to_message` of each (ingest's per-message work before storing).
+  then `to_message` of each (ingest's per-message work before storing);
+- send body, per message: a SEND_BATCH_MESSAGE body from record bytes already read, for 256 rows
+  and for 1: `delivered_ids` → `encode_records` → `cut_encoded` → join (the general path, kept as
+  the reference) against `cut_records` (one pass) → join;
+- remoting header of a send batch request (encode) and of its answer (decode): the standard
+  library's json as the protocol used it before, against orjson as it does now.
 """
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -19,8 +25,11 @@ import numpy as np
 import pytest
 
 from forwarder.contract import ContractLimits, to_message, to_outgoing
-from forwarder.record_encoding import encode_records
+from forwarder.record_batches import cut_records
+from forwarder.record_encoding import delivered_ids, encode_records
 from forwarder.rocketmq import decode_messages, encode_message
+from forwarder.rocketmq._send_batch import Outcome, SendBatch, batch_header, cut_encoded
+from forwarder.rocketmq.protocol import Response, decode_response, encode_request
 from storage import Record, ScheduleStore
 from timewheel.message import Message
 
@@ -101,3 +110,98 @@ def test_decode_pull_and_check_contract(benchmark) -> None:
     out = benchmark(run)
     assert len(out) == 32 and out[0].topic == "BENCH_OUT"
     _per_message(benchmark, 32)
+
+
+def _rows(stored, n: int):
+    store, locs = stored
+    locs = locs[:n]
+    return store.read_record_bytes(locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16),
+                                   locs["offset"].astype(np.uint32), locs["due_ms"].astype(np.int64))
+
+
+def _fresh(n: int) -> list[str]:
+    return ["F" * 32] * n
+
+
+_LIMITS = {"max_message": 4 << 20, "max_count": 256, "max_bytes": 4 << 20}
+
+
+def _general(raw) -> list[bytes]:
+    """The general path: ids, messages and batches each in a pass of their own, then each batch joined."""
+    ids = delivered_ids(raw, _fresh)
+    topics = raw.topics()
+    out: list[Outcome] = [None] * len(raw)
+    batches = cut_encoded(topics, encode_records(raw, ids), ids, {t: object() for t in set(topics)},  # type: ignore[misc]
+                          out, **_LIMITS)
+    return [b"".join(b.parts) for b in batches]
+
+
+@pytest.mark.parametrize("n", [1, BATCH])
+def test_send_body_general_path(benchmark, stored, n: int) -> None:
+    """Before: the general path (kept as the reference)."""
+    raw = _rows(stored, n)
+    assert len(benchmark(_general, raw)) == 1
+    _per_message(benchmark, n)
+
+
+@pytest.mark.parametrize("n", [1, BATCH])
+def test_send_body_one_pass(benchmark, stored, n: int) -> None:
+    """After: `cut_records`, one pass over the rows, then each batch joined."""
+    raw = _rows(stored, n)
+
+    def run() -> list[bytes]:
+        return [b"".join(b.parts) for b in cut_records(raw, _fresh, **_LIMITS).batches]
+
+    assert benchmark(run) == _general(raw)
+    _per_message(benchmark, n)
+
+
+def _old_encode_request(code: int, opaque: int, ext: dict[str, str], body: bytes) -> bytes:
+    """The request encoder as it was, on the standard library's json."""
+    header = json.dumps({"code": code, "language": "PYTHON", "version": 479, "opaque": opaque, "flag": 0,
+                         "extFields": ext}, separators=(",", ":")).encode()
+    return struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body
+
+
+_ANSWER = json.dumps({"code": 0, "extFields": {"msgId": ",".join(f"7F00000100002A9F{i:016X}" for i in range(4)),
+                                               "queueId": "3", "queueOffset": "1234", "MSG_REGION": "DefaultRegion",
+                                               "TRACE_ON": "true", "transactionId": ""},
+                      "flag": 1, "language": "JAVA", "opaque": 12345, "serializeTypeCurrentRPC": "JSON",
+                      "version": 479}, separators=(",", ":")).encode()
+_ANSWER_FRAME = struct.pack(">i", len(_ANSWER)) + _ANSWER
+
+
+def _send_header() -> dict[str, str]:
+    b = SendBatch("BENCH_OUT")
+    b.queue = ("broker-a", 3)
+    return batch_header("TW_PRODUCER", b, str(NOW))
+
+
+@pytest.mark.parametrize("impl", ["json", "orjson"])
+def test_header_encode(benchmark, impl: str) -> None:
+    """A SEND_BATCH_MESSAGE request's header, encoded (empty body)."""
+    ext = _send_header()
+    encode = _old_encode_request if impl == "json" else encode_request
+    assert encode(320, 7, ext, b"") == _old_encode_request(320, 7, ext, b"")
+    benchmark(encode, 320, 7, ext, b"")
+
+
+def _old_decode_response(frame: bytes, peer: str) -> Response | None:
+    """The response decoder as it was, on the standard library's json."""
+    (info,) = struct.unpack_from(">i", frame)
+    end = 4 + (info & 0xFFFFFF)
+    header = json.loads(frame[4:end])
+    if not isinstance(header, dict):
+        raise ValueError(peer)
+    if not int(header.get("flag", 0)) & 1:
+        return None
+    return Response(int(header.get("code", 1)), int(header.get("opaque", -1)), header.get("remark"),
+                    header.get("extFields") or {}, frame[end:])
+
+
+@pytest.mark.parametrize("impl", ["json", "orjson"])
+def test_header_decode(benchmark, impl: str) -> None:
+    """A broker's answer to a send batch, decoded."""
+    decode = _old_decode_response if impl == "json" else decode_response
+    assert decode(_ANSWER_FRAME, "broker") == _old_decode_response(_ANSWER_FRAME, "broker")
+    benchmark(decode, _ANSWER_FRAME, "broker")

@@ -63,3 +63,25 @@ def test_load_dispatch_log_1m(benchmark, million_segment) -> None:
     layout = SegmentLayout.open_existing(root)
     read = benchmark(read_dispatch_log, layout.dispatch_log(seg))
     assert len(read.entries) == ONE_MILLION
+
+
+@pytest.fixture(scope="module")
+def stored_reads(tmp_path_factory: pytest.TempPathFactory):
+    """256 records as the engine stores them (200-byte bodies, tags, one key; every 8th with properties)."""
+    store = ScheduleStore(tmp_path_factory.mktemp("reads") / "data")
+    recs = [Record(f"{i:032X}:0badf00d", "BENCH_OUT", BODY, NOW + 10 + i, tags="tag", keys=(f"order-{i}",),
+                   properties={"p": str(i)} if i % 8 == 7 else {}) for i in range(256)]
+    locs = store.append(recs, NOW).locations
+    yield store, locs
+    store.close()
+
+
+@pytest.mark.parametrize("rows", [1, 8, 256])
+def test_read_record_bytes(benchmark, stored_reads, rows: int) -> None:
+    """Due records read as checked bytes (`read_record_bytes`), as the dispatcher reads a send batch."""
+    store, locs = stored_reads
+    segs, parts = locs["segment_ms"][:rows].astype(np.int64), locs["part"][:rows].astype(np.uint16)
+    offs, due = locs["offset"][:rows].astype(np.uint32), locs["due_ms"][:rows].astype(np.int64)
+    got = benchmark(store.read_record_bytes, segs, parts, offs, due)
+    assert got.ok.all()
+    benchmark.extra_info["us_per_read"] = round(benchmark.stats.stats.mean * 1e6, 2)

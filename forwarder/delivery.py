@@ -34,7 +34,7 @@ from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation
                                 to_dead_letter, to_outgoing)
 from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
-from forwarder.record_encoding import delivered_ids, encode_records
+from forwarder.record_batches import cut_records
 from storage import RecordBytes, no_answers
 from timewheel.message import Message, SendResults
 
@@ -145,12 +145,12 @@ class RocketMQSink:
                 outcomes: list[Receipt | RemotingError] = sender.send(outgoing, _ids(messages, sender))
         except RemotingError as e:  # the sender is closed
             outcomes = [e] * len(messages)
-        return self._settle([m.topic for m in messages], outcomes)
+        return self._settle(lambda: [m.topic for m in messages], outcomes)
 
     def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
                      fence: Callable[[], bool] | None = None) -> list[bool]:
-        """`send_batch` for stored records as they are on disk: each one's message is encoded from
-        its bytes (`record_encoding.encode_records`), no object made per message on the way;
+        """`send_batch` for stored records as they are on disk: the batches' bodies are built from
+        their bytes in one pass (`record_batches.cut_records`), no object made per message on the way;
         `extra` properties go on every message; `fence` is asked right before the write (see
         `RemotingProducer.send_encoded`): what it stops comes back False, unsent."""
         if not self.breaker.allow():
@@ -158,31 +158,38 @@ class RocketMQSink:
             return SendResults([False] * len(records), errors=[_BREAKER_OPEN] * len(records))
         if not len(records):
             return []
-        topics = records.topics()
-        if not all(_user_topic(t, self._reserved) for t in set(topics)):
-            # rare; the general path says which and why
-            return self.send_batch([replace(m, properties={**(m.properties or {}), **(extra or {})})
-                                    for m in (Message.from_record(records.record(i)) for i in range(len(records)))])
         answers = no_answers(len(records))
         try:
             with self._checkout() as sender:
-                ids = delivered_ids(records, sender.new_ids)
-                outcomes: list[RemotingError | None] = sender.send_encoded(
-                    topics, encode_records(records, ids, extra), ids, fence, answers)
+                cut = cut_records(records, sender.new_ids, extra, max_message=sender.max_message_bytes,
+                                  max_count=sender.max_batch_messages, max_bytes=sender.max_batch_bytes)
+                topics = {b.topic for b in cut.batches} | {t for _, t, _ in cut.rejected}
+                allowed = all(_user_topic(t, self._reserved) for t in topics)
+                outcomes: list[RemotingError | None] = sender.send_batches(cut, fence, answers) if allowed else []
         except RemotingError as e:  # the sender is closed
-            outcomes = [e] * len(records)
-        return self._settle(topics, outcomes, answers)
+            allowed, outcomes = True, [e] * len(records)
+        if not allowed:
+            # rare; the general path says which and why
+            return self.send_batch([replace(m, properties={**(m.properties or {}), **(extra or {})})
+                                    for m in (Message.from_record(records.record(i)) for i in range(len(records)))])
+        return self._settle(records.topics, outcomes, answers)
 
-    def _settle(self, topics: Sequence[str], outcomes: Sequence[Receipt | RemotingError | None],
+    def _settle(self, topics_of: Callable[[], Sequence[str]], outcomes: Sequence[Receipt | RemotingError | None],
                 answers: np.ndarray | None = None) -> SendResults:
         """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request
-        once; the results carry the broker's answers and each failure's error."""
+        once (`topics_of()`: each message's topic); the results carry the broker's answers and each
+        failure's error."""
+        if outcomes.count(None) == len(outcomes):  # the usual answer of send_batches, without a test per message
+            self.breaker.record(len(outcomes), 0)
+            self._count(sent=len(outcomes))
+            return SendResults([True] * len(outcomes), answers)
         stored = [not isinstance(o, RemotingError) for o in outcomes]
         ok = sum(stored)
         if ok == len(stored):
             self.breaker.record(ok, 0)
             self._count(sent=ok)
             return SendResults(stored, answers)
+        topics = topics_of()
         results = SendResults(stored, answers, [None if s else f"{type(o).__name__}: {o}"
                                                 for s, o in zip(stored, outcomes)])
         errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message

@@ -1,4 +1,5 @@
-"""The delivered message of each stored record, encoded for a batch body straight from its bytes.
+"""The delivered message of each stored record, encoded for a batch body straight from its bytes:
+the general path, kept as the reference of `record_batches.cut_records` (which the sink uses).
 
 `encode_records` gives, per row of a `storage.RecordBytes`, exactly the bytes that
 `codec.encode_message(contract.to_outgoing(message), msg_id)` gives for the message the record

@@ -122,6 +122,7 @@ class TrafficShaper:
         self._global_started = False
         self._waiting: dict[str, int] = {}
         self._paused = paused
+        self._backed_off: set[str] = set()  # topics whose failed sends lowered their rate
 
     # ---- rules ------------------------------------------------------------------------------------
 
@@ -145,6 +146,16 @@ class TrafficShaper:
         """Grant again."""
         with self._lock:
             self._paused = False
+
+    def passes_through(self) -> bool:
+        """Whether no rule applies now: no topic rate, no global rate, no topic backed off, not paused,
+        nothing held back. The caller may then send due messages at once, past its held queues and
+        without asking for grants; it still reports outcomes with `record` (a failed send backs its
+        topic off, and this turns False until the topic has recovered). A read without the lock: a
+        rule applied meanwhile holds from the caller's next look."""
+        rules = self._pending or self._rules
+        return not (self._paused or self._backed_off or self._waiting or rules.global_rate > 0
+                    or _limits_a_topic(rules))
 
     # ---- the Shaper protocol ------------------------------------------------------------------------
 
@@ -232,6 +243,7 @@ class TrafficShaper:
                 if st.backoff_rate is None:
                     st.backoff_base = limit or max(st.observed, b.min_rate)
                 st.backoff_rate = max(b.min_rate, current * b.decrease)
+                self._backed_off.add(topic)
                 st.backoff_stamp = now_ms
                 st.counters.backoffs += 1
                 self._class(rules.class_of(topic)).backoffs += 1
@@ -244,6 +256,7 @@ class TrafficShaper:
                 st.backoff_stamp = now_ms
                 if st.backoff_rate >= target:
                     st.backoff_rate = None
+                    self._backed_off.discard(topic)
                     if not limit:
                         st.bucket = None
 
@@ -398,6 +411,11 @@ class TrafficShaper:
             st.denied = waiting - granted
         else:
             st.denied = still_denied
+
+
+def _limits_a_topic(rules: ShapingRules) -> bool:
+    """Whether some topic of the rule set has a rate of its own."""
+    return any(r.rate > 0 for r in rules.topics.values())
 
 
 __all__ = ["DEFAULT_CLASS", "TrafficShaper", "class_shares", "fair_split"]

@@ -1,14 +1,14 @@
 """Part files to Arrow and back, in bulk: the Spark sources' numpy/pyarrow side, without Spark.
 
-Reading a part: its index sidecar gives every record's offset and length, so the fixed header of
-every record is gathered at once by numpy fancy indexing over a read-only map of the .log and
-viewed through `HEADER_DTYPE` (derived from `storage.record.HEADER`, never written out here).
-Header checks (magic, version, flags, length against the index, due time against the index, field
-lengths adding up) are vectorised; the CRC32C is one C call per record. Variable fields are cut
-out by their lengths: small text fields by gathering byte positions, the body by masking the
-byte range it covers. Keys and properties, whose encoding is nested, go through storage's own
-decoders for the records that have any. A record that fails any check yields a row with `crc_ok = false`
-and null fields, never an exception.
+Reading a part: its index sidecar gives every record's offset, length and due time, and
+`storage.check_records` (the one reader of the record layout, the engine's and `check()`'s) checks
+the records a batch of entries points to in a read-only map of the .log, as columns: the same
+verdict as everywhere (magic, version, flags, length and due time against the index, field
+lengths, CRC32C unless `verify` is off, keys and properties well formed, text UTF-8). Variable
+fields are cut out by the starts and lengths it gives: small text fields by gathering byte
+positions, the body by masking the byte range it covers. Keys and properties, whose encoding is
+nested, go through storage's own decoders for the records that have any. A record that fails any
+check yields a row with `crc_ok = false` and null fields, never an exception.
 
 Writing: rows go through `storage.PartStager` (records and index sidecars in the engine's own byte
 layout and fsync order) into staged parts, which the driver later moves into place with
@@ -25,30 +25,9 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from storage import (DISPATCH_DTYPE, CorruptRecordError, PartStager, Record, decode, decode_keys, decode_properties,
+from storage import (DISPATCH_DTYPE, RECORD_FIELDS, PartStager, Record, check_records, decode_keys, decode_properties,
                      read_dispatch_log, read_index, record_keys, trusted_index)
 from storage.audit import NO_TIME, OUTCOME_COUNTS, outcomes_of
-from storage.record import HEADER, HEADER_SIZE, MAGIC, VERSION, crc32c
-
-_HEADER_NAMES = ("magic", "version", "flags", "length", "crc", "due_ms", "enqueue_ms",
-                 "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
-
-
-def _header_dtype() -> np.dtype:
-    """A numpy view of `storage.record.HEADER`: same codes, same order, packed little-endian."""
-    fmt = HEADER.format
-    if fmt[0] != "<":
-        raise AssertionError(f"storage.record.HEADER is {fmt!r}; a packed little-endian layout was expected")
-    dt = np.dtype([(name, "<" + code) for name, code in zip(_HEADER_NAMES, fmt[1:], strict=True)])
-    if dt.itemsize != HEADER_SIZE:
-        raise AssertionError(f"header view is {dt.itemsize} bytes, storage says {HEADER_SIZE}")
-    return dt
-
-
-HEADER_DTYPE = _header_dtype()
-_CRC_FROM = HEADER_DTYPE.fields["crc"][1] + HEADER_DTYPE["crc"].itemsize  # type: ignore[index]  # the CRC covers what follows it
-# the variable fields follow the header in the order of their length fields
-_VAR_FIELDS = tuple(n for n in _HEADER_NAMES if n.endswith("_len"))
 
 #: every column the record source can produce, with its Arrow type
 RECORD_COLUMNS: dict[str, pa.DataType] = {
@@ -75,16 +54,6 @@ class PartFiles:
     log: str
     index: str
     dispatch: str | None = None  # the segment's dispatch log, for the outcome columns
-
-
-def _field_starts(offsets: np.ndarray, hdr: np.ndarray) -> dict[str, np.ndarray]:
-    """Absolute start of every variable field of each record."""
-    pos = offsets + HEADER_SIZE
-    out = {}
-    for name in _VAR_FIELDS:
-        out[name] = pos
-        pos = pos + hdr[name].astype(np.int64)
-    return out
 
 
 def _gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,60 +88,11 @@ def _binary_array(typ: pa.DataType, buf: np.ndarray, starts: np.ndarray, lengths
                                  null_count=int(mask.sum()))
 
 
-def _utf8_ok(arr: pa.Array) -> bool:
-    """Whether every value of a string array is valid UTF-8."""
-    try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
-
-
-def check_headers(buf: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Headers of the records an index points to, and which of them pass every header check.
-
-    The caller has dropped entries whose record runs past the end of the log.
-    """
-    offsets = idx["offset"].astype(np.int64)
-    pos = offsets[:, None] + np.arange(HEADER_SIZE)
-    if int(offsets.max(initial=0)) + HEADER_SIZE > len(buf):
-        # a short record at the end of the log: bytes past the end read as zeros (and fail below)
-        padded = np.zeros(len(buf) + HEADER_SIZE, np.uint8)
-        padded[:len(buf)] = buf
-        raw = padded[pos]
-    else:
-        raw = buf[pos]
-    hdr = raw.view(HEADER_DTYPE).ravel()
-    sizes = np.full(len(idx), HEADER_SIZE, np.int64)
-    for name in _VAR_FIELDS:
-        sizes += hdr[name]
-    ok = ((hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["flags"] == 0)
-          & (hdr["length"] == idx["length"]) & (hdr["due_ms"] == idx["due_ms"]) & (sizes == idx["length"])
-          & (idx["length"].astype(np.int64) >= HEADER_SIZE))
-    return hdr, ok
-
-
-def check_crcs(mv: memoryview, idx: np.ndarray, hdr: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """`ok` narrowed to the records whose CRC32C matches their header."""
-    out = ok.copy()
-    sel = np.flatnonzero(ok)
-    if not len(sel):
-        return out
-    offs = idx["offset"][sel].astype(np.int64).tolist()
-    ends = (idx["offset"][sel].astype(np.int64) + idx["length"][sel]).tolist()
-    want = hdr["crc"][sel].tolist()
-    f = _CRC_FROM
-    found = [crc32c(mv[o + f:e]) for o, e in zip(offs, ends)]
-    out[sel] = np.asarray(found, np.uint32) == np.asarray(want, np.uint32)
-    return out
-
-
 def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str, np.ndarray], ok: np.ndarray,
-            want_keys: bool, want_props: bool) -> tuple[pa.Array | None, pa.Array | None, np.ndarray]:
+            want_keys: bool, want_props: bool) -> tuple[pa.Array | None, pa.Array | None]:
     """Keys (list<string>) and properties (map<string,string>) arrays, decoded by storage's own
-    field decoders for the records that have any; `ok` narrowed to the records that decode."""
+    field decoders for the good records (`ok`) that have any."""
     n = len(idx)
-    ok = ok.copy()
     key_counts = np.zeros(n, np.int32)
     prop_counts = np.zeros(n, np.int32)
     flat_keys: list[str] = []
@@ -188,12 +108,8 @@ def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str,
     ps, pl = starts["props_len"][rows].tolist(), hdr["props_len"][rows].tolist()
     mv = memoryview(buf)  # type: ignore[arg-type]  # a uint8 array exports the buffer protocol
     for i, k0, kn, p0, pn in zip(rows.tolist(), ks, kl, ps, pl):
-        try:
-            keys = decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()
-            props = decode_properties(mv[p0:p0 + pn], p0) if want_props and pn else {}
-        except (CorruptRecordError, UnicodeDecodeError):
-            ok[i] = False
-            continue
+        keys = decode_keys(mv[k0:k0 + kn], k0) if want_keys and kn else ()
+        props = decode_properties(mv[p0:p0 + pn], p0) if want_props and pn else {}
         if keys:
             key_counts[i] = len(keys)
             flat_keys.extend(keys)
@@ -216,7 +132,7 @@ def _nested(buf: np.ndarray, idx: np.ndarray, hdr: np.ndarray, starts: dict[str,
         props_arr = pa.MapArray.from_arrays(pa.array(offs), pa.array(prop_names, pa.string()),
                                             pa.array(prop_values, pa.string()), type=RECORD_COLUMNS["properties"],
                                             mask=pa.array(~ok))
-    return keys_arr, props_arr, ok
+    return keys_arr, props_arr
 
 
 def record_outcomes(dispatch_log: str | None, part: int, offsets: np.ndarray,
@@ -237,34 +153,16 @@ def decode_batch(buf: np.ndarray, mv: memoryview, idx: np.ndarray, pf: PartFiles
     """Arrow columns (those named) of the records an index slice points to; outcome columns come
     from `outcomes` (aligned with the slice)."""
     n = len(idx)
-    hdr, ok = check_headers(buf, idx)
-    if verify:
-        ok = check_crcs(mv, idx, hdr, ok)
-    want = set(columns)
     offsets = idx["offset"].astype(np.int64)
-    starts = _field_starts(offsets, hdr)
-    while True:  # only narrows `ok`; a second round happens only for records found bad late
-        text: dict[str, pa.Array] = {}
-        for col in want & set(_TEXT_FIELD):
-            lf = _TEXT_FIELD[col]
-            text[col] = _binary_array(pa.string(), buf, starts[lf], hdr[lf], ok, null_if_empty=col == "tags")
-        if not all(_utf8_ok(a) for a in text.values()):  # rare: find the records whose text is not UTF-8
-            before = int(ok.sum())
-            for i in np.flatnonzero(ok).tolist():
-                try:
-                    decode(mv, int(offsets[i]))
-                except CorruptRecordError:
-                    ok[i] = False
-            if int(ok.sum()) == before:
-                raise AssertionError("Arrow rejects text that storage.decode accepts")
-            continue
-        keys = props = None
-        if want & {"keys", "properties"}:
-            keys, props, narrowed = _nested(buf, idx, hdr, starts, ok, "keys" in want, "properties" in want)
-            if (narrowed != ok).any():
-                ok = narrowed
-                continue
-        break
+    found = check_records(mv, offsets, due_ms=idx["due_ms"], lengths=idx["length"], verify_crc=verify)
+    hdr, ok = found.header, found.ok
+    starts = {f + "_len": s for f, s in zip(RECORD_FIELDS, found.field_starts())}
+    want = set(columns)
+    text = {col: _binary_array(pa.string(), buf, starts[lf], hdr[lf], ok, null_if_empty=col == "tags")
+            for col, lf in _TEXT_FIELD.items() if col in want}
+    keys = props = None
+    if want & {"keys", "properties"}:
+        keys, props = _nested(buf, idx, hdr, starts, ok, "keys" in want, "properties" in want)
     out: dict[str, pa.Array] = {}
     bad = ~ok
     for col in columns:

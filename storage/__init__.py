@@ -17,8 +17,9 @@ from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
 from storage.meta import Location, MetaStore
 from storage.record_bytes import RecordBytes
-from storage.record import (MAX_BODY, MAX_FIELD, MAX_PROPERTIES, Record, decode, decode_keys, decode_properties, encode,
-                            encode_fields, encode_keys, encode_properties)
+from storage.record import (MAX_BODY, MAX_FIELD, MAX_PROPERTIES, Record, check_record, decode, decode_keys,
+                            decode_properties, encode, encode_fields, encode_keys, encode_properties)
+from storage.record_reader import FIELDS as RECORD_FIELDS, CheckedRecords, check_records
 from storage.origin import NO_QUEUE, ORIGIN_DTYPE, QueueTable
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
@@ -28,7 +29,7 @@ from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombsto
     decode_frames as decode_tombstones, tombstone_log
 
 __all__ = [
-    "ANSWER_DTYPE", "RETRIED", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
+    "ANSWER_DTYPE", "CheckedRecords", "RECORD_FIELDS", "RETRIED", "check_record", "check_records", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",

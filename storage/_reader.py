@@ -90,11 +90,7 @@ class RecordReader:
                     length = record_length(view, off)  # type: ignore[arg-type]  # an mmap is a buffer
                     if off + length > len(view):
                         view = reader.view(off + length)
-                    rec = decode(view, off)[0]  # type: ignore[arg-type]
-                    if due is not None and rec.due_ms != due:
-                        raise CorruptRecordError(f"due {rec.due_ms}, index says {due}", offset=off,
-                                                 record_due_ms=rec.due_ms)
-                    out.append(rec)
+                    out.append(decode(view, off, due_ms=due)[0])  # type: ignore[arg-type]
                 except (CorruptRecordError, OSError) as e:
                     self.corrupt_found += 1
                     reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
@@ -110,14 +106,12 @@ class RecordReader:
         rows are counted and carry their error, as in `read`."""
         n = len(offsets)
         combined = np.asarray(segment_ms, np.int64) * 65536 + np.asarray(parts, np.int64)
-        pairs, inverse = np.unique(combined, return_inverse=True)
         offsets = np.asarray(offsets)
         unreadable: dict[int, CorruptRecordError] = {}
         with self._lock:
             buffers = []
-            for k, pair in enumerate(pairs.tolist()):
+            for pair, rows in _by_part(combined):
                 seg, part = divmod(pair, 65536)
-                rows = np.flatnonzero(inverse == k)
                 offs = offsets[rows]
                 try:
                     reader = self._readers.get((seg, part))
@@ -158,3 +152,12 @@ class RecordReader:
             for r in self._readers.values():
                 r.close()
             self._readers.clear()
+
+
+def _by_part(combined: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The distinct values of `combined` (segment << 16 | part), each with the rows holding it."""
+    first = int(combined[0]) if len(combined) else 0
+    if not len(combined) or bool((combined == first).all()):  # one part: the usual send batch
+        return [(first, np.arange(len(combined)))] if len(combined) else []
+    pairs, inverse = np.unique(combined, return_inverse=True)
+    return [(pair, np.flatnonzero(inverse == k)) for k, pair in enumerate(pairs.tolist())]

@@ -15,13 +15,12 @@ import numpy as np
 from storage import dispatch as _dispatch
 from storage._dispatch_writer import append_dispatch
 from storage._files import size_of
-from storage.errors import CorruptRecordError
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
 from storage.origin import ORIGIN_SUFFIX
 from storage.part import repair_part, trusted_index
-from storage.record import header_fields
+from storage.record_reader import check_records
 
 
 @dataclass(slots=True)
@@ -186,7 +185,7 @@ class CheckReport:
 
 
 def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> CheckReport:
-    """Audit every segment: files, index against log, every record's CRC, dispatch logs.
+    """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch logs.
 
     With fix=True: repairs index/log tails, and marks corrupt records CORRUPT in the dispatch log
     so they are never served.
@@ -237,21 +236,15 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
                 rep.fixed += int(fix)
             idx = read_index(idx_path)
             data = log.read_bytes() if log.exists() else b""
-            for due, off, ln in zip(idx["due_ms"].tolist(), idx["offset"].tolist(), idx["length"].tolist()):
-                if off + ln > len(data):
-                    continue  # reported as a tail mismatch above
-                rep.records += 1
-                try:
-                    length, rec_due, crc_ok = header_fields(data, off)
-                    problem = ("CRC32C mismatch" if not crc_ok else
-                               f"length {length}, index says {ln}" if length != ln else
-                               f"due {rec_due}, index says {due}" if rec_due != due else None)
-                except CorruptRecordError as e:
-                    problem = e.reason
-                if problem:
-                    rep.corrupt_records += 1
-                    corrupt_here.append((part, off, due))
-                    rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {problem}"))
+            # entries past the end of the log were reported as a tail mismatch above
+            whole = idx[idx["offset"].astype(np.int64) + idx["length"] <= len(data)]
+            rep.records += len(whole)
+            found = check_records(data, whole["offset"], due_ms=whole["due_ms"], lengths=whole["length"])
+            for row, err in sorted(found.errors.items()):
+                off, due = int(whole["offset"][row]), int(whole["due_ms"][row])
+                rep.corrupt_records += 1
+                corrupt_here.append((part, off, due))
+                rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {err.reason}"))
             existing_keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
         dl = layout.dispatch_log(start)
         read = _dispatch.read_dispatch_log(dl)

@@ -20,6 +20,9 @@ Layout (little-endian), written down for every reader in docs/FORMAT.md::
 
 keys: repeated (uint16 length, UTF-8 bytes). properties: repeated (uint16 key length, key bytes,
 uint16 value length, value bytes), UTF-8.
+
+`check_record` is the one definition of a good record (`decode` applies it; `storage.record_reader`
+applies it to many records at once, as columns).
 """
 from __future__ import annotations
 
@@ -141,7 +144,8 @@ def encode_fields(due_ms: int, enqueue_ms: int, idb: bytes, tb: bytes, tagb: byt
 def record_length(buf: bytes | memoryview, offset: int = 0) -> int:
     """The total length a record at `offset` claims, after checking magic and version."""
     if len(buf) - offset < HEADER_SIZE:
-        raise CorruptRecordError(f"{len(buf) - offset} bytes left, a header needs {HEADER_SIZE}", offset=offset)
+        raise CorruptRecordError(f"{max(0, len(buf) - offset)} bytes left, a header needs {HEADER_SIZE}",
+                                 offset=offset)
     magic, version, flags, length = _PREFIX.unpack_from(buf, offset)
     if magic != MAGIC:
         raise CorruptRecordError(f"magic 0x{magic:02x}, expected 0x{MAGIC:02x}", offset=offset)
@@ -154,35 +158,133 @@ def record_length(buf: bytes | memoryview, offset: int = 0) -> int:
     return length
 
 
-def decode(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
-    """Decode the record at `offset`; returns it and its length. Raises CorruptRecordError."""
-    length = record_length(buf, offset)
-    end = offset + length
+def check_record(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None = None, length: int | None = None,
+                 verify_crc: bool = True) -> tuple[int, ...]:
+    """The header fields (`HEADER`) of the record at `offset` once it passes every check of the layout;
+    raises CorruptRecordError saying the first that fails.
+
+    The one definition of a good record, in this order: a whole header, magic, version, flags, length
+    in range (and equal to the index's `length` when given), within `buf`, CRC32C (unless
+    `verify_crc` is False), field lengths adding up, properties and body within the limits, keys and
+    properties well formed, id, topic, tags, keys and properties UTF-8; last, the due time equal to
+    the index's `due_ms` when given (the error then carries the record's own in `record_due_ms`).
+    `storage.record_reader` checks many records at once to the same verdicts.
+    """
+    return _checked(buf, offset, due_ms, length, verify_crc, True)
+
+
+def _checked(buf: bytes | memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool,
+             fields: bool) -> tuple[int, ...]:
+    """`_check` on a view of `buf`, released after; its error raised afresh."""
+    mv = memoryview(buf)
+    try:
+        return _check(mv, offset, due_ms, length, verify_crc, fields)
+    except CorruptRecordError as e:
+        reason, record_due = e.reason, e.record_due_ms
+    finally:
+        mv.release()
+    # a fresh error, and no name for it here: the caught one's traceback holds views of `buf`, and a
+    # frame naming the raised one would hold it in a cycle, with its callers' frames (a map kept open)
+    raise CorruptRecordError(reason, offset=offset, record_due_ms=record_due)
+
+
+def _check(mv: memoryview, offset: int, due_ms: int | None, length: int | None, verify_crc: bool,
+           fields: bool) -> tuple[int, ...]:
+    """`check_record` on a view of the buffer (without `check_fields` and the due time unless `fields`)."""
+    buf = mv
+    size = record_length(buf, offset)
+    if length is not None and size != length:
+        raise CorruptRecordError(f"length {size}, index says {length}", offset=offset)
+    end = offset + size
     if end > len(buf):
-        raise CorruptRecordError(f"record of {length} bytes runs past the end ({len(buf) - offset} left)",
+        raise CorruptRecordError(f"record of {size} bytes runs past the end ({len(buf) - offset} left)",
                                  offset=offset)
-    raw = bytes(buf[offset:end])  # one copy; every field below is sliced from it
-    (_m, _v, _f, _l, crc, due_ms, enqueue_ms, id_len, topic_len, tags_len, keys_len, props_len,
-     body_len) = HEADER.unpack_from(raw)
-    found = crc32c(memoryview(raw)[_CRC_FROM:])
-    if found != crc:
-        raise CorruptRecordError(f"CRC32C 0x{found:08x}, header says 0x{crc:08x}", offset=offset)
-    if HEADER_SIZE + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
+    h = HEADER.unpack_from(buf, offset)
+    if verify_crc:
+        found = crc32c(mv[offset + _CRC_FROM:end])
+        if found != h[4]:
+            raise CorruptRecordError(f"CRC32C 0x{found:08x}, header says 0x{h[4]:08x}", offset=offset)
+    id_len, topic_len, tags_len, keys_len, props_len, body_len = h[7:]
+    if HEADER_SIZE + id_len + topic_len + tags_len + keys_len + props_len + body_len != size:
         raise CorruptRecordError("field lengths do not add up to the record length", offset=offset)
     if props_len > MAX_PROPERTIES or body_len > MAX_BODY:
         raise CorruptRecordError(f"properties of {props_len} or body of {body_len} bytes past the limits "
                                  f"({MAX_PROPERTIES}, {MAX_BODY})", offset=offset)
-    p = HEADER_SIZE
+    if fields:
+        check_fields(mv, offset, id_len, topic_len, tags_len, keys_len, props_len)
+        _check_due(h[5], due_ms, offset)
+    return h
+
+
+def _check_due(due: int, index_due: int | None, offset: int) -> None:
+    """The last check: the record's own due time is the index's (when known)."""
+    if index_due is not None and due != index_due:
+        raise CorruptRecordError(f"due {due}, index says {index_due}", offset=offset, record_due_ms=due)
+
+
+def check_fields(mv: memoryview, offset: int, id_len: int, topic_len: int, tags_len: int, keys_len: int,
+                 props_len: int) -> None:
+    """`check_record`'s check of the variable fields of a record at `offset` whose lengths add up:
+    keys and properties well formed, every text UTF-8; raises CorruptRecordError."""
+    p = offset + HEADER_SIZE
+    texts = [mv[p:p + id_len], mv[p + id_len:p + id_len + topic_len]]
+    p += id_len + topic_len
+    if tags_len:
+        texts.append(mv[p:p + tags_len])
+    p += tags_len
+    if keys_len:
+        _walk(mv[p:p + keys_len], 1, texts, offset)
+    p += keys_len
+    if props_len:
+        _walk(mv[p:p + props_len], 2, texts, offset)
+    # one check for all: NUL between the fields, so that no sequence cut at one's end is completed by the next
     try:
+        str(b"\x00".join(texts), "utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from None
+
+
+def _walk(mv: memoryview, per_entry: int, out: list[memoryview], at: int) -> None:
+    """Append the strings of a keys field (`per_entry` 1) or properties field (2: key, value) to `out`;
+    raises CorruptRecordError, as the field decoders would, when one runs past the field."""
+    p, n = 0, len(mv)
+    words = (("truncated key length", "key runs past its field") if per_entry == 1 else
+             ("truncated property key length", "property runs past its field", "property value runs past its field"))
+    while p < n:
+        if p + 2 > n:
+            raise CorruptRecordError(words[0], offset=at)
+        for k in range(per_entry):
+            (ln,) = _U16.unpack_from(mv, p)
+            p += 2
+            # a property's key must leave room for its value's length
+            if p + ln + (2 if k < per_entry - 1 else 0) > n:
+                raise CorruptRecordError(words[1 + k], offset=at)
+            out.append(mv[p:p + ln])
+            p += ln
+
+
+def decode(buf: bytes | memoryview, offset: int = 0, *, due_ms: int | None = None) -> tuple[Record, int]:
+    """Decode the record at `offset`; returns it and its length. Raises CorruptRecordError
+    (`check_record`, with the index's `due_ms` when given)."""
+    (_m, _v, _f, length, _c, due, enqueue_ms, id_len, topic_len, tags_len, keys_len, props_len,
+     body_len) = _checked(buf, offset, None, None, True, False)
+    raw = bytes(buf[offset:offset + length])  # one copy; every field below is sliced from it
+    p = HEADER_SIZE
+    try:  # decoding the fields checks them as check_fields does (the same walk, strict UTF-8)
         msg_id = raw[p:p + id_len].decode(); p += id_len
         topic = raw[p:p + topic_len].decode(); p += topic_len
         tags = raw[p:p + tags_len].decode() if tags_len else ""; p += tags_len
         keys = decode_keys(memoryview(raw)[p:p + keys_len], offset) if keys_len else (); p += keys_len
         props = decode_properties(memoryview(raw)[p:p + props_len], offset) if props_len else {}
         p += props_len
-    except UnicodeDecodeError as e:
-        raise CorruptRecordError(f"a text field is not UTF-8: {e.reason}", offset=offset) from e
-    return Record(msg_id, topic, raw[p:p + body_len], due_ms, enqueue_ms, tags, keys, props), length
+        bad = False
+    except (UnicodeDecodeError, CorruptRecordError):
+        bad = True
+    if bad:  # check_record's own words for it
+        check_record(buf, offset)
+        raise AssertionError(f"the record at offset {offset} does not decode, and check_record accepts it")
+    _check_due(due, due_ms, offset)
+    return Record(msg_id, topic, raw[p:p + body_len], due, enqueue_ms, tags, keys, props), length
 
 
 def decode_keys(mv: memoryview, at: int) -> tuple[str, ...]:

@@ -246,7 +246,7 @@ class Dispatcher:
                     self.counters.corrupt += len(c)
         if not len(batch):
             return
-        if self.shaper is None:
+        if self.shaper is None or (not self._held.size and self.shaper.passes_through()):  # no rule: no queues
             self._deliver(batch)
             return
         with self._lock:
@@ -362,7 +362,7 @@ class Dispatcher:
                                 lambda u, errors: self._fail(u, now, errors))
         if keep.all():
             return b, held_since
-        if self.shaper is not None:  # granted but not sent now: the tokens go back
+        if self.shaper is not None and held_since is not None:  # granted but not sent now: the tokens go back
             for topic, n in Counter(b.select(~keep).topic_list()).items():
                 self.shaper.release(topic, n)
         return b.select(keep), None if held_since is None else held_since[keep]

@@ -146,6 +146,11 @@ class Shaper(Protocol):
         """Counters per topic and class: throttled, held time."""
         ...
 
+    def passes_through(self) -> bool:
+        """Whether no rule applies now: due messages may go at once, past the held queues, without
+        grants (their outcomes are still reported with `record`)."""
+        ...
+
 
 class Source(Protocol):
     """Where new messages come from (the delay topic's consumer): it calls `schedule` per batch

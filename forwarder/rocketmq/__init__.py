@@ -34,15 +34,16 @@ from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEP
                                         SendStatus, join_properties, split_properties, user_properties)
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute, topic_route
 from forwarder.rocketmq.producer import RemotingProducer
+from forwarder.rocketmq._send_batch import EncodedBatches, SendBatch
 from forwarder.rocketmq.protocol import Response, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = [
     "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
-    "ClientSecurity", "Connection", "Copy", "Credentials", "KeyLookup", "LookupState", "MessageLookup", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
+    "ClientSecurity", "Connection", "Copy", "Credentials", "EncodedBatches", "KeyLookup", "LookupState", "MessageLookup", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue", "QueueLag",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",
-    "Response", "SYSTEM_PROPERTIES", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
+    "Response", "SYSTEM_PROPERTIES", "SendBatch", "SendResult", "SendStatus", "TAGS", "TopicNotFoundError", "TopicRoute", "UNIQ_KEY",
     "WAIT", "allocate_averagely", "broker_config", "broker_registered", "consumer_ids", "consumer_lag", "create_topics", "decode_messages",
     "encode_message", "error_for_code", "join_properties", "query_broker", "queue_lags", "split_properties", "topic_route", "user_properties",
 ]

@@ -16,7 +16,7 @@ from forwarder.rocketmq.namesrv import TopicRoute
 from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
 from forwarder.rocketmq._routes import DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUES
 
-__all__ = ["Outcome", "SendBatch", "batch_header", "cut_encoded", "fail"]
+__all__ = ["EncodedBatches", "Outcome", "SendBatch", "batch_header", "cut_encoded", "fail"]
 
 #: what one message came to: its receipt, True (stored, no receipt asked for), its error, or None (not yet)
 Outcome = Receipt | RemotingError | bool | None
@@ -29,9 +29,20 @@ class SendBatch:
     topic: str
     index: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
-    parts: list[bytes] = field(default_factory=list)
+    parts: list[bytes | memoryview] = field(default_factory=list)  # joined, they are the request's body
     size: int = 0
     queue: tuple[str, int] = ("", -1)
+
+
+@dataclass
+class EncodedBatches:
+    """Messages already encoded and cut into batches (one per topic at a time, within the limits),
+    for `RemotingProducer.send_batches`: the batches, the rows that could not go with why (and their
+    topic), and every row's id."""
+
+    batches: list[SendBatch]
+    rejected: list[tuple[int, str, RemotingError]]
+    ids: list[str]
 
 
 def cut_encoded(topics: Sequence[str], encoded: Sequence[bytes | RemotingError], ids: Sequence[str],

@@ -105,6 +105,14 @@ _DERIVED_KEY = b"timewheel.uniq.v1"
 #: how far a local clock's month start can lie after UTC's (UTC-12): `derived_id`'s time field is
 #: that much early, so that a tool decoding it in any time zone begins its search before `at_ms`
 _ZONE_MARGIN_MS = 12 * 3600 * 1000
+_DERIVED_HASH = hashlib.blake2b(digest_size=12, key=_DERIVED_KEY)
+#: `derived_id` as bytes: `IdMaker`'s layout with the hash in place of address, pid, salt and counter
+_DERIVED_LAYOUT = struct.Struct(
+    ">"
+    "10s"  # the hash's first 10 bytes: address, pid and salt
+    "I"  # ms since the start of the UTC month, 12 hours early
+    "2s"  # the hash's last 2 bytes: the counter
+)
 
 
 def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
@@ -278,9 +286,14 @@ def derived_id(seed: bytes, at_ms: int) -> str:
     taken 12 hours early, and from UTC rather than the host's zone (replicas may differ in zone; the
     id may not), that start lies before `at_ms` in every time zone, so those tools find the message.
     """
-    h = hashlib.blake2b(seed, digest_size=12, key=_DERIVED_KEY).digest()
+    h = _DERIVED_HASH.copy()  # the key's block hashed once, not per id
+    h.update(seed)
+    d = h.digest()
     t = at_ms - _ZONE_MARGIN_MS
-    return (h[:10] + _U32.pack(t - _utc_month_start(t)) + h[10:]).hex().upper()
+    start, end = _month_cache
+    if not start <= t < end:
+        start = _utc_month_start(t)
+    return _DERIVED_LAYOUT.pack(d[:10], t - start, d[10:]).hex().upper()
 
 
 _month_cache: tuple[int, int] = (0, 0)  # [start, end) in epoch ms of the last month asked for

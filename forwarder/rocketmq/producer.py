@@ -43,7 +43,7 @@ from forwarder.rocketmq.errors import (ConnectionFailedError, FencedError, Messa
                                        TopicNotFoundError)
 from forwarder.rocketmq.message import OutgoingMessage, Receipt, SendStatus
 from forwarder.rocketmq._routes import DEFAULT_TOPIC, RouteCache
-from forwarder.rocketmq._send_batch import Outcome, SendBatch, batch_header, cut_encoded, fail
+from forwarder.rocketmq._send_batch import EncodedBatches, Outcome, SendBatch, batch_header, cut_encoded, fail
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute
 from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SEND_BATCH_MESSAGE,
@@ -182,8 +182,32 @@ class RemotingProducer:
         out: list[Outcome] = [None] * len(encoded)
         self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False,
                        fence=fence, answers=answers)
-        return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
-                for r in out]
+        return _stored_or_error(out)
+
+    def send_batches(self, cut: EncodedBatches, fence: Callable[[], bool] | None = None,
+                     answers: np.ndarray | None = None) -> list[RemotingError | None]:
+        """`send_encoded` for messages already cut into batches within this producer's limits
+        (`max_message_bytes`, `max_batch_messages`, `max_batch_bytes`) under `cut.ids`: per message,
+        None once stored or the error of its batch (or of its row in `cut.rejected`)."""
+        if self._closed:
+            raise ConnectionFailedError("the producer is closed")
+        if not cut.ids:
+            return []
+        deadline = time.monotonic() + self.timeout
+        routes = self._routes.routes_of({b.topic for b in cut.batches} | {t for _, t, _ in cut.rejected})
+        out: list[Outcome] = [None] * len(cut.ids)
+        for i, topic, err in cut.rejected:
+            route = routes[topic]
+            out[i] = route if isinstance(route, RemotingError) else err  # as `cut_encoded` answers first
+        batches = []
+        for b in cut.batches:
+            route = routes[b.topic]
+            if isinstance(route, RemotingError):
+                fail(out, [b], route)
+            else:
+                batches.append(b)
+        self._dispatch(batches, routes, out, deadline, receipts=False, fence=fence, answers=answers)
+        return _stored_or_error(out)
 
     def new_ids(self, n: int) -> list[str]:
         """`n` fresh message ids (UNIQ_KEY) for `send_encoded`."""
@@ -392,3 +416,10 @@ class RemotingProducer:
         """Close."""
         self.close()
 
+
+def _stored_or_error(out: list[Outcome]) -> list[RemotingError | None]:
+    """Per message, None once stored or its error (one never answered: not sent)."""
+    if out.count(True) == len(out):  # the usual answer, without a test per message
+        return [None] * len(out)
+    return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
+            for r in out]

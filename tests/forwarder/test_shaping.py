@@ -487,3 +487,35 @@ def test_stats_are_json_and_name_the_rules() -> None:
     st = shaper.stats()
     json.dumps(st)
     assert st["global_rate"] == 10 and st["topics"]["A"]["rate_limit"] == 1 and st["waiting"] > 0
+
+
+def test_a_shaper_without_rules_lets_everything_pass_until_a_rule_or_a_failure_applies() -> None:
+    """`passes_through`: the engine may skip its held queues while no rule applies."""
+    shaper = TrafficShaper(paused=True)
+    assert not shaper.passes_through(), "paused: everything waits"
+    shaper.resume()
+    assert shaper.passes_through()
+    shaper.record("A", 10, 0, 0.0, 1000)  # successes alone change nothing
+    assert shaper.passes_through()
+    shaper.record("A", 0, 10, 0.0, 1001)  # a failed send backs its topic off
+    assert not shaper.passes_through()
+    t = 1001
+    while not shaper.passes_through() and t < 60_000:
+        t += 500
+        shaper.record("A", 5, 0, 0.0, t)
+    assert shaper.passes_through() and t < 60_000, "recovered: no rule applies again"
+    shaper.apply(parse_rules({"topics": {"B": {"rate": 5}}}))
+    assert not shaper.passes_through(), "a topic rate applies from the next look"
+    shaper.apply(parse_rules({"global_rate": 100}))
+    assert not shaper.passes_through()
+    shaper.apply(parse_rules({"topics": {"B": {"class": "gold"}}, "classes": {"gold": {"weight": 2}}}))
+    assert shaper.passes_through(), "a class without a rate limits nothing"
+
+
+def test_a_shaper_holding_messages_back_does_not_pass_through() -> None:
+    shaper = TrafficShaper(parse_rules({"topics": {"A": {"rate": 1, "burst": 1}}}))
+    assert shaper.grant({"A": 5}, 1000) == {"A": 1}
+    shaper.apply(parse_rules({}))
+    assert not shaper.passes_through(), "four still wait for a grant"
+    assert shaper.grant({"A": 4}, 1001) == {"A": 4}
+    assert shaper.passes_through()

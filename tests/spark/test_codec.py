@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark._codec import HEADER_DTYPE, RECORD_COLUMNS, PartFiles, read_part
+from spark._codec import RECORD_COLUMNS, PartFiles, read_part
 from storage import (DELIVERED, REPLAYED, Record, ScheduleStore, SegmentLayout, decode, dispatch_entries, encode,
                      read_index, segment_name)
-from storage.record import HEADER
+from storage import check, check_records
+from storage.record import HEADER, crc32c
 from tests.spark.conftest import T0, deliver, records
 
 
@@ -31,14 +32,6 @@ def _rows(pf: PartFiles, columns: list[str] | None = None, **kw: object) -> list
         lists = {k: v.to_pylist() for k, v in batch.items()}
         out.extend({k: lists[k][i] for k in cols} for i in range(n))
     return out
-
-
-def test_header_view_agrees_with_storage_struct() -> None:
-    rec = Record("id-1", "TOPIC", b"\x00body", T0 + 5, T0, "tag", ("k1", "k2"), {"p": "v"})
-    blob = encode(rec)
-    viewed = np.frombuffer(blob[:HEADER.size], HEADER_DTYPE)[0]
-    assert tuple(viewed.tolist()) == HEADER.unpack_from(blob)
-    assert HEADER_DTYPE.itemsize == HEADER.size
 
 
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
@@ -144,3 +137,27 @@ def test_outcome_columns_count_entries_per_record(make_store) -> None:
         {"msg_id": "m3", "delivered": 0, "replayed": 0, "cancelled": 0, "first_delivered_ms": None},
     ]
     assert len(ix) == 4
+
+
+def test_spark_the_engine_and_check_give_one_verdict(make_store) -> None:
+    """One reader of the record layout: the rows Spark finds bad are those the engine refuses to
+    serve and those `check()` reports, whichever columns are asked for."""
+    s = make_store()
+    s.append(records(6, keys=("k",), properties={"a": "b"}), T0)
+    pf = _part(s, T0)
+    idx = read_index(pf.index)
+    blob = bytearray(Path(pf.log).read_bytes())
+    keys_at = check_records(bytes(blob), idx["offset"]).field_starts()[3]
+    o = int(idx["offset"][1])
+    blob[int(keys_at[1]) + 2] = 0xFF  # record 1: its key not UTF-8, behind a CRC that matches
+    blob[o + 8:o + 12] = struct.pack("<I", crc32c(bytes(blob[o + 12:o + int(idx["length"][1])])))
+    blob[int(idx["offset"][3]) + int(idx["length"][3]) - 1] ^= 1  # record 3: a body byte flipped
+    Path(pf.log).write_bytes(bytes(blob))
+    want = [True, False, True, False, True, True]
+    assert [r["crc_ok"] for r in _rows(pf, ["crc_ok"])] == want
+    assert [r["crc_ok"] for r in _rows(pf, ["body", "crc_ok"])] == want
+    got = s.read_record_bytes(np.full(6, T0), np.zeros(6, np.uint16), idx["offset"], idx["due_ms"])
+    assert got.ok.tolist() == want
+    found = [f.detail for f in check(s.layout).findings if f.kind == "corrupt_record"]
+    assert found == [f"offset {int(idx['offset'][1])}: {got.errors[1].reason}",
+                     f"offset {int(idx['offset'][3])}: {got.errors[3].reason}"]

@@ -149,6 +149,9 @@ def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -
         def stats(self) -> dict[str, object]:
             return {}
 
+        def passes_through(self) -> bool:
+            return False
+
     sink = EncodingSink()
     e = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock(), shaper=OverflowingShaper()).start()
     try:

@@ -77,6 +77,9 @@ class TwoAPass:
     def stats(self) -> dict[str, object]:
         return {}
 
+    def passes_through(self) -> bool:
+        return False  # a rule applies: every message through the held queues
+
 
 def test_held_by_the_shaper_the_records_go_out_all_and_once(tmp_path: Path, clock: ManualClock,
                                                            sink: RecordingRecordSink) -> None:

@@ -184,3 +184,20 @@ def test_a_commit_inflates_at_most_its_budget_plus_one_message() -> None:
     spent = InflateBudget(mib)
     decode_messages(rest[:len(rest) // 5], 4 * mib, budget=spent)
     assert decode_messages(rest, 4 * mib, budget=spent) == [] and spent.stopped
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=80), st.integers(0, 4_102_444_800_000))
+def test_a_derived_id_is_the_keyed_hash_around_the_ms_since_the_utc_month_start_12_hours_early(seed: bytes,
+                                                                                               at_ms: int) -> None:
+    import calendar
+    import hashlib
+    import time
+
+    from forwarder.rocketmq.codec import derived_id
+
+    h = hashlib.blake2b(seed, digest_size=12, key=b"timewheel.uniq.v1").digest()
+    t = at_ms - 12 * 3600 * 1000
+    g = time.gmtime(t // 1000)
+    since = t - calendar.timegm((g.tm_year, g.tm_mon, 1, 0, 0, 0)) * 1000
+    assert derived_id(seed, at_ms) == (h[:10] + struct.pack(">I", since) + h[10:]).hex().upper()

@@ -231,6 +231,24 @@ def test_a_topic_without_route_goes_through_the_default_topic_and_a_refusal_is_n
     assert req.ext["b"] == "NEW" and req.ext["c"] == "TBW102" and req.ext["d"] == "4"
 
 
+def test_batches_cut_beforehand_go_as_they_are_and_a_topic_without_route_fails_its_rows(server: FakeServer) -> None:
+    from forwarder.rocketmq import EncodedBatches, SendBatch
+    from forwarder.rocketmq.codec import encode_message
+
+    def batch(topic: str, rows: list[int]) -> SendBatch:
+        parts: list[bytes | memoryview] = [encode_message(OutgoingMessage(topic, b"m%d" % i), f"{i:032X}") for i in rows]
+        return SendBatch(topic, rows, [f"{i:032X}" for i in rows], parts, sum(len(x) for x in parts))
+
+    refused = MessageRejectedError("too big")
+    cut = EncodedBatches([batch("T", [0, 2]), batch("NOPE", [1]), batch("T", [4])],
+                         [(3, "T", refused), (5, "NOPE", refused)], [f"{i:032X}" for i in range(6)])
+    with RemotingProducer(server.addr, "g") as p:
+        out = p.send_batches(cut)
+    assert out[0] is None and out[2] is None and out[4] is None and out[3] is refused
+    assert isinstance(out[1], TopicNotFoundError) and out[5] is out[1], "the route's error first, as `send` answers"
+    assert [[b for b, _ in decode_batch(r.body)] for r in server.batches()] == [[b"m0", b"m2"], [b"m4"]]
+
+
 @pytest.mark.parametrize("topic", ["bad topic", "x" * 128, ""])
 def test_invalid_topic_names_are_refused_before_any_request(server: FakeServer, topic: str) -> None:
     with RemotingProducer(server.addr, "g") as p:
@@ -473,6 +491,46 @@ def test_sink_sends_several_topics_in_one_call(rocketmq: LocalRocketMQ) -> None:
 
 
 @pytest.mark.rocketmq
+def test_sink_sends_stored_records_in_batches_built_from_their_bytes(rocketmq: LocalRocketMQ, tmp_path) -> None:
+    """`send_records`: one call of many rows (the column path) over two topics, and one of two rows
+    (the scalar path); the broker stores each under the id derived from its record, with its answer."""
+    import numpy as np
+
+    from forwarder.contract import delivered_id
+    from storage import Record, ScheduleStore
+
+    topics = [_topic("REC0"), _topic("REC1")]
+    rocketmq.create_topics(topics)
+    due = int(time.time() * 1000) + 60_000
+    recs = [Record(f"{i:032X}:ab", topics[i % 2], f"r{i}".encode() * (i % 5), due + i, tags=f"t{i}",
+                   keys=(f"k{i}",) if i % 3 else (), properties={"p": "ü"} if i == 7 else {}) for i in range(80)]
+    sink = RocketMQSink(_cfg(rocketmq), producer=None)  # type: ignore[arg-type]  # no dead letters here
+    try:
+        with ScheduleStore(tmp_path / "data") as store:
+            locs = store.append(recs, due - 60_000).locations
+            raw = store.read_record_bytes(locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16),
+                                          locs["offset"].astype(np.uint32))
+            many = sink.send_records(raw.select(np.arange(78)))
+            few = sink.send_records(raw.select(np.arange(78, 80)), {"TW_LEASE_EPOCH": "3"})
+    finally:
+        sink.close()
+    assert list(many) == [True] * 78 and list(few) == [True] * 2
+    assert (many.answers["queue_offset"] >= 0).all() and (few.answers["queue_offset"] >= 0).all()
+    consumer, inbox = consume(rocketmq, topics)
+    try:
+        got = {m.msg_id: m for m in inbox.wait(80)}
+    finally:
+        consumer.shutdown()
+    assert len(got) == 80
+    for i, r in enumerate(recs):
+        m = got[delivered_id(r.msg_id, r.due_ms)]
+        assert (m.topic, m.body, m.tags, m.keys) == (r.topic, r.body, r.tags, " ".join(r.keys))
+        assert m.properties["TW_ORIGINAL_MSG_ID"] == r.msg_id and m.properties["TW_DUE_MS"] == str(r.due_ms)
+        assert m.properties.get("p") == ("ü" if i == 7 else None)
+        assert m.properties.get("TW_LEASE_EPOCH") == ("3" if i >= 78 else None)
+
+
+@pytest.mark.rocketmq
 def test_a_topic_that_does_not_exist_is_created_by_a_broker_that_allows_it(rocketmq: LocalRocketMQ) -> None:
     """The local broker runs with autoCreateTopicEnable (the native client behaves the same way)."""
     topic = _topic("AUTO")
@@ -548,3 +606,37 @@ def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) 
         assert server.batches() == [], "nothing reached the broker"
         assert p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: True) == [None] * 3
     assert len(server.batches()) == 1
+
+
+def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_row(server: FakeServer,
+                                                                                   tmp_path) -> None:
+    """`RocketMQSink.send_records` on the one-pass batches: a closed fence sends nothing, an open one
+    sends each row under its derived id; a row too large fails alone, a row for a topic that is no
+    target is refused the general path's way."""
+    import numpy as np
+
+    from forwarder.contract import delivered_id
+    from storage import Record, ScheduleStore
+
+    recs = [Record(f"id-{i}", "T", b"x" * (5000 if i == 1 else 10), 1_800_000_000_000 + i, tags="t") for i in range(4)]
+    sink = RocketMQSink(RocketMQConfig(namesrv=server.addr), None,  # type: ignore[arg-type]
+                        sender=RemotingProducer(server.addr, "g", max_message_bytes=1000))
+    try:
+        with ScheduleStore(tmp_path / "data") as store:
+            locs = store.append(recs + [Record("sys", "TW_DLQ", b"x", 1_800_000_000_009)], 1_800_000_000_000).locations
+            raw = store.read_record_bytes(locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16),
+                                          locs["offset"].astype(np.uint32))
+        rows = raw.select(np.arange(4))
+        held = sink.send_records(rows, fence=lambda: False)
+        assert list(held) == [False] * 4 and server.batches() == []
+        assert held.errors is not None and "FencedError" in str(held.errors[0]) and "MessageRejected" in str(held.errors[1])
+        sent = sink.send_records(rows, fence=lambda: True)
+        assert list(sent) == [True, False, True, True]
+        [req] = server.batches()
+        assert [p["UNIQ_KEY"] for _, p in decode_batch(req.body)] == [delivered_id(r.msg_id, r.due_ms)
+                                                                      for r in recs if r.msg_id != "id-1"]
+        # a row for the dead-letter topic: refused alone, the rest sent the general way
+        assert list(sink.send_records(raw)) == [True, False, True, True, False]
+        assert len(server.batches()) == 2
+    finally:
+        sink.close()

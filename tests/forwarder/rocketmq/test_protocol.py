@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import struct
+from types import MappingProxyType
 
 import pytest
 
@@ -68,3 +69,32 @@ def test_response_codes_map_to_typed_errors(code: int, cls: type[BrokerError], r
 @pytest.mark.parametrize("cls", [ConnectionFailedError, RequestTimeoutError, ProtocolError])
 def test_transport_errors_are_retriable(cls: type[RemotingError]) -> None:
     assert cls("x").retriable
+
+
+def test_a_header_with_non_ascii_values_is_utf8_json_that_reads_back_as_the_standard_library_reads_it() -> None:
+    ext = MappingProxyType({"a": "grüppe-組", "b": "T", "k": "x\"\\\n\u2028"})  # any Mapping, not only dicts
+    frame = encode_request(12, 3, ext, b"")
+    (length, info) = struct.unpack_from(">ii", frame)
+    header = frame[8:8 + info]
+    assert length == 4 + len(header) and b"\\u" not in header  # UTF-8 as it is, as fastjson writes it
+    assert json.loads(header) == {"code": 12, "language": "PYTHON", "version": 479, "opaque": 3, "flag": 0,
+                                  "extFields": dict(ext)}
+    assert list(json.loads(header)) == ["code", "language", "version", "opaque", "flag", "extFields"]
+
+
+def test_a_response_as_a_rocketmq_5_broker_writes_it_decodes() -> None:
+    # a SEND_BATCH_MESSAGE answer in the shape a RocketMQ 5 broker writes it (fastjson: keys sorted, UTF-8)
+    header = (b'{"code":0,"extFields":{"msgId":"7F00000100002A9F0000000000000000,7F00000100002A9F00000000000000C8",'
+              b'"queueId":"3","queueOffset":"41","MSG_REGION":"DefaultRegion","TRACE_ON":"true","transactionId":""},'
+              b'"flag":1,"language":"JAVA","opaque":9,"remark":"r\xc3\xa9","serializeTypeCurrentRPC":"JSON",'
+              b'"version":479}')
+    resp = decode_response(struct.pack(">i", len(header)) + header + b"BODY", "broker")
+    assert resp is not None
+    assert (resp.code, resp.opaque, resp.remark, resp.body) == (0, 9, "ré", b"BODY")
+    assert resp.ext["queueOffset"] == "41" and resp.ext["msgId"].count(",") == 1
+
+
+@pytest.mark.parametrize("header", [b"{not json", b"[1,2]", b'{"code":"\xff"}'], ids=["syntax", "array", "not-utf8"])
+def test_a_header_that_is_not_a_json_object_is_a_protocol_error(header: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_response(struct.pack(">i", len(header)) + header, "peer")

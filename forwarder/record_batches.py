@@ -1,0 +1,174 @@
+"""SEND_BATCH_MESSAGE bodies built from stored record bytes in one pass over the rows.
+
+`cut_records` does, row by row and once, what `record_encoding.delivered_ids`,
+`record_encoding.encode_records` and the producer's `cut_encoded` do in turn: per row it takes the
+UNIQ_KEY (`codec.derived_id` of the stored id and due time), formats the properties once (the same
+names, values and order as `encode_records`), and appends the message's head, a view of its stored
+body and its properties to the open batch of its topic (cut within the count and byte limits as
+`cut_encoded` cuts them). The request bodies that come out are byte for byte those of that general
+path, which stays the reference (tests/forwarder/test_record_batches.py holds them equal).
+
+Rare rows take the general per-message encoder inside the pass: a record with properties of its own,
+properties over RocketMQ's limit, and, found by one search over all rows' text after the pass (the
+pass is then run again, checking row by row), an id, tags or keys holding a separator. A batch of
+a few rows reads its header columns as one Python tuple per row (a scalar path: the vectorised
+column reads cost more than the rows themselves); a larger one reads each column once.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Callable, Mapping
+
+from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
+from forwarder.record_encoding import _has_reserved, _joined_keys, _with  # the reference path's own helpers
+from forwarder.rocketmq import EncodedBatches, MessageRejectedError, RemotingError, SendBatch
+from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, derived_id, encode_message
+from forwarder.rocketmq.message import KEYS, TAGS, UNIQ_KEY, WAIT
+from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
+from storage import RecordBytes
+from timewheel.message import Message
+
+__all__ = ["cut_records"]
+
+#: rows up to this many read their header as tuples (one call) rather than column by column
+SCALAR_ROWS = 32
+#: one message of a batch body up to its body (`codec.encode_message`'s layout)
+_HEAD = struct.Struct(">iiiii")
+_PROPS_LEN = struct.Struct(">h")
+_OVERHEAD = _HEAD.size + _PROPS_LEN.size
+#: the properties' fixed parts (their names and separators), as `record_encoding` writes them
+_ORIGINAL = f"{ORIGINAL_MSG_ID}\x01".encode()
+_DUE = f"\x02{DUE_MS}\x01".encode()
+_TAGS = f"\x02{TAGS}\x01".encode()
+_KEYS = f"\x02{KEYS}\x01".encode()
+#: the header fields a row needs, in `storage.RecordBytes.header`'s order of names
+_COLUMNS = ("due_ms", "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
+
+_Row = tuple[int, int, int, int, int, int, int, int]  # start, due, then the lengths of _COLUMNS[1:]
+
+
+def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: Mapping[str, str] | None = None,
+                *, max_message: int, max_count: int, max_bytes: int) -> EncodedBatches:
+    """Every row (every row good) encoded under its delivered id (one of `fresh(n)` for a row stored
+    without an id) and cut into batches per topic; `extra` properties go on every message."""
+    template = _template(tuple(extra.items()) if extra else ())
+    rows = _rows(records)
+    missing = sum(1 for r in rows if not r[2])
+    ids = _Ids(fresh(missing) if missing else [])
+    checked: list[bytes] = []
+    limits = (max_message, max_count, max_bytes)
+    out = _pass(records, rows, template, extra, ids, checked, limits)
+    if checked and RESERVED_BYTES.search(b"".join(checked)):
+        # rare: again, each row checked on its own, so that one holding a separator is refused in the
+        # general path's words
+        out = _pass(records, rows, template, extra, _Ids([], out.ids), None, limits)
+    return out
+
+
+@functools.lru_cache(maxsize=64)  # a replica's epoch, or nothing: the same few for every batch
+def _template(extra: tuple[tuple[str, str], ...]) -> bytes:
+    """Every message's properties as one %-format: id, due time, TAGS (or nothing), KEYS (or nothing),
+    the `extra` properties, WAIT, then UNIQ_KEY (`encode_records`' names and order)."""
+    tail = f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode()
+    if extra:
+        if RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra).encode()):
+            raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
+        tail = "".join(f"\x02{k}\x01{v}" for k, v in extra).encode() + tail
+    return _ORIGINAL + b"%s" + _DUE + b"%d%s%s" + tail.replace(b"%", b"%%") + b"%s\x02"
+
+
+class _Ids:
+    """Each row's UNIQ_KEY: derived from its id and due time, the next fresh one, or as given."""
+
+    __slots__ = ("fresh", "given")
+
+    def __init__(self, fresh: list[str], given: list[str] | None = None) -> None:
+        self.fresh = iter(fresh)
+        self.given = given
+
+
+def _rows(records: RecordBytes) -> list[_Row]:
+    """Per row: where it starts, its due time and the lengths of its fields."""
+    if len(records) <= SCALAR_ROWS:
+        # HEADER_DTYPE: magic, version, flags, length, crc, due_ms, enqueue_ms, then the six lengths
+        return [(s, h[5], *h[7:]) for s, h in zip(records.start.tolist(), records.header.tolist())]
+    h = records.header
+    return list(zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS)))
+
+
+def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
+          checked: list[bytes] | None, limits: tuple[int, int, int]) -> EncodedBatches:
+    """The one pass. `checked` collects each row's text for one search afterwards; without it, each
+    row is searched on its own and one holding a separator goes the general way."""
+    max_message, max_count, max_bytes = limits
+    data = records.data
+    mv = memoryview(data)
+    hsize = records.header.dtype.itemsize
+    head_pack, plen_pack = _HEAD.pack, _PROPS_LEN.pack
+    fresh, given = row_ids.fresh, row_ids.given
+    ids: list[str] = [] if given is None else given
+    keep = checked.append if checked is not None else None
+    names: dict[bytes, str] = {}
+    open_batch: dict[bytes, SendBatch] = {}
+    batches: list[SendBatch] = []
+    rejected: list[tuple[int, str, RemotingError]] = []
+    for i, (s, due, il, tl, gl, kl, pl, bl) in enumerate(rows):
+        a = s + hsize
+        t = a + il
+        mid = data[a:t]
+        if given is None:
+            uid = derived_id(mid, due) if il else next(fresh)
+            ids.append(uid)
+        else:
+            uid = given[i]
+        g = t + tl
+        tkey = data[t:g]
+        props: bytes | None = None
+        if not pl and (keep is not None or not _has_reserved(records, i)):
+            k = g + gl
+            if kl:
+                keys = data[k + 2:k + kl] if data[k] | data[k + 1] << 8 == kl - 2 else _joined_keys(data[k:k + kl])
+            else:
+                keys = b""
+            if keep is not None:
+                keep(data[a:k])  # id, topic and tags: one slice, as they lie in the record
+                if keys:
+                    keep(keys)
+            props = template % (mid, due, _TAGS + data[g:k] if gl else b"", _KEYS + keys if keys else b"",
+                                uid.encode())
+            if len(props) > MAX_PROPERTIES_BYTES:
+                props = None  # the general path says why
+        if props is None:
+            try:
+                whole = encode_message(to_outgoing(_with(Message.from_record(records.record(i)), extra)), uid)
+            except MessageRejectedError as e:
+                rejected.append((i, _name(names, tkey), e))
+                continue
+            size = len(whole)
+            pieces: tuple[bytes | memoryview, ...] = (whole,)
+        else:
+            size = _OVERHEAD + bl + len(props)
+            at = g + gl + kl
+            pieces = (head_pack(size, 0, 0, 0, bl), mv[at:at + bl], plen_pack(len(props)) + props)
+        if size > max_message:
+            rejected.append((i, _name(names, tkey), MessageRejectedError(
+                f"message of {size} bytes exceeds the maximum of {max_message}", code=MESSAGE_ILLEGAL)))
+            continue
+        b = open_batch.get(tkey)
+        if b is None or len(b.index) >= max_count or b.size + size > max_bytes:
+            b = open_batch[tkey] = SendBatch(_name(names, tkey))
+            batches.append(b)
+        b.index.append(i)
+        b.ids.append(uid)
+        b.parts += pieces
+        b.size += size
+    return EncodedBatches(batches, rejected, ids)
+
+
+def _name(names: dict[bytes, str], topic: bytes) -> str:
+    """A topic's name from its stored bytes (each decoded once)."""
+    name = names.get(topic)
+    if name is None:
+        name = names[topic] = topic.decode("utf-8", "replace")
+    return name
