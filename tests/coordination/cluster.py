@@ -286,18 +286,20 @@ class Workload:
                 time.sleep(0.2)
         return None
 
+    def plan(self, i: int, now: int) -> tuple[int, bool]:
+        """The `i`-th message's due time (epoch ms) and whether it is cancelled at once."""
+        if i % 5 == 0:
+            return now - 1_000 - (i * 7919) % 59_000, False
+        if i % 25 == 3:
+            return now + 12_000 + (i * 7919) % 8_000, True
+        return now + 2_000 + (i * 7919) % 18_000, False
+
     def _produce(self) -> None:
         t0, i, n = time.monotonic(), 0, 0
         while not self._stop.is_set():
             body = f"{self.run}-{i}".encode()
             now = now_ms()
-            cancel = i % 25 == 3
-            if i % 5 == 0:
-                due = now - 1_000 - (i * 7919) % 59_000
-            elif cancel:
-                due = now + 12_000 + (i * 7919) % 8_000
-            else:
-                due = now + 2_000 + (i * 7919) % 18_000
+            due, cancel = self.plan(i, now)
             msg_id = self._send(OutgoingMessage(self.delay_topic, body, None, None, {
                 "TW_TARGET_TOPIC": self.target, "TW_DELIVER_AT_MS": str(due)}))
             if msg_id is None:

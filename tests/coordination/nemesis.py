@@ -215,21 +215,22 @@ class Cluster:
     # ---- replicas -----------------------------------------------------------------------------------
 
     def start_replica(self, name: str, *, offset_ms: int = 0, replica_id: str | None = None,
-                      data_dir: Path | None = None) -> Replica:
-        """Start replica `name` (behind its proxy) and wait until it is ready."""
+                      data_dir: Path | None = None, extra: dict[str, str] | None = None) -> Replica:
+        """Start replica `name` (behind its proxy, `extra` added to its environment) and wait until it is ready."""
         self.offsets[name] = offset_ms
         r = Replica(name, self.work, self.env, data_dir=data_dir, replica_id=replica_id,
                     TIMEWHEEL_HA_ZOOKEEPER=self.proxies[name].address,
-                    TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS=str(offset_ms))
+                    TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS=str(offset_ms), **(extra or {}))
         self.replicas[name] = r
         return r.wait_ready()
 
-    def restart_replica(self, name: str, *, offset_ms: int = 0, timeout: float = 60.0) -> Replica:
+    def restart_replica(self, name: str, *, offset_ms: int = 0, timeout: float = 60.0,
+                        extra: dict[str, str] | None = None) -> Replica:
         """Start `name` again on its data directory, retrying while its old session still holds its id."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self.start_replica(name, offset_ms=offset_ms)
+                return self.start_replica(name, offset_ms=offset_ms, extra=extra)
             except AssertionError:
                 if time.monotonic() > deadline or "already live" not in self.replicas[name].log.read_text()[-4000:]:
                     raise
@@ -320,7 +321,7 @@ class Cluster:
         r.signal(signal.SIGCONT)
         rnd.fenced.append((epoch, now_ms()))
         wait_for(f"{holder} answers again, as a standby",
-                 lambda: _standby(r), 30, r)
+                 lambda: answers_as_standby(r), 30, r)
 
     def _fault_partition(self, rnd: Round, holder: str, epoch: int) -> None:
         mode: Literal["drop", "blackhole"] = (
@@ -334,7 +335,7 @@ class Cluster:
         time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 2000 - now_ms()) / 1000))
         self.proxies[holder].heal()
         r = self.replicas[holder]
-        wait_for(f"{holder} answers again, as a standby", lambda: _standby(r), 30, r)
+        wait_for(f"{holder} answers again, as a standby", lambda: answers_as_standby(r), 30, r)
 
     def _fault_skew(self, rnd: Round, holder: str, epoch: int) -> None:
         skew = SKEW_MS if sum(1 for x in self.rounds if x.fault == "skew") % 2 == 1 else -SKEW_MS
@@ -435,7 +436,8 @@ class Cluster:
                      self.workload.unacked)
 
 
-def _standby(r: Replica) -> bool:
+def answers_as_standby(r: Replica) -> bool:
+    """It answers, holding nothing (epoch 0): a standby."""
     try:
         doc = r.replica(timeout=1)
         return not doc["holder"] and doc["epoch"] == 0
