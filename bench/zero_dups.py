@@ -23,7 +23,7 @@ from pathlib import Path
 
 from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.forwarder.dedupe_harness import BROKER_OPTIONS, FAULTS, report_json, rounds_of, run
+from tests.forwarder.dedupe_harness import BROKER_OPTIONS, CHECKPOINTED_S, FAULTS, report_json, rounds_of, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default="", help=f"comma-separated, of {', '.join(FAULTS)} (default: each in turn)")
     p.add_argument("--dedupe", choices=("on", "off"), default="on")
     p.add_argument("--index-unsafe", action="store_true", help="brokers with messageIndexSafe=false")
+    p.add_argument("--checkpoint-wait", type=float, default=None,
+                   help=f"seconds a broker fault waits after rolling the broker's log, a trickle of messages going "
+                        f"on (default 5; {CHECKPOINTED_S:g} with --index-unsafe: past the broker's checkpoint write, "
+                        f"every 60 s, so that its crash recovery starts after the copies in question)")
     p.add_argument("--rate", type=float, default=40.0, help="messages a second of each of the two producers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="where to write the report (default: print the path "
@@ -46,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(faults) - set(FAULTS)
     if unknown:
         p.error(f"unknown faults {sorted(unknown)}")
+    wait = args.checkpoint_wait if args.checkpoint_wait is not None else (CHECKPOINTED_S if args.index_unsafe else 5.0)
     started, load = time.monotonic(), os.getloadavg()
     options = {**BROKER_OPTIONS, **({"messageIndexSafe": False} if args.index_unsafe else {})}
     with tempfile.TemporaryDirectory(prefix="zero-dups-") as tmp:
@@ -53,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         with LocalRocketMQ(work / "mq", brokers=2, stop_timeout=3.0, broker_options=options) as mq, \
                 LocalZooKeeper() as zk:
             report = run(mq, zk, work / "engines", faults, dedupe=args.dedupe == "on", rate=args.rate,
-                         seed=args.seed, log=lambda s: print(s, flush=True))
+                         seed=args.seed, log=lambda s: print(s, flush=True), checkpoint_wait_s=wait)
         seconds = time.monotonic() - started
         doc = report_json(report, rounds=len(faults), faults=faults, dedupe=args.dedupe,
-                          index_safe=not args.index_unsafe, rate=args.rate, seed=args.seed, seconds=round(seconds),
+                          index_safe=not args.index_unsafe, checkpoint_wait_s=wait, rate=args.rate, seed=args.seed, seconds=round(seconds),
                           load_at_start=round(load[0], 2), load_at_end=round(os.getloadavg()[0], 2))
         out = args.json or Path(tempfile.mkdtemp(prefix="zero-dups-report-")) / "zero_dups.json"
         out.write_text(json.dumps(doc, indent=1) + "\n")
