@@ -26,6 +26,8 @@ class RocketMQConfig:
     consume_batch: int = 32
     send_threads: int = 4
     send_linger_ms: int = 2  # a small batch waits this long after it was due for more to join it
+    #: under load the linger grows with the due rate, up to this at 10,000 due a second
+    send_linger_max_ms: int = 6
     send_timeout_ms: int = 3000
     breaker_failures: int = 20
     breaker_open_seconds: float = 5.0
@@ -86,6 +88,8 @@ class RocketMQConfig:
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
             ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),
             ("send_linger_ms", 0 <= self.send_linger_ms <= 1000, "between 0 and 1000"),
+            ("send_linger_max_ms", self.send_linger_ms <= self.send_linger_max_ms <= 1000,
+             "between send_linger_ms and 1000"),
             ("send_timeout_ms", self.send_timeout_ms > 0, "positive"),
             ("breaker_failures", self.breaker_failures >= 1, "at least 1"),
             ("breaker_open_seconds", self.breaker_open_seconds > 0, "positive"),

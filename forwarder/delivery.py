@@ -92,6 +92,7 @@ class RocketMQSink:
         self.max_in_flight = len(self.senders)
         self._reserved = frozenset({cfg.delay_topic, cfg.dead_letter_topic})
         self.linger_ms = cfg.send_linger_ms
+        self.linger_max_ms = cfg.send_linger_max_ms
         self._idle: queue.SimpleQueue[RemotingProducer] = queue.SimpleQueue()
         for s in self.senders:
             self._idle.put(s)

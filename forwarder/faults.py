@@ -39,6 +39,7 @@ class SignalAfterSends:
         self._lock = threading.Lock()
         self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
         self.linger_ms = int(getattr(inner, "linger_ms", 0))
+        self.linger_max_ms = int(getattr(inner, "linger_max_ms", self.linger_ms))
 
     def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
                      fence: Callable[[], bool] | None = None) -> list[bool]:

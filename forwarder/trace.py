@@ -218,6 +218,7 @@ class TracingSink:
         self.now_ms = now_ms
         self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
         self.linger_ms = int(getattr(inner, "linger_ms", 0))
+        self.linger_max_ms = int(getattr(inner, "linger_max_ms", self.linger_ms))
 
     def send_records(self, records: RecordBytes, extra: Any = None, fence: Any = None) -> list[bool]:
         """Send through the inner sink; trace what it delivered."""

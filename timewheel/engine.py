@@ -146,7 +146,8 @@ class Engine:
             log.warning("recovery: %s", f)
         timer_wake = threading.Event()  # the queue sets it when the catch-up backlog has room
         queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
-                              linger_ms=int(getattr(self.sink, "linger_ms", 0)), wake_timer=timer_wake.set)
+                              linger_ms=int(getattr(self.sink, "linger_ms", 0)),
+                              linger_max_ms=getattr(self.sink, "linger_max_ms", None), wake_timer=timer_wake.set)
         timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
         if self.copy_finder is not None:
             self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())

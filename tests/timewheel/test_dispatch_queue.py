@@ -5,7 +5,7 @@ import numpy as np
 
 from timewheel import ManualClock
 from timewheel._due import DueEntries
-from timewheel.dispatch_queue import BESIDE_AFTER_MS, DispatchQueue, Turn
+from timewheel.dispatch_queue import BESIDE_AFTER_MS, FULL_LINGER_RATE, RATE_WINDOW_MS, DispatchQueue, Turn
 
 T0 = 1_800_000_000_000
 
@@ -120,6 +120,44 @@ def test_a_small_batch_lingers_for_company_until_its_oldest_waited_linger_ms() -
     assert q.await_turn() is Turn.LOOK_AGAIN
     clock.advance(3)
     assert q.await_turn() is Turn.SEND
+
+
+def _due_for(q: DispatchQueue, clock: ManualClock, per_s: int, ms: int) -> None:
+    """`per_s` entries a second come due for `ms` milliseconds, pushed every millisecond, each taken at once."""
+    carry = 0.0
+    for _ in range(ms):
+        clock.advance(1)
+        carry += per_s / 1000
+        n, carry = int(carry), carry - int(carry)
+        if n:
+            q.push_ready(_e(np.full(n, clock.now_ms(), np.int64), _refs(*range(n))))
+            q.take(n)
+
+
+def test_the_linger_grows_with_the_due_rate_and_falls_back_when_quiet() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, linger_ms=2, linger_max_ms=6, batch_size=1000)
+    assert q.linger_ms == 2
+    _due_for(q, clock, 1000, 2 * RATE_WINDOW_MS)
+    assert q.linger_ms == 2, "1,000 a second: barely more than the floor"
+    _due_for(q, clock, FULL_LINGER_RATE // 2, 2 * RATE_WINDOW_MS)
+    assert q.linger_ms == 4, "half the full rate: half way"
+    _due_for(q, clock, FULL_LINGER_RATE, 2 * RATE_WINDOW_MS)
+    assert q.linger_ms == 6
+    _due_for(q, clock, 3 * FULL_LINGER_RATE, 2 * RATE_WINDOW_MS)
+    assert q.linger_ms == 6, "never past linger_max_ms"
+    q.push_ready(_e(np.array([clock.now_ms()], np.int64), _refs(1)))
+    assert q.await_turn() is Turn.LOOK_AGAIN
+    clock.advance(5)
+    assert q.await_turn() is Turn.LOOK_AGAIN, "under load a small batch waits the longer linger"
+    clock.advance(1)
+    assert q.await_turn() is Turn.SEND
+    q.end_turn()
+    q.take(1)
+    clock.advance(2 * RATE_WINDOW_MS + 1)
+    assert q.linger_ms == 2, "nothing came due for two windows: the short linger at once"
+    _due_for(q, clock, 10, RATE_WINDOW_MS)
+    assert q.linger_ms == 2
 
 
 def test_held_messages_stop_reading_and_a_closed_queue_ends_the_threads() -> None:
