@@ -188,8 +188,9 @@ class OnePass:
                     fast = False
                 # each property once, or repeated with the same value (a broker stores a batch's messages
                 # with WAIT twice); other repeats follow RocketMQ's own rules; no separator in a value
+                # (a name repeated with one value: its pairs are equal, so the distinct pairs are as many as the names)
                 fast = (fast and len(pairs) == text.count(NAME_VALUE_SEPARATOR) and CONTROL_PROPERTIES.isdisjoint(d)
-                        and (len(d) == len(pairs) or all(d[k] == v for k, v in map(_SPLIT_PAIR, pairs))))
+                        and (len(d) == len(pairs) or len(set(pairs)) == len(d)))
             else:
                 fast = False
             # ---- the contract, for messages that meet it without a doubt
