@@ -2,8 +2,8 @@
 record bytes the store writes for it, with the columns the store and the meta store file it by.
 
 A message takes this path when nothing about it is unusual: stored as sent (not compressed), its
-framing within its size, topic and properties UTF-8 without U+FFFD or NUL, each property once and
-well formed, no cancel, a valid target, a due time in plain ASCII digits within the maximum delay,
+framing within its size, topic and properties UTF-8 without U+FFFD or NUL, properties well formed
+(a repeated name read as `split_properties` reads it), no cancel, a valid target, a due time in plain ASCII digits within the maximum delay,
 a body within the limits, and properties that fit as delivered. For such a message the contract
 (`forwarder.contract.to_message`), the engine's checks and `storage.record.encode` agree with what
 is done here, byte for byte (tests/forwarder/test_ingest_pass.py checks it under hypothesis). Every
@@ -39,6 +39,7 @@ __all__ = ["OnePass", "PulledAnswer"]
 _NOT_CARRIED = SYSTEM_PROPERTIES | CONTRACT_PROPERTIES
 _TRANSIENT_PREFIX = "__RMQ.TRANSIENT."
 _SPLIT_PAIR = methodcaller("split", NAME_VALUE_SEPARATOR, 1)
+_UNIQ_KEY_PAIR = UNIQ_KEY + NAME_VALUE_SEPARATOR
 _HEAD_SIZE = _STORED_HEAD.size
 _BORNHOST_V6, _STOREHOST_V6 = 0x10, 0x20
 #: what delivery adds to a message's own properties, less the id's and the due time's digits
@@ -186,11 +187,17 @@ class OnePass:
                     d = dict(map(_SPLIT_PAIR, pairs))
                 except ValueError:  # a pair without a separator
                     fast = False
-                # each property once, or repeated with the same value (a broker stores a batch's messages
-                # with WAIT twice); other repeats follow RocketMQ's own rules; no separator in a value
-                # (a name repeated with one value: its pairs are equal, so the distinct pairs are as many as the names)
-                fast = (fast and len(pairs) == text.count(NAME_VALUE_SEPARATOR) and CONTROL_PROPERTIES.isdisjoint(d)
-                        and (len(d) == len(pairs) or len(set(pairs)) == len(d)))
+                # no separator in a value, no control property
+                fast = fast and len(pairs) == text.count(NAME_VALUE_SEPARATOR) and CONTROL_PROPERTIES.isdisjoint(d)
+                if fast and len(d) != len(pairs) and len(set(pairs)) != len(d):
+                    # A name repeated with another value (a broker stores each message of a batch with the
+                    # batch's properties after its own: WAIT again, and from RocketMQ's Java client the
+                    # batch's UNIQ_KEY): the last value holds, as in `split_properties`, but UNIQ_KEY keeps
+                    # its first, the message's own. (With one value, the distinct pairs are as many as the names.)
+                    for pair in pairs:
+                        if pair.startswith(_UNIQ_KEY_PAIR):
+                            d[UNIQ_KEY] = pair[len(_UNIQ_KEY_PAIR):]
+                            break
             else:
                 fast = False
             # ---- the contract, for messages that meet it without a doubt

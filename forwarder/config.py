@@ -24,6 +24,10 @@ class RocketMQConfig:
     consumer_group: str = "timewheel-ingest"
     producer_group: str = "timewheel-delivery"
     consume_batch: int = 32
+    #: a delay-topic queue whose pull brought less than consume_batch is pulled again no sooner than
+    #: this: fewer, fuller pulls and commits under a steady stream (a message due sooner than this
+    #: after it was sent may be stored, and so delivered, up to this late)
+    consume_linger_ms: int = 20
     send_threads: int = 4
     send_linger_ms: int = 2  # a small batch waits this long after it was due for more to join it
     #: under load the linger grows with the due rate, up to this at 10,000 due a second
@@ -86,6 +90,7 @@ class RocketMQConfig:
             ("consumer_group", bool(self.consumer_group), "a group name"),
             ("producer_group", bool(self.producer_group), "a group name"),
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
+            ("consume_linger_ms", 0 <= self.consume_linger_ms <= 1000, "between 0 and 1000"),
             ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),
             ("send_linger_ms", 0 <= self.send_linger_ms <= 1000, "between 0 and 1000"),
             ("send_linger_max_ms", self.send_linger_ms <= self.send_linger_max_ms <= 1000,

@@ -109,6 +109,7 @@ class DelayTopicIngest:
         self._puller = RemotingPullConsumer(self.cfg.namesrv, self.cfg.consumer_group, self.cfg.delay_topic,
                                             self._on_answers if encoded else self._on_batch,
                                             reader=reader, pull_batch=self.cfg.consume_batch,
+                                            pull_linger_ms=self.cfg.consume_linger_ms,
                                             timeout_ms=self.cfg.send_timeout_ms,
                                             max_body_bytes=self.limits.max_body_bytes,
                                             security=self.cfg.security(),

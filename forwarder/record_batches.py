@@ -8,9 +8,11 @@ body and its properties to the open batch of its topic (cut within the count and
 `cut_encoded` cuts them). The request bodies that come out are byte for byte those of that general
 path, which stays the reference (tests/forwarder/test_record_batches.py holds them equal).
 
-Rare rows take the general per-message encoder inside the pass: a record with properties of its own,
-properties over RocketMQ's limit, and, found by one search over all rows' text after the pass (the
-pass is then run again, checking row by row), an id, tags or keys holding a separator. A batch of
+A record's own properties (stored as length-prefixed pairs) go first, then `extra`, as the general
+path's `to_outgoing` orders them. Rare rows take the general per-message encoder inside the pass:
+own properties named as one the delivery sets (or repeated, or holding a separator), properties
+over RocketMQ's limit, and, found by one search over all rows' text after the pass (the pass is
+then run again, checking row by row), an id, tags or keys holding a separator. A batch of
 a few rows reads its header columns as one Python tuple per row (a scalar path: the vectorised
 column reads cost more than the rows themselves); a larger one reads each column once.
 """
@@ -52,17 +54,19 @@ def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: 
                 *, max_message: int, max_count: int, max_bytes: int) -> EncodedBatches:
     """Every row (every row good) encoded under its delivered id (one of `fresh(n)` for a row stored
     without an id) and cut into batches per topic; `extra` properties go on every message."""
-    template = _template(tuple(extra.items()) if extra else ())
+    pairs = tuple(extra.items()) if extra else ()
+    template, own_template, clash = _template(pairs), _own_template(pairs), _clash(pairs)
     rows = _rows(records)
     missing = sum(1 for r in rows if not r[2])
     ids = _Ids(fresh(missing) if missing else [])
     checked: list[bytes] = []
     limits = (max_message, max_count, max_bytes)
-    out = _pass(records, rows, template, extra, ids, checked, limits)
+    templates = (template, own_template, clash)
+    out = _pass(records, rows, templates, extra, ids, checked, limits)
     if checked and RESERVED_BYTES.search(b"".join(checked)):
         # rare: again, each row checked on its own, so that one holding a separator is refused in the
         # general path's words
-        out = _pass(records, rows, template, extra, _Ids([], out.ids), None, limits)
+        out = _pass(records, rows, templates, extra, _Ids([], out.ids), None, limits)
     return out
 
 
@@ -76,6 +80,45 @@ def _template(extra: tuple[tuple[str, str], ...]) -> bytes:
             raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
         tail = "".join(f"\x02{k}\x01{v}" for k, v in extra).encode() + tail
     return _ORIGINAL + b"%s" + _DUE + b"%d%s%s" + tail.replace(b"%", b"%%") + b"%s\x02"
+
+
+@functools.lru_cache(maxsize=64)
+def _own_template(extra: tuple[tuple[str, str], ...]) -> bytes:
+    """`_template` for a record with properties of its own: those first (already serialised), then
+    `extra`, the id, due time, TAGS, KEYS, WAIT and UNIQ_KEY (the general path's order)."""
+    head = "".join(f"{k}\x01{v}\x02" for k, v in extra).encode()
+    return (b"%s" + head.replace(b"%", b"%%") + _ORIGINAL + b"%s" + _DUE + b"%d%s%s"
+            + f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode() + b"%s\x02")
+
+
+@functools.lru_cache(maxsize=64)
+def _clash(extra: tuple[tuple[str, str], ...]) -> frozenset[bytes]:
+    """Names a record's own property may not have on the one pass: the general path would set them over it."""
+    return frozenset(n.encode() for n in (ORIGINAL_MSG_ID, DUE_MS, TAGS, KEYS, WAIT, UNIQ_KEY, *(k for k, _ in extra)))
+
+
+def _own_properties(data: bytes, at: int, n: int, clash: frozenset[bytes]) -> bytes | None:
+    """A record's properties field (uint16 little-endian lengths: `storage.record.encode_properties`)
+    serialised as RocketMQ's (name \\x01 value \\x02, repeated); None when the general path must decide:
+    a name in `clash` or repeated, or a separator in a name or value."""
+    parts: list[bytes] = []
+    names: set[bytes] = set()
+    p, end = at, at + n
+    while p < end:
+        kl = data[p] | data[p + 1] << 8
+        name = data[p + 2:p + 2 + kl]
+        p += 2 + kl
+        vl = data[p] | data[p + 1] << 8
+        parts += (name, b"\x01", data[p + 2:p + 2 + vl], b"\x02")
+        p += 2 + vl
+        if name in clash or name in names:
+            return None
+        names.add(name)
+    wire = b"".join(parts)
+    count = len(names)
+    if wire.count(1) != count or wire.count(2) != count or 0 in wire:
+        return None
+    return wire
 
 
 class _Ids:
@@ -97,11 +140,13 @@ def _rows(records: RecordBytes) -> list[_Row]:
     return list(zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS)))
 
 
-def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mapping[str, str] | None, row_ids: _Ids,
-          checked: list[bytes] | None, limits: tuple[int, int, int]) -> EncodedBatches:
+def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes, frozenset[bytes]],
+          extra: Mapping[str, str] | None, row_ids: _Ids, checked: list[bytes] | None,
+          limits: tuple[int, int, int]) -> EncodedBatches:
     """The one pass. `checked` collects each row's text for one search afterwards; without it, each
     row is searched on its own and one holding a separator goes the general way."""
     max_message, max_count, max_bytes = limits
+    template, own_template, clash = templates
     data = records.data
     mv = memoryview(data)
     hsize = records.header.dtype.itemsize
@@ -125,7 +170,9 @@ def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mappin
         g = t + tl
         tkey = data[t:g]
         props: bytes | None = None
-        if not pl and (keep is not None or not _has_reserved(records, i)):
+        # a record's own properties, serialised (b"": none; None: the general path decides)
+        own = (_own_properties(data, g + gl + kl, pl, clash) if il else None) if pl else b""
+        if own is not None and (keep is not None or not _has_reserved(records, i)):
             k = g + gl
             if kl:
                 keys = data[k + 2:k + kl] if data[k] | data[k + 1] << 8 == kl - 2 else _joined_keys(data[k:k + kl])
@@ -135,8 +182,9 @@ def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mappin
                 keep(data[a:k])  # id, topic and tags: one slice, as they lie in the record
                 if keys:
                     keep(keys)
-            props = template % (mid, due, _TAGS + data[g:k] if gl else b"", _KEYS + keys if keys else b"",
-                                uid.encode())
+            tags, key_text = _TAGS + data[g:k] if gl else b"", _KEYS + keys if keys else b""
+            props = (own_template % (own, mid, due, tags, key_text, uid.encode()) if pl
+                     else template % (mid, due, tags, key_text, uid.encode()))
             if len(props) > MAX_PROPERTIES_BYTES:
                 props = None  # the general path says why
         if props is None:
@@ -149,7 +197,7 @@ def _pass(records: RecordBytes, rows: list[_Row], template: bytes, extra: Mappin
             pieces: tuple[bytes | memoryview, ...] = (whole,)
         else:
             size = _OVERHEAD + bl + len(props)
-            at = g + gl + kl
+            at = g + gl + kl + pl
             pieces = (head_pack(size, 0, 0, 0, bl), mv[at:at + bl], plen_pack(len(props)) + props)
         if size > max_message:
             rejected.append((i, _name(names, tkey), MessageRejectedError(

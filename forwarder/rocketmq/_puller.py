@@ -8,6 +8,12 @@ queue) only after the callback accepted it; a refused batch is pulled again afte
 `retry_backoff_s`. PULL_OFFSET_MOVED is followed to where the broker says, and that offset is
 committed with the next pull (as the Java client does).
 
+With `linger_ms`, a queue whose answer brought less than a full batch is pulled again no sooner
+than that: under a steady stream the broker answers a long poll as soon as one message arrives, so
+without it every pull, and every store commit, carries a message or two, and the pull's fixed cost
+(a round trip, a commit) is paid per message (bench/RESULTS_HOTPATHS.md). A backlog still goes in
+full pulls back to back.
+
 Wire formats used here (apache/rocketmq, 5.x):
     PULL_MESSAGE (11) extFields: consumerGroup, topic, queueId, queueOffset, maxMsgNums, sysFlag
       (1 commit offset, 2 suspend, 4 subscription), commitOffset, suspendTimeoutMillis,
@@ -105,6 +111,8 @@ class PullSettings:
     #: compressed bodies of one commit inflate to at most this (plus one message) in all
     max_commit_inflated_bytes: int
     security: ClientSecurity | None
+    #: a queue whose last answer was not a full batch waits this long before its next pull
+    linger_ms: int = 0
 
 
 class Puller:
@@ -184,10 +192,11 @@ class Puller:
                         for o, q in zip(opaques, queues):
                             mine[q].in_flight, mine[q].sent_ms = o, sent_ms
                             pending[o] = q
+                wait = self._next_pull_in(mine, now)
                 if not pending:
-                    time.sleep(0.05)
+                    time.sleep(min(0.05, wait))
                     continue
-                if not conn.readable(0.1):
+                if not conn.readable(min(0.1, wait)):
                     continue
                 resp = conn.read_response(time.monotonic() + s.timeout + s.suspend_ms / 1000)
             except RemotingError as e:
@@ -211,6 +220,15 @@ class Puller:
             self._handle_pulls([(q, r) for r, q in answers if q is not None])
         if conn is not None:
             conn.close()
+
+    def _next_pull_in(self, mine: dict[Queue, QueueState], now: float) -> float:
+        """Seconds until a queue not in flight may be pulled (a lingering one), at most 0.1."""
+        wait = 0.1
+        with self.table.lock:
+            for st in mine.values():
+                if st.in_flight is None and st.retry_at > now:
+                    wait = min(wait, st.retry_at - now)
+        return max(wait, 0.0)
 
     def _pull_header(self, q: Queue, st: QueueState) -> dict[str, str]:
         s = self.settings
@@ -238,11 +256,14 @@ class Puller:
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
-        for q, st, next_offset, _, caught_up in found:
+        linger = self.settings.linger_ms / 1000
+        for q, st, next_offset, msgs, caught_up in found:
             if accepted:
                 self.counters["batches"] += 1
                 st.accepted(next_offset, caught_up)
                 self.table.accepted_below(q, next_offset)
+                if linger and len(msgs) < self.settings.pull_batch:  # a trickle: wait for company
+                    st.retry_at = time.monotonic() + linger
             else:
                 self.counters["refused"] += 1
                 st.retry_after(self.settings.retry_backoff_s)

@@ -155,6 +155,9 @@ def _properties(draw: st.DrawFn, born: int) -> bytes:
         text += "lonely\x02"
     elif fault in (4, 5):  # as a broker stores a batch's message: WAIT again, with the same value
         text += "MSG_REGION\x01DefaultRegion\x02CLUSTER\x01DefaultCluster\x02WAIT\x01true\x02TRACE_ON\x01true\x02"
+    elif fault in (6, 7):  # from RocketMQ's Java client's batch: the batch's own UNIQ_KEY among them
+        text += ("MSG_REGION\x01DefaultRegion\x02UNIQ_KEY\x01" + draw(st.sampled_from(["FD00B1", "", "AB"]))
+                 + "\x02CLUSTER\x01DefaultCluster\x02WAIT\x01true\x02TRACE_ON\x01true\x02")
     raw = text.encode("utf-8", "surrogatepass")
     if fault == 3:
         raw += b"\xff\xfe\x02"
