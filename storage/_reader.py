@@ -118,7 +118,7 @@ class RecordReader:
                     if reader is None:
                         reader = self._readers[(seg, part)] = PartReader(self.layout.part_log(seg, part))
                     # records past its end are found corrupt row by row; the others still serve
-                    buffers.append((memoryview(reader.whole()), rows, offs))
+                    buffers.append((memoryview(reader.covering(offs)), rows, offs))
                 except (CorruptRecordError, OSError) as e:
                     reason = e.reason if isinstance(e, CorruptRecordError) else f"cannot read: {e}"
                     for r, o in zip(rows.tolist(), offs.tolist()):

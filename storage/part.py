@@ -13,7 +13,7 @@ import numpy as np
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX
-from storage.record import HEADER_SIZE, header_fields
+from storage.record import HEADER_SIZE, LENGTH_AT, header_fields
 from storage._files import size_of, write_all
 
 log = logging.getLogger("timewheel.storage")
@@ -227,6 +227,22 @@ class PartReader:
             self._map = mmap.mmap(self._f.fileno(), size, access=mmap.ACCESS_READ)
             self._size = size
         return self._map
+
+    def covering(self, offsets: np.ndarray) -> mmap.mmap:
+        """A map holding the whole records at `offsets`: the one already made unless one of them runs
+        past it (a live part grows under its reader; remapping for every read costs a map, an unmap
+        and a page fault per page touched). Else `whole()`: a record past the file's end is then
+        found corrupt on its own, by the caller."""
+        m = self._map
+        if m is not None and len(offsets):
+            offs = np.asarray(offsets, np.int64)
+            if int(offs.max()) + HEADER_SIZE <= self._size:
+                raw = np.frombuffer(m, np.uint8)
+                lengths = raw[offs[:, None] + np.arange(LENGTH_AT, LENGTH_AT + 4)].view("<u4")[:, 0]
+                del raw  # the map is not held while it may be remapped
+                if int((offs + lengths).max()) <= self._size:
+                    return m
+        return self.whole()
 
     def whole(self) -> mmap.mmap:
         """A map covering the whole file as it is now (remapped when the live part has grown)."""

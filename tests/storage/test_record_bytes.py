@@ -95,3 +95,17 @@ def test_a_record_past_the_end_of_its_part_is_corrupt(store: ScheduleStore) -> N
     got = store.read_record_bytes(np.r_[segs, segs], np.r_[parts, parts], np.r_[offs, offs + 10_000],
                                   np.r_[due, due])
     assert got.ok.tolist() == [True, False] and "header needs" in str(got.errors[1])
+
+
+def test_a_growing_part_is_remapped_only_when_a_record_runs_past_the_map(store: ScheduleStore) -> None:
+    segs, parts, offs, due = _stored(store, [Record(f"a{i}", "T", b"x" * 100, NOW + 10) for i in range(3)])
+    reader = store.reader  # the store's one record reader, which keeps a map per part
+    first = store.read_record_bytes(segs, parts, offs, due)
+    assert first.ok.all()
+    maps = {id(r._map) for r in reader._readers.values()}
+    more = _stored(store, [Record(f"b{i}", "T", b"y" * 100, NOW + 10) for i in range(3)])  # the part grew
+    again = store.read_record_bytes(segs, parts, offs, due)
+    assert again.ok.all() and {id(r._map) for r in reader._readers.values()} == maps, "the old records: the same map"
+    grown = store.read_record_bytes(*more)
+    assert grown.ok.all() and [grown.record(i).msg_id for i in range(3)] == ["b0", "b1", "b2"]
+    assert {id(r._map) for r in reader._readers.values()} != maps, "the new records: mapped again"
