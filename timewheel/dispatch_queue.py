@@ -29,7 +29,8 @@ The dispatch policy lives here, because only here are both sides visible under o
   costs about 180 µs of the engine's CPU whatever it carries (bench/RESULTS_HOTPATHS.md), so at
   10,000 due a second a 2 ms linger spends more on sends than on messages (20 µs a message in
   `bench.capacity`, 12 with 6 ms, and the p99 no worse: less CPU, less waiting for the GIL); at
-  1,000 a second the sends cost little and the lateness stays at the short linger.
+  1,000 a second the sends cost little and the lateness stays at the short linger (none by
+  default: each message goes when due).
 
 Example: four dispatch threads, a sink answering in 5 ms, 2,000 messages due a second. Thread A
 takes the entries due so far and sends them. During its 5 ms ten more come due; the timer pushes
@@ -117,7 +118,7 @@ class DispatchQueue:
             return
         rate = self._rate_count * 1000 / elapsed
         span = self._linger_max - self._linger_floor
-        self._linger_ms = self._linger_floor + round(span * min(1.0, rate / FULL_LINGER_RATE))
+        self._linger_ms = self._linger_floor + int(span * min(1.0, rate / FULL_LINGER_RATE))
         self._rate_since, self._rate_count = now, 0
 
     # ---- the timer's side -----------------------------------------------------------------------

@@ -139,7 +139,7 @@ def test_the_linger_grows_with_the_due_rate_and_falls_back_when_quiet() -> None:
     q, _ = _queue(clock, linger_ms=2, linger_max_ms=6, batch_size=1000)
     assert q.linger_ms == 2
     _due_for(q, clock, 1000, 2 * RATE_WINDOW_MS)
-    assert q.linger_ms == 2, "1,000 a second: barely more than the floor"
+    assert q.linger_ms == 2, "1,000 a second: less than a millisecond more than the floor"
     _due_for(q, clock, FULL_LINGER_RATE // 2, 2 * RATE_WINDOW_MS)
     assert q.linger_ms == 4, "half the full rate: half way"
     _due_for(q, clock, FULL_LINGER_RATE, 2 * RATE_WINDOW_MS)
