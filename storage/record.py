@@ -39,10 +39,9 @@ VERSION = 1
 HEADER = struct.Struct("<BBHIIqqHHHHII")
 HEADER_SIZE = HEADER.size
 _CRC_FROM = struct.calcsize("<BBHII")  # CRC covers everything after the crc field
-_LENGTH_AT = struct.calcsize("<BBH")
-_PREFIX = struct.Struct("<BBHI")  # magic, version, flags, length: enough to find the record's end
 #: where the `length` field (uint32, little-endian) lies in a record's header
 LENGTH_AT = struct.calcsize("<BBH")
+_PREFIX = struct.Struct("<BBHI")  # magic, version, flags, length: enough to find the record's end
 _U16 = struct.Struct("<H")
 _PREFIX_CRC = struct.Struct("<BBHII")
 _FIELDS = struct.Struct("<qqHHHHII")

@@ -8,11 +8,12 @@ queue) only after the callback accepted it; a refused batch is pulled again afte
 `retry_backoff_s`. PULL_OFFSET_MOVED is followed to where the broker says, and that offset is
 committed with the next pull (as the Java client does).
 
-With `linger_ms`, a queue whose answer brought less than a full batch is pulled again no sooner
-than that: under a steady stream the broker answers a long poll as soon as one message arrives, so
-without it every pull, and every store commit, carries a message or two, and the pull's fixed cost
-(a round trip, a commit) is paid per message (bench/RESULTS_HOTPATHS.md). A backlog still goes in
-full pulls back to back.
+With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached) is pulled again
+no sooner than that: under a steady stream the broker answers a long poll as soon as one message
+arrives, so without it every pull, and every store commit, carries a message or two, and the
+pull's fixed cost (a round trip, a commit) is paid per message (bench/RESULTS_HOTPATHS.md). A
+backlog still goes pull after pull, however few messages each answer holds (large bodies, the
+broker's byte limit, the commit's inflate budget).
 
 Wire formats used here (apache/rocketmq, 5.x):
     PULL_MESSAGE (11) extFields: consumerGroup, topic, queueId, queueOffset, maxMsgNums, sysFlag
@@ -111,7 +112,7 @@ class PullSettings:
     #: compressed bodies of one commit inflate to at most this (plus one message) in all
     max_commit_inflated_bytes: int
     security: ClientSecurity | None
-    #: a queue whose last answer was not a full batch waits this long before its next pull
+    #: a queue whose last answer emptied it waits this long before its next pull
     linger_ms: int = 0
 
 
@@ -257,12 +258,12 @@ class Puller:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
         linger = self.settings.linger_ms / 1000
-        for q, st, next_offset, msgs, caught_up in found:
+        for q, st, next_offset, _, caught_up in found:
             if accepted:
                 self.counters["batches"] += 1
                 st.accepted(next_offset, caught_up)
                 self.table.accepted_below(q, next_offset)
-                if linger and len(msgs) < self.settings.pull_batch:  # a trickle: wait for company
+                if linger and caught_up:  # the answer emptied the queue: wait for company
                     st.retry_at = time.monotonic() + linger
             else:
                 self.counters["refused"] += 1

@@ -83,7 +83,7 @@ class RemotingPullConsumer:
         unreadable rest goes to `on_batch` as one `undecodable` message and the queue moves on.
         `queue_filter`: only queues it accepts are shared out in the group (a replica's shard).
         `reader`: how pull answers' bodies are read; `on_batch` then gets one `Answer` per pull answer.
-        `pull_linger_ms`: a queue whose answer was not a full batch is pulled again no sooner than this.
+        `pull_linger_ms`: a queue whose answer emptied it is pulled again no sooner than this.
         """
         self.group = group
         self.topic = topic

@@ -298,6 +298,18 @@ def test_a_common_message_takes_the_one_pass_and_an_unusual_one_the_general_path
     assert answer.received(1) == decode_messages(common, MAX_BODY, "b")[0]
 
 
+def test_a_message_of_a_java_clients_batch_takes_the_one_pass_under_its_own_id() -> None:
+    """As a broker stores it: the batch's properties after the message's own, among them WAIT again
+    and the batch's UNIQ_KEY; the message keeps its own (the first), as `split_properties` reads it."""
+    text = ("TW_TARGET_TOPIC\x01ORDERS\x02TW_DELAY_MS\x015\x02UNIQ_KEY\x01" + "A" * 32 + "\x02WAIT\x01true\x02"
+            "MSG_REGION\x01DefaultRegion\x02UNIQ_KEY\x01" + "B" * 32 + "\x02WAIT\x01true\x02TRACE_ON\x01true\x02")
+    raw = stored_message(text.encode(), b"body", 0, 0, born=NOW - 10)
+    answer = OnePass(LIMITS, lambda: NOW).read(raw, MAX_BODY, "b")
+    assert len(answer.rows) == 1 and not answer.general
+    assert answer.rows.msg_ids[0].startswith("A" * 32 + ":")
+    assert decode_messages(raw, MAX_BODY, "b")[0].msg_id == "A" * 32
+
+
 @pytest.mark.rocketmq
 def test_a_consumer_reading_in_one_pass_keeps_the_commit_budget_and_loses_nothing(rocketmq: LocalRocketMQ) -> None:
     """From a real broker: ordinary delay messages arrive as record rows, compressed ones (1 MiB

@@ -117,3 +117,22 @@ def test_bodies_at_the_brokers_size_limit_and_both_paths(tmp_path: Path) -> None
             cut = cut_records(big, _fresh, max_message=BROKER_MAX_MESSAGE_BYTES, max_count=128,
                               max_bytes=BROKER_MAX_MESSAGE_BYTES)
             assert [i for i, _, _ in cut.rejected] == refused
+
+
+def test_records_with_properties_of_their_own_stay_on_the_one_pass(tmp_path: Path, monkeypatch) -> None:
+    """Users' properties are common: such a row is not encoded message by message (the byte-equality
+    test above cannot tell which way a row went); one named as a property delivery sets is."""
+    general: list[int] = []
+    real = record_batches.encode_message
+    monkeypatch.setattr(record_batches, "encode_message", lambda *a: general.append(1) or real(*a))
+    with ScheduleStore(tmp_path / "data") as store:
+        raw = _read(store, [Record(f"id{i}", "T", b"x" * 10, NOW + 5, properties={"BENCH_ID": str(i), "k": "v"})
+                            for i in range(SCALAR_ROWS + 8)]
+                    + [Record("clash", "T", b"y", NOW + 5, properties={"TW_DUE_MS": "1"})])
+        for extra in (None, {"TW_LEASE_EPOCH": "3"}):
+            general.clear()
+            _assert_same_once(raw, extra, BROKER_MAX_MESSAGE_BYTES, 256, 4 << 20)
+            cut = cut_records(raw, _fresh, extra, max_message=BROKER_MAX_MESSAGE_BYTES, max_count=256,
+                              max_bytes=4 << 20)
+            assert sum(len(b.index) for b in cut.batches) == len(raw)
+            assert len(general) == 2, "each of the two cuts (the comparison's and this one) encodes the clash alone"
