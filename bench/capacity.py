@@ -165,7 +165,8 @@ class Profile:
         return round(samples / (self.RATE * self.seconds), 3)
 
 
-def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None) -> dict[str, object]:
+def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None,
+                     gil: bool = False, serve_extra: dict[str, str] | None = None) -> dict[str, object]:
     """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message."""
     out: dict[str, object] = {}
     with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
@@ -177,7 +178,8 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
         producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
         data = work / "serve"
         # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
-        proc = start_serve(data, serve_env(mq, run, TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS="2"), work / "serve.log")
+        proc = start_serve(data, serve_env(mq, run, **{"TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2",
+                                                                  **(serve_extra or {})}), work / "serve.log")
         meter = CpuMeter(proc.pid)
         try:
             # idle: timers, long polls, heartbeats
@@ -189,7 +191,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
             far = time.time_ns() // 1_000_000 + 7_200_000
             ingest_msgs = [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
                 "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)]
-            with Profile(proc.pid, profile and profile / "ingest.txt"):
+            with Profile(proc.pid, profile and profile / "ingest.txt", gil=gil):
                 c0, t0 = meter.sample()[1], time.monotonic()
                 sent = produce(producer, ingest_msgs)
                 _wait(lambda: _stored(data) >= sent, 600)
@@ -214,7 +216,7 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
             n = _stored(data) - before
             early = recv.count()  # only these messages are delivered: the ingested ones are due in two hours
             time.sleep(max(0.0, start_ms / 1000 - time.time() - 1.5))
-            with Profile(proc.pid, profile and profile / "delivery.txt"):
+            with Profile(proc.pid, profile and profile / "delivery.txt", gil=gil):
                 c0, t0 = meter.sample()[1], time.monotonic()
                 _wait(lambda: recv.count() >= n, DUE_SECONDS + 120)
                 dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
@@ -276,9 +278,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--loaded", type=int, default=500_000, help="messages in the wheel for the memory figure")
     ap.add_argument("--profile", type=Path, help="directory for py-spy profiles (collapsed stacks) of the serve "
                     "process while it ingests and while it delivers")
+    ap.add_argument("--gil", action="store_true", help="with --profile: keep only the samples of the thread "
+                    "holding the GIL (where the engine's Python runs, not where it waits)")
+    ap.add_argument("--serve-env", action="append", default=[], metavar="TIMEWHEEL_X=VALUE",
+                    help="a setting of the measured engine, as its environment variable (repeatable)")
     ap.add_argument("--skip-loaded", action="store_true", help="measure through RocketMQ only (no loaded memory)")
     ap.add_argument("--table", action="store_true", help="print the tables of the last results, measure nothing")
     args = ap.parse_args(argv)
+    if bad := [kv for kv in args.serve_env if not kv.startswith("TIMEWHEEL_") or "=" not in kv]:
+        ap.error(f"--serve-env takes TIMEWHEEL_NAME=VALUE, not {bad[0]!r}")
     if args.table:
         print(markdown(json.loads((RESULTS / "capacity.json").read_text())))
         return
@@ -286,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile)
+    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil,
+                                dict(kv.split("=", 1) for kv in args.serve_env))
     if args.skip_loaded:
         print(json.dumps(measured, indent=2))
         return

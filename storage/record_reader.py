@@ -13,10 +13,14 @@ Up to `SMALL` rows are walked one by one with `check_record` itself (a fixed cos
 where numpy's is tens); more are checked as columns: the header checks by numpy at once, the CRC32C
 one C call per record, the text fields by one ASCII test over all records (`check_record`'s own
 `check_fields` decides the rest: non-ASCII text, several keys, properties).
-tests/storage/test_record_reader.py holds the two paths to the same columns, verdicts and errors.
+Where the compiled scan (`storage/_record_scan.pyx`, built by `pip install`) is present, it takes
+every row instead: one C loop doing the header checks, the CRC32C call and an ASCII walk of every
+string, keys and properties included, with `check_fields` deciding only rows with other text.
+tests/storage/test_record_reader.py holds the three paths to the same columns, verdicts and errors.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +30,16 @@ from storage.record import (HEADER, HEADER_SIZE, MAGIC, MAX_BODY, MAX_PROPERTIES
                             check_record)
 from storage.record import crc32c
 
-__all__ = ["FIELDS", "HEADER_DTYPE", "SMALL", "CheckedRecords", "check_records", "field_starts"]
+_scan: Callable[..., None] | None
+try:
+    from storage._record_scan import scan as _scan
+except ImportError:  # installed without a C compiler: the numpy and scalar paths
+    _scan = None
+
+__all__ = ["COMPILED", "FIELDS", "HEADER_DTYPE", "SMALL", "CheckedRecords", "check_records", "field_starts"]
+
+#: whether the compiled scan checks the records (else numpy and Python do, to the same verdicts)
+COMPILED = _scan is not None
 
 _HEADER_NAMES = ("magic", "version", "flags", "length", "crc", "due_ms", "enqueue_ms",
                  "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
@@ -41,6 +54,12 @@ _CRC_FROM = HEADER_DTYPE.fields["crc"][1] + 4  # type: ignore[index]  # the CRC 
 _ZERO = (0,) * len(_HEADER_NAMES)
 _CHUNK = 1 << 16
 _ASCII_WIDTH = 256  # longer text (id, topic, tags, one key) is checked record by record
+#: what the compiled scan needs of the layout, taken from HEADER_DTYPE (defined once, in storage.record)
+_LAYOUT = (MAGIC, VERSION, HEADER_SIZE, MAX_RECORD, MAX_PROPERTIES, MAX_BODY, _CRC_FROM,
+           *(HEADER_DTYPE.fields[f][1] for f in ("flags", "length", "crc", "due_ms", "id_len", "topic_len",  # type: ignore[index]
+                                                  "tags_len", "keys_len", "props_len", "body_len")))
+_NOT_KNOWN = np.zeros(0, np.int64)
+_GOOD, _FIELDS = 1, 2  # the compiled scan's verdicts besides 0, bad
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +99,8 @@ def check_records(buf: bytes | memoryview, offsets: np.ndarray, *, due_ms: np.nd
     CRC32C unless `verify_crc` is False), as `storage.record.check_record` checks one."""
     mv = memoryview(buf)
     try:
+        if _scan is not None:
+            return _scan_all(mv, offsets, due_ms, lengths, verify_crc)
         if len(offsets) <= SMALL:
             return _check_each(mv, offsets, due_ms, lengths, verify_crc)
         offsets = np.asarray(offsets, np.int64)
@@ -124,6 +145,38 @@ def _check_each(mv: memoryview, offsets: np.ndarray, due_ms: np.ndarray | None, 
     if errors:
         ok[list(errors)] = False
     return CheckedRecords(np.array(offs, np.int64), np.array(heads, HEADER_DTYPE), ok, errors)
+
+
+def _scan_all(mv: memoryview, offsets: np.ndarray, due_ms: np.ndarray | None, lengths: np.ndarray | None,
+              verify: bool) -> CheckedRecords:
+    """The compiled path: the same verdicts as `_check_each`, one C loop over the rows."""
+    assert _scan is not None
+    offs = np.ascontiguousarray(offsets, np.int64)
+    n = len(offs)
+    heads = np.zeros((n, HEADER_SIZE), np.uint8)
+    verdicts = np.zeros(n, np.uint8)
+    if n:
+        _scan(mv, np.frombuffer(mv, np.uint8), offs,
+              _NOT_KNOWN if due_ms is None else np.ascontiguousarray(due_ms, np.int64),
+              _NOT_KNOWN if lengths is None else np.ascontiguousarray(lengths, np.int64),
+              verify, crc32c, _LAYOUT, heads, verdicts)
+    header = heads.view(HEADER_DTYPE).reshape(n)
+    ok = verdicts != 0
+    for k in np.flatnonzero(verdicts == _FIELDS).tolist():  # text other than ASCII: check_fields decides
+        h = header[k]
+        try:
+            check_fields(mv, int(offs[k]), int(h["id_len"]), int(h["topic_len"]), int(h["tags_len"]),
+                         int(h["keys_len"]), int(h["props_len"]))
+        except CorruptRecordError:
+            ok[k] = False
+            heads[k] = 0
+    errors = {}
+    if not ok.all():
+        due_l = None if due_ms is None else np.asarray(due_ms, np.int64)
+        len_l = None if lengths is None else np.asarray(lengths, np.int64)
+        errors = {r: _error(mv, int(offs[r]), None if due_l is None else int(due_l[r]),
+                            None if len_l is None else int(len_l[r]), verify) for r in np.flatnonzero(~ok).tolist()}
+    return CheckedRecords(offs, header, ok, errors)
 
 
 def _check_all(mv: memoryview, offs: np.ndarray, due_ms: np.ndarray | None, lengths: np.ndarray | None,

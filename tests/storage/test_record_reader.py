@@ -1,6 +1,6 @@
 """The one reader of the record layout (`storage.record_reader`): its scalar path (a walk with
-`check_record`), its column path (numpy) and `decode` give the same columns, verdicts and errors, on good
-records and on damaged ones (flipped bytes, with or without a CRC that matches again, truncation,
+`check_record`), its column path (numpy), its compiled scan and `decode` give the same columns, verdicts
+and errors, on good records and on damaged ones (flipped bytes, with or without a CRC that matches again, truncation,
 an index whose due time or length disagrees)."""
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from storage import CorruptRecordError, Record, decode, encode
 from storage.record import HEADER, HEADER_SIZE, check_record, crc32c
-from storage.record_reader import HEADER_DTYPE, SMALL, CheckedRecords, _check_all, _check_each, check_records
+from storage.record_reader import (COMPILED, HEADER_DTYPE, SMALL, CheckedRecords, _check_all, _check_each, _scan_all,
+                                   check_records)
 
 T0 = 1_800_000_000_000
 text = (st.text(max_size=8) | st.text(alphabet="abcXYZ-:0123456789", max_size=12)
-        | st.text(alphabet="aé", min_size=120, max_size=140))  # past the column path's ASCII window
+        | st.text(alphabet="aé", min_size=120, max_size=140)  # past the column path's ASCII window
+        | st.text(alphabet="bc", min_size=300, max_size=400))  # ASCII past it
 record = st.builds(
     lambda i, topic, body, due, tags, keys, props: Record(f"{i}-{topic}", topic or "T", body, T0 + due, T0, tags,
                                                           tuple(keys), props),
@@ -63,7 +65,12 @@ def _same(a: CheckedRecords, b: CheckedRecords) -> None:
     assert [x.tolist() for x in a.field_starts()] == [x.tolist() for x in b.field_starts()]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_compiled_scan_is_built() -> None:
+    """`pip install` builds it where a C compiler is (as here): without it the Python paths run."""
+    assert COMPILED, "storage/_record_scan.pyx was not built: run `make setup` again and read its warnings"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(record, min_size=1, max_size=20), st.lists(damage, max_size=4),
        st.none() | st.integers(0, 10**6), st.booleans(), st.booleans(), st.booleans())
 def test_scalar_and_column_paths_agree(recs: list[Record], damages: list, cut: int | None, with_due: bool,
@@ -72,7 +79,9 @@ def test_scalar_and_column_paths_agree(recs: list[Record], damages: list, cut: i
     args = (due if with_due else None, lengths if with_length else None, verify)
     with memoryview(buf) as mv:
         each, cols = _check_each(mv, offs, *args), _check_all(mv, offs, *args)
+        scanned = _scan_all(mv, offs, *args) if COMPILED else cols
     _same(each, cols)
+    _same(each, scanned)
     for i, o in enumerate(offs.tolist()):  # and both are check_record's verdicts
         try:
             h = check_record(buf, o, due_ms=int(due[i]) if with_due else None,

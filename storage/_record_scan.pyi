@@ -1,0 +1,8 @@
+"""Types of the compiled scan (storage/_record_scan.pyx)."""
+from collections.abc import Callable
+
+import numpy as np
+
+def scan(mv: memoryview, buf: np.ndarray, offsets: np.ndarray, due_ms: np.ndarray, lengths: np.ndarray,
+         verify_crc: bool, crc32c: Callable[[memoryview], int], layout: tuple[int, ...], headers: np.ndarray,
+         verdicts: np.ndarray) -> None: ...
