@@ -26,7 +26,8 @@ class OptionalBuildExt(build_ext):
 
 def _extensions() -> list[Extension]:
     from Cython.Build import cythonize
-    return cythonize([Extension("storage._record_scan", ["storage/_record_scan.pyx"], extra_compile_args=["-O2"])],
+    return cythonize([Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O2"])
+                      for name in ("storage._record_scan", "forwarder._ingest_walk")],
                      compiler_directives={"language_level": 3}, quiet=True)
 
 

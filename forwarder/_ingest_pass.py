@@ -12,7 +12,9 @@ as a `ReceivedMessage` to the general path, which decides what becomes of it (a 
 letter, a message) exactly as it always did. A fault in the framing sends the whole answer there.
 
 The stored-message layout is the codec's (`forwarder.rocketmq.codec`, its one definition); this
-module reads it with the codec's own structs.
+module reads it with the codec's own structs. Where it was built (`pip install`), a compiled loop
+(`forwarder/_ingest_walk.pyx`) takes the plainest messages (ASCII text, no repeated property of
+their own, a target already checked) and hands every other one to the walk here, message by message.
 """
 from __future__ import annotations
 
@@ -33,7 +35,16 @@ from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEP
                                         UNIQ_KEY, ReceivedMessage, join_properties)
 from storage import MAX_FIELD, EncodedRecords, encode_fields, encode_keys, encode_properties
 
-__all__ = ["OnePass", "PulledAnswer"]
+_compiled_walk: Callable[..., tuple[int, int, int]] | None
+try:
+    from forwarder._ingest_walk import walk as _compiled_walk
+except ImportError:  # installed without a C compiler: every message takes the walk here
+    _compiled_walk = None
+
+__all__ = ["COMPILED", "OnePass", "PulledAnswer"]
+
+#: whether the compiled loop takes the plainest messages (else the walk here takes them all)
+COMPILED = _compiled_walk is not None
 
 #: names that never pass through to the delivered message (RocketMQ's and the contract's own)
 _NOT_CARRIED = SYSTEM_PROPERTIES | CONTRACT_PROPERTIES
@@ -48,6 +59,16 @@ _DELIVERY_ADDS = len(ORIGINAL_MSG_ID) + len(DUE_MS) + 4
 _MAX_DIGITS = 18
 #: target topics checked so far (names seen are few; forgotten when past this many)
 _MAX_TARGETS = 4096
+#: what each property name is to the compiled loop (its roles: forwarder/_ingest_walk.pyx); a name
+#: not here is carried to the delivered message (unless transient)
+_ROLES: dict[bytes, int] = {**{n.encode(): 8 for n in _NOT_CARRIED},
+                            **{n.encode(): r for n, r in ((TARGET_TOPIC, 1), (DELIVER_AT_MS, 2), (DELAY_MS, 3),
+                                                          (START_DELIVER_TIME, 4), (UNIQ_KEY, 5), (TAGS, 6), (KEYS, 7))},
+                            **{n.encode(): 9 for n in CONTROL_PROPERTIES}}
+#: the framing and limits the compiled loop keeps to, in its order
+_WALK_LIMITS = (_HEAD_SIZE, _MAGIC_V1, _MAGIC_V2, COMPRESSED, _BORNHOST_V6, _STOREHOST_V6, _MAX_DIGITS,
+                DELIVERY_PROPERTIES_BUDGET - _DELIVERY_ADDS, MAX_FIELD)
+assert _TRANSIENT_PREFIX == "__RMQ.TRANSIENT."  # the compiled loop's own copy of it
 
 
 @dataclass(slots=True)
@@ -98,12 +119,15 @@ class PulledAnswer:
 class OnePass:
     """Reads pull answers' bodies in one pass under one engine's contract (`limits`, the clock)."""
 
-    def __init__(self, limits: ContractLimits, now_ms: Callable[[], int]) -> None:
-        """Check what is read against `limits`; records are accepted at `now_ms()` of each answer."""
+    def __init__(self, limits: ContractLimits, now_ms: Callable[[], int], *, compiled: bool = True) -> None:
+        """Check what is read against `limits`; records are accepted at `now_ms()` of each answer
+        (`compiled` False: without the compiled loop, where it was built)."""
         self.limits = limits
         self.now_ms = now_ms
         self._max_body = min(limits.max_body_bytes, DEAD_LETTER_MAX_BODY)
         self._targets: dict[str, bytes] = {}
+        self._target_bytes: dict[bytes, bytes] = {}  # the same, by their bytes (for the compiled loop)
+        self._compiled = _compiled_walk if compiled else None
 
     def _target(self, name: str) -> bytes | None:
         """The target topic's bytes when it may be delivered to, else None (the general path says why)."""
@@ -113,7 +137,9 @@ class OnePass:
             return None
         if len(self._targets) >= _MAX_TARGETS:
             self._targets.clear()
+            self._target_bytes.clear()
         b = self._targets[name] = name.encode()
+        self._target_bytes[b] = b
         return b
 
     def read(self, body: bytes, max_body_bytes: int, broker: str, budget: InflateBudget | None = None) -> PulledAnswer:
@@ -143,7 +169,18 @@ class OnePass:
         queue_id, queue = -1, ""
         p = row = 0
         last = -1
+        compiled = self._compiled
+        queue_names: dict[int, str] = {}
         while p < n:
+            if compiled is not None:
+                p, taken, at_last = compiled(body, mv, p, now, max_delay, max_body, _ROLES, self._target_bytes,
+                                             queue_names, broker, _WALK_LIMITS, encode_fields, crc32c.crc32c,
+                                             blobs, ids, dues, lengths, key_col, queues, offsets, at)
+                if taken:
+                    row, last = row + taken, at_last
+                if p >= n:
+                    break
+            # one message the compiled loop left (or every message, without it)
             if p + _HEAD_SIZE > n:
                 raise MessageDecodeError("cut short", decoded=[], raw=b"")  # decode_messages says where
             total, magic, _crc, qid, _flag, qoff, phys, sys_flag, born = head_from(mv, p)
