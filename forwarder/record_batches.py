@@ -14,13 +14,17 @@ own properties named as one the delivery sets (or repeated, or holding a separat
 over RocketMQ's limit, and, found by one search over all rows' text after the pass (the pass is
 then run again, checking row by row), an id, tags or keys holding a separator. A batch of
 a few rows reads its header columns as one Python tuple per row (a scalar path: the vectorised
-column reads cost more than the rows themselves); a larger one reads each column once.
+column reads cost more than the rows themselves); a larger one reads each column once. Where it
+was built (`pip install`), a compiled loop (`forwarder/_record_cut.pyx`) takes the plainest rows
+and hands every other one to the pass here, row by row.
 """
 from __future__ import annotations
 
 import functools
 import struct
 from collections.abc import Callable, Mapping
+
+import numpy as np
 
 from forwarder.contract import DUE_MS, ORIGINAL_MSG_ID, to_outgoing
 from forwarder.record_encoding import _has_reserved, _joined_keys, _with  # the reference path's own helpers
@@ -29,9 +33,19 @@ from forwarder.rocketmq.codec import MAX_PROPERTIES_BYTES, RESERVED_BYTES, deriv
 from forwarder.rocketmq.message import KEYS, TAGS, UNIQ_KEY, WAIT
 from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
 from storage import RecordBytes
+from storage.record_reader import HEADER_DTYPE
 from timewheel.message import Message
 
-__all__ = ["cut_records"]
+_compiled_cut: Callable[..., int] | None
+try:
+    from forwarder._record_cut import cut as _compiled_cut
+except ImportError:  # installed without a C compiler: every row takes the pass here
+    _compiled_cut = None
+
+__all__ = ["COMPILED", "cut_records"]
+
+#: whether the compiled loop takes the plainest rows (else the pass here takes them all)
+COMPILED = _compiled_cut is not None
 
 #: rows up to this many read their header as tuples (one call) rather than column by column
 SCALAR_ROWS = 32
@@ -48,6 +62,8 @@ _KEYS = f"\x02{KEYS}\x01".encode()
 _COLUMNS = ("due_ms", "id_len", "topic_len", "tags_len", "keys_len", "props_len", "body_len")
 
 _Row = tuple[int, int, int, int, int, int, int, int]  # start, due, then the lengths of _COLUMNS[1:]
+#: where the compiled loop finds a row's due time and field lengths: the header's size, then offsets
+_CUT_LAYOUT = (HEADER_DTYPE.itemsize, *(HEADER_DTYPE.fields[c][1] for c in _COLUMNS))  # type: ignore[index]
 
 
 def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: Mapping[str, str] | None = None,
@@ -56,39 +72,47 @@ def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: 
     without an id) and cut into batches per topic; `extra` properties go on every message."""
     pairs = tuple(extra.items()) if extra else ()
     template, own_template, clash = _template(pairs), _own_template(pairs), _clash(pairs)
-    rows = _rows(records)
-    missing = sum(1 for r in rows if not r[2])
+    missing = int((records.header["id_len"] == 0).sum()) if len(records) else 0
     ids = _Ids(fresh(missing) if missing else [])
     checked: list[bytes] = []
     limits = (max_message, max_count, max_bytes)
     templates = (template, own_template, clash)
-    out = _pass(records, rows, templates, extra, ids, checked, limits)
+    out = _pass(records, templates, extra, ids, checked, limits, _pieces(pairs))
     if checked and RESERVED_BYTES.search(b"".join(checked)):
         # rare: again, each row checked on its own, so that one holding a separator is refused in the
         # general path's words
-        out = _pass(records, rows, templates, extra, _Ids([], out.ids), None, limits)
+        out = _pass(records, templates, extra, _Ids([], out.ids), None, limits, None)
     return out
 
 
 @functools.lru_cache(maxsize=64)  # a replica's epoch, or nothing: the same few for every batch
+def _pieces(extra: tuple[tuple[str, str], ...]) -> tuple[bytes, ...]:
+    """What every message's properties hold around its own parts (`encode_records`' names and
+    order): before the id and after the keys, for a record without properties of its own (the
+    `extra` ones after the keys) and for one with them (its own, then `extra`, before the id);
+    then the names of the due time, TAGS and KEYS. The templates and the compiled loop both use them."""
+    if extra and RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra).encode()):
+        raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
+    wait_uniq = f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode()
+    after = "".join(f"\x02{k}\x01{v}" for k, v in extra).encode() + wait_uniq
+    before_own = "".join(f"{k}\x01{v}\x02" for k, v in extra).encode() + _ORIGINAL
+    return _ORIGINAL, after, before_own, wait_uniq, _DUE, _TAGS, _KEYS
+
+
+@functools.lru_cache(maxsize=64)
 def _template(extra: tuple[tuple[str, str], ...]) -> bytes:
     """Every message's properties as one %-format: id, due time, TAGS (or nothing), KEYS (or nothing),
-    the `extra` properties, WAIT, then UNIQ_KEY (`encode_records`' names and order)."""
-    tail = f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode()
-    if extra:
-        if RESERVED_BYTES.search("".join(f"{k}{v}" for k, v in extra).encode()):
-            raise ValueError(f"extra properties {dict(extra)!r} hold a separator")
-        tail = "".join(f"\x02{k}\x01{v}" for k, v in extra).encode() + tail
-    return _ORIGINAL + b"%s" + _DUE + b"%d%s%s" + tail.replace(b"%", b"%%") + b"%s\x02"
+    the `extra` properties, WAIT, then UNIQ_KEY."""
+    before, after = _pieces(extra)[:2]
+    return before.replace(b"%", b"%%") + b"%s" + _DUE + b"%d%s%s" + after.replace(b"%", b"%%") + b"%s\x02"
 
 
 @functools.lru_cache(maxsize=64)
 def _own_template(extra: tuple[tuple[str, str], ...]) -> bytes:
     """`_template` for a record with properties of its own: those first (already serialised), then
     `extra`, the id, due time, TAGS, KEYS, WAIT and UNIQ_KEY (the general path's order)."""
-    head = "".join(f"{k}\x01{v}\x02" for k, v in extra).encode()
-    return (b"%s" + head.replace(b"%", b"%%") + _ORIGINAL + b"%s" + _DUE + b"%d%s%s"
-            + f"\x02{WAIT}\x01true\x02{UNIQ_KEY}\x01".encode() + b"%s\x02")
+    before, after = _pieces(extra)[2:4]
+    return b"%s" + before.replace(b"%", b"%%") + b"%s" + _DUE + b"%d%s%s" + after.replace(b"%", b"%%") + b"%s\x02"
 
 
 @functools.lru_cache(maxsize=64)
@@ -140,11 +164,13 @@ def _rows(records: RecordBytes) -> list[_Row]:
     return list(zip(records.start.tolist(), *(h[c].tolist() for c in _COLUMNS)))
 
 
-def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes, frozenset[bytes]],
+def _pass(records: RecordBytes, templates: tuple[bytes, bytes, frozenset[bytes]],
           extra: Mapping[str, str] | None, row_ids: _Ids, checked: list[bytes] | None,
-          limits: tuple[int, int, int]) -> EncodedBatches:
+          limits: tuple[int, int, int], around: tuple[bytes, ...] | None) -> EncodedBatches:
     """The one pass. `checked` collects each row's text for one search afterwards; without it, each
-    row is searched on its own and one holding a separator goes the general way."""
+    row is searched on its own and one holding a separator goes the general way. With `around`
+    (`_pieces`),
+    the compiled loop (where built) takes the plainest rows."""
     max_message, max_count, max_bytes = limits
     template, own_template, clash = templates
     data = records.data
@@ -158,7 +184,27 @@ def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes,
     open_batch: dict[bytes, SendBatch] = {}
     batches: list[SendBatch] = []
     rejected: list[tuple[int, str, RemotingError]] = []
-    for i, (s, due, il, tl, gl, kl, pl, bl) in enumerate(rows):
+    compiled = (_compiled_cut if around is not None and given is None and len(records) > 1 and type(data) is bytes
+                else None)
+    if compiled is not None:
+        start = np.ascontiguousarray(records.start, np.int64)
+        header = np.ascontiguousarray(records.header).view(np.uint8).reshape(len(records), hsize)
+
+        def new_batch(tkey: bytes) -> SendBatch:
+            return SendBatch(_name(names, tkey))
+    rows: list[_Row] | None = None
+    i, n = 0, len(records)
+    while i < n:
+        if compiled is not None:
+            i = compiled(data, mv, start, header, _CUT_LAYOUT, i, derived_id, around, clash, MAX_PROPERTIES_BYTES,
+                         max_message, max_count, max_bytes, open_batch, batches, new_batch, ids)
+            if i >= n:
+                break
+        # one row the compiled loop left (or every row, without it)
+        if rows is None:
+            rows = _rows(records)
+        s, due, il, tl, gl, kl, pl, bl = rows[i]
+        row, i = i, i + 1
         a = s + hsize
         t = a + il
         mid = data[a:t]
@@ -166,13 +212,13 @@ def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes,
             uid = derived_id(mid, due) if il else next(fresh)
             ids.append(uid)
         else:
-            uid = given[i]
+            uid = given[row]
         g = t + tl
         tkey = data[t:g]
         props: bytes | None = None
         # a record's own properties, serialised (b"": none; None: the general path decides)
         own = (_own_properties(data, g + gl + kl, pl, clash) if il else None) if pl else b""
-        if own is not None and (keep is not None or not _has_reserved(records, i)):
+        if own is not None and (keep is not None or not _has_reserved(records, row)):
             k = g + gl
             if kl:
                 keys = data[k + 2:k + kl] if data[k] | data[k + 1] << 8 == kl - 2 else _joined_keys(data[k:k + kl])
@@ -189,9 +235,9 @@ def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes,
                 props = None  # the general path says why
         if props is None:
             try:
-                whole = encode_message(to_outgoing(_with(Message.from_record(records.record(i)), extra)), uid)
+                whole = encode_message(to_outgoing(_with(Message.from_record(records.record(row)), extra)), uid)
             except MessageRejectedError as e:
-                rejected.append((i, _name(names, tkey), e))
+                rejected.append((row, _name(names, tkey), e))
                 continue
             size = len(whole)
             pieces: tuple[bytes | memoryview, ...] = (whole,)
@@ -200,14 +246,14 @@ def _pass(records: RecordBytes, rows: list[_Row], templates: tuple[bytes, bytes,
             at = g + gl + kl + pl
             pieces = (head_pack(size, 0, 0, 0, bl), mv[at:at + bl], plen_pack(len(props)) + props)
         if size > max_message:
-            rejected.append((i, _name(names, tkey), MessageRejectedError(
+            rejected.append((row, _name(names, tkey), MessageRejectedError(
                 f"message of {size} bytes exceeds the maximum of {max_message}", code=MESSAGE_ILLEGAL)))
             continue
         b = open_batch.get(tkey)
         if b is None or len(b.index) >= max_count or b.size + size > max_bytes:
             b = open_batch[tkey] = SendBatch(_name(names, tkey))
             batches.append(b)
-        b.index.append(i)
+        b.index.append(row)
         b.ids.append(uid)
         b.parts += pieces
         b.size += size

@@ -58,8 +58,20 @@ def _general(raw: RecordBytes, extra: dict[str, str] | None, max_message: int, m
 def _assert_same(raw: RecordBytes, extra: dict[str, str] | None, max_message: int, max_count: int,
                  max_bytes: int) -> None:
     for scalar_rows in (0, 1 << 20):  # the column path and the scalar path, whatever the number of rows
-        with _scalar_rows(scalar_rows):
-            _assert_same_once(raw, extra, max_message, max_count, max_bytes)
+        for compiled in (True, False):  # with the compiled loop taking the plainest rows, and without
+            with _scalar_rows(scalar_rows), _compiled(compiled):
+                _assert_same_once(raw, extra, max_message, max_count, max_bytes)
+
+
+@contextlib.contextmanager
+def _compiled(on: bool) -> Iterator[None]:
+    assert record_batches.COMPILED, "forwarder/_record_cut.pyx was not built: run `make setup` again"
+    was = record_batches._compiled_cut
+    record_batches._compiled_cut = was if on else None
+    try:
+        yield
+    finally:
+        record_batches._compiled_cut = was
 
 
 @contextlib.contextmanager
