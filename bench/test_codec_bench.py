@@ -144,9 +144,14 @@ def test_send_body_general_path(benchmark, stored, n: int) -> None:
     _per_message(benchmark, n)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-pass", "compiled-cut"])
 @pytest.mark.parametrize("n", [1, BATCH])
-def test_send_body_one_pass(benchmark, stored, n: int) -> None:
-    """After: `cut_records`, one pass over the rows, then each batch joined."""
+def test_send_body_one_pass(benchmark, stored, n: int, compiled: bool, monkeypatch) -> None:
+    """After: `cut_records`, one pass over the rows (in Python, or the plain rows by the compiled
+    loop), then each batch joined."""
+    from forwarder import record_batches
+    if not compiled:
+        monkeypatch.setattr(record_batches, "_compiled_cut", None)
     raw = _rows(stored, n)
 
     def run() -> list[bytes]:

@@ -82,9 +82,11 @@ def test_ingest_general_path(benchmark: Any, ingest: DelayTopicIngest) -> None:
     _per_message(benchmark)
 
 
-def test_ingest_one_pass(benchmark: Any, ingest: DelayTopicIngest) -> None:
-    """After: the answer walked once into record bytes and the columns the store files them by."""
-    one = OnePass(LIMITS, ingest.now_ms)
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-walk", "compiled-walk"])
+def test_ingest_one_pass(benchmark: Any, ingest: DelayTopicIngest, compiled: bool) -> None:
+    """After: the answer walked once into record bytes and the columns the store files them by
+    (by the Python walk alone, or with the compiled loop taking the plain messages)."""
+    one = OnePass(LIMITS, ingest.now_ms, compiled=compiled)
 
     def run(body: bytes) -> bool:
         return ingest._store_answers([one.read(body, LIMITS.max_body_bytes, "b")])

@@ -76,9 +76,14 @@ def stored_reads(tmp_path_factory: pytest.TempPathFactory):
     store.close()
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["python-check", "compiled-scan"])
 @pytest.mark.parametrize("rows", [1, 8, 256])
-def test_read_record_bytes(benchmark, stored_reads, rows: int) -> None:
-    """Due records read as checked bytes (`read_record_bytes`), as the dispatcher reads a send batch."""
+def test_read_record_bytes(benchmark, stored_reads, rows: int, compiled: bool, monkeypatch) -> None:
+    """Due records read as checked bytes (`read_record_bytes`), as the dispatcher reads a send batch
+    (checked by numpy and Python, or by the compiled scan)."""
+    import storage.record_reader as reader
+    if not compiled:
+        monkeypatch.setattr(reader, "_scan", None)
     store, locs = stored_reads
     segs, parts = locs["segment_ms"][:rows].astype(np.int64), locs["part"][:rows].astype(np.uint16)
     offs, due = locs["offset"][:rows].astype(np.uint32), locs["due_ms"][:rows].astype(np.int64)
