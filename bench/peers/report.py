@@ -213,8 +213,14 @@ def floor_tables(doc: dict) -> str:
             ("no-op consumer: RocketMQ's Java lite pull consumer reading a backlog" + (
                 f" of {_num(_get(noop, 'read', 'backlog'))} from {_get(noop, 'read', 'queues')} queues, "
                 f"{_get(noop, 'read', 'pull_batch')} a pull" if read is not None else " (not run)"), read),
-            ("timewheel ingest: the same Java producer sending delay messages (stored per second)",
+            ("timewheel ingest: the same Java producer sending delay messages (stored per second, "
+             "from the first to the last stored, the producer beside it for its first seconds)",
              _get(tw, "batch_ingest", "stored_per_s")),
+            ("timewheel ingest: the same, once the producer finished (the backlog it left"
+             + (f", {_num(_get(tw, 'batch_ingest', 'backlog_at_producer_end'))} messages" if
+                _get(tw, "batch_ingest", "backlog_at_producer_end") is not None else "")
+             + ", read as the no-op consumer reads its own)",
+             _get(tw, "batch_ingest", "stored_per_s_backlog_alone")),
             ("timewheel ingest: 8 threads of single sends through the Python client (burst)",
              _get(tw, "burst", "ingest_stored_per_s")),
             (f"timewheel dispatch: {doc['config']['burst']:,} due in one millisecond, all delivered",

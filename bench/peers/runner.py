@@ -215,6 +215,7 @@ def run_batch_ingest(system: Timewheel, cfg: RunConfig) -> dict[str, object]:
     sender.start()
     samples: list[tuple[float, int]] = []
     still_since = time.monotonic()
+    producer_done: tuple[float, int] | None = None  # when the producer finished, and what was stored then
     while True:
         got = int(system.metrics().get("timewheel_scheduled_total", 0)) - base
         t = time.perf_counter()
@@ -222,6 +223,8 @@ def run_batch_ingest(system: Timewheel, cfg: RunConfig) -> dict[str, object]:
             samples.append((t, got))
             still_since = time.monotonic()
         done = not sender.is_alive()
+        if done and producer_done is None:
+            producer_done = (t, got)
         if done and (got >= int(sent.get("sent", 0)) or time.monotonic() - still_since > 10):
             break
         time.sleep(0.05)
@@ -231,8 +234,17 @@ def run_batch_ingest(system: Timewheel, cfg: RunConfig) -> dict[str, object]:
     rate = None
     if len(moving) >= 2 and moving[-1][0] > moving[0][0]:
         rate = round((moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0]))
+    # After the producer stopped, the engine reads the rest of the backlog with the machine to itself and
+    # the broker: what the no-op consumer row measures (it reads a backlog filled before it starts).
+    alone = None
+    if producer_done is not None:
+        after = [(t, n) for t, n in samples if t >= producer_done[0]]
+        if len(after) >= 2 and after[-1][1] - after[0][1] >= 100_000:
+            alone = round((after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0]))
     return {"sent": int(sent.get("sent", 0)), "producer_rate": round(sent.get("rate", 0)), "stored": stored,
-            "stored_per_s": rate, "threads": cfg.intake_threads, "batch": cfg.intake_batch}
+            "stored_per_s": rate, "threads": cfg.intake_threads, "batch": cfg.intake_batch,
+            "backlog_at_producer_end": None if producer_done is None else int(sent.get("sent", 0)) - producer_done[1],
+            "stored_per_s_backlog_alone": alone}
 
 
 def _machine() -> dict[str, object]:
