@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from timewheel.app.admin import AdminServer
 from timewheel.app.lateness_window import LatenessWindow
+from timewheel.app.runtime import log_hot_paths, name_os_threads
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
@@ -98,6 +99,7 @@ class Service:
         self._want_admin = admin
         self.trace: TraceWriter | None = None
         self.copy_finder: BrokerCopyFinder | None = None
+        self.hot_paths: dict[str, bool] = {}  # which hot loops run compiled (set at start)
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
@@ -109,6 +111,7 @@ class Service:
         # part files, the meta store and connections all take descriptors: the soft limit (often
         # 1024) is raised to what the hard limit allows, and the admin port keeps to a quarter of it
         raise_open_files_limit()
+        self.hot_paths = log_hot_paths()
         cfg = self.settings.engine
         # invalid traffic rules stop the start here, before anything connects
         shaping = ShapingControl(self.settings.shaping, config_path=self.config_path, max_grant=cfg.send_batch_size,
@@ -276,9 +279,11 @@ class Service:
         self._stop_sampling.clear()
 
         def loop() -> None:
+            name_os_threads()
             while not self._stop_sampling.wait(1.0):
                 with self._window_lock:
                     window.sample(self.clock.now_ms(), engine.lateness_buckets.counts.copy())
+                name_os_threads()  # pull threads come and go with the queues this engine owns
 
         self._sampler = threading.Thread(target=loop, name="timewheel-lateness-window", daemon=True)
         self._sampler.start()
@@ -308,6 +313,7 @@ class Service:
         if self.replica is not None:
             doc["ha"] = self.replica.status_document()
         doc["dedupe"] = self.dedupe_status()
+        doc["hot_paths"] = dict(self.hot_paths)
         return doc
 
     def dedupe_status(self) -> dict[str, Any]:

@@ -137,6 +137,10 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
         lines.extend(_ha_lines(doc["ha"]))
     if doc.get("dedupe"):
         lines.extend(_dedupe_lines(doc["dedupe"]))
+    slow = sorted(k for k, compiled in (doc.get("hot_paths") or {}).items() if not compiled)
+    if slow:
+        lines.append(Text(f"WARNING: hot paths in pure Python (not built at install): {', '.join(slow)}; "
+                          "several times the CPU per message. Reinstall with a C compiler.", style="yellow"))
     return Group(*lines)
 
 

@@ -37,6 +37,7 @@ def test_status_shows_what_the_engine_holds(running: Running) -> None:
     late = doc["lateness_last_minute_ms"]
     assert late["count"] >= 1 and 0 <= late["p50"] <= late["p99"]
     assert doc["shaping"]["circuit_open"] is False
+    assert doc["hot_paths"] == {"record_scan": True, "ingest_walk": True, "record_cut": True}
 
     res = CliRunner().invoke(app, ["status", "--admin", running.admin])
     assert res.exit_code == 0, res.output
@@ -64,6 +65,23 @@ def test_status_without_an_engine_says_what_to_check() -> None:
     assert "is `timewheel serve` running?" in res.output and "--admin HOST:PORT" in res.output
 
 
+def test_the_engine_threads_carry_their_names_for_the_operating_system(running: Running) -> None:
+    import threading
+    from pathlib import Path
+
+    def comms() -> set[str]:
+        out = set()
+        for t in threading.enumerate():
+            try:
+                out.add(Path(f"/proc/self/task/{t.native_id}/comm").read_text().strip())
+            except OSError:
+                pass
+        return out
+
+    assert wait_for(lambda: {"tw-timer", "tw-dispatch-0", "tw-housekeeping"} <= comms(), 10), comms()
+    assert any(c.startswith("tw-in-") for c in comms()), comms()  # a pull thread per broker
+
+
 def test_status_shows_the_look_ups_and_each_brokers_index_settings(running: Running) -> None:
     doc = status_json(running.admin)
     dedupe = doc["dedupe"]
@@ -83,6 +101,9 @@ def test_a_broker_without_a_safe_index_and_dedupe_off_are_shown_as_warnings() ->
     console.print(render_status({**base, "dedupe": {"enabled": True, "warnings": [
         "broker broker-b does not say messageIndexSafe=true: duplicates are possible after it crashes"]}}, "a:1"))
     console.print(render_status({**base, "dedupe": {"enabled": False, "note": "rocketmq.dedupe is off"}}, "a:1"))
+    console.print(render_status({**base, "hot_paths": {"record_scan": True, "ingest_walk": False}}, "a:1"))
     text = console.export_text()
     assert "WARNING: broker broker-b does not say messageIndexSafe=true" in text
     assert "dedupe OFF: rocketmq.dedupe is off" in text
+    assert "WARNING: hot paths in pure Python (not built at install): ingest_walk;" in text
+    assert text.count("hot paths") == 1  # none for the documents whose loops are all compiled
