@@ -5,8 +5,10 @@ Per row it decides what the column path decides with numpy (header, bounds, CRC3
 and also walks the keys and properties and tests their strings for ASCII. Its verdicts per row:
 BAD (`check_record` raises: the caller asks it why), GOOD, or FIELDS (header and CRC good, some
 text not ASCII: `check_record`'s own `check_fields` decides, since UTF-8 is checked only there).
-The layout comes from the caller (`storage.record.HEADER`, as field offsets): it is defined once.
-tests/storage/test_record_scan.py holds this scan to the Python path's verdicts.
+The layout comes from the caller (`storage.record.HEADER`, as field offsets and limits): it is
+defined once. Only the magic byte and the version sit where every version of the layout keeps them,
+bytes 0 and 1, so they are read there (their values still come from the caller).
+tests/storage/test_record_reader.py holds this scan to the Python path's verdicts.
 """
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy

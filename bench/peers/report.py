@@ -207,6 +207,12 @@ def floor_tables(doc: dict) -> str:
             _ms(t.get("p50")), _ms(t.get("p99")), _ratio(t.get("p99"), h.get("p99")),
             f"{diff:+.1f}" if isinstance(diff, (int, float)) else "–", engine, broker,
             f"{_num(_get(tw, phase, 'producer_rate'))}/s"]) + " |")
+    split = [_thread_split(tw, phase) for phase in ("steady", "steady_high", "batch_ingest")]
+    if any(split):
+        out += ["", "Where the engine's CPU went, by thread (µs a message; the threads' names for the OS: "
+                "`tw-in` pulls and stores, `tw-timer` turns the wheel, `tw-dispatch` reads, sends and records):", ""]
+        out += [f"- {label}: {text}" for label, text in zip(
+            ("steady 1k/s", "steady 10k/s", "batch ingest"), split) if text]
     cap, read = _get(ceiling, "intake", "rate"), _get(noop, "read", "rate")
     rows = [("broker intake ceiling: RocketMQ's Java producer, "
              f"{_get(ceiling, 'intake', 'threads')} threads × batches of {_get(ceiling, 'intake', 'batch')}", cap),
@@ -228,6 +234,17 @@ def floor_tables(doc: dict) -> str:
     out += ["", "| rate | msg/s | ÷ intake ceiling | ÷ no-op consumer |", "| --- | ---: | ---: | ---: |"]
     out += [f"| {label} | {_num(v)} | {_ratio(v, cap)} | {_ratio(v, read)} |" for label, v in rows]
     return "\n".join(out) + "\n"
+
+
+def _thread_split(r: dict, phase: str) -> str:
+    """The engine's CPU in a phase by thread group, per message of the phase ("" when not measured)."""
+    threads = _get(r, phase, "engine_threads_cpu_s")
+    n = _get(r, phase, "accepted") or _get(r, phase, "stored")  # as `_cpu_per_msg` counts them
+    if not isinstance(threads, dict) or not threads or not isinstance(n, int) or not n:
+        return ""
+    warm = _get(r, phase, "warm_up_sent")
+    n += warm if isinstance(warm, int) else 0
+    return ", ".join(f"{k} {v / n * 1e6:,.1f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1]))
 
 
 def _clients(r: dict, phase: str) -> str:

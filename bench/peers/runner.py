@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import tempfile
 import time
 import traceback
@@ -349,7 +350,7 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             fn = workloads[phase]
             log(f"[{name}] {phase} ...")
             t0 = time.monotonic()
-            cpu0 = _cpu_seconds(system)
+            cpu0, threads0 = _cpu_seconds(system), _thread_cpu_seconds(system)
             try:
                 result[phase] = fn()
             except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others
@@ -358,6 +359,10 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             cpu1 = _cpu_seconds(system)
             result[phase]["server_cpu_s"] = {k: round(v - cpu0.get(k, 0.0), 2)  # type: ignore[index]
                                              for k, v in cpu1.items()}
+            threads1 = _thread_cpu_seconds(system)
+            if threads1:
+                result[phase]["engine_threads_cpu_s"] = {  # type: ignore[index]
+                    k: round(v - threads0.get(k, 0.0), 3) for k, v in sorted(threads1.items()) if v - threads0.get(k, 0.0) > 0}
             try:
                 diag = system.diagnostics()
             except Exception as e:  # noqa: BLE001
@@ -420,6 +425,27 @@ def _cpu_seconds(system: System) -> dict[str, float]:
             out[f"{pid} {name}"] = total
         except psutil.Error:
             pass
+    return out
+
+
+def _thread_cpu_seconds(system: System) -> dict[str, float]:
+    """CPU seconds of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
+    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
+    out: dict[str, float] = {}
+    if not isinstance(system, Timewheel):
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in system.process_pids():
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if not name.startswith("tw-"):
+                continue  # the broker's threads and the runtime's own: in server_cpu_s only
+            group = "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
+            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

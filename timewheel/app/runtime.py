@@ -66,7 +66,9 @@ def name_os_threads(task_dir: Path = Path("/proc/self/task")) -> int:
         return 0
     named = 0
     with _Named.lock:
-        alive = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        # not the main thread: its name is the process's own (`ps`, `top`), which stays as started
+        main = threading.main_thread()
+        alive = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None and t is not main}
         for tid in [t for t in _Named.done if t not in alive]:
             del _Named.done[tid]  # ended: a new thread may get its id
         for tid, name in alive.items():

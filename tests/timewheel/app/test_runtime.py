@@ -37,6 +37,8 @@ def test_every_live_thread_gets_its_name_once() -> None:
         assert _comm(t) == "tw-probe-thread"
         assert t.native_id in runtime._Named.done
         assert name_os_threads() == 0  # nothing new: nothing written again
+        main = threading.main_thread()
+        assert _comm(main) != "MainThread" and main.native_id not in runtime._Named.done  # the process's name
     finally:
         stop.set()
         t.join()
