@@ -9,11 +9,13 @@ queue) only after the callback accepted it; a refused batch is pulled again afte
 committed with the next pull (as the Java client does).
 
 With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached) is pulled again
-no sooner than that: under a steady stream the broker answers a long poll as soon as one message
-arrives, so without it every pull, and every store commit, carries a message or two, and the
-pull's fixed cost (a round trip, a commit) is paid per message (bench/RESULTS_HOTPATHS.md). A
-backlog still goes pull after pull, however few messages each answer holds (large bodies, the
-broker's byte limit, the commit's inflate budget).
+at the next multiple of that period (`next_tick`): under a steady stream the broker answers a
+long poll as soon as one message arrives, so without it every pull, and every store commit,
+carries a message or two, and the pull's fixed cost (a round trip, a commit) is paid per message
+(bench/RESULTS_HOTPATHS.md). On a common tick the queues of a broker are pulled in one write and
+their answers, read within `_GATHER_S` of each other, go in one commit. A backlog still goes pull
+after pull, however few messages each answer holds (large bodies, the broker's byte limit, the
+commit's inflate budget).
 
 Wire formats used here (apache/rocketmq, 5.x):
     PULL_MESSAGE (11) extFields: consumerGroup, topic, queueId, queueOffset, maxMsgNums, sysFlag
@@ -50,6 +52,24 @@ _FLAG_SUSPEND = 2
 _FLAG_SUBSCRIPTION = 4
 #: pull answers stored in one commit at most (each up to `pull_batch` messages)
 _MAX_ANSWERS_PER_COMMIT = 32
+#: with a linger, how long the answers of one tick's pulls are waited for once the first arrived
+_GATHER_S = 0.001
+
+
+def _emptied(resp: Response) -> bool:
+    """Whether a pull's answer reached the end of its queue (a steady stream, not a backlog)."""
+    ext = resp.ext
+    try:
+        return int(ext.get("nextBeginOffset", 0)) >= int(ext.get("maxOffset", 0))
+    except ValueError:  # a broker's odd answer: `_read_pull` says what is wrong with it
+        return False
+
+
+def next_tick(now: float, period: float) -> float:
+    """The next multiple of `period` after `now` (monotonic seconds): the lingering queues of a
+    broker are pulled again together, so their answers come back together and go in one commit."""
+    tick = (now // period + 1) * period
+    return tick if tick > now else tick + period  # `//` on floats may land a tick short
 
 #: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
 BatchCallback = Callable[[list[ReceivedMessage]], bool]
@@ -210,10 +230,15 @@ class Puller:
             # Group commit sized by load: answers already here (other queues') are stored together,
             # so a busy topic goes in commits of up to every owned queue's pull, an idle one in one.
             answers = [(resp, pending.pop(resp.opaque, None))]
+            # With a linger, the queues pulled on one tick answer within a moment of each other:
+            # a moment's wait puts them in one commit instead of a commit each. A backlog (an
+            # answer that did not empty its queue) waits for nothing: what is there goes now.
+            gather = _GATHER_S if s.linger_ms and _emptied(resp) else 0.0
             try:
-                while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(0):
+                while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(gather):
                     more = conn.read_response(time.monotonic() + s.timeout)
                     answers.append((more, pending.pop(more.opaque, None)))
+                    gather = gather and _GATHER_S * _emptied(more)
             except RemotingError as e:  # what was read is handled; the connection is made again
                 log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
                 conn.close()
@@ -264,7 +289,7 @@ class Puller:
                 st.accepted(next_offset, caught_up)
                 self.table.accepted_below(q, next_offset)
                 if linger and caught_up:  # the answer emptied the queue: wait for company
-                    st.retry_at = time.monotonic() + linger
+                    st.retry_at = next_tick(time.monotonic(), linger)
             else:
                 self.counters["refused"] += 1
                 st.retry_after(self.settings.retry_backoff_s)

@@ -181,6 +181,40 @@ class Sizes(Collector):
 
 
 @pytest.mark.rocketmq
+def test_a_steady_trickle_on_many_queues_goes_in_one_batch_a_tick(rocketmq: LocalRocketMQ) -> None:
+    """With a linger, the queues a trickle emptied are pulled again on the same tick and their
+    answers read together: a callback (a store commit) per tick, not one per queue's answer."""
+    topic, group = f"PULL_{uuid.uuid4().hex[:8]}", f"pull-group-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=8)
+    got = Sizes()
+    c = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, got, rebalance_interval_s=0.5, pull_linger_ms=100)
+    c.start()
+    bodies = [f"t{i}" for i in range(400)]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(c.owned()) < 8:
+            time.sleep(0.05)
+        assert len(c.owned()) == 8
+        with RemotingProducer(rocketmq.namesrv_addr, "test-trickle-producer") as p:
+            t0 = time.monotonic()
+            for i in range(0, len(bodies), 8):  # 8 a step, one to each queue (round robin), 20 steps a second
+                for b in bodies[i:i + 8]:
+                    res = p.send([OutgoingMessage(topic, b.encode())])
+                    assert all(isinstance(r, Receipt) for r in res), res
+                time.sleep(max(0.0, t0 + (i // 8 + 1) * 0.05 - time.monotonic()))
+            spent = time.monotonic() - t0
+        got.wait(len(bodies))
+    finally:
+        c.stop()
+    assert sorted(got.ids) == sorted(bodies), "every message once"
+    answers = c.counters["batches"]
+    # ~25 ticks of 100 ms over the 2.5 s, each answered by up to 8 queues; without the common tick,
+    # each queue's answer went on its own (one callback per answer)
+    assert answers > 2 * len(got.sizes), (answers, got.sizes)
+    assert len(got.sizes) <= 2 * spent / 0.1 + 10, (spent, got.sizes)
+
+
+@pytest.mark.rocketmq
 def test_answers_already_read_are_handed_over_in_one_batch(rocketmq: LocalRocketMQ) -> None:
     """Group commit sized by load: with a backlog on every queue, the answers of several queues'
     pulls go to the callback (and so to one store commit) together; each message once."""

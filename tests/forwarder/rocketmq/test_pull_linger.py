@@ -1,5 +1,6 @@
-"""The pull consumer's linger: a queue whose answer emptied it waits before its next pull; one that
-still holds messages (a backlog, however few each answer carries) is pulled again at once."""
+"""The pull consumer's linger: a queue whose answer emptied it waits for the next tick of the linger
+before its next pull (the queues of a broker pulled together); one that still holds messages (a
+backlog, however few each answer carries) is pulled again at once."""
 from __future__ import annotations
 
 import time
@@ -7,35 +8,56 @@ from typing import Any
 
 import pytest
 
-from forwarder.rocketmq._puller import Puller, PullSettings
+from forwarder.rocketmq._puller import Puller, PullSettings, next_tick
 from forwarder.rocketmq._queue_state import QueueTable
 
 Q = ("broker-a", 0)
+Q2 = ("broker-a", 1)
 
 
 def _puller(linger_ms: int) -> tuple[Puller, QueueTable]:
     table = QueueTable()
     table.add(Q, 0)
+    table.add(Q2, 0)
     settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, linger_ms)
     puller = Puller(settings, table, None, lambda batch: True, lambda request: None, {"batches": 0, "refused": 0})  # type: ignore[arg-type]
     return puller, table
 
 
-def _answer(puller: Puller, table: QueueTable, messages: int, caught_up: bool) -> float:
-    """Hand over an answer of `messages` messages; returns how long the queue now waits."""
-    st = table.get(Q)
+def _answer(puller: Puller, table: QueueTable, messages: int, caught_up: bool, q: tuple[str, int] = Q) -> float:
+    """Hand over an answer of `messages` messages from queue `q`; returns how long it now waits."""
+    st = table.get(q)
     assert st is not None
     answer: Any = [object()] * messages
     puller._read_pull = lambda q, resp, budget: (st, st.offset + messages, answer, caught_up)  # type: ignore[method-assign]
-    puller._handle_pulls([(Q, object())])  # type: ignore[list-item]
+    puller._handle_pulls([(q, object())])  # type: ignore[list-item]
     assert st.offset > 0 and st.in_flight is None
     return st.retry_at - time.monotonic()
 
 
 @pytest.mark.parametrize("messages", [1, 32])
-def test_a_queue_emptied_by_its_answer_waits_the_linger(messages: int) -> None:
+def test_a_queue_emptied_by_its_answer_waits_for_the_next_tick(messages: int) -> None:
     puller, table = _puller(500)
-    assert 0.3 < _answer(puller, table, messages, caught_up=True) <= 0.5
+    assert 0 < _answer(puller, table, messages, caught_up=True) <= 0.5
+    st = table.get(Q)
+    assert st is not None and st.retry_at == next_tick(st.retry_at - 0.25, 0.5)  # on the grid
+
+
+def test_queues_emptied_at_different_moments_of_a_tick_are_pulled_together() -> None:
+    puller, table = _puller(200)
+    time.sleep(next_tick(time.monotonic(), 0.2) - time.monotonic() + 0.01)  # early in a tick
+    _answer(puller, table, 3, caught_up=True, q=Q)
+    time.sleep(0.05)
+    _answer(puller, table, 2, caught_up=True, q=Q2)
+    a, b = table.get(Q), table.get(Q2)
+    assert a is not None and b is not None and a.retry_at == b.retry_at
+
+
+def test_the_tick_is_the_next_multiple_of_the_period() -> None:
+    assert next_tick(10.0, 0.02) == pytest.approx(10.02)
+    assert next_tick(10.005, 0.02) == pytest.approx(10.02)
+    assert next_tick(10.0199, 0.02) == pytest.approx(10.02)
+    assert next_tick(10.02, 0.02) == pytest.approx(10.04)
 
 
 @pytest.mark.parametrize("messages", [1, 2, 32])
