@@ -397,6 +397,10 @@ class Timewheel(_RocketMQSystem):
                     "send_failures_total", "retries_total", "delivery_failed_total", "ready", "backlog")
             m = self.metrics()
             out.update({k: m.get("timewheel_" + k) for k in keep})
+            # the engine's own send lateness (due to the broker's ack) over the last minute: was it the
+            # engine that was late, or the hop after it?
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/status", timeout=5) as r:
+                out["engine_send_lateness_last_minute_ms"] = json.loads(r.read()).get("lateness_last_minute_ms")
         return out
 
     def _message(self, m: BenchMessage, sent_ms: int) -> OutgoingMessage:
