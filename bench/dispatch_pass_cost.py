@@ -1,0 +1,158 @@
+"""What one send costs the engine, through a real local RocketMQ.
+
+    python -m bench.dispatch_pass_cost pass [--per-send 1] [--passes 1500] [--profile]
+    python -m bench.dispatch_pass_cost threads [--rate 1000] [--seconds 10]
+
+- pass: the engine without its threads (`Engine.start(background=False)`), a manual clock, and
+  stored messages `--per-send` to a millisecond; one timer pass and one dispatch pass per step,
+  against the real broker. Prints CPU (user and system) and wall time per pass and, per call,
+  the CPU and wall time of the socket write; `--profile` adds cProfile's top functions.
+  `bench/test_dispatch_bench.py` is the same pass against a sink that answers at once.
+- threads: the engine with its threads and a real clock; `--rate` messages a second come due for
+  `--seconds`. Prints the process's CPU per message and each thread's (no ingest beside it).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from forwarder import LocalRocketMQ
+from forwarder.config import RocketMQConfig
+from forwarder.delivery import RocketMQSink
+from forwarder.rocketmq import RemotingProducer
+from forwarder.rocketmq.connection import Connection
+from timewheel import Clock, Engine, EngineConfig, ManualClock, Message, SystemClock
+
+TOPIC = "BENCH_PASS"
+
+
+def _engine(mq: LocalRocketMQ, data: Path, clock: Clock) -> tuple[Engine, RemotingProducer]:
+    cfg = RocketMQConfig(namesrv=mq.namesrv_addr)
+    dead_letters = RemotingProducer(mq.namesrv_addr, "bench-pass-dl")
+    return Engine(EngineConfig(data_dir=data), RocketMQSink(cfg, dead_letters), clock, seed=1), dead_letters
+
+
+def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profile: bool) -> None:
+    """Timer and dispatch passes by hand; CPU and wall time per pass, and of the socket write."""
+    t0 = int(time.time() * 1000)
+    clock = ManualClock(t0)
+    engine, dead_letters = _engine(mq, data, clock)
+    engine.start(background=False)
+    run = engine._run
+    assert run is not None
+    warm = 300
+    engine.schedule([Message(TOPIC, b"x" * 200, t0 + 1 + k // per_send, msg_id=f"m{k}")
+                     for k in range((warm + 2 * passes) * per_send)])
+    writes = [0.0, 0.0, 0]  # CPU s, wall s, calls
+    submit = Connection.submit
+
+    def timed_submit(self: Connection, *a: object, **k: object) -> list[int]:
+        c, w = time.thread_time(), time.perf_counter()
+        try:
+            return submit(self, *a, **k)  # type: ignore[arg-type]
+        finally:
+            writes[0] += time.thread_time() - c
+            writes[1] += time.perf_counter() - w
+            writes[2] += 1
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            clock.advance(1)
+            run.timer.run_pass(clock.now_ms())
+            run.dispatcher.dispatch_pass()
+
+    Connection.submit = timed_submit  # type: ignore[method-assign]
+    try:
+        loop(warm)
+        writes[:] = [0.0, 0.0, 0]
+        r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        loop(passes)
+        r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        print(f"{passes} passes of {per_send}: user {(r1.ru_utime - r0.ru_utime) / passes * 1e6:.1f} µs, "
+              f"system {(r1.ru_stime - r0.ru_stime) / passes * 1e6:.1f} µs, wall {(w1 - w0) / passes * 1e6:.1f} µs "
+              f"a pass; voluntary context switches {r1.ru_nvcsw - r0.ru_nvcsw}")
+        print(f"socket write (Connection.submit): CPU {writes[0] / max(1, writes[2]) * 1e6:.1f} µs, "
+              f"wall {writes[1] / max(1, writes[2]) * 1e6:.1f} µs a call, {writes[2]} calls")
+        if profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            loop(passes)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    finally:
+        Connection.submit = submit  # type: ignore[method-assign]
+        engine.stop()
+        dead_letters.close()
+
+
+def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float) -> None:
+    """Messages due at `rate` a second through the engine's own threads; CPU per message by thread."""
+    engine, dead_letters = _engine(mq, data, SystemClock())
+    engine.start()
+    n = int(rate * seconds)
+    first = int(time.time() * 1000) + 3000
+    engine.schedule([Message(TOPIC, b"x" * 200, first + k * 1000 // rate, msg_id=f"m{k}") for k in range(n)])
+    time.sleep(max(0.0, first / 1000 - time.time()))
+    c0, p0 = _thread_cpu(), time.process_time()
+    time.sleep(seconds + 0.5)
+    c1, p1 = _thread_cpu(), time.process_time()
+    delivered = engine.stats().counters.delivered
+    print(f"{delivered:,} of {n:,} delivered at {rate:,}/s; lateness {engine.stats().lateness_ms}")
+    print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs")
+    for name in sorted(c1, key=lambda k: c0.get(k, 0.0) - c1[k]):
+        spent = c1[name] - c0.get(name, 0.0)
+        if spent > 0:
+            print(f"  {name:30s} {spent / n * 1e6:8.1f} µs a message")
+    engine.stop()
+    dead_letters.close()
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each live Python thread of this process, by its name (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[t.name] = out.get(t.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("pass", help="timer and dispatch passes by hand, against the real broker")
+    p.add_argument("--per-send", type=int, default=1, help="messages due each millisecond (one send)")
+    p.add_argument("--passes", type=int, default=1500, help="passes measured")
+    p.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
+    t = sub.add_parser("threads", help="the engine's threads and real clock; CPU by thread")
+    t.add_argument("--rate", type=int, default=1000, help="messages due a second")
+    t.add_argument("--seconds", type=float, default=10.0, help="for how long")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tw-pass-"))
+    mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
+    mq.start()
+    try:
+        mq.create_topics([TOPIC], queues=8)
+        if args.what == "pass":
+            run_passes(mq, work / "data", args.per_send, args.passes, args.profile)
+        else:
+            run_threads(mq, work / "data", args.rate, args.seconds)
+    finally:
+        mq.stop()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
