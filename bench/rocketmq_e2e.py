@@ -20,6 +20,7 @@ Writes bench/results/rocketmq_e2e.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -33,7 +34,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -133,13 +134,15 @@ class RemoteReceiver:
         """Lateness (ms) of each distinct message received since the last reset, and duplicates."""
         return self._ask("late")  # type: ignore[return-value]
 
-    def pause(self) -> None:
-        """Stop the receiver process (SIGSTOP): it takes no CPU from the broker and the engine."""
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The receiver process stopped (SIGSTOP) meanwhile, so that it takes no CPU from the broker
+        and the engine; it reads on (SIGCONT) afterwards, whatever happened meanwhile."""
         os.kill(self._proc.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-
-    def resume(self) -> None:
-        """Let a paused receiver go on reading (SIGCONT)."""
-        os.kill(self._proc.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            os.kill(self._proc.pid, signal.SIGCONT)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         """Shut the consumer down and end the process."""
@@ -267,24 +270,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         engine.lateness.reset()
         # The intake ceiling is measured with nothing else on the machine; the receiver (a saturated
         # Python consumer) would take a core from the broker and the engine while they dispatch.
-        recv.pause()
-        time.sleep(max(0.0, due / 1000 - time.time() - 1.5))
-        from bench.capacity import Profile
-        if args.profile:
-            args.profile.mkdir(parents=True, exist_ok=True)
-        with Profile(os.getpid(), args.profile and args.profile / "burst_gil.txt", gil=True) as prof:
-            time.sleep(max(0.0, due / 1000 - time.time() - 0.2))
-            c0 = _cpu_s()
-            _wait(lambda: engine.stats().counters.delivered - delivered0 >= args.dispatch, 600)
-            done_ns, c1 = time.time_ns(), _cpu_s()
-        d_s = max(1e-3, done_ns / 1e9 - due / 1000)
-        dispatched = engine.stats().counters.delivered - delivered0
-        out["dispatch"] = {"messages": args.dispatch, "seconds": round(d_s, 2), "per_s": round(args.dispatch / d_s),
-                           "cpu_us_per_message": round((c1 - c0) / max(1, dispatched) * 1e6, 1),
-                           "engine_send_lateness_ms": asdict(engine.stats().lateness_ms),
-                           "gil_held_share": prof.gil_share()}
-        print("dispatch", out["dispatch"], flush=True)
-        recv.resume()
+        with recv.paused():
+            time.sleep(max(0.0, due / 1000 - time.time() - 1.5))
+            from bench.capacity import Profile
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            with Profile(os.getpid(), args.profile and args.profile / "burst_gil.txt", gil=True) as prof:
+                time.sleep(max(0.0, due / 1000 - time.time() - 0.2))
+                c0 = _cpu_s()
+                _wait(lambda: engine.stats().counters.delivered - delivered0 >= args.dispatch, 600)
+                done_ns, c1 = time.time_ns(), _cpu_s()
+            d_s = max(1e-3, done_ns / 1e9 - due / 1000)
+            dispatched = engine.stats().counters.delivered - delivered0
+            out["dispatch"] = {"messages": args.dispatch, "seconds": round(d_s, 2), "per_s": round(args.dispatch / d_s),
+                               "cpu_us_per_message": round((c1 - c0) / max(1, dispatched) * 1e6, 1),
+                               "engine_send_lateness_ms": asdict(engine.stats().lateness_ms),
+                               "gil_held_share": prof.gil_share()}
+            print("dispatch", out["dispatch"], flush=True)
         _wait(lambda: recv.count() >= args.dispatch, 180)
         late, dups = recv.late()
         out["dispatch"].update({"received_by_consumer": recv.count(), "duplicates": dups,  # type: ignore[attr-defined]

@@ -25,8 +25,9 @@ class RocketMQConfig:
     producer_group: str = "timewheel-delivery"
     consume_batch: int = 32
     #: a delay-topic queue whose pull emptied it is pulled again on the next tick of this period, with
-    #: the other queues of its broker: fewer, fuller pulls, one commit a tick under a steady stream (a message due sooner than this after it was sent
-    #: may be stored, and so delivered, up to this late); a backlog is pulled without a pause
+    #: the other queues of its broker: fewer, fuller pulls, one commit a tick under a steady stream (a
+    #: message due sooner than this after it was sent may be stored, and so delivered, up to this
+    #: late); a backlog is pulled without a pause
     consume_linger_ms: int = 20
     send_threads: int = 4
     send_linger_ms: int = 0  # a small batch waits this long after it was due for more to join it

@@ -169,8 +169,7 @@ def _pass(records: RecordBytes, templates: tuple[bytes, bytes, frozenset[bytes]]
           limits: tuple[int, int, int], around: tuple[bytes, ...] | None) -> EncodedBatches:
     """The one pass. `checked` collects each row's text for one search afterwards; without it, each
     row is searched on its own and one holding a separator goes the general way. With `around`
-    (`_pieces`),
-    the compiled loop (where built) takes the plainest rows."""
+    (`_pieces`), the compiled loop (where built) takes the plainest rows."""
     max_message, max_count, max_bytes = limits
     template, own_template, clash = templates
     data = records.data

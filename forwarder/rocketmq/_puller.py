@@ -238,7 +238,8 @@ class Puller:
                 while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(gather):
                     more = conn.read_response(time.monotonic() + s.timeout)
                     answers.append((more, pending.pop(more.opaque, None)))
-                    gather = gather and _GATHER_S * _emptied(more)
+                    if gather and not _emptied(more):
+                        gather = 0.0  # a backlog after all: what is here goes now
             except RemotingError as e:  # what was read is handled; the connection is made again
                 log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
                 conn.close()

@@ -51,11 +51,9 @@ def os_thread_name(name: str) -> str:
     return name.encode("ascii", "replace")[:_COMM_BYTES].decode("ascii")
 
 
-class _Named:
-    """Threads already named, by native id (a thread's name does not change once it runs)."""
-
-    done: dict[int, str] = {}
-    lock = threading.Lock()
+#: threads already named, by native id, with the name they were given
+_named: dict[int, str] = {}
+_named_lock = threading.Lock()
 
 
 def name_os_threads(task_dir: Path = Path("/proc/self/task")) -> int:
@@ -65,19 +63,19 @@ def name_os_threads(task_dir: Path = Path("/proc/self/task")) -> int:
     if not task_dir.is_dir():
         return 0
     named = 0
-    with _Named.lock:
+    with _named_lock:
         # not the main thread: its name is the process's own (`ps`, `top`), which stays as started
         main = threading.main_thread()
         alive = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None and t is not main}
-        for tid in [t for t in _Named.done if t not in alive]:
-            del _Named.done[tid]  # ended: a new thread may get its id
+        for tid in [t for t in _named if t not in alive]:
+            del _named[tid]  # ended: a new thread may get its id
         for tid, name in alive.items():
-            if _Named.done.get(tid) == name:
+            if _named.get(tid) == name:
                 continue
             try:
                 (task_dir / str(tid) / "comm").write_text(os_thread_name(name))
             except OSError:  # ended meanwhile, or a kernel without it: the name is only a convenience
                 pass
-            _Named.done[tid] = name
+            _named[tid] = name
             named += 1
     return named

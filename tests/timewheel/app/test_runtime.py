@@ -35,15 +35,15 @@ def test_every_live_thread_gets_its_name_once() -> None:
     try:
         assert name_os_threads() >= 1
         assert _comm(t) == "tw-probe-thread"
-        assert t.native_id in runtime._Named.done
+        assert t.native_id in runtime._named
         assert name_os_threads() == 0  # nothing new: nothing written again
         main = threading.main_thread()
-        assert _comm(main) != "MainThread" and main.native_id not in runtime._Named.done  # the process's name
+        assert _comm(main) != "MainThread" and main.native_id not in runtime._named  # the process's name
     finally:
         stop.set()
         t.join()
     name_os_threads()
-    assert t.native_id not in runtime._Named.done  # an ended thread is forgotten: its id may come back
+    assert t.native_id not in runtime._named  # an ended thread is forgotten: its id may come back
 
 
 def test_a_missing_compiled_loop_is_a_warning_that_names_it(monkeypatch: pytest.MonkeyPatch,
