@@ -44,8 +44,8 @@ def test_a_queue_emptied_by_its_answer_waits_for_the_next_tick(messages: int) ->
 
 
 def test_queues_emptied_at_different_moments_of_a_tick_are_pulled_together() -> None:
-    puller, table = _puller(200)
-    time.sleep(next_tick(time.monotonic(), 0.2) - time.monotonic() + 0.01)  # early in a tick
+    puller, table = _puller(1000)  # a long tick: a busy machine's pause still leaves both answers in it
+    time.sleep(next_tick(time.monotonic(), 1.0) - time.monotonic() + 0.01)  # early in a tick
     _answer(puller, table, 3, caught_up=True, q=Q)
     time.sleep(0.05)
     _answer(puller, table, 2, caught_up=True, q=Q2)
