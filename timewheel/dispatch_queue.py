@@ -13,7 +13,9 @@ Kafka's SystemTimer hands expired tasks to its executor:
 - `cancel()` marks refs that must not be sent even if they are already here; `withdraw()` does the
   same for entries cancelled after they came due, and hands each one it drops to the dispatcher
   that took it (`drain_withdrawn()`), which records it cancelled: only an entry still here is
-  withdrawn, so none gets two outcomes.
+  withdrawn, so none gets two outcomes. Both are remembered (`timewheel._ref_set.RefSet`: a
+  take tests its batch by binary search, however many are held) until the timer lets their
+  segment go (`forget()`).
 
 The dispatch policy lives here, because only here are both sides visible under one lock:
 - one thread sends unless there is a backlog: a second goes beside a send in flight only when a
@@ -49,6 +51,7 @@ from typing import Callable
 import numpy as np
 
 from timewheel._due import DueChunks, DueEntries, RetryArrays
+from timewheel._ref_set import RefSet
 from timewheel.clock import Clock, seconds_until
 
 # Due messages wait at most this long for the send in flight before going in a send of their own.
@@ -89,8 +92,8 @@ class DispatchQueue:
         self._ready = DueChunks()
         self._backlog = DueChunks()
         self._retries = RetryArrays()
-        self._cancelled = np.empty(0, np.uint64)
-        self._withdrawn = np.empty(0, np.uint64)  # cancelled after due: dropped at take, recorded by the taker
+        self._cancelled = RefSet()
+        self._withdrawn = RefSet()  # cancelled after due: dropped at take, recorded by the taker
         self._dropped: dict[int, list[DueEntries]] = {}  # per dispatch thread, withdrawn entries it dropped
         self._done: dict[int, int] = {}  # terminal outcomes recorded per segment, for the timer to take
         self._sending = 0  # dispatch passes in progress
@@ -170,13 +173,25 @@ class DispatchQueue:
     def cancel(self, refs: np.ndarray) -> None:
         """Never hand out these refs (cancelled; they may already be due and waiting here)."""
         with self._cv:
-            self._cancelled = np.union1d(self._cancelled, refs)
+            self._cancelled.add(refs)
 
     def withdraw(self, refs: np.ndarray) -> None:
         """Never hand out these refs, though already due (cancelled late on a replica that sent none of
         them); the thread whose `take()` drops one gets it from `drain_withdrawn()` to record."""
         with self._cv:
-            self._withdrawn = np.union1d(self._withdrawn, refs)
+            self._withdrawn.add(refs)
+
+    def forget(self, where: Callable[[np.ndarray], np.ndarray]) -> int:
+        """Let go of the cancelled and withdrawn refs for which `where(refs)` (a mask) is True: the
+        timer calls it for a segment it lets go, none of whose entries can come here again; returns
+        how many went. Without it both sets would only grow, and every `take()` test against them."""
+        with self._cv:
+            return self._cancelled.forget(where) + self._withdrawn.forget(where)
+
+    def cancelled_held(self) -> int:
+        """Cancelled and withdrawn refs remembered (until their segment is let go)."""
+        with self._cv:
+            return len(self._cancelled) + len(self._withdrawn)
 
     def drain_withdrawn(self) -> DueEntries | None:
         """The withdrawn entries the calling thread's `take()`s dropped since it last asked."""
@@ -276,13 +291,13 @@ class DispatchQueue:
             taken = len(batch.due)
             if taken:
                 self._note_in_hand(int(batch.due.min()))
-            if len(self._cancelled):
-                batch = batch.select(~np.isin(batch.refs, self._cancelled))
-            if len(self._withdrawn):
-                w = np.isin(batch.refs, self._withdrawn)
+            if self._cancelled:
+                batch = batch.select(~self._cancelled.contains(batch.refs))
+            if self._withdrawn:
+                w = self._withdrawn.contains(batch.refs)
                 if w.any():
                     self._dropped.setdefault(threading.get_ident(), []).append(batch.select(w))
-                    self._withdrawn = np.setdiff1d(self._withdrawn, batch.refs[w])
+                    self._withdrawn.discard(batch.refs[w])
                     batch = batch.select(~w)
             return batch, taken
 

@@ -127,6 +127,11 @@ class SegmentLoader:
             if seg is not None:
                 seg.outstanding -= c
 
+    def in_segment(self, refs: np.ndarray, segment_ms: int) -> np.ndarray:
+        """A mask: which refs are of records of this segment."""
+        keys = [k for (seg, _), k in self._key_of.items() if seg == segment_ms]
+        return np.isin((refs >> _SHIFT).astype(np.int64), np.array(keys, np.int64))
+
     def unload(self, segment_ms: int) -> None:
         """Forget a segment (its refs stay decodable)."""
         self.loaded.pop(segment_ms, None)

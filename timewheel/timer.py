@@ -27,6 +27,7 @@ queue would have sent it anyway; each send then carries a fuller batch, for fewe
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -293,6 +294,8 @@ class TimerDriver:
             if (seg < current and state.outstanding <= 0 and not self._deferred.size
                     and (self.queue.earliest_due() or current) >= current):
                 self.store.meta.mark_segment_done(seg)
+                # none of its entries can reach the queue again: its cancels need not be remembered
+                self.queue.forget(functools.partial(self.loader.in_segment, segment_ms=seg))
                 self.loader.unload(seg)
         if current != self._sealed_before:  # once per segment: it takes the store's write lock
             self._sealed_before = current

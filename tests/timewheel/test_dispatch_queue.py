@@ -169,3 +169,16 @@ def test_held_messages_stop_reading_and_a_closed_queue_ends_the_threads() -> Non
     assert q.next_send_ms(T0, held_full=True) is None and q.next_send_ms(T0, held_full=False) == T0
     q.close()
     assert q.await_turn() is Turn.CLOSED
+
+
+def test_cancelled_and_withdrawn_refs_are_let_go_when_their_segment_is() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.cancel(_refs(1, 2, 3))
+    q.withdraw(_refs(4, 5))
+    assert q.cancelled_held() == 5
+    assert q.forget(lambda refs: refs <= np.uint64(4)) == 4
+    assert q.cancelled_held() == 1
+    q.push_ready(_e(np.array([T0] * 3, np.int64), _refs(2, 5, 6)))
+    e, n = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [2, 6] and n == 3, "a ref let go is handed out again; one still held is not"
