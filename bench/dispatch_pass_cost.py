@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -30,15 +31,19 @@ from forwarder.config import RocketMQConfig
 from forwarder.delivery import RocketMQSink
 from forwarder.rocketmq import RemotingProducer
 from forwarder.rocketmq.connection import Connection
+from forwarder.shaping import TrafficShaper
 from timewheel import Clock, Engine, EngineConfig, ManualClock, Message, SystemClock
 
 TOPIC = "BENCH_PASS"
 
 
-def _engine(mq: LocalRocketMQ, data: Path, clock: Clock) -> tuple[Engine, RemotingProducer]:
+def _engine(mq: LocalRocketMQ, data: Path, clock: Clock, linger_ms: int | None = None) -> tuple[Engine, RemotingProducer]:
     cfg = RocketMQConfig(namesrv=mq.namesrv_addr)
+    if linger_ms is not None:
+        cfg = replace(cfg, send_linger_ms=linger_ms, send_linger_max_ms=max(linger_ms, cfg.send_linger_max_ms))
     dead_letters = RemotingProducer(mq.namesrv_addr, "bench-pass-dl")
-    return Engine(EngineConfig(data_dir=data), RocketMQSink(cfg, dead_letters), clock, seed=1), dead_letters
+    shaper = TrafficShaper() if os.environ.get("BENCH_SHAPER") else None
+    return Engine(EngineConfig(data_dir=data), RocketMQSink(cfg, dead_letters), clock, seed=1, shaper=shaper), dead_letters
 
 
 def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profile: bool) -> None:
@@ -94,9 +99,9 @@ def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profil
         dead_letters.close()
 
 
-def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float) -> None:
+def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger_ms: int | None = None) -> None:
     """Messages due at `rate` a second through the engine's own threads; CPU per message by thread."""
-    engine, dead_letters = _engine(mq, data, SystemClock())
+    engine, dead_letters = _engine(mq, data, SystemClock(), linger_ms)
     engine.start()
     n = int(rate * seconds)
     first = int(time.time() * 1000) + 3000
@@ -139,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     t = sub.add_parser("threads", help="the engine's threads and real clock; CPU by thread")
     t.add_argument("--rate", type=int, default=1000, help="messages due a second")
     t.add_argument("--seconds", type=float, default=10.0, help="for how long")
+    t.add_argument("--send-linger-ms", type=int, help="the sink's send linger when quiet (default: the product's)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tw-pass-"))
     mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
@@ -148,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.what == "pass":
             run_passes(mq, work / "data", args.per_send, args.passes, args.profile)
         else:
-            run_threads(mq, work / "data", args.rate, args.seconds)
+            run_threads(mq, work / "data", args.rate, args.seconds, args.send_linger_ms)
     finally:
         mq.stop()
     sys.stdout.flush()

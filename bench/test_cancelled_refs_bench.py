@@ -51,3 +51,15 @@ def test_one_more_cancel(benchmark, held: int) -> None:
     q = _queue(held)
     counter = iter(range(10**9))
     benchmark.pedantic(lambda: q.cancel(np.array([next(counter)], np.uint64)), rounds=200, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("held", [100_000, 1_000_000])
+def test_wheel_removal(benchmark, held: int) -> None:
+    """One removal from a wheel holding `held` entries: it scans them all, so the timer applies
+    cancels' removals in batches (at most once a second, or per 4,096) rather than pass by pass."""
+    from timewheel.wheel import TimeWheel
+
+    w = TimeWheel(start_ms=T0)
+    w.add(T0 + np.random.default_rng(1).integers(0, 3_600_000, held), np.arange(held, dtype=np.uint64))
+    counter = iter(range(0, 10**9, 7))
+    benchmark.pedantic(lambda: w.remove(np.array([next(counter)], np.uint64)), rounds=50, warmup_rounds=2)

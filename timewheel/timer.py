@@ -47,6 +47,12 @@ from timewheel._threads import guarded
 log = logging.getLogger("timewheel.timer")
 _MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
 _INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
+# Cancelled entries leave the wheel in batches, at most this long after the first of them, or
+# once this many wait: a removal scans every held entry (3.5 ms with a million loaded), so a
+# stream of cancels removed pass by pass would take the timer's every millisecond. Meanwhile the
+# dispatch queue keeps them from being sent (`DispatchQueue.cancel`), and they cost only memory.
+_REMOVAL_DELAY_MS = 1000
+_REMOVAL_BATCH = 4096
 
 
 class TimerDriver:
@@ -73,6 +79,7 @@ class TimerDriver:
         self._deferred = DueChunks()  # overdue entries of segments loaded while older ones still wait
         self._catch_up: deque[int] = deque()
         self._pending_removals: list[np.ndarray] = []
+        self._removals_due = 0  # when the pending removals are applied at the latest
         self._next_rescan = 0
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
@@ -148,9 +155,13 @@ class TimerDriver:
                 if seg in self.loader.loaded:
                     refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
                     self.queue.cancel(refs)
+                    if not self._pending_removals:
+                        self._removals_due = now + _REMOVAL_DELAY_MS
                     self._pending_removals.append(refs)
                     self.loader.note_done({seg: len(arr)})
-        self._wake.set()
+            removals_now = self._removals_waiting() >= _REMOVAL_BATCH
+        if removals_now:
+            self._wake.set()
 
     def withdraw(self, by_segment: dict[int, np.ndarray]) -> None:
         """Keep entries already due from being sent (rows of part, offset per segment): those still in
@@ -221,7 +232,7 @@ class TimerDriver:
             self._next_rescan = now + int(self.config.rescan_seconds * 1000)
             for seg in list(loader.loaded):
                 self._add(*loader.refresh(seg), now)
-        if self._pending_removals:
+        if self._pending_removals and (now >= self._removals_due or self._removals_waiting() >= _REMOVAL_BATCH):
             refs = np.concatenate(self._pending_removals)
             self._pending_removals = []
             wheel.remove(refs)
@@ -301,6 +312,9 @@ class TimerDriver:
             self._sealed_before = current
             self.store.seal_live_parts(current)
 
+    def _removals_waiting(self) -> int:
+        return sum(len(r) for r in self._pending_removals)
+
     def _next_wakeup(self, now: int) -> int:
         seg_ms = self.config.segment_ms
         start = now - now % seg_ms
@@ -312,7 +326,9 @@ class TimerDriver:
             candidates.append(nd + self.queue.linger_ms)
         # catch-up moves on only when the backlog has room: taking from it wakes the timer then
         catch_up_can_move = bool(self._catch_up) and self.queue.backlog_has_room()
-        if (self._inbound or (self._deferred.size and not self._catch_up) or self._pending_removals
+        if self._pending_removals:
+            candidates.append(self._removals_due if self._removals_waiting() < _REMOVAL_BATCH else now)
+        if (self._inbound or (self._deferred.size and not self._catch_up)
                 or catch_up_can_move or start not in self.loader.loaded):
             candidates.append(now)
         return max(now, min(candidates))

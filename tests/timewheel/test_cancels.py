@@ -270,3 +270,19 @@ def test_cancels_of_a_segment_are_let_go_with_it(make_engine, clock: ManualClock
     drive(e, clock, T0 + HOUR + 5000)
     assert queue.cancelled_held() == 0
     assert [m for m, _ in sink.sent][-1] == "next-hour"
+
+
+def test_a_cancelled_entry_due_before_its_removal_is_still_never_sent(make_engine, clock: ManualClock,
+                                                                      sink: RecordingSink) -> None:
+    """Cancelled entries leave the wheel in batches, up to a second later: one that comes due
+    meanwhile reaches the dispatch queue, which drops it."""
+    e = make_engine()
+    e.schedule([Message("T", b"x", T0 + 200, msg_id=f"{_uniq(1)}:1"),
+                Message("T", b"y", T0 + 200, msg_id=f"{_uniq(2)}:1")])
+    drive(e, clock, T0 + 1)
+    e.apply_cancels([CancelRequest(_uniq(1), None, T0)])
+    assert e.stats().wheel_entries == 2, "not removed yet: batched"
+    drive(e, clock, T0 + 500)
+    assert [m for m, _ in sink.sent] == [f"{_uniq(2)}:1"]
+    drive(e, clock, T0 + 1500)
+    assert e.stats().wheel_entries == 0 and e.stats().counters.cancelled == 1
