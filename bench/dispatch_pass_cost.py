@@ -1,7 +1,8 @@
 """What one send costs the engine, through a real local RocketMQ.
 
     python -m bench.dispatch_pass_cost pass [--per-send 1] [--passes 1500] [--profile]
-    python -m bench.dispatch_pass_cost threads [--rate 1000] [--seconds 10]
+    python -m bench.dispatch_pass_cost threads [--rate 1000] [--seconds 10] [--send-linger-ms N] [--shaper]
+        [--cancel-every K]
 
 - pass: the engine without its threads (`Engine.start(background=False)`), a manual clock, and
   stored messages `--per-send` to a millisecond; one timer pass and one dispatch pass per step,
@@ -33,17 +34,19 @@ from forwarder.rocketmq import RemotingProducer
 from forwarder.rocketmq.connection import Connection
 from forwarder.shaping import TrafficShaper
 from timewheel import Clock, Engine, EngineConfig, ManualClock, Message, SystemClock
+from timewheel.cancels import CancelRequest
 
 TOPIC = "BENCH_PASS"
 
 
-def _engine(mq: LocalRocketMQ, data: Path, clock: Clock, linger_ms: int | None = None) -> tuple[Engine, RemotingProducer]:
+def _engine(mq: LocalRocketMQ, data: Path, clock: Clock, linger_ms: int | None = None,
+            shaper: bool = False) -> tuple[Engine, RemotingProducer]:
     cfg = RocketMQConfig(namesrv=mq.namesrv_addr)
     if linger_ms is not None:
         cfg = replace(cfg, send_linger_ms=linger_ms, send_linger_max_ms=max(linger_ms, cfg.send_linger_max_ms))
     dead_letters = RemotingProducer(mq.namesrv_addr, "bench-pass-dl")
-    shaper = TrafficShaper() if os.environ.get("BENCH_SHAPER") else None
-    return Engine(EngineConfig(data_dir=data), RocketMQSink(cfg, dead_letters), clock, seed=1, shaper=shaper), dead_letters
+    return Engine(EngineConfig(data_dir=data), RocketMQSink(cfg, dead_letters), clock, seed=1,
+                  shaper=TrafficShaper() if shaper else None), dead_letters
 
 
 def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profile: bool) -> None:
@@ -99,13 +102,23 @@ def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profil
         dead_letters.close()
 
 
-def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger_ms: int | None = None) -> None:
-    """Messages due at `rate` a second through the engine's own threads; CPU per message by thread."""
-    engine, dead_letters = _engine(mq, data, SystemClock(), linger_ms)
+def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger_ms: int | None = None,
+                shaper: bool = False, cancel_every: int = 0) -> None:
+    """Messages due at `rate` a second through the engine's own threads; CPU per message by thread.
+    `cancel_every` k: every k-th message is cancelled once loaded, a thousand cancels at a time."""
+    engine, dead_letters = _engine(mq, data, SystemClock(), linger_ms, shaper)
     engine.start()
     n = int(rate * seconds)
     first = int(time.time() * 1000) + 3000
     engine.schedule([Message(TOPIC, b"x" * 200, first + k * 1000 // rate, msg_id=f"m{k}") for k in range(n)])
+    if cancel_every:
+        time.sleep(0.5)  # the current segment is loaded: the cancels reach the wheel and the queue
+        ids = [f"m{k}" for k in range(0, n, cancel_every)]
+        c0 = time.process_time()
+        for i in range(0, len(ids), 1000):
+            engine.apply_cancels([CancelRequest(m, None, first) for m in ids[i:i + 1000]])
+        print(f"{len(ids):,} cancels applied: {(time.process_time() - c0) / len(ids) * 1e6:.1f} µs of CPU each")
+        n -= len(ids)
     time.sleep(max(0.0, first / 1000 - time.time()))
     c0, p0 = _thread_cpu(), time.process_time()
     time.sleep(seconds + 0.5)
@@ -145,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--rate", type=int, default=1000, help="messages due a second")
     t.add_argument("--seconds", type=float, default=10.0, help="for how long")
     t.add_argument("--send-linger-ms", type=int, help="the sink's send linger when quiet (default: the product's)")
+    t.add_argument("--shaper", action="store_true", help="with a traffic shaper without rules, as `timewheel serve` runs")
+    t.add_argument("--cancel-every", type=int, default=0, metavar="K",
+                   help="cancel every K-th message once loaded (0: none)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tw-pass-"))
     mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
@@ -154,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.what == "pass":
             run_passes(mq, work / "data", args.per_send, args.passes, args.profile)
         else:
-            run_threads(mq, work / "data", args.rate, args.seconds, args.send_linger_ms)
+            run_threads(mq, work / "data", args.rate, args.seconds, args.send_linger_ms, args.shaper,
+                        args.cancel_every)
     finally:
         mq.stop()
     sys.stdout.flush()
