@@ -89,7 +89,8 @@ class TimeWheel:
     - `pop_due` within the cursor's slot: O(log h + k). Into a later slot: O(R log N) searches
       plus sorting the m entries of the slots crossed, O(m) by radix when m is large.
     - `next_due_ms`: O(1), the head's first entry or a cached minimum of the later tiers.
-    - `remove`: O(N), `np.isin` over every array; it serves cancels, which are rare.
+    - `remove`: O(N), `np.isin` over every array; it serves cancels, which can be most messages
+      (orders paid before their timeout), so the timer removes them in batches (`timewheel.timer`).
     - memory: 16 bytes per held entry, plus the drained prefix of the head and of each run's
       first chunk, copied away once it exceeds a quarter of what is left: at most 20 bytes per
       entry, exactly 16 after a bulk add to an empty wheel.
