@@ -93,42 +93,84 @@ class DueChunks:
 
 
 class RetryArrays:
-    """Failed sends waiting for their next attempt: parallel arrays, no object per message."""
+    """Failed sends waiting for their next attempt: parallel arrays, no object per message.
+
+    Kept as chunks in the order they were added, each with its earliest next attempt and due
+    time: in a broker outage hundreds of thousands wait here, and adding a failed batch to one
+    array copied them all (2.4 ms with 600,000 waiting, for each failed send). Up to `_MAX_CHUNKS`
+    are kept before they are merged into one, so an add costs a fraction of that, amortised."""
+
+    _MAX_CHUNKS = 64
 
     def __init__(self) -> None:
-        self.next_ms = EMPTY_I64
-        self.entries = DueEntries.empty()
+        self._chunks: list[tuple[np.ndarray, DueEntries]] = []  # (next attempt ms, entries), in add order
+        self._next_min: list[int] = []  # per chunk
+        self._due_min: list[int] = []  # per chunk
+        self._n = 0
 
     def __len__(self) -> int:
-        return len(self.next_ms)
+        return self._n
+
+    @property
+    def next_ms(self) -> np.ndarray:
+        """When each waiting entry is tried next (aligned with `entries`)."""
+        self._merge()
+        return self._chunks[0][0] if self._chunks else EMPTY_I64
+
+    @property
+    def entries(self) -> DueEntries:
+        """The entries waiting, in the order they were added."""
+        self._merge()
+        return self._chunks[0][1] if self._chunks else DueEntries.empty()
 
     @property
     def due(self) -> np.ndarray:
         """Due times of the entries waiting."""
         return self.entries.due
 
+    def due_min(self) -> int | None:
+        """The earliest due time waiting, or None."""
+        return min(self._due_min) if self._due_min else None
+
     def add(self, next_ms: np.ndarray, entries: DueEntries) -> None:
         """Queue entries for another attempt at `next_ms`."""
-        if not len(self.next_ms):
-            self.next_ms, self.entries = next_ms, entries
+        if not len(next_ms):
             return
-        self.next_ms = np.concatenate((self.next_ms, next_ms))
-        self.entries = DueEntries.concat([self.entries, entries])
+        self._append(next_ms, entries)
+        if len(self._chunks) > self._MAX_CHUNKS:
+            self._merge()
+
+    def _append(self, next_ms: np.ndarray, entries: DueEntries) -> None:
+        self._chunks.append((next_ms, entries))
+        self._next_min.append(int(next_ms.min()))
+        self._due_min.append(int(entries.due.min()))
+        self._n += len(next_ms)
+
+    def _merge(self) -> None:
+        if len(self._chunks) < 2:
+            return
+        chunks, self._chunks, self._next_min, self._due_min, self._n = self._chunks, [], [], [], 0
+        self._append(np.concatenate([c[0] for c in chunks]), DueEntries.concat([c[1] for c in chunks]))
 
     def pop_ready(self, now_ms: int) -> DueEntries | None:
         """Remove and return the entries whose next attempt is due by `now_ms` (None: none)."""
-        if not len(self.next_ms):
+        if not self._n or min(self._next_min) > now_ms:
             return None
-        sel = self.next_ms <= now_ms
-        if not sel.any():
-            return None
+        out: list[DueEntries] = []
+        chunks, self._chunks, self._next_min, self._due_min, self._n = self._chunks, [], [], [], 0
+        for next_ms, entries in chunks:
+            sel = next_ms <= now_ms
+            if not sel.any():
+                self._append(next_ms, entries)
+                continue
+            out.append(entries.select(sel))
+            if not sel.all():
+                keep = ~sel
+                self._append(next_ms[keep], entries.select(keep))
         # oldest due first: what a replica held while it could not send goes out in due order
-        out = self.entries.select(sel)
-        out = out.select(np.argsort(out.due, kind="stable"))
-        keep = ~sel
-        self.next_ms, self.entries = self.next_ms[keep], self.entries.select(keep)
-        return out
+        ready = DueEntries.concat(out)
+        return ready.select(np.argsort(ready.due, kind="stable"))
 
     def next_ms_min(self) -> int | None:
         """When the next attempt is due, or None."""
-        return int(self.next_ms.min()) if len(self.next_ms) else None
+        return min(self._next_min) if self._next_min else None

@@ -321,7 +321,7 @@ class DispatchQueue:
         with self._cv:
             mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
             if len(self._retries):
-                mins.append(self._retries.due.min())
+                mins.append(self._retries.due_min())
             mins.extend(self._in_hand.values())
             return int(min(mins)) if mins else None
 
