@@ -63,3 +63,14 @@ def test_wheel_removal(benchmark, held: int) -> None:
     w.add(T0 + np.random.default_rng(1).integers(0, 3_600_000, held), np.arange(held, dtype=np.uint64))
     counter = iter(range(0, 10**9, 7))
     benchmark.pedantic(lambda: w.remove(np.array([next(counter)], np.uint64)), rounds=50, warmup_rounds=2)
+
+
+@pytest.mark.parametrize("waiting", [60_000, 600_000])
+def test_add_a_failed_batch(benchmark, waiting: int) -> None:
+    """60 failed entries queued for retry while `waiting` already wait (a minute of a 10k/s
+    outage is 600,000)."""
+    q = DispatchQueue(ManualClock(T0), batch_size=256, catch_up_chunk=100_000)
+    q.retry(np.full(waiting, T0 + 60_000, np.int64), _entries(waiting, 0))
+    counter = iter(range(1, 10**9))
+    benchmark.pedantic(lambda: q.retry(np.full(60, T0 + 60_000, np.int64), _entries(60, next(counter) * 60 + waiting)),
+                       rounds=300, warmup_rounds=5)
