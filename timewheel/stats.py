@@ -44,6 +44,7 @@ class EngineStats:
     loaded_segments: Mapping[str, int] = field(default_factory=dict)  # segment start ms -> outstanding
     lateness_ms: LatenessSummary = field(default_factory=LatenessSummary)
     tombstones: int = 0  # cancels held for messages that may still arrive
+    cancels_held: int = 0  # cancels of loaded segments the dispatch queue remembers until the segment is done
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key

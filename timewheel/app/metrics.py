@@ -56,7 +56,9 @@ class EngineCollector(Collector):
                          ("backlog", "Overdue messages of past segments waiting (catch-up)."),
                          ("retrying", "Messages waiting for their next attempt."),
                          ("storage_corrupt_records", "Corrupt records the store has found on reads."),
-                         ("tombstones", "Cancels held for messages that may still arrive.")):
+                         ("tombstones", "Cancels held for messages that may still arrive."),
+                         ("cancels_held", "Cancels of loaded segments the dispatch queue remembers until the "
+                                          "segment is done.")):
             yield GaugeMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st, key)))
         if "ha_holder" in ep:
             yield GaugeMetricFamily("timewheel_ha_holder", "1 while this replica holds its shard's lease and may send.",
