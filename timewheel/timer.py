@@ -80,6 +80,7 @@ class TimerDriver:
         self._catch_up: deque[int] = deque()
         self._pending_removals: list[np.ndarray] = []
         self._removals_due = 0  # when the pending removals are applied at the latest
+        self._removals_waiting = 0  # refs in the pending removals
         self._next_rescan = 0
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
@@ -158,8 +159,9 @@ class TimerDriver:
                     if not self._pending_removals:
                         self._removals_due = now + _REMOVAL_DELAY_MS
                     self._pending_removals.append(refs)
+                    self._removals_waiting += len(refs)
                     self.loader.note_done({seg: len(arr)})
-            removals_now = self._removals_waiting() >= _REMOVAL_BATCH
+            removals_now = self._removals_waiting >= _REMOVAL_BATCH
         if removals_now:
             self._wake.set()
 
@@ -232,9 +234,9 @@ class TimerDriver:
             self._next_rescan = now + int(self.config.rescan_seconds * 1000)
             for seg in list(loader.loaded):
                 self._add(*loader.refresh(seg), now)
-        if self._pending_removals and (now >= self._removals_due or self._removals_waiting() >= _REMOVAL_BATCH):
+        if self._pending_removals and (now >= self._removals_due or self._removals_waiting >= _REMOVAL_BATCH):
             refs = np.concatenate(self._pending_removals)
-            self._pending_removals = []
+            self._pending_removals, self._removals_waiting = [], 0
             wheel.remove(refs)
         queue.push_ready(self._entries(*wheel.pop_due(now)))
         if self._catch_up and queue.backlog_has_room():
@@ -312,9 +314,6 @@ class TimerDriver:
             self._sealed_before = current
             self.store.seal_live_parts(current)
 
-    def _removals_waiting(self) -> int:
-        return sum(len(r) for r in self._pending_removals)
-
     def _next_wakeup(self, now: int) -> int:
         seg_ms = self.config.segment_ms
         start = now - now % seg_ms
@@ -327,7 +326,7 @@ class TimerDriver:
         # catch-up moves on only when the backlog has room: taking from it wakes the timer then
         catch_up_can_move = bool(self._catch_up) and self.queue.backlog_has_room()
         if self._pending_removals:
-            candidates.append(self._removals_due if self._removals_waiting() < _REMOVAL_BATCH else now)
+            candidates.append(self._removals_due if self._removals_waiting < _REMOVAL_BATCH else now)
         if (self._inbound or (self._deferred.size and not self._catch_up)
                 or catch_up_can_move or start not in self.loader.loaded):
             candidates.append(now)

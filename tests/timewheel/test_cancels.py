@@ -286,3 +286,16 @@ def test_a_cancelled_entry_due_before_its_removal_is_still_never_sent(make_engin
     assert [m for m, _ in sink.sent] == [f"{_uniq(2)}:1"]
     drive(e, clock, T0 + 1500)
     assert e.stats().wheel_entries == 0 and e.stats().counters.cancelled == 1
+
+
+def test_many_cancels_leave_the_wheel_at_the_next_pass(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+    e = make_engine()
+    n = 5000  # past the removal batch: no waiting for the second to pass
+    e.schedule([Message("T", b"x", T0 + 10_000, msg_id=f"{_uniq(i)}:1") for i in range(n)])
+    drive(e, clock, T0 + 1)
+    e.apply_cancels([CancelRequest(_uniq(i), None, T0) for i in range(n)])
+    assert e.next_wakeup_ms() == T0 + 1, "the removal is due now"
+    drive(e, clock, T0 + 2)
+    assert e.stats().wheel_entries == 0
+    drive(e, clock, T0 + 20_000)
+    assert sink.sent == [] and e.stats().counters.cancelled == n
