@@ -140,29 +140,33 @@ class RetryArrays:
         if len(self._chunks) > self._MAX_CHUNKS:
             self._merge()
 
-    def _append(self, next_ms: np.ndarray, entries: DueEntries) -> None:
+    def _append(self, next_ms: np.ndarray, entries: DueEntries, minima: tuple[int, int] | None = None) -> None:
+        """Add a chunk (`minima`: its earliest next attempt and due time, when already known)."""
         self._chunks.append((next_ms, entries))
-        self._next_min.append(int(next_ms.min()))
-        self._due_min.append(int(entries.due.min()))
+        next_min, due_min = minima if minima is not None else (int(next_ms.min()), int(entries.due.min()))
+        self._next_min.append(next_min)
+        self._due_min.append(due_min)
         self._n += len(next_ms)
 
     def _merge(self) -> None:
         if len(self._chunks) < 2:
             return
-        chunks, self._chunks, self._next_min, self._due_min, self._n = self._chunks, [], [], [], 0
-        self._append(np.concatenate([c[0] for c in chunks]), DueEntries.concat([c[1] for c in chunks]))
+        chunks, minima = self._chunks, (min(self._next_min), min(self._due_min))
+        self._chunks, self._next_min, self._due_min, self._n = [], [], [], 0
+        self._append(np.concatenate([c[0] for c in chunks]), DueEntries.concat([c[1] for c in chunks]), minima)
 
     def pop_ready(self, now_ms: int) -> DueEntries | None:
         """Remove and return the entries whose next attempt is due by `now_ms` (None: none)."""
         if not self._n or min(self._next_min) > now_ms:
             return None
         out: list[DueEntries] = []
-        chunks, self._chunks, self._next_min, self._due_min, self._n = self._chunks, [], [], [], 0
-        for next_ms, entries in chunks:
-            sel = next_ms <= now_ms
-            if not sel.any():
-                self._append(next_ms, entries)
+        chunks = list(zip(self._chunks, self._next_min, self._due_min))
+        self._chunks, self._next_min, self._due_min, self._n = [], [], [], 0
+        for (next_ms, entries), next_min, due_min in chunks:
+            if next_min > now_ms:  # nothing of it is ready: kept as it is, its minima too
+                self._append(next_ms, entries, (next_min, due_min))
                 continue
+            sel = next_ms <= now_ms
             out.append(entries.select(sel))
             if not sel.all():
                 keep = ~sel

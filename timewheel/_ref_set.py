@@ -14,9 +14,6 @@ from typing import Callable
 
 import numpy as np
 
-_EMPTY = np.empty(0, np.uint64)
-
-
 def _member(refs: np.ndarray, level: np.ndarray) -> np.ndarray:
     """Which of `refs` are in the sorted, non-empty `level`."""
     at = np.searchsorted(level, refs)
