@@ -136,6 +136,7 @@ public final class JavaClient {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         List<Message> pending = new ArrayList<>();
         boolean batch = opt.getOrDefault("as-batch", "false").equals("true");
+        List<String> sent = new ArrayList<>();
         String line;
         while ((line = in.readLine()) != null) {
             if (line.isBlank()) {
@@ -145,32 +146,69 @@ public final class JavaClient {
             if (batch) {
                 pending.add(m);
             } else {
-                report(() -> p.send(m), 1);
+                sent.addAll(report(() -> p.send(m), 1));
             }
         }
         if (batch && !pending.isEmpty()) {
-            report(() -> p.send(pending), pending.size());
+            sent.addAll(report(() -> p.send(pending), pending.size()));
         }
         if (opt.getOrDefault("trace", "false").equals("true")) {
-            // the trace records go out asynchronously, and shutdown() waits only 500 ms for them before
-            // stopping their sender: on a loaded machine that lost the producer's own record
-            Thread.sleep(3_000);
+            awaitTraces(p, opt.getOrDefault("trace-topic", "RMQ_SYS_TRACE_TOPIC"), p.getProducerGroup(), sent);
         }
         p.shutdown();
+    }
+
+    // The trace records go out asynchronously from a separate client, and shutdown() waits only 500 ms for
+    // them before stopping it: a cold JVM on a loaded machine lost the producer's own record that way, even
+    // after a fixed 3 s pause. So wait (at most 60 s) until the broker holds this producer's Pub record of
+    // every message sent, looked up the way queryMsgTraceById does (the trace topic's key index).
+    private static void awaitTraces(DefaultMQProducer p, String traceTopic, String group, List<String> msgIds)
+            throws InterruptedException {
+        String pub = "Pub\u0001";
+        String ofGroup = "\u0001" + group + "\u0001";
+        long deadline = System.currentTimeMillis() + 60_000;
+        List<String> waiting = new ArrayList<>(msgIds);
+        while (!waiting.isEmpty() && System.currentTimeMillis() < deadline) {
+            waiting.removeIf(id -> {
+                try {
+                    for (MessageExt m : p.queryMessage(traceTopic, id, 32, 0, Long.MAX_VALUE).getMessageList()) {
+                        String body = new String(m.getBody(), StandardCharsets.UTF_8);
+                        if (body.contains(pub) && body.contains(ofGroup) && body.contains(id)) {
+                            return true;
+                        }
+                    }
+                } catch (Exception notYet) {
+                    // the broker answers "no message" until the record is indexed; asked again below
+                }
+                return false;
+            });
+            if (!waiting.isEmpty()) {
+                Thread.sleep(200);
+            }
+        }
+        if (!waiting.isEmpty()) {
+            System.err.println("trace records not seen in " + traceTopic + " after 60 s for " + waiting);
+        }
     }
 
     private interface Send {
         SendResult call() throws Exception;
     }
 
-    private static void report(Send send, int n) {
+    // prints the outcome of one send; returns the ids it stored (a batch's are joined by commas)
+    private static List<String> report(Send send, int n) {
         JSONObject out = new JSONObject();
+        List<String> ids = new ArrayList<>();
         try {
             SendResult r = send.call();
-            out.put("ok", r.getSendStatus().name().equals("SEND_OK"));
+            boolean ok = r.getSendStatus().name().equals("SEND_OK");
+            out.put("ok", ok);
             out.put("status", r.getSendStatus().name());
             out.put("msgId", r.getMsgId());
             out.put("count", n);
+            if (ok && r.getMsgId() != null) {
+                ids.addAll(Arrays.asList(r.getMsgId().split(",")));
+            }
         } catch (Exception e) {
             out.put("ok", false);
             out.put("error", e.getClass().getSimpleName() + ": " + e.getMessage());
@@ -178,6 +216,7 @@ public final class JavaClient {
         }
         System.out.println(out.toJSONString());
         System.out.flush();
+        return ids;
     }
 
     private static void consume(Map<String, String> opt) throws Exception {
