@@ -1,16 +1,24 @@
 """Capacity model: disk, memory and CPU per million scheduled messages and per thousand due per
 second, measured on this machine, and how many engines a load needs.
 
-    python -m bench.capacity [--messages 20000] [--due-rate 2000] [--loaded 500000]
+    python -m bench.capacity [--messages 50000] [--due-rate 10000] [--low-due-rate 1000]
+        [--check-rate 2000 --check-rate 5000] [--loaded 500000]
 
 - ingest: a `timewheel serve` process on a real local RocketMQ stores --messages delay messages
   (200-byte bodies) due in two hours; its CPU time (from /proc, idle cost subtracted) per message,
   and the data directory's bytes per message once checkpointed;
-- delivery: --due-rate messages a second come due for 10 s; CPU time per delivered message;
+- delivery: messages come due for 10 s at --due-rate a second, then at --low-due-rate, then at each
+  --check-rate; CPU time per delivered message at each;
 - loaded memory: a fresh process opens a data directory holding --loaded messages due within the
   loaded segments; RSS growth per message, and the wheel's own bytes per entry.
-The model (per million, per thousand a second, engines for example loads) is computed from those
-figures. Writes bench/results/capacity.json.
+
+Delivery CPU is not linear in the due rate: each send costs about as much as tens of messages, and
+the send linger (`rocketmq.send_linger_ms` growing to `send_linger_max_ms` at 10,000 due a second)
+decides how many messages a send carries. The model fits a cost per send and a cost per message to
+the two delivery rates (`delivery_fit`), with a send carrying the messages due over the linger plus
+the millisecond the timer turns in; the check rates are measured beside what that fit predicts for
+them, so its error is on record. The model (per million, per thousand a second, engines for
+example loads) is computed from those figures. Writes bench/results/capacity.json.
 """
 from __future__ import annotations
 
@@ -36,7 +44,9 @@ from forwarder.rocketmq import RemotingProducer
 from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
 from tests.reliability.kill_loop import serve_env, start_serve
+from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
+from timewheel.dispatch_queue import FULL_LINGER_RATE
 
 RESULTS = Path(__file__).parent / "results"
 CORE_BUDGET = 0.7  # of one core per engine: one Python process, the GIL serialises its Python work
@@ -166,8 +176,10 @@ class Profile:
 
 
 def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None,
-                     gil: bool = False, serve_extra: dict[str, str] | None = None) -> dict[str, object]:
-    """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message."""
+                     gil: bool = False, serve_extra: dict[str, str] | None = None,
+                     other_rates: Sequence[int] = ()) -> dict[str, object]:
+    """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message: delivery
+    at `due_rate` (`delivery`), then at each of `other_rates` (`delivery_R`)."""
     out: dict[str, object] = {}
     with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
         run = uuid.uuid4().hex[:8]
@@ -202,33 +214,12 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
                              "cpu_us_per_message": round((cpu - idle * dt) / sent * 1e6, 1),
                              "disk_bytes_per_message": round(disk / sent, 1), "body_bytes": len(BODY)}
             print("ingest", out["ingest"], flush=True)
-            # delivery: due_rate a second for DUE_SECONDS, starting once all are sent and stored
-            # (sending and storing them takes about as long as the ingest above did)
-            n = int(due_rate * DUE_SECONDS)
-            start_ms = time.time_ns() // 1_000_000 + 10_000 + int(3 * dt * 1000 * n / sent)
-            before = _stored(data)
-            # distinct bodies: the client can give two messages one UNIQ_KEY, and equal content
-            # with an equal due time would then be stored once
-            n = produce(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
-                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(start_ms + i * 1000 // due_rate)})
-                for i in range(n)])  # what the broker acknowledged
-            _wait(lambda: _stored(data) >= before + n, 600)
-            n = _stored(data) - before
-            early = recv.count()  # only these messages are delivered: the ingested ones are due in two hours
-            time.sleep(max(0.0, start_ms / 1000 - time.time() - 1.5))
-            with Profile(proc.pid, profile and profile / "delivery.txt", gil=gil):
-                c0, t0 = meter.sample()[1], time.monotonic()
-                _wait(lambda: recv.count() >= n, DUE_SECONDS + 120)
-                dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
-            received = recv.count()
-            if received < n:  # the CPU per message would be diluted by the wait: no figure
-                raise SystemExit(f"only {received} of {n} due messages were delivered; see {work / 'serve.log'}")
-            late = lateness_summary(recv.late()[0])
-            out["delivery"] = {"due_per_s": due_rate, "messages": n, "delivered": received,
-                               "delivered_before_measuring": early,
-                               "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),
-                               "lateness_ms": late}
-            print("delivery", out["delivery"], flush=True)
+            ingest_s_per_msg = dt / max(sent, 1)  # sending and storing the due ones takes about as long
+            for label, rate in [("delivery", due_rate), *((f"delivery_{r}", r) for r in other_rates)]:
+                with Profile(proc.pid, profile and profile / f"{label}.txt", gil=gil):
+                    out[label] = _delivery(producer, recv, meter, data, delay_topic, target, rate, ingest_s_per_msg,
+                                           idle, work / "serve.log")
+                print(label, out[label], flush=True)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
@@ -237,23 +228,85 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
     return out
 
 
-def model(measured: dict[str, object], cfg: EngineConfig) -> dict[str, object]:
+def _delivery(producer: RemotingProducer, recv: RemoteReceiver, meter: CpuMeter, data: Path, delay_topic: str,
+              target: str, due_rate: int, ingest_s_per_msg: float, idle: float, log_path: Path) -> dict[str, object]:
+    """`due_rate` messages a second coming due for DUE_SECONDS, starting once all are sent and stored;
+    the serve process's CPU (idle subtracted) per delivered message, and their lateness."""
+    n = int(due_rate * DUE_SECONDS)
+    start_ms = time.time_ns() // 1_000_000 + 10_000 + int(3 * ingest_s_per_msg * 1000 * n)
+    before = _stored(data)
+    recv.reset()  # an earlier phase's messages are all in
+    # distinct bodies: the client can give two messages one UNIQ_KEY, and equal content with an
+    # equal due time would then be stored once
+    n = produce(producer, [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+        "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(start_ms + i * 1000 // due_rate)})
+        for i in range(n)])  # what the broker acknowledged
+    _wait(lambda: _stored(data) >= before + n, 600)
+    n = _stored(data) - before
+    time.sleep(max(0.0, start_ms / 1000 - time.time() - 1.5))
+    early = recv.count()  # delivered before measuring: none unless the engine ran early
+    c0, t0 = meter.sample()[1], time.monotonic()
+    _wait(lambda: recv.count() >= n, DUE_SECONDS + 120)
+    dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+    received = recv.count()
+    if received < n:  # the CPU per message would be diluted by the wait: no figure
+        raise SystemExit(f"only {received} of {n} due messages were delivered at {due_rate}/s; see {log_path}")
+    late = lateness_summary(recv.late()[0])
+    return {"due_per_s": due_rate, "messages": n, "delivered": received, "delivered_before_measuring": early,
+            "seconds": round(dt, 1), "cpu_us_per_message": round((cpu - idle * dt) / n * 1e6, 1),
+            "lateness_ms": late}
+
+
+def per_send(due_per_s: float, rmq: RocketMQConfig) -> float:
+    """Messages a send carries at `due_per_s`: those due over the send linger the engine picks at
+    that rate (`timewheel.dispatch_queue`) and the millisecond the timer turns in, at least one."""
+    span = rmq.send_linger_max_ms - rmq.send_linger_ms
+    linger = rmq.send_linger_ms + int(span * min(1.0, due_per_s / FULL_LINGER_RATE))
+    return max(1.0, due_per_s * (linger + 1) / 1000)
+
+
+def fit_delivery(points: Sequence[tuple[float, float]], rmq: RocketMQConfig) -> dict[str, float]:
+    """A CPU cost per send and per message fitted to two measured (due a second, µs a message)
+    points; linear (no cost per send) when they cannot be told apart."""
+    (r1, c1), (r2, c2) = points
+    inv1, inv2 = 1 / per_send(r1, rmq), 1 / per_send(r2, rmq)
+    send_us = (c1 - c2) / (inv1 - inv2) if inv1 != inv2 else 0.0
+    if send_us <= 0:
+        send_us = 0.0
+    return {"us_per_send": round(send_us, 1), "us_per_message": round(max(0.0, c2 - send_us * inv2), 2)}
+
+
+def delivery_us(due_per_s: float, fit: dict[str, float], rmq: RocketMQConfig) -> float:
+    """Delivery CPU a message at `due_per_s`, by the fit."""
+    return fit["us_per_send"] / per_send(due_per_s, rmq) + fit["us_per_message"]
+
+
+def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -> dict[str, object]:
     """Per million scheduled, per thousand due a second, and engines for example loads."""
     ing, dlv, mem = measured["ingest"], measured["delivery"], measured["loaded"]
     assert isinstance(ing, dict) and isinstance(dlv, dict) and isinstance(mem, dict)
+    rates = sorted((v["due_per_s"], v["cpu_us_per_message"]) for k, v in measured.items()
+                   if k.startswith("delivery") and isinstance(v, dict))
+    low = measured.get(f"delivery_{measured.get('low_due_rate')}")
+    if isinstance(low, dict) and low["due_per_s"] != dlv["due_per_s"]:
+        fit = fit_delivery([(low["due_per_s"], low["cpu_us_per_message"]),
+                            (dlv["due_per_s"], dlv["cpu_us_per_message"])], rmq)
+    else:  # one rate measured: linear in the due rate
+        fit = {"us_per_send": 0.0, "us_per_message": dlv["cpu_us_per_message"]}
+    checks = [{"due_per_s": r, "measured_us": c, "model_us": round(delivery_us(r, fit, rmq), 1)} for r, c in rates]
     per_entry = mem["rss_bytes_per_entry"]
     # the wheel holds the current segment and, from `preload` before it starts, the next one
     loaded_seconds = cfg.segment_ms / 1000 + cfg.preload_seconds
     per_million = {"disk_gb": round(ing["disk_bytes_per_message"] * 1e6 / 1e9, 3),
                    "ingest_cpu_core_seconds": round(ing["cpu_us_per_message"], 1),
                    "memory_mb_if_loaded": round(per_entry * 1e6 / 2**20, 1), "memory_mb_on_disk_only": 0}
-    per_thousand_due = {"cpu_cores": round(dlv["cpu_us_per_message"] * 1000 / 1e6, 3),
+    per_thousand_due = {"cpu_cores": round(delivery_us(1000, fit, rmq) * 1000 / 1e6, 3),
                         "wheel_entries": int(1000 * loaded_seconds),
                         "memory_mb": round(1000 * loaded_seconds * per_entry / 2**20, 1),
                         "dispatch_log_bytes_per_s": 1000 * 24}
 
     def engines(ingest_per_s: int, due_per_s: int, scheduled: int, disk_gb: float = 1000, memory_gb: float = 8) -> dict:
-        cores = (ingest_per_s * ing["cpu_us_per_message"] + due_per_s * dlv["cpu_us_per_message"]) / 1e6
+        cores = (ingest_per_s * ing["cpu_us_per_message"] + due_per_s * delivery_us(due_per_s, fit, rmq)) / 1e6
         disk = scheduled * ing["disk_bytes_per_message"] / 1e9
         memory = due_per_s * loaded_seconds * per_entry / 2**30
         need = {"cpu": math.ceil(cores / CORE_BUDGET), "disk": math.ceil(disk / disk_gb),
@@ -263,7 +316,9 @@ def model(measured: dict[str, object], cfg: EngineConfig) -> dict[str, object]:
                 "engines_by": need, "engines": max(1, *need.values())}
 
     return {"assumptions": {"core_budget_per_engine": CORE_BUDGET, "disk_gb_per_engine": 1000,
-                            "memory_gb_per_engine": 8, "body_bytes": len(BODY), "loaded_seconds": loaded_seconds},
+                            "memory_gb_per_engine": 8, "body_bytes": len(BODY), "loaded_seconds": loaded_seconds,
+                            "send_linger_ms": rmq.send_linger_ms, "send_linger_max_ms": rmq.send_linger_max_ms},
+            "delivery_fit": fit, "delivery_by_rate": checks,
             "per_million_scheduled": per_million, "per_thousand_due_per_s": per_thousand_due,
             "examples": [engines(1_000, 1_000, 100_000_000), engines(10_000, 10_000, 1_000_000_000),
                          engines(5_000, 50_000, 200_000_000)]}
@@ -273,8 +328,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Measure, model, print and write bench/results/capacity.json."""
     ap = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=20_000, help="delay messages ingested through RocketMQ")
-    ap.add_argument("--due-rate", type=int, default=2_000, help="messages due per second for 10 s")
+    ap.add_argument("--messages", type=int, default=50_000, help="delay messages ingested through RocketMQ")
+    ap.add_argument("--due-rate", type=int, default=10_000, help="messages due per second for 10 s")
+    ap.add_argument("--low-due-rate", type=int, default=1_000, help="then this many for 10 s: the second point of "
+                    "the delivery fit (0: none, delivery CPU taken as linear in the due rate)")
+    ap.add_argument("--check-rate", type=int, action="append", default=None,
+                    help="then this many for 10 s, measured beside the fit's prediction (repeatable; "
+                    "default 2000 and 5000; 0: none)")
     ap.add_argument("--loaded", type=int, default=500_000, help="messages in the wheel for the memory figure")
     ap.add_argument("--profile", type=Path, help="directory for py-spy profiles (collapsed stacks) of the serve "
                     "process while it ingests and while it delivers")
@@ -294,18 +354,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil,
-                                dict(kv.split("=", 1) for kv in args.serve_env))
+    serve_extra = dict(kv.split("=", 1) for kv in args.serve_env)
+    checks = [r for r in (args.check_rate if args.check_rate is not None else [2_000, 5_000]) if r > 0]
+    others = [r for r in [args.low_due_rate, *checks] if r > 0 and r != args.due_rate]
+    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil, serve_extra, others)
+    measured["low_due_rate"] = args.low_due_rate
     if args.skip_loaded:
         print(json.dumps(measured, indent=2))
         return
     measured["loaded"] = loaded_memory(args.loaded, work)
     print("loaded", measured["loaded"], flush=True)
     out["measured"] = measured
-    out["model"] = model(measured, EngineConfig(work))
+    out["model"] = model(measured, EngineConfig(work), _linger(serve_extra))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "capacity.json").write_text(json.dumps(out, indent=2) + "\n")
     print(markdown(out))
+
+
+def _linger(serve_extra: dict[str, str]) -> RocketMQConfig:
+    """The sink's linger settings the measured engine ran with (its defaults unless set)."""
+    base = RocketMQConfig()
+    floor = int(serve_extra.get("TIMEWHEEL_ROCKETMQ_SEND_LINGER_MS", base.send_linger_ms))
+    cap = int(serve_extra.get("TIMEWHEEL_ROCKETMQ_SEND_LINGER_MAX_MS", max(floor, base.send_linger_max_ms)))
+    return RocketMQConfig(send_linger_ms=floor, send_linger_max_ms=cap)
 
 
 def markdown(out: dict) -> str:
@@ -321,6 +392,8 @@ def markdown(out: dict) -> str:
             f"{m['idle']['cpu_cores']} cores, {m['idle']['rss_mb']} MB RSS. Load average when started: "
             f"{out['machine'].get('load_average_1_5_15')}.",
             "",
+            *_fit_rows(mod),
+            "",
             "| resource | per million scheduled | per thousand due a second |",
             "| --- | --- | --- |",
             f"| disk | {pm['disk_gb']} GB | {pt['dispatch_log_bytes_per_s'] / 1000:g} kB/s of dispatch log |",
@@ -335,6 +408,24 @@ def markdown(out: dict) -> str:
         rows.append(f"| {e['ingest_per_s']} | {e['due_per_s']} | {e['scheduled']:,} | {e['cpu_cores']} | {e['disk_gb']} "
                     f"| {e['memory_gb']} | **{e['engines']}** ({by['cpu']}, {by['disk']}, {by['memory']}) |")
     return "\n".join(rows)
+
+
+
+def _fit_rows(mod: dict) -> list[str]:
+    """Delivery CPU by due rate: measured, and what the fit says."""
+    fit = mod.get("delivery_fit")
+    if not fit:
+        return []
+    rows = [f"Delivery CPU fitted as {fit['us_per_send']} µs a send + {fit['us_per_message']} µs a message, a "
+            f"send carrying what comes due over the send linger ({mod['assumptions'].get('send_linger_ms')} ms "
+            f"growing to {mod['assumptions'].get('send_linger_max_ms')} ms at {FULL_LINGER_RATE:,} due a second) "
+            "and the timer's millisecond:", "",
+            "| due a second | measured µs a message | the fit's µs a message | cores |",
+            "| ---: | ---: | ---: | ---: |"]
+    for c in mod.get("delivery_by_rate", []):
+        rows.append(f"| {c['due_per_s']:,} | {c['measured_us']} | {c['model_us']} | "
+                    f"{c['measured_us'] * c['due_per_s'] / 1e6:.3f} |")
+    return rows
 
 
 if __name__ == "__main__":
