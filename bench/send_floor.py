@@ -12,8 +12,8 @@ Against a real local RocketMQ, each mode sends `--per-send` messages every 1/(ra
 - producer: one thread sends one stored-shape batch through `RemotingProducer.send_batches` (the
   engine's wire client, cut once, sent again each tick): the forwarder's share on top of bare.
 
-Prints, per mode, the process's CPU (user + system) per message and per send, and the broker's CPU
-per message over the same seconds. The engine's own figure at the same rate is
+Prints, per mode and round, the process's CPU (user + system) and the broker's per message over the
+same seconds, then each mode's median. The engine's own figure at the same rate is
 `python -m bench.dispatch_pass_cost threads --rate R` (delivery alone) or `bench.peers` (all of it):
 the difference is the engine's Python, not the kernel's or the broker's.
 """
