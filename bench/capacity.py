@@ -257,28 +257,31 @@ def _delivery(producer: RemotingProducer, recv: RemoteReceiver, meter: CpuMeter,
             "lateness_ms": late}
 
 
-def per_send(due_per_s: float, rmq: RocketMQConfig) -> float:
+def per_send(due_per_s: float, rmq: RocketMQConfig, batch_size: int = EngineConfig.send_batch_size) -> float:
     """Messages a send carries at `due_per_s`: those due over the send linger the engine picks at
-    that rate (`timewheel.dispatch_queue`) and the millisecond the timer turns in, at least one."""
+    that rate (`timewheel.dispatch_queue`) and the millisecond the timer turns in, at least one and
+    at most a full batch (`engine.send_batch_size`)."""
     span = rmq.send_linger_max_ms - rmq.send_linger_ms
     linger = rmq.send_linger_ms + int(span * min(1.0, due_per_s / FULL_LINGER_RATE))
-    return max(1.0, due_per_s * (linger + 1) / 1000)
+    return min(float(batch_size), max(1.0, due_per_s * (linger + 1) / 1000))
 
 
-def fit_delivery(points: Sequence[tuple[float, float]], rmq: RocketMQConfig) -> dict[str, float]:
+def fit_delivery(points: Sequence[tuple[float, float]], rmq: RocketMQConfig,
+                 batch_size: int = EngineConfig.send_batch_size) -> dict[str, float]:
     """A CPU cost per send and per message fitted to two measured (due a second, µs a message)
     points; linear (no cost per send) when they cannot be told apart."""
     (r1, c1), (r2, c2) = points
-    inv1, inv2 = 1 / per_send(r1, rmq), 1 / per_send(r2, rmq)
+    inv1, inv2 = 1 / per_send(r1, rmq, batch_size), 1 / per_send(r2, rmq, batch_size)
     send_us = (c1 - c2) / (inv1 - inv2) if inv1 != inv2 else 0.0
     if send_us <= 0:
         send_us = 0.0
     return {"us_per_send": round(send_us, 1), "us_per_message": round(max(0.0, c2 - send_us * inv2), 2)}
 
 
-def delivery_us(due_per_s: float, fit: dict[str, float], rmq: RocketMQConfig) -> float:
+def delivery_us(due_per_s: float, fit: dict[str, float], rmq: RocketMQConfig,
+                batch_size: int = EngineConfig.send_batch_size) -> float:
     """Delivery CPU a message at `due_per_s`, by the fit."""
-    return fit["us_per_send"] / per_send(due_per_s, rmq) + fit["us_per_message"]
+    return fit["us_per_send"] / per_send(due_per_s, rmq, batch_size) + fit["us_per_message"]
 
 
 def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -> dict[str, object]:
@@ -290,23 +293,25 @@ def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -
     low = measured.get(f"delivery_{measured.get('low_due_rate')}")
     if isinstance(low, dict) and low["due_per_s"] != dlv["due_per_s"]:
         fit = fit_delivery([(low["due_per_s"], low["cpu_us_per_message"]),
-                            (dlv["due_per_s"], dlv["cpu_us_per_message"])], rmq)
+                            (dlv["due_per_s"], dlv["cpu_us_per_message"])], rmq, cfg.send_batch_size)
     else:  # one rate measured: linear in the due rate
         fit = {"us_per_send": 0.0, "us_per_message": dlv["cpu_us_per_message"]}
-    checks = [{"due_per_s": r, "measured_us": c, "model_us": round(delivery_us(r, fit, rmq), 1)} for r, c in rates]
+    batch = cfg.send_batch_size
+    checks = [{"due_per_s": r, "measured_us": c, "model_us": round(delivery_us(r, fit, rmq, batch), 1)}
+              for r, c in rates]
     per_entry = mem["rss_bytes_per_entry"]
     # the wheel holds the current segment and, from `preload` before it starts, the next one
     loaded_seconds = cfg.segment_ms / 1000 + cfg.preload_seconds
     per_million = {"disk_gb": round(ing["disk_bytes_per_message"] * 1e6 / 1e9, 3),
                    "ingest_cpu_core_seconds": round(ing["cpu_us_per_message"], 1),
                    "memory_mb_if_loaded": round(per_entry * 1e6 / 2**20, 1), "memory_mb_on_disk_only": 0}
-    per_thousand_due = {"cpu_cores": round(delivery_us(1000, fit, rmq) * 1000 / 1e6, 3),
+    per_thousand_due = {"cpu_cores": round(delivery_us(1000, fit, rmq, batch) * 1000 / 1e6, 3),
                         "wheel_entries": int(1000 * loaded_seconds),
                         "memory_mb": round(1000 * loaded_seconds * per_entry / 2**20, 1),
                         "dispatch_log_bytes_per_s": 1000 * 24}
 
     def engines(ingest_per_s: int, due_per_s: int, scheduled: int, disk_gb: float = 1000, memory_gb: float = 8) -> dict:
-        cores = (ingest_per_s * ing["cpu_us_per_message"] + due_per_s * delivery_us(due_per_s, fit, rmq)) / 1e6
+        cores = (ingest_per_s * ing["cpu_us_per_message"] + due_per_s * delivery_us(due_per_s, fit, rmq, batch)) / 1e6
         disk = scheduled * ing["disk_bytes_per_message"] / 1e9
         memory = due_per_s * loaded_seconds * per_entry / 2**30
         need = {"cpu": math.ceil(cores / CORE_BUDGET), "disk": math.ceil(disk / disk_gb),
