@@ -220,23 +220,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--warm-up", type=float, default=10.0, help="seconds of bare sends first (the broker's JIT)")
     ap.add_argument("--out", type=Path, help="also write the rows here as JSON")
     args = ap.parse_args(argv)
+    modes = args.mode or ["bare", "handoff", "producer"]
     work = Path(tempfile.mkdtemp(prefix="tw-floor-"))
-    mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
-    mq.start()
-    try:
+    with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
         mq.create_topics([TOPIC], queues=8)
-        modes = args.mode or ["bare", "handoff", "producer"]
         rows = run(mq, work / "data", args.rate, args.seconds, args.per_send, modes, args.repeat, args.warm_up)
-        for mode in modes:
-            cpu = sorted(float(r["cpu_us_per_msg"]) for r in rows if r["mode"] == mode)  # type: ignore[arg-type]
-            print(f"{mode:>9}: CPU a message {cpu[len(cpu) // 2]:.1f} µs (median of {len(cpu)}; "
-                  f"{cpu[0]:.1f}–{cpu[-1]:.1f})")
-        if args.out:
-            args.out.write_text(json.dumps({"command": " ".join(sys.argv), "load_average": os.getloadavg(),
-                                            "rows": rows}, indent=1))
-    finally:
-        mq.stop()
-
+    for mode in modes:
+        cpu = sorted(float(r["cpu_us_per_msg"]) for r in rows if r["mode"] == mode)  # type: ignore[arg-type]
+        print(f"{mode:>9}: CPU a message {cpu[len(cpu) // 2]:.1f} µs (median of {len(cpu)}; {cpu[0]:.1f}–{cpu[-1]:.1f})")
+    if args.out:
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "load_average": os.getloadavg(), "rows": rows},
+                                       indent=1))
 
 if __name__ == "__main__":
     main()
