@@ -387,6 +387,15 @@ def observations(doc: dict) -> str:
             out.append(f"- {name}: its engine counted {dups:.0f} messages as duplicates and dropped them. They were "
                        "distinct messages: rocketmq-client-python 0.5.0rc2's native client gives concurrent sends "
                        "from several threads the same UNIQ_KEY now and then, and the engine dedupes on that id.")
+        for phase in ("steady", "steady_high"):
+            seen, sent = _get(r, phase, "lateness_ms", "p99"), _get(r, phase, "diagnostics",
+                                                                  "engine_send_lateness_last_minute_ms") or {}
+            own = sent.get("p99") if isinstance(sent, dict) else None
+            if isinstance(seen, (int, float)) and isinstance(own, (int, float)) and seen > max(5 * own, own + 1000):
+                out.append(f"- {name}, {phase}: the consumer measured p99 {seen:,.1f} ms while the engine's own "
+                           f"send lateness over the same minute was p99 {own:,.1f} ms ({sent.get('count', 0):,.0f} "
+                           "sends, as the broker acknowledged them): the delay arose after the broker stored "
+                           "the messages, between it and the measuring consumer.")
         restart = _get(r, "horizon", "restart") or {}
         if isinstance(restart, dict) and restart.get("warning"):
             out.append(f"- {name}: {restart['warning']}.")
