@@ -45,8 +45,9 @@ from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
 from tests.reliability.kill_loop import serve_env, start_serve
 from forwarder.config import RocketMQConfig
+from timewheel.app.settings import load_settings
 from timewheel.config import EngineConfig
-from timewheel.dispatch_queue import FULL_LINGER_RATE
+from timewheel.dispatch_queue import FULL_LINGER_RATE, linger_for_rate
 
 RESULTS = Path(__file__).parent / "results"
 CORE_BUDGET = 0.7  # of one core per engine: one Python process, the GIL serialises its Python work
@@ -261,8 +262,7 @@ def per_send(due_per_s: float, rmq: RocketMQConfig, batch_size: int = EngineConf
     """Messages a send carries at `due_per_s`: those due over the send linger the engine picks at
     that rate (`timewheel.dispatch_queue`) and the millisecond the timer turns in, at least one and
     at most a full batch (`engine.send_batch_size`)."""
-    span = rmq.send_linger_max_ms - rmq.send_linger_ms
-    linger = rmq.send_linger_ms + int(span * min(1.0, due_per_s / FULL_LINGER_RATE))
+    linger = linger_for_rate(due_per_s, rmq.send_linger_ms, rmq.send_linger_max_ms)
     return min(float(batch_size), max(1.0, due_per_s * (linger + 1) / 1000))
 
 
@@ -377,11 +377,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _linger(serve_extra: dict[str, str]) -> RocketMQConfig:
-    """The sink's linger settings the measured engine ran with (its defaults unless set)."""
-    base = RocketMQConfig()
-    floor = int(serve_extra.get("TIMEWHEEL_ROCKETMQ_SEND_LINGER_MS", base.send_linger_ms))
-    cap = int(serve_extra.get("TIMEWHEEL_ROCKETMQ_SEND_LINGER_MAX_MS", max(floor, base.send_linger_max_ms)))
-    return RocketMQConfig(send_linger_ms=floor, send_linger_max_ms=cap)
+    """The sink settings the measured engine ran with: its defaults, then the `--serve-env` ones."""
+    return load_settings(None, {"TIMEWHEEL_ENGINE_DATA_DIR": tempfile.gettempdir(), **serve_extra}).rocketmq
 
 
 def markdown(out: dict) -> str:

@@ -91,7 +91,8 @@ def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profil
         print(f"socket write (Connection.submit): CPU {writes[0] / max(1, writes[2]) * 1e6:.1f} µs, "
               f"wall {writes[1] / max(1, writes[2]) * 1e6:.1f} µs a call, {writes[2]} calls")
         if profile:
-            prof = cProfile.Profile(time.thread_time_ns, 1e-9)  # CPU time: the waits for the broker are not the engine's cost
+            # thread CPU time: the waits for the broker are not the engine's cost
+            prof = cProfile.Profile(time.thread_time_ns, 1e-9)
             prof.enable()
             loop(passes)
             prof.disable()

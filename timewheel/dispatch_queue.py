@@ -64,6 +64,11 @@ RATE_WINDOW_MS = 500
 MAX_WAIT_S = 0.05
 
 
+
+def linger_for_rate(due_per_s: float, floor_ms: int, max_ms: int) -> int:
+    """The send linger at `due_per_s`: from `floor_ms` when quiet to `max_ms` at `FULL_LINGER_RATE`."""
+    return floor_ms + int((max_ms - floor_ms) * min(1.0, due_per_s / FULL_LINGER_RATE))
+
 class Turn(enum.Enum):
     """What `await_turn` decided."""
 
@@ -119,9 +124,7 @@ class DispatchQueue:
         elapsed = now - self._rate_since
         if elapsed < RATE_WINDOW_MS:
             return
-        rate = self._rate_count * 1000 / elapsed
-        span = self._linger_max - self._linger_floor
-        self._linger_ms = self._linger_floor + int(span * min(1.0, rate / FULL_LINGER_RATE))
+        self._linger_ms = linger_for_rate(self._rate_count * 1000 / elapsed, self._linger_floor, self._linger_max)
         self._rate_since, self._rate_count = now, 0
 
     # ---- the timer's side -----------------------------------------------------------------------
