@@ -11,7 +11,8 @@ from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, read_index
 from storage.layout import SegmentLayout
 from storage.part import PartReader, trusted_index
-from storage.record import HEADER_SIZE, Record, decode, record_length
+from storage.record import HEADER_SIZE, Record, check_record, decode, record_length
+from storage.record_reader import HEADER_DTYPE
 from storage.record_bytes import RecordBytes, gather_records
 
 
@@ -105,6 +106,10 @@ class RecordReader:
         """Many records as checked bytes (`RecordBytes`), rows aligned with the arguments; corrupt
         rows are counted and carry their error, as in `read`."""
         n = len(offsets)
+        if 0 < n <= _FEW_ROWS:
+            few = self._read_few(segment_ms, parts, offsets, due_ms)
+            if few is not None:
+                return few
         combined = np.asarray(segment_ms, np.int64) * 65536 + np.asarray(parts, np.int64)
         offsets = np.asarray(offsets)
         unreadable: dict[int, CorruptRecordError] = {}
@@ -140,6 +145,34 @@ class RecordReader:
             self.corrupt_found += len(got.errors)
         return got
 
+    def _read_few(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray,
+                  due_ms: np.ndarray | None) -> RecordBytes | None:
+        """`read_bytes` of a few good records of one part already mapped, row by row (`check_record`
+        on each: the numpy calls of the column path would cost more than the rows); None when the
+        column path must decide (several parts, a part not mapped yet or grown past its map, a
+        record that is not good: it then finds and names what is wrong)."""
+        segs, ps, offs = np.asarray(segment_ms).tolist(), np.asarray(parts).tolist(), np.asarray(offsets).tolist()
+        key = (segs[0], ps[0])
+        if segs.count(key[0]) != len(segs) or ps.count(key[1]) != len(ps):
+            return None
+        dues: list[int | None] = [None] * len(offs) if due_ms is None else np.asarray(due_ms).tolist()
+        with self._lock:
+            reader = self._readers.get(key)
+            m = None if reader is None else reader.covering_few(offs)
+            if m is None:
+                return None
+            try:
+                heads = [check_record(m, o, due_ms=d) for o, d in zip(offs, dues)]
+            except CorruptRecordError:
+                return None
+            data = b"".join([m[o:o + h[_LENGTH_FIELD]] for o, h in zip(offs, heads)])
+        starts, at = [], 0
+        for h in heads:
+            starts.append(at)
+            at += h[_LENGTH_FIELD]
+        return RecordBytes(data, np.array(starts, np.int64), np.array(heads, HEADER_DTYPE),
+                           np.ones(len(heads), bool), {})
+
     def release(self, segment_ms: int) -> None:
         """Drop the read maps of a segment."""
         with self._lock:
@@ -152,6 +185,12 @@ class RecordReader:
             for r in self._readers.values():
                 r.close()
             self._readers.clear()
+
+
+#: up to this many rows, of one part, are read one by one (`RecordReader._read_few`)
+_FEW_ROWS = 4
+#: where the record's length is in `check_record`'s header fields
+_LENGTH_FIELD = HEADER_DTYPE.names.index("length")
 
 
 def _by_part(combined: np.ndarray) -> list[tuple[int, np.ndarray]]:

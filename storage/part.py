@@ -13,7 +13,7 @@ import numpy as np
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX
-from storage.record import HEADER_SIZE, LENGTH_AT, header_fields
+from storage.record import HEADER_SIZE, LENGTH_AT, header_fields, record_length
 from storage._files import size_of, write_all
 
 log = logging.getLogger("timewheel.storage")
@@ -243,6 +243,17 @@ class PartReader:
                 if int((offs + lengths).max()) <= self._size:
                     return m
         return self.whole()
+
+    def covering_few(self, offsets: list[int]) -> mmap.mmap | None:
+        """`covering` of a few offsets (ints) without numpy; None when the map made so far does not
+        hold them all (the caller then takes `covering`)."""
+        m, size = self._map, self._size
+        if m is None:
+            return None
+        for o in offsets:
+            if o + HEADER_SIZE > size or o + record_length(m, o) > size:
+                return None
+        return m
 
     def whole(self) -> mmap.mmap:
         """A map covering the whole file as it is now (remapped when the live part has grown)."""

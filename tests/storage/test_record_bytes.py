@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from storage import CorruptRecordError, Record, RecordBytes, ScheduleStore
+from storage import CorruptRecordError, Record, RecordBytes, ScheduleStore, _reader
 from storage.record import HEADER_SIZE, crc32c
 
 NOW = 1_800_000_000_000
@@ -109,3 +111,52 @@ def test_a_growing_part_is_remapped_only_when_a_record_runs_past_the_map(store: 
     grown = store.read_record_bytes(*more)
     assert grown.ok.all() and [grown.record(i).msg_id for i in range(3)] == ["b0", "b1", "b2"]
     assert {id(r._map) for r in reader._readers.values()} != maps, "the new records: mapped again"
+
+
+def _same(a: RecordBytes, b: RecordBytes) -> None:
+    assert a.data == b.data
+    assert a.start.tolist() == b.start.tolist() and a.start.dtype == b.start.dtype
+    assert a.header.tobytes() == b.header.tobytes() and a.header.dtype == b.header.dtype
+    assert a.ok.tolist() == b.ok.tolist()
+    assert {k: str(e) for k, e in a.errors.items()} == {k: str(e) for k, e in b.errors.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 11), min_size=1, max_size=4), st.booleans())
+def test_a_few_rows_read_one_by_one_are_the_column_paths_bytes(tmp_path_factory: pytest.TempPathFactory,
+                                                                rows: list[int], with_due: bool) -> None:
+    """Up to `_FEW_ROWS` rows (the usual send at a low rate) are checked one by one, not as columns:
+    the same buffer, starts, headers and verdicts as the column path, however the rows are chosen."""
+    store = ScheduleStore(tmp_path_factory.mktemp("few") / "data")
+    try:
+        recs = _records(12)
+        segs, parts, offs, due = _stored(store, recs)
+        idx = np.array(rows)
+        args = (segs[idx], parts[idx], offs[idx], due[idx] if with_due else None)
+        store.read_record_bytes(segs, parts, offs, due)  # every part mapped, as after the first send
+        few = store.read_record_bytes(*args)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_reader, "_FEW_ROWS", 0)
+            columns = store.read_record_bytes(*args)
+        _same(few, columns)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("damage", [
+    dict(at=HEADER_SIZE + 1, new=b"X", fix_crc=False),
+    dict(at=HEADER_SIZE + 4, new=b"\xff", fix_crc=True),
+    dict(at=12, new=struct.pack("<q", NOW + 5), fix_crc=True),
+], ids=["flipped-byte", "topic-not-utf8", "due-not-the-index's"])
+def test_a_damaged_record_read_alone_is_refused_and_counted(store: ScheduleStore, damage: dict) -> None:
+    """A send of one row whose record is bad: the few-rows path hands it to the column path, which
+    says why and counts it."""
+    recs = [Record(f"id-{i}", "TOPIC", b"body", NOW + 10 + i, tags="x", keys=("kk",)) for i in range(3)]
+    segs, parts, offs, due = _stored(store, recs)
+    store.read_record_bytes(segs, parts, offs, due)  # mapped before the damage
+    _patch(store, int(segs[1]), int(parts[1]), int(offs[1]), **damage)
+    before = store.corrupt_records_found
+    got = store.read_record_bytes(segs[1:2], parts[1:2], offs[1:2], due[1:2])
+    assert got.ok.tolist() == [False] and isinstance(got.errors[0], CorruptRecordError) and not got.data
+    assert store.corrupt_records_found == before + 1
+    assert store.read_record_bytes(segs[2:], parts[2:], offs[2:], due[2:]).ok.tolist() == [True]
