@@ -149,8 +149,8 @@ class RecordReader:
                   due_ms: np.ndarray | None) -> RecordBytes | None:
         """`read_bytes` of a few good records of one part already mapped, row by row (`check_record`
         on each: the numpy calls of the column path would cost more than the rows); None when the
-        column path must decide (several parts, a part not mapped yet or grown past its map, a
-        record that is not good: it then finds and names what is wrong)."""
+        column path must decide (several parts, a part not opened yet, a record past the part's end or
+        not good: it then finds and names what is wrong)."""
         segs, ps, offs = np.asarray(segment_ms).tolist(), np.asarray(parts).tolist(), np.asarray(offsets).tolist()
         key = (segs[0], ps[0])
         if segs.count(key[0]) != len(segs) or ps.count(key[1]) != len(ps):
@@ -158,9 +158,17 @@ class RecordReader:
         dues: list[int | None] = [None] * len(offs) if due_ms is None else np.asarray(due_ms).tolist()
         with self._lock:
             reader = self._readers.get(key)
-            m = None if reader is None else reader.covering_few(offs)
-            if m is None:
+            if reader is None:
                 return None
+            m = reader.covering_few(offs)
+            if m is None:  # the part grew since it was mapped: map it whole again, as `covering` would
+                try:
+                    reader.whole()
+                except (CorruptRecordError, OSError):
+                    return None
+                m = reader.covering_few(offs)
+                if m is None:
+                    return None
             try:
                 heads = [check_record(m, o, due_ms=d) for o, d in zip(offs, dues)]
             except CorruptRecordError:
