@@ -160,13 +160,16 @@ class RocketMQSink:
         if not len(records):
             return []
         answers = no_answers(len(records))
+        sender = self._idle.get()  # never empty for long: at most max_in_flight callers
         try:
-            with self._checkout() as sender:
+            try:
                 cut = cut_records(records, sender.new_ids, extra, max_message=sender.max_message_bytes,
                                   max_count=sender.max_batch_messages, max_bytes=sender.max_batch_bytes)
                 topics = {b.topic for b in cut.batches} | {t for _, t, _ in cut.rejected}
                 allowed = all(_user_topic(t, self._reserved) for t in topics)
                 outcomes: list[RemotingError | None] = sender.send_batches(cut, fence, answers) if allowed else []
+            finally:  # as `_checkout`, without a generator per send
+                self._idle.put(sender)
         except RemotingError as e:  # the sender is closed
             allowed, outcomes = True, [e] * len(records)
         if not allowed:

@@ -7,6 +7,8 @@ is what `mqadmin queryMsgById` takes. The rows keep those parts, not the text.
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 __all__ = ["answer_rows"]
@@ -14,6 +16,8 @@ __all__ = ["answer_rows"]
 #: a broker's message id for an IPv4 store host, as bytes: address, port, commit-log offset (big-endian)
 _OFFSET_ID = np.dtype([("ip", "u1", (4,)), ("port", ">u4"), ("offset", ">i8")])
 _OFFSET_ID_HEX = 2 * _OFFSET_ID.itemsize
+_OFFSET_ID_ROW = struct.Struct(">4sIq")  # the same, one id
+assert _OFFSET_ID_ROW.size == _OFFSET_ID.itemsize
 
 
 def answer_rows(answers: np.ndarray, index: list[int], queue_id: int, first: int, offset_ids: str) -> None:
@@ -21,6 +25,20 @@ def answer_rows(answers: np.ndarray, index: list[int], queue_id: int, first: int
     offsets follow in order from `first`; each message id (comma-separated in the broker's answer)
     gives its store host and commit-log offset. Ids of another shape (an IPv6 store host) are left
     out: the queue offset still finds the message."""
+    n = len(index)
+    if n == 1 and first >= 0 and len(offset_ids) == _OFFSET_ID_HEX:  # a send of one message: no array work
+        try:
+            ip, port, offset = _OFFSET_ID_ROW.unpack(bytes.fromhex(offset_ids))
+        except ValueError:
+            pass
+        else:
+            answers[index[0]] = (first, offset, tuple(ip), min(port, 0xFFFF), queue_id)
+            return
+    _columns(answers, index, queue_id, first, offset_ids)
+
+
+def _columns(answers: np.ndarray, index: list[int], queue_id: int, first: int, offset_ids: str) -> None:
+    """`answer_rows` a column at a time."""
     n = len(index)
     # a batch of one topic is usually a run of positions: a slice then, not a gather
     rows: slice | np.ndarray = slice(index[0], index[-1] + 1) if index[-1] - index[0] + 1 == n else \

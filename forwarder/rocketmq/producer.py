@@ -257,9 +257,14 @@ class RemotingProducer:
         tried: set[str] = set()
         while True:
             with self._lock:
-                now = time.monotonic()
-                candidates = [q for q in route.queues if q[0] not in tried]
-                healthy = [q for q in candidates if self._down_until.get(q[0], 0.0) <= now] or candidates
+                if not tried and not self._down_until:  # the usual case: every queue of the topic
+                    candidates = healthy = route.queues
+                else:
+                    now = time.monotonic()
+                    for broker in [b for b, until in self._down_until.items() if until <= now]:
+                        del self._down_until[broker]  # back to the usual case once every backoff is over
+                    candidates = [q for q in route.queues if q[0] not in tried]
+                    healthy = [q for q in candidates if self._down_until.get(q[0], 0.0) <= now] or candidates
                 if not healthy:
                     raise ConnectionFailedError(f"no reachable broker for topic {route.topic} "
                                                 f"(tried {', '.join(sorted(tried)) or 'none'})")
