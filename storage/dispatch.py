@@ -114,9 +114,8 @@ def broker_message_ids(answers: np.ndarray) -> list[str]:
 def encode_frame(entries: np.ndarray, written_ms: int, answers: np.ndarray | None = None, note: str = "") -> bytes:
     """One frame: a header row and the entries; with `answers` (ANSWER_DTYPE, aligned) or a `note`,
     a TWD3 frame that keeps them."""
-    header = np.zeros(1, _HEADER_DTYPE)
     if answers is None and not note:
-        header["magic"] = FRAME_MAGIC
+        magic, note_len = FRAME_MAGIC, 0
         body = np.ascontiguousarray(entries, dtype=DISPATCH_DTYPE).tobytes()
     else:
         given = no_answers(len(entries)) if answers is None else answers
@@ -126,13 +125,12 @@ def encode_frame(entries: np.ndarray, written_ms: int, answers: np.ndarray | Non
         rows[:, :ROW_SIZE] = np.ascontiguousarray(entries, DISPATCH_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
         rows[:, ROW_SIZE:] = np.ascontiguousarray(given, ANSWER_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
         text = note.encode("utf-8", "replace")[:MAX_NOTE]
-        header["magic"] = FRAME_MAGIC_V3
-        header["note_len"] = len(text)
+        magic, note_len = FRAME_MAGIC_V3, len(text)
         body = rows.tobytes() + text + b"\x00" * (-len(text) % ROW_SIZE)
-    header["count"] = len(entries)
-    header["written_ms"] = written_ms
-    header["crc"] = frame_crc(header.tobytes(), body)
-    return header.tobytes() + body
+    count = len(entries)
+    # the header row (`_HEADER_DTYPE`) packed, not an array: one frame per send
+    crc = frame_crc(_HEADER.pack(magic, count, 0, note_len, written_ms), body)
+    return _HEADER.pack(magic, count, crc, note_len, written_ms) + body
 
 
 def frame_crc(header: bytes, body: bytes | memoryview) -> int:

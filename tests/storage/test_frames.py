@@ -154,3 +154,20 @@ def test_a_flipped_byte_in_the_ingest_log_skips_only_its_frame(sizes: list[int],
     assert got == [e for s, e in zip(starts, ends) if not s <= at < e]
     # the frame is skipped, and said so, unless it was the last one (a torn tail, cut)
     assert len(reread.skipped) == (0 if at >= starts[-1] else 1)
+
+
+@given(st.integers(0, 5), st.integers(-2**40, 2**40), st.text(max_size=20), st.booleans())
+def test_a_frames_header_row_is_the_header_dtype_of_its_fields(n: int, written: int, note: str,
+                                                                 with_answers: bool) -> None:
+    """The header row, packed with struct, reads back as `_HEADER_DTYPE` with the frame's fields."""
+    from storage.dispatch import _HEADER_DTYPE, FRAME_MAGIC, FRAME_MAGIC_V3, ROW_SIZE, frame_crc, no_answers
+    entries = dispatch_entries(np.zeros(n, np.uint16), np.arange(n), np.arange(n) + NOW, NOW, DELIVERED)
+    frame = encode_frame(entries, written, no_answers(n) if with_answers else None, note)
+    head = np.frombuffer(frame[:ROW_SIZE], _HEADER_DTYPE)[0]
+    v3 = with_answers or bool(note)
+    assert int(head["magic"]) == (FRAME_MAGIC_V3 if v3 else FRAME_MAGIC) and int(head["count"]) == n
+    assert int(head["written_ms"]) == written
+    assert int(head["note_len"]) == (len(note.encode("utf-8", "replace")[:4096]) if v3 else 0)
+    zeroed = np.frombuffer(frame[:ROW_SIZE], _HEADER_DTYPE).copy()
+    zeroed["crc"] = 0
+    assert int(head["crc"]) == frame_crc(zeroed.tobytes(), frame[ROW_SIZE:])

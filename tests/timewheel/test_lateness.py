@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,3 +41,21 @@ def test_a_recorder_counts_what_a_value_at_a_time_would(batches: list[list[int]]
     assert r.buckets.counts.tolist() == b.counts.tolist() and r.buckets.sum_ms == b.sum_ms
     assert list(r.histogram.counts) == list(h.counts) and r.histogram.get_total_count() == h.get_total_count()
     assert (r.histogram.get_min_value(), r.histogram.get_max_value()) == (h.get_min_value(), h.get_max_value())
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5000), max_size=9), max_size=12), st.integers(1, 10))
+def test_values_kept_are_counted_once_whenever_the_recorder_counts_them(batches: list[list[int]], every: int) -> None:
+    """Kept values are counted when enough wait or when read, never twice and never lost."""
+    import timewheel.lateness as lateness
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lateness, "_PENDING_MAX", every)
+        r = LatenessRecorder()
+        h = HdrHistogram(1, 3_600_000_000, 3)
+        for k, batch in enumerate(batches):
+            r.observe(np.asarray(batch, np.int64))
+            for v in batch:
+                h.record_value(v * 1000)
+            if k % 3 == 2:  # a scrape between sends
+                assert r.summary().count == h.get_total_count()
+        assert list(r.histogram.counts) == list(h.counts) and r.buckets.counts.sum() == h.get_total_count()
