@@ -130,24 +130,27 @@ def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger
     delivered = engine.stats().counters.delivered
     print(f"{delivered:,} of {n:,} delivered at {rate:,}/s; lateness {engine.stats().lateness_ms}")
     print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs")
-    for name in sorted(c1, key=lambda k: c0.get(k, 0.0) - c1[k]):
-        spent = c1[name] - c0.get(name, 0.0)
-        if spent > 0:
-            print(f"  {name:30s} {spent / n * 1e6:8.1f} µs a message")
+    spent = {name: (u - c0.get(name, (0.0, 0.0))[0], k - c0.get(name, (0.0, 0.0))[1]) for name, (u, k) in c1.items()}
+    for name in sorted(spent, key=lambda k: -sum(spent[k])):
+        user, system = spent[name]
+        if user + system > 0:
+            print(f"  {name:30s} {(user + system) / n * 1e6:8.1f} µs a message (user {user / n * 1e6:.1f}, "
+                  f"system {system / n * 1e6:.1f})")
     engine.stop()
     dead_letters.close()
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds of each live Python thread of this process, by its name (Linux /proc)."""
+def _thread_cpu() -> dict[str, tuple[float, float]]:
+    """(user, system) CPU seconds of each live Python thread of this process, by its name (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     for t in threading.enumerate():
         try:
             fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[t.name] = out.get(t.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        user, system = out.get(t.name, (0.0, 0.0))
+        out[t.name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
     return out
 
 
