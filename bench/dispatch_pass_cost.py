@@ -124,12 +124,13 @@ def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger
         print(f"{len(ids):,} cancels applied: {(time.process_time() - c0) / len(ids) * 1e6:.1f} µs of CPU each")
         n -= len(ids)
     time.sleep(max(0.0, first / 1000 - time.time()))
-    c0, p0 = _thread_cpu(), time.process_time()
+    c0, p0, r0 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     time.sleep(seconds + 0.5)
-    c1, p1 = _thread_cpu(), time.process_time()
+    c1, p1, r1 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     delivered = engine.stats().counters.delivered
     print(f"{delivered:,} of {n:,} delivered at {rate:,}/s; lateness {engine.stats().lateness_ms}")
-    print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs")
+    print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs (user {(r1.ru_utime - r0.ru_utime) / n * 1e6:.1f}, "
+          f"system {(r1.ru_stime - r0.ru_stime) / n * 1e6:.1f})")
     spent = {name: (u - c0.get(name, (0.0, 0.0))[0], k - c0.get(name, (0.0, 0.0))[1]) for name, (u, k) in c1.items()}
     for name in sorted(spent, key=lambda k: -sum(spent[k])):
         user, system = spent[name]
