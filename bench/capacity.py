@@ -154,7 +154,9 @@ class Profile:
     def __enter__(self) -> "Profile":
         if self.path is not None:
             import subprocess
-            self.proc = subprocess.Popen(["py-spy", "record", "--pid", str(self.pid), "--rate", str(self.RATE),
+            # the one installed beside this interpreter (the project's environment), else the PATH's
+            beside = Path(sys.executable).with_name("py-spy")
+            self.proc = subprocess.Popen([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(self.pid), "--rate", str(self.RATE),
                                           "--nonblocking", "--format", "raw", "--output", str(self.path),
                                           *(["--gil"] if self.gil else [])],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -334,10 +334,18 @@ class DispatchQueue:
         with self._cv:
             mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
             mins.extend(self._in_hand.values())
-            order = np.argsort(self._retries.due, kind="stable")
-            if len(order) > limit:
-                mins.append(self._retries.due[order[limit]])
-            return (int(min(mins)) if mins else None), self._retries.entries.select(order[:limit])
+            due = self._retries.due
+            if len(due) > limit:
+                # a partition, not a sort: in an outage hundreds of thousands wait here, and only the
+                # `limit` earliest are named. Which of several equal to the next one are set apart
+                # does not matter: that one bounds the mark, so none of them passes it.
+                part = np.argpartition(due, limit)
+                mins.append(due[part[limit]])
+                earliest = part[:limit]
+                earliest = earliest[np.argsort(due[earliest], kind="stable")]
+            else:
+                earliest = np.argsort(due, kind="stable")
+            return (int(min(mins)) if mins else None), self._retries.entries.select(earliest)
 
     def retry(self, next_ms: np.ndarray, entries: DueEntries) -> None:
         """Failed entries, to be taken again from `next_ms` on (their location goes with them)."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from timewheel import ManualClock
 from timewheel._due import DueEntries
@@ -182,3 +184,26 @@ def test_cancelled_and_withdrawn_refs_are_let_go_when_their_segment_is() -> None
     q.push_ready(_e(np.array([T0] * 3, np.int64), _refs(2, 5, 6)))
     e, n = q.take(4) or (DueEntries.empty(), 0)
     assert e.refs.tolist() == [2, 6] and n == 3, "a ref let go is handed out again; one still held is not"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=40), st.integers(0, 45), st.integers(1, 3))
+def test_the_earliest_retries_set_apart_are_those_a_sort_would_pick(dues: list[int], limit: int,
+                                                                     chunks: int) -> None:
+    """`earliest_due_apart` partitions instead of sorting: the same bound, and the same entries set
+    apart below it (which of several equal to the bound is set apart does not matter: the bound
+    keeps every one of them back)."""
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    due = np.array([T0 + d for d in dues], np.int64)
+    for part in np.array_split(np.arange(len(due)), chunks):
+        if len(part):
+            q.retry(due[part] + 5_000, _e(due[part], _refs(*part.tolist())))
+    earliest, apart = q.earliest_due_apart(limit)
+    order = np.argsort(due, kind="stable")
+    bound = int(due[order[limit]]) if len(due) > limit else None
+    assert earliest == bound
+    assert np.all(np.diff(apart.due) >= 0) and len(apart.due) == min(limit, len(due))
+    below = apart.due < bound if bound is not None else np.ones(len(apart.due), bool)
+    want = order[:limit] if bound is None else order[:limit][due[order[:limit]] < bound]
+    assert sorted(apart.refs[below].tolist()) == sorted(_refs(*want.tolist()).tolist())
