@@ -170,7 +170,7 @@ class RecordReader:
                 if m is None:
                     return None
             try:
-                heads = [check_record(m, o, due_ms=d) for o, d in zip(offs, dues)]
+                heads = [check_record(m, o, due_ms=d) for o, d in zip(offs, dues)]  # type: ignore[arg-type]
             except CorruptRecordError:
                 return None
             data = b"".join([m[o:o + h[_LENGTH_FIELD]] for o, h in zip(offs, heads)])
@@ -198,7 +198,7 @@ class RecordReader:
 #: up to this many rows, of one part, are read one by one (`RecordReader._read_few`)
 _FEW_ROWS = 4
 #: where the record's length is in `check_record`'s header fields
-_LENGTH_FIELD = HEADER_DTYPE.names.index("length")
+_LENGTH_FIELD = list(HEADER_DTYPE.fields or ()).index("length")
 
 
 def _by_part(combined: np.ndarray) -> list[tuple[int, np.ndarray]]:

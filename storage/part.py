@@ -251,7 +251,7 @@ class PartReader:
         if m is None:
             return None
         for o in offsets:
-            if o + HEADER_SIZE > size or o + record_length(m, o) > size:
+            if o + HEADER_SIZE > size or o + record_length(m, o) > size:  # type: ignore[arg-type]  # a buffer
                 return None
         return m
 

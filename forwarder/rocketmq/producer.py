@@ -256,6 +256,8 @@ class RemotingProducer:
         """Give the batch the topic's next writable queue on a reachable broker; return its address."""
         tried: set[str] = set()
         while True:
+            candidates: Sequence[tuple[str, int]]
+            healthy: Sequence[tuple[str, int]]
             with self._lock:
                 if not tried and not self._down_until:  # the usual case: every queue of the topic
                     candidates = healthy = route.queues
