@@ -156,8 +156,8 @@ class Profile:
             import subprocess
             # the one installed beside this interpreter (the project's environment), else the PATH's
             beside = Path(sys.executable).with_name("py-spy")
-            self.proc = subprocess.Popen([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(self.pid), "--rate", str(self.RATE),
-                                          "--nonblocking", "--format", "raw", "--output", str(self.path),
+            self.proc = subprocess.Popen([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(self.pid),
+                                          "--rate", str(self.RATE), "--nonblocking", "--format", "raw", "--output", str(self.path),
                                           *(["--gil"] if self.gil else [])],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # attached before the measured work starts

@@ -147,7 +147,7 @@ class RecordReader:
 
     def _read_few(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray,
                   due_ms: np.ndarray | None) -> RecordBytes | None:
-        """`read_bytes` of a few good records of one part already mapped, row by row (`check_record`
+        """`read_bytes` of a few good records of one part already opened, row by row (`check_record`
         on each: the numpy calls of the column path would cost more than the rows); None when the
         column path must decide (several parts, a part not opened yet, a record past the part's end or
         not good: it then finds and names what is wrong)."""
@@ -160,18 +160,10 @@ class RecordReader:
             reader = self._readers.get(key)
             if reader is None:
                 return None
-            m = reader.covering_few(offs)
-            if m is None:  # the part grew since it was mapped: map it whole again, as `covering` would
-                try:
-                    reader.whole()
-                except (CorruptRecordError, OSError):
-                    return None
-                m = reader.covering_few(offs)
-                if m is None:
-                    return None
             try:
+                m = reader.covering_few(offs)
                 heads = [check_record(m, o, due_ms=d) for o, d in zip(offs, dues)]  # type: ignore[arg-type]
-            except CorruptRecordError:
+            except (CorruptRecordError, OSError):
                 return None
             data = b"".join([m[o:o + h[_LENGTH_FIELD]] for o, h in zip(offs, heads)])
         starts, at = [], 0

@@ -244,16 +244,13 @@ class PartReader:
                     return m
         return self.whole()
 
-    def covering_few(self, offsets: list[int]) -> mmap.mmap | None:
-        """`covering` of a few offsets (ints) without numpy; None when the map made so far does not
-        hold them all (the caller then takes `covering`)."""
+    def covering_few(self, offsets: list[int]) -> mmap.mmap:
+        """`covering` for a few offsets given as ints, without numpy (a send of a few messages)."""
         m, size = self._map, self._size
-        if m is None:
-            return None
-        for o in offsets:
-            if o + HEADER_SIZE > size or o + record_length(m, o) > size:  # type: ignore[arg-type]  # a buffer
-                return None
-        return m
+        if m is not None and all(o + HEADER_SIZE <= size and o + record_length(m, o) <= size  # type: ignore[arg-type]
+                                 for o in offsets):
+            return m
+        return self.whole()
 
     def whole(self) -> mmap.mmap:
         """A map covering the whole file as it is now (remapped when the live part has grown)."""

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import DELIVERED, ScheduleStore, check, dispatch_entries, encode, encode_frame, read_dispatch_log
+from storage.dispatch import _HEADER_DTYPE, FRAME_MAGIC, FRAME_MAGIC_V3, ROW_SIZE, frame_crc, no_answers
 from storage.dispatch import FRAME_MAGIC_V1 as FRAME_MAGIC_V1_DISPATCH
 from storage.ingest_log import FRAME_MAGIC_V1, LOCATION_DTYPE, IngestLog
 from storage.record import crc32c
@@ -160,7 +161,6 @@ def test_a_flipped_byte_in_the_ingest_log_skips_only_its_frame(sizes: list[int],
 def test_a_frames_header_row_is_the_header_dtype_of_its_fields(n: int, written: int, note: str,
                                                                  with_answers: bool) -> None:
     """The header row, packed with struct, reads back as `_HEADER_DTYPE` with the frame's fields."""
-    from storage.dispatch import _HEADER_DTYPE, FRAME_MAGIC, FRAME_MAGIC_V3, ROW_SIZE, frame_crc, no_answers
     entries = dispatch_entries(np.zeros(n, np.uint16), np.arange(n), np.arange(n) + NOW, NOW, DELIVERED)
     frame = encode_frame(entries, written, no_answers(n) if with_answers else None, note)
     head = np.frombuffer(frame[:ROW_SIZE], _HEADER_DTYPE)[0]
