@@ -26,11 +26,13 @@ from __future__ import annotations
 import calendar
 import hashlib
 import itertools
+import logging
 import os
 import random
 import re
 import struct
 import time
+from typing import Callable
 
 from forwarder.rocketmq.compression import BodyDecodeError, BodyTooLargeError, InflateBudget, codec_of, decompress
 from forwarder.rocketmq.errors import MessageDecodeError, MessageRejectedError
@@ -40,6 +42,8 @@ from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
 
 __all__ = ["BROKER_MAX_MESSAGE_BYTES", "IdMaker", "derived_id", "MAX_PROPERTIES_BYTES", "RESERVED_BYTES", "decode_messages",
            "encode_message", "encode_serialized"]
+
+log = logging.getLogger("timewheel.remoting")
 
 # Bytes that would split a property (\x01, \x02), or cut it short in the C++ clients (\x00).
 _RESERVED_CHARS = re.compile("[\x00-\x02]")
@@ -275,7 +279,7 @@ def _month_bounds(now_s: float) -> tuple[int, int]:
     return int(start * 1000), int(end * 1000)
 
 
-def derived_id(seed: bytes, at_ms: int) -> str:
+def _reference_derived_id(seed: bytes, at_ms: int) -> str:
     """A message id (UNIQ_KEY) that is a function of `seed` and `at_ms` alone: 32 upper-case hex digits.
 
     Laid out as `IdMaker`'s: a keyed BLAKE2b of `seed` fills the address, pid, salt and counter
@@ -310,3 +314,25 @@ def _utc_month_start(ms: int) -> int:
     year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
     _month_cache = (start, calendar.timegm((year, month, 1, 0, 0, 0)) * 1000)
     return start
+
+
+def _compiled_derived_id() -> Callable[[bytes, int], str] | None:
+    """The compiled `derived_id` (forwarder/rocketmq/_uniq_key.pyx) when it was built and agrees with
+    the one above on a few seeds and times (its words are read in this machine's byte order)."""
+    try:
+        from forwarder.rocketmq import _uniq_key
+    except ImportError:  # installed without a C compiler
+        return None
+    _uniq_key._init(_DERIVED_KEY, _reference_derived_id)
+    probes = [(b"", 0), (b"m", 1_790_000_000_000), (bytes(range(256)) * 2, 4_102_444_799_999),
+              (b"x" * 128, 1_000), (b"y" * 129, 951_868_800_000)]
+    if any(_uniq_key.derived_id(s, t) != _reference_derived_id(s, t) for s, t in probes):
+        log.warning("the compiled message-id hash disagrees with the Python one here; the Python one runs")
+        return None
+    return _uniq_key.derived_id
+
+
+#: compiled where built (the same ids, byte for byte, as `_reference_derived_id`, whose docstring says
+#: what an id is); `COMPILED_IDS` says which
+derived_id: Callable[[bytes, int], str] = _compiled_derived_id() or _reference_derived_id
+COMPILED_IDS = derived_id is not _reference_derived_id

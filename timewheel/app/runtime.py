@@ -23,10 +23,11 @@ _PREFIXES = (("timewheel-", "tw-"), ("ingest-pull-", "tw-in-"))
 def hot_paths() -> dict[str, bool]:
     """Whether each hot loop runs compiled (False: its pure-Python fallback)."""
     from forwarder import _ingest_pass, record_batches
+    from forwarder.rocketmq import codec
     from storage import record_reader
 
     return {"record_scan": record_reader.COMPILED, "ingest_walk": _ingest_pass.COMPILED,
-            "record_cut": record_batches.COMPILED}
+            "record_cut": record_batches.COMPILED, "uniq_key": codec.COMPILED_IDS}
 
 
 def log_hot_paths() -> dict[str, bool]:

@@ -201,3 +201,46 @@ def test_a_derived_id_is_the_keyed_hash_around_the_ms_since_the_utc_month_start_
     g = time.gmtime(t // 1000)
     since = t - calendar.timegm((g.tm_year, g.tm_mon, 1, 0, 0, 0)) * 1000
     assert derived_id(seed, at_ms) == (h[:10] + struct.pack(">I", since) + h[10:]).hex().upper()
+
+
+def test_the_compiled_derived_id_is_built() -> None:
+    from forwarder.rocketmq import codec
+
+    assert codec.COMPILED_IDS, "forwarder/rocketmq/_uniq_key.pyx was not built: run `make setup` again"
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.binary(max_size=400), st.binary(min_size=127, max_size=130), st.binary(min_size=255, max_size=257)),
+       st.one_of(st.integers(-62_135_596_800_000 + 12 * 3600 * 1000, 253_399_622_399_999),
+                 st.integers(1_700_000_000_000, 1_900_000_000_000),
+                 st.sampled_from([951_782_400_000 + 12 * 3600 * 1000 + d for d in (-1, 0, 1)])))
+def test_the_compiled_derived_id_is_the_python_one_byte_for_byte(seed: bytes, at_ms: int) -> None:
+    """Every seed length around BLAKE2b's 128-byte blocks, any time from year 1 to November 9999 (month and leap
+    day edges included): the same 32 digits as the reference, and as hashlib's keyed hash."""
+    import hashlib
+
+    from forwarder.rocketmq import _uniq_key, codec
+
+    want = codec._reference_derived_id(seed, at_ms)
+    assert _uniq_key.derived_id(seed, at_ms) == want
+    h = hashlib.blake2b(seed, digest_size=12, key=b"timewheel.uniq.v1").digest()
+    assert bytes.fromhex(want)[:10] == h[:10] and bytes.fromhex(want)[14:] == h[10:]
+
+
+@pytest.mark.parametrize("seed, at_ms", [(bytearray(b"m"), 1_790_000_000_000), (b"m", True),
+                                         (b"m", 2**70), (b"m", -(2**70)), (b"m", 253_402_300_800_000),
+                                         (b"m", 253_399_665_600_000), (b"m", -62_135_596_800_000)])
+def test_what_the_compiled_derived_id_does_not_take_goes_to_the_reference(seed: object, at_ms: object) -> None:
+    """A seed that is not bytes, a time that is not an int or lies outside year 1 to November 9999: answered, or
+    refused, as the Python function answers or refuses it."""
+    from forwarder.rocketmq import _uniq_key, codec
+
+    try:
+        want: object = codec._reference_derived_id(seed, at_ms)  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001 - the same error either way is the point
+        want = type(e)
+    try:
+        got: object = _uniq_key.derived_id(seed, at_ms)
+    except Exception as e:  # noqa: BLE001
+        got = type(e)
+    assert got == want

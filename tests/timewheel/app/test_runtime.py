@@ -50,7 +50,7 @@ def test_a_missing_compiled_loop_is_a_warning_that_names_it(monkeypatch: pytest.
                                                             caplog: pytest.LogCaptureFixture) -> None:
     from forwarder import record_batches
 
-    assert hot_paths() == {"record_scan": True, "ingest_walk": True, "record_cut": True}  # built by make setup
+    assert hot_paths() == {"record_scan": True, "ingest_walk": True, "record_cut": True, "uniq_key": True}  # built by make setup
     with caplog.at_level(logging.INFO, "timewheel.app.runtime"):
         assert all(log_hot_paths().values())
     assert "hot paths compiled" in caplog.text

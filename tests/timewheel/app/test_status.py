@@ -37,7 +37,7 @@ def test_status_shows_what_the_engine_holds(running: Running) -> None:
     late = doc["lateness_last_minute_ms"]
     assert late["count"] >= 1 and 0 <= late["p50"] <= late["p99"]
     assert doc["shaping"]["circuit_open"] is False
-    assert doc["hot_paths"] == {"record_scan": True, "ingest_walk": True, "record_cut": True}
+    assert doc["hot_paths"] == {"record_scan": True, "ingest_walk": True, "record_cut": True, "uniq_key": True}
 
     res = CliRunner().invoke(app, ["status", "--admin", running.admin])
     assert res.exit_code == 0, res.output
