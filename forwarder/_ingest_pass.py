@@ -173,8 +173,8 @@ class OnePass:
         queue_names: dict[int, str] = {}
         while p < n:
             if compiled is not None:
-                p, taken, at_last = compiled(body, mv, p, now, max_delay, max_body, _ROLES, self._target_bytes,
-                                             queue_names, broker, _WALK_LIMITS, encode_fields, crc32c.crc32c,
+                p, taken, at_last = compiled(body, p, now, max_delay, max_body, _ROLES, self._target_bytes,
+                                             queue_names, broker, _WALK_LIMITS, crc32c.crc32c,
                                              blobs, ids, dues, lengths, key_col, queues, offsets, at)
                 if taken:
                     row, last = row + taken, at_last

@@ -6,13 +6,37 @@ It takes a message only when every byte of its topic and properties is ASCII, no
 properties repeats, its target is one already checked and everything else is as the Python walk's
 one pass takes it; at the first message it is not sure of, it stops and says where, and the Python
 walk (the reference) decides that one message, then hands back. What it writes for a message is
-what the Python walk writes, byte for byte: the record through `storage.encode_fields` itself,
-the id through `crc32c` itself (tests/forwarder/test_ingest_pass.py holds both walks to the
-general path). Names are classified by the caller (`forwarder._ingest_pass`), not here.
+what the Python walk writes, byte for byte: the record in `storage.record`'s layout (`HEADER`,
+checked at import), written here into one new bytes object, its CRC and the id's through `crc32c`
+itself (tests/forwarder/test_ingest_pass.py holds both walks to the general path, and this one to
+the Python walk). Names are classified by the caller (`forwarder._ingest_pass`), not here.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
-from libc.string cimport memcpy
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport INT64_MAX, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+from storage.record import HEADER, MAGIC, VERSION
+
+cdef extern from "Python.h":
+    enum: PyBUF_READ
+    object PyMemoryView_FromMemory(char* mem, Py_ssize_t size, int flags)
+    str PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
+
+cdef enum:
+    HEAD = 44  # HEADER.size
+    CRC_FROM = 12  # the CRC covers the record from here
+# the record's header as written below (magic, version, flags, length, crc, then the fixed fields):
+# a record layout changed without this loop must not write the old one
+if HEADER.format != "<BBHIIqqHHHHII" or HEADER.size != HEAD:
+    raise RuntimeError(f"storage.record's header is now {HEADER.format!r}; forwarder/_ingest_walk.pyx writes "
+                       "<BBHIIqqHHHHII")
+cdef uint8_t _MAGIC = MAGIC, _VERSION = VERSION
+
+cdef const char* _HEX_UPPER = b"0123456789ABCDEF"
+cdef const char* _HEX_LOWER = b"0123456789abcdef"
+cdef const char* _TRANSIENT = b"__RMQ.TRANSIENT."  # 16 bytes: names never carried
 
 # what a property's name is to the walk (the caller's table maps names to these)
 cdef enum:
@@ -26,6 +50,7 @@ cdef enum:
     KEYS = 7
     NOT_CARRIED = 8
     STOP = 9  # the Python walk decides (a control property)
+    UNLISTED = -1  # not in the table: carried, unless transient
 
 cdef enum:
     MAX_PAIRS = 64  # more properties than this: the Python walk decides
@@ -62,21 +87,68 @@ cdef inline int64_t _digits(const uint8_t* b, Py_ssize_t n, int max_digits) noex
         v = v * 10 + (b[i] - 48)
     return v
 
+cdef inline Py_ssize_t _width(int64_t v) noexcept nogil:
+    """How many decimal digits `str(v)` has, for `v` >= 0."""
+    cdef Py_ssize_t n = 1
+    while v >= 10:
+        v //= 10
+        n += 1
+    return n
+
+cdef inline uint8_t* _decimal(uint8_t* d, int64_t v, Py_ssize_t width) noexcept nogil:
+    """`str(v)` (`width` digits, `v` >= 0) at `d`; returns past it."""
+    cdef Py_ssize_t i = width
+    while i > 0:
+        i -= 1
+        d[i] = <uint8_t>(48 + v % 10)
+        v //= 10
+    return d + width
+
+# the record's integers, little-endian whatever the machine's order (as struct's "<" packs them)
+cdef inline uint8_t* _le16(uint8_t* d, uint64_t v) noexcept nogil:
+    d[0] = <uint8_t>v
+    d[1] = <uint8_t>(v >> 8)
+    return d + 2
+
+cdef inline uint8_t* _le32(uint8_t* d, uint64_t v) noexcept nogil:
+    cdef int k
+    for k in range(4):
+        d[k] = <uint8_t>(v >> (8 * k))
+    return d + 4
+
+cdef inline uint8_t* _le64(uint8_t* d, uint64_t v) noexcept nogil:
+    cdef int k
+    for k in range(8):
+        d[k] = <uint8_t>(v >> (8 * k))
+    return d + 8
+
+cdef inline uint8_t* _put(uint8_t* d, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    memcpy(d, s, n)
+    return d + n
+
+cdef inline int _compare(const uint8_t* a, Py_ssize_t na, const uint8_t* c, Py_ssize_t nc) noexcept nogil:
+    """`a` against `c` as bytes (and, being ASCII, as str) compare: < 0, 0 or > 0."""
+    cdef int r = memcmp(a, c, na if na < nc else nc)
+    if r != 0:
+        return r
+    return (na > nc) - (na < nc)
+
 
 cdef bytes _slice(const uint8_t* b, Py_ssize_t n):
     return PyBytes_FromStringAndSize(<const char*>b, n)
 
 
-def walk(bytes body, object mv, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_body, dict names,
-         dict targets, dict queue_names, str broker, tuple limits, object encode_fields, object crc32c, list blobs,
-         list ids, list dues, list lengths, list key_col, list queues, list offsets, list at):
+def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_body, dict names, dict targets,
+         dict queue_names, str broker, tuple limits, object crc32c, list blobs, list ids, list dues, list lengths,
+         list key_col, list queues, list offsets, list at):
     """Walk `body` from `p` while the messages are plain, appending each one's record and columns;
     return (where it stopped, messages taken, the last one's queue offset or -1).
 
     `names`: property name (bytes) to its role; `targets`: target topics (bytes) already checked;
     `queue_names`: queue id to "broker:id" (filled here); `limits`: header size, magic V1, magic V2,
     compressed flag, born-host-V6 flag, store-host-V6 flag, max digits, properties budget less what
-    delivery adds, max field."""
+    delivery adds, max field; `crc32c`: `crc32c.crc32c`. Neither `names` nor `targets` may change
+    during a call: what they said of a name is remembered for the messages after."""
     cdef Py_ssize_t head_size = limits[0]
     cdef int32_t magic_v1 = limits[1], magic_v2 = limits[2]
     cdef int32_t compressed = limits[3], born_v6 = limits[4], store_v6 = limits[5]
@@ -88,22 +160,35 @@ def walk(bytes body, object mv, Py_ssize_t p, int64_t now, int64_t max_delay, in
     cdef int64_t last = -1
     cdef Py_ssize_t end, q, host, store_len, b0, t0, tlen, plen, props, i, k, s, e, sep
     cdef int32_t total, magic, qid, sys_flag, body_len
-    cdef int64_t qoff, phys, born, due, v
+    cdef int64_t qoff, phys, born, due, v, base
     cdef Py_ssize_t pair_name[MAX_PAIRS]
     cdef Py_ssize_t pair_name_len[MAX_PAIRS]
     cdef Py_ssize_t pair_value[MAX_PAIRS]
     cdef Py_ssize_t pair_value_len[MAX_PAIRS]
     cdef int carried_rows[MAX_PAIRS]
+    cdef Py_ssize_t seen_at[MAX_PAIRS]  # the names looked up so far (in `body`, by place) and their roles
+    cdef Py_ssize_t seen_len[MAX_PAIRS]
+    cdef int seen_role[MAX_PAIRS]
     cdef int order[MAX_PAIRS]
     cdef int npairs, ncarried, role, w, x, y
     cdef Py_ssize_t slot_at[8]
     cdef Py_ssize_t slot_len[8]
     cdef bint ok
-    cdef object role_obj
-    cdef bytes name, tb, uniq, ident, idb, tagb, kb, pb, chosen, due_text
-    cdef str msg_id
+    cdef object role_obj, qname = None
+    cdef int32_t qname_of = 0
+    cdef bytes tb, rec, ident, last_tb = None
+    cdef Py_ssize_t last_target_at = 0, last_target_len = 0
+    cdef str msg_id, key
     cdef tuple key_list
-    cdef list key_strs, parts
+    cdef uint8_t* r
+    cdef uint8_t* d
+    cdef const uint8_t* kp
+    cdef const uint8_t* tp
+    cdef Py_ssize_t lt, lg, lk, lkeys, lp, lchosen, luniq, li, ldue, lident, size, nkeys, ident_at
+    cdef uint32_t id_crc, rec_crc
+    cdef uint64_t phys_bits
+    for w in range(MAX_PAIRS):
+        seen_len[w] = -1
     while p < n:
         if p + head_size > n:
             break
@@ -187,15 +272,21 @@ def walk(bytes body, object mv, Py_ssize_t p, int64_t now, int64_t max_delay, in
         # ---- each name's role; the last value holds, UNIQ_KEY's first; a carried name only once
         ncarried = 0
         for w in range(npairs):
-            name = _slice(b + pair_name[w], pair_name_len[w])
-            role_obj = names.get(name)
-            if role_obj is None:
-                if pair_name_len[w] >= 16 and name.startswith(b"__RMQ.TRANSIENT."):
+            # a message's names are mostly the previous one's, in the same places: `names` is
+            # asked (a bytes object and a lookup) only for a name not seen last time at that place
+            if pair_name_len[w] == seen_len[w] and memcmp(b + pair_name[w], b + seen_at[w], seen_len[w]) == 0:
+                role = seen_role[w]
+            else:
+                role_obj = names.get(_slice(b + pair_name[w], pair_name_len[w]))
+                role = UNLISTED if role_obj is None else role_obj
+                seen_at[w], seen_len[w], seen_role[w] = pair_name[w], pair_name_len[w], role
+            if role == UNLISTED:
+                if pair_name_len[w] >= 16 and memcmp(b + pair_name[w], _TRANSIENT, 16) == 0:
                     continue
                 for x in range(ncarried):
                     y = carried_rows[x]
                     if pair_name_len[y] == pair_name_len[w] and \
-                            _slice(b + pair_name[y], pair_name_len[y]) == name:
+                            memcmp(b + pair_name[y], b + pair_name[w], pair_name_len[w]) == 0:
                         ok = False
                         break
                 if not ok:
@@ -203,7 +294,6 @@ def walk(bytes body, object mv, Py_ssize_t p, int64_t now, int64_t max_delay, in
                 carried_rows[ncarried] = w
                 ncarried += 1
                 continue
-            role = role_obj
             if role == STOP:
                 ok = False
                 break
@@ -218,85 +308,163 @@ def walk(bytes body, object mv, Py_ssize_t p, int64_t now, int64_t max_delay, in
         # ---- the contract: a target already checked, a due time in plain digits within the limits
         if slot_at[TARGET] < 0:
             break
-        tb = targets.get(_slice(b + slot_at[TARGET], slot_len[TARGET]))
-        if tb is None:
-            break
+        if last_tb is not None and slot_len[TARGET] == last_target_len and \
+                memcmp(b + slot_at[TARGET], b + last_target_at, last_target_len) == 0:
+            tb = last_tb  # the previous message's target (`targets` does not change during a walk)
+        else:
+            tb = targets.get(_slice(b + slot_at[TARGET], slot_len[TARGET]))
+            if tb is None:
+                break
+            last_tb, last_target_at, last_target_len = tb, slot_at[TARGET], slot_len[TARGET]
         due = -1
         if slot_at[DELIVER_AT] >= 0:
             due = _digits(b + slot_at[DELIVER_AT], slot_len[DELIVER_AT], max_digits)
         elif slot_at[DELAY] >= 0:
             v = _digits(b + slot_at[DELAY], slot_len[DELAY], max_digits)
-            if v >= 0:
-                due = (born if born > 0 else now) + v
+            base = born if born > 0 else now
+            if v >= 0 and v <= INT64_MAX - base:  # past int64: the Python walk says what is wrong
+                due = base + v
         elif slot_at[START_DELIVER] >= 0:
             due = _digits(b + slot_at[START_DELIVER], slot_len[START_DELIVER], max_digits)
         if not (0 <= due and due - now <= max_delay and body_len <= max_body):
             break
-        # ---- the id, the keys and the properties carried, as the Python walk makes them
-        tagb = _slice(b + slot_at[TAGS], slot_len[TAGS]) if slot_len[TAGS] > 0 else b""
-        key_strs = []
-        if slot_len[KEYS] > 0:
-            s = slot_at[KEYS]
-            e = s + slot_len[KEYS]
-            k = s
-            while k <= e:
-                if k == e or b[k] == 32:
-                    if k > s:
-                        key_strs.append(_slice(b + s, k - s).decode("ascii"))
-                    s = k + 1
-                k += 1
-        key_list = tuple(key_strs)
-        if slot_len[UNIQ] > 0:
-            uniq = _slice(b + slot_at[UNIQ], slot_len[UNIQ])
-        else:
-            uniq = (_slice(b + host, store_len) + phys.to_bytes(8, "big", signed=True)).hex().upper().encode()
-        due_text = str(due).encode()
+        # ---- the id, the keys and the properties carried, as the Python walk makes them; first
+        # their lengths, for the limits (nothing is appended for a message that fails them)
+        lg = slot_len[TAGS]
+        lkeys = slot_len[KEYS]
+        tp = b + slot_at[TAGS] if lg > 0 else b
+        kp = b + slot_at[KEYS] if lkeys > 0 else b
+        nkeys = lk = 0
+        s = 0
+        for k in range(lkeys + 1):  # the keys are split on single spaces, the empty ones dropped
+            if k == lkeys or kp[k] == 32:
+                if k > s:
+                    nkeys += 1
+                    lk += 2 + k - s
+                s = k + 1
+        # the id: UNIQ_KEY (else the store host and offset in hex), ':' and 8 hex digits
+        luniq = slot_len[UNIQ] if slot_len[UNIQ] > 0 else 2 * (store_len + 8)
+        li = luniq + 9
+        ldue = _width(due)
+        if not (plen + li + ldue <= budget and li <= max_field and lg <= max_field and lk <= max_field):
+            break
+        lt = PyBytes_GET_SIZE(tb)
+        lchosen = 0
+        for x in range(ncarried):
+            w = carried_rows[x]
+            lchosen += pair_name_len[w] + pair_value_len[w] + 2
+        lp = lchosen + 2 * ncarried  # each pair's two lengths instead of its two separators
+        size = HEAD + li + lt + lg + lk + lp + body_len
+        rec = PyBytes_FromStringAndSize(NULL, size)
+        r = <uint8_t*>PyBytes_AS_STRING(rec)
+        memcpy(r + size - body_len, b + b0, body_len)
         # the carried properties sorted by name, for the id (insertion sort: they are few)
         for x in range(ncarried):
             order[x] = carried_rows[x]
         for x in range(1, ncarried):
             y = order[x]
             w = x - 1
-            while w >= 0 and _slice(b + pair_name[order[w]], pair_name_len[order[w]]) > \
-                    _slice(b + pair_name[y], pair_name_len[y]):
+            while w >= 0 and _compare(b + pair_name[order[w]], pair_name_len[order[w]], b + pair_name[y],
+                                      pair_name_len[y]) > 0:
                 order[w + 1] = order[w]
                 w -= 1
             order[w + 1] = y
-        parts = []
+        # what the id's CRC covers: target, due time, tags, keys and the sorted carried pairs, each
+        # after a NUL, then the body. Written just before the body in the record (the header and the
+        # fields overwrite it after) it is one run for one crc32c call; crc32c(body, crc32c(ident))
+        # is the CRC of the two run together.
+        lident = lt + ldue + lg + lkeys + lchosen + 4
+        if lident <= size - body_len:
+            ident_at = size - body_len - lident
+            d = r + ident_at
+            ident = None
+        else:  # far more spaces among the keys than usual: not room enough, the ident apart
+            ident_at = -1
+            ident = PyBytes_FromStringAndSize(NULL, lident)
+            d = <uint8_t*>PyBytes_AS_STRING(ident)
+        d = _put(d, <const uint8_t*>PyBytes_AS_STRING(tb), lt)
+        d[0] = 0
+        d = _decimal(d + 1, due, ldue)
+        d[0] = 0
+        d = _put(d + 1, tp, lg)
+        d[0] = 0
+        d = _put(d + 1, kp, lkeys)
+        d[0] = 0
+        d += 1
         for x in range(ncarried):
             w = order[x]
-            parts.append(_slice(b + pair_name[w], pair_name_len[w] + 1 + pair_value_len[w] + 1))
-        chosen = b"".join(parts)
-        ident = b"".join((_slice(b + slot_at[TARGET], slot_len[TARGET]), b"\x00", due_text, b"\x00", tagb, b"\x00",
-                          _slice(b + slot_at[KEYS], slot_len[KEYS]) if slot_len[KEYS] > 0 else b"", b"\x00",
-                          chosen))
-        payload = mv[b0:b0 + body_len]
-        msg_id = f"{uniq.decode('ascii')}:{crc32c(payload, crc32c(ident)):08x}"
-        idb = msg_id.encode("ascii")
-        parts = []
-        for key in key_strs:
-            parts.append((<int>len(key)).to_bytes(2, "little"))
-            parts.append((<str>key).encode("ascii"))
-        kb = b"".join(parts)
-        if not (plen + len(idb) + len(due_text) <= budget and len(idb) <= max_field and len(tagb) <= max_field
-                and len(kb) <= max_field):
-            break
-        parts = []
-        for x in range(ncarried):
+            d = _put(d, b + pair_name[w], pair_name_len[w] + 1 + pair_value_len[w] + 1)  # name, \x01, value, \x02
+        if ident_at >= 0:
+            id_crc = crc32c(PyMemoryView_FromMemory(<char*>r + ident_at, lident + body_len, PyBUF_READ))
+        else:
+            id_crc = crc32c(PyMemoryView_FromMemory(<char*>r + size - body_len, body_len, PyBUF_READ),
+                            crc32c(ident))
+        # ---- the record: `storage.record`'s header (its CRC last), id, topic, tags, keys, properties
+        r[0] = _MAGIC
+        r[1] = _VERSION
+        d = _le16(r + 2, 0)
+        d = _le32(d, <uint64_t>size)
+        d = _le64(d + 4, <uint64_t>due)
+        d = _le64(d, <uint64_t>now)
+        d = _le16(d, <uint64_t>li)
+        d = _le16(d, <uint64_t>lt)
+        d = _le16(d, <uint64_t>lg)
+        d = _le16(d, <uint64_t>lk)
+        d = _le32(d, <uint64_t>lp)
+        d = _le32(d, <uint64_t>body_len)
+        if slot_len[UNIQ] > 0:
+            d = _put(d, b + slot_at[UNIQ], luniq)
+        else:  # (store host + commit log offset, 8 bytes big-endian).hex().upper()
+            for k in range(store_len):
+                d[0] = _HEX_UPPER[b[host + k] >> 4]
+                d[1] = _HEX_UPPER[b[host + k] & 15]
+                d += 2
+            phys_bits = <uint64_t>phys
+            for k in range(8):
+                y = <int>((phys_bits >> (56 - 8 * k)) & 0xFF)
+                d[0] = _HEX_UPPER[y >> 4]
+                d[1] = _HEX_UPPER[y & 15]
+                d += 2
+        d[0] = 58  # ':'
+        for k in range(8):
+            d[1 + k] = _HEX_LOWER[(id_crc >> (28 - 4 * k)) & 15]
+        msg_id = PyUnicode_DecodeASCII(<const char*>r + HEAD, li, NULL)
+        d = _put(d + 9, <const uint8_t*>PyBytes_AS_STRING(tb), lt)
+        d = _put(d, tp, lg)
+        if nkeys:
+            key_list = PyTuple_New(nkeys)
+            y = 0
+            s = 0
+            for k in range(lkeys + 1):
+                if k == lkeys or kp[k] == 32:
+                    if k > s:
+                        d = _le16(d, <uint64_t>(k - s))
+                        key = PyUnicode_DecodeASCII(<const char*>kp + s, k - s, NULL)
+                        Py_INCREF(key)  # PyTuple_SET_ITEM steals a reference
+                        PyTuple_SET_ITEM(key_list, y, key)
+                        y += 1
+                        d = _put(d, kp + s, k - s)
+                    s = k + 1
+        else:
+            key_list = ()
+        for x in range(ncarried):  # in their own order, as `encode_properties` writes them
             w = carried_rows[x]
-            parts.append((<int>pair_name_len[w]).to_bytes(2, "little"))
-            parts.append(_slice(b + pair_name[w], pair_name_len[w]))
-            parts.append((<int>pair_value_len[w]).to_bytes(2, "little"))
-            parts.append(_slice(b + pair_value[w], pair_value_len[w]))
-        pb = b"".join(parts)
-        blobs.append(encode_fields(due, now, idb, tb, tagb, kb, pb, payload))
+            d = _le16(d, <uint64_t>pair_name_len[w])
+            d = _put(d, b + pair_name[w], pair_name_len[w])
+            d = _le16(d, <uint64_t>pair_value_len[w])
+            d = _put(d, b + pair_value[w], pair_value_len[w])
+        rec_crc = crc32c(PyMemoryView_FromMemory(<char*>r + CRC_FROM, size - CRC_FROM, PyBUF_READ))
+        _le32(r + 8, rec_crc)
+        blobs.append(rec)
         ids.append(msg_id)
         dues.append(due)
         lengths.append(body_len)
         key_col.append(key_list)
-        qname = queue_names.get(qid)
-        if qname is None:
-            qname = queue_names[qid] = f"{broker}:{qid}"
+        if qname is None or qid != qname_of:  # one dict lookup per run of one queue's messages
+            qname = queue_names.get(qid)
+            if qname is None:
+                qname = queue_names[qid] = f"{broker}:{qid}"
+            qname_of = qid
         queues.append(qname)
         offsets.append(qoff)
         at.append(p)
