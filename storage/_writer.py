@@ -23,6 +23,8 @@ from storage.origin import ORIGIN_ROW_SIZE
 
 log = logging.getLogger("timewheel.storage")
 _MAX_OPEN_FDS = 128
+#: from this many records a batch is placed with array operations (fewer: a loop costs less)
+_ARRAY_PLACE_MIN = 32
 #: where every live part ends: segment -> (part, bytes, entries)
 UndoPoint = dict[int, tuple[int, int, int]]
 
@@ -59,30 +61,57 @@ class PartWriter:
 
     def place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
         """Give each new record its segment, part and offset (LOCATION_DTYPE): a segment's records go
-        to its live part in order. Plain Python: batches touch many segments with few records each,
-        where per-group numpy calls would cost more than they save."""
+        to its live part in order. A batch of one segment that fits its live part (the usual
+        commit under load) is placed with a few array operations; any other record by record."""
         seg_size = self.layout.segment_ms
-        segs, parts, offs, lens = [], [], [], []
+        n = len(blobs)
+        written = np.zeros(n, LOCATION_DTYPE)
+        if not n:
+            return written
+        if n >= _ARRAY_PLACE_MIN:
+            due = np.asarray(dues, np.int64)
+            seg = int(due[0] - due[0] % seg_size)
+            if ((due - due % seg_size) == seg).all():
+                if self._place_in_live_part(seg, due, blobs, written):
+                    return written
+        segs, parts, offs, lens_ = [], [], [], []
         live_of: dict[int, _LivePart] = {}
-        for due, blob in zip(dues, blobs):
-            seg = due - due % seg_size
+        for d, blob in zip(dues, blobs):
+            sg = d - d % seg_size
             ln = len(blob)
-            live = live_of.get(seg)
-            if live is None or live.size + ln > self.max_part_bytes:
-                live = live_of[seg] = self._live_part(seg, ln)
-            segs.append(seg)
-            parts.append(live.part)
-            offs.append(live.size)
-            lens.append(ln)
-            live.size += ln
-            live.entries += 1
-        written = np.zeros(len(blobs), LOCATION_DTYPE)
+            lp = live_of.get(sg)
+            if lp is None or lp.size + ln > self.max_part_bytes:
+                lp = live_of[sg] = self._live_part(sg, ln)
+            segs.append(sg)
+            parts.append(lp.part)
+            offs.append(lp.size)
+            lens_.append(ln)
+            lp.size += ln
+            lp.entries += 1
         written["segment_ms"] = segs
         written["due_ms"] = dues
         written["part"] = parts
         written["offset"] = offs
-        written["length"] = lens
+        written["length"] = lens_
         return written
+
+    def _place_in_live_part(self, seg: int, due: np.ndarray, blobs: list[bytes], written: np.ndarray) -> bool:
+        """Place a batch of one segment in its live part if the part is open and holds it all."""
+        n = len(blobs)
+        lens = np.fromiter(map(len, blobs), np.int64, n)
+        live = self.live.get(seg)
+        total = int(lens.sum())
+        if live is None or live.size + total > self.max_part_bytes:
+            return False
+        ends = np.cumsum(lens)
+        written["segment_ms"] = seg
+        written["due_ms"] = due
+        written["part"] = live.part
+        written["offset"] = live.size + ends - lens
+        written["length"] = lens
+        live.size += total
+        live.entries += n
+        return True
 
     def _live_part(self, segment_ms: int, need: int) -> _LivePart:
         live = self.live.get(segment_ms)
@@ -116,18 +145,28 @@ class PartWriter:
         """One write of records, one of origins (ORIGIN_DTYPE rows) and one of index entries per
         touched part; the origins go before the index, so an index entry always has its origin row
         unless the machine lost the page cache."""
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, key in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist())):
-            groups.setdefault(key, []).append(i)
-        raw = index_entries(locs["due_ms"], locs["offset"], locs["length"]).tobytes()
-        org = np.ascontiguousarray(origins).tobytes()
-        w, ow = INDEX_ENTRY_SIZE, ORIGIN_ROW_SIZE
-        for (seg, part), grp in groups.items():
-            log_fd, idx_fd, org_fd = self._part_fds(seg, part)
-            write_all(log_fd, b"".join([blobs[i] for i in grp]))
-            write_all(org_fd, b"".join([org[i * ow:(i + 1) * ow] for i in grp]))
-            write_all(idx_fd, b"".join([raw[i * w:(i + 1) * w] for i in grp]))
-            self.dirty.add((seg, part))
+        if not len(locs):
+            return
+        segs, parts = locs["segment_ms"], locs["part"]
+        index = index_entries(locs["due_ms"], locs["offset"], locs["length"])
+        org = np.ascontiguousarray(origins)
+        if (segs == segs[0]).all() and (parts == parts[0]).all():  # the usual commit: one part
+            self._write_part(int(segs[0]), int(parts[0]), b"".join(blobs), org.tobytes(), index.tobytes())
+            return
+        order = np.lexsort((parts, segs))  # stable: a part's records stay in their order
+        s, p = segs[order], parts[order]
+        cut = np.flatnonzero((s[1:] != s[:-1]) | (p[1:] != p[:-1])) + 1
+        for rows in np.split(order, cut):
+            first = int(rows[0])
+            self._write_part(int(segs[first]), int(parts[first]), b"".join([blobs[i] for i in rows.tolist()]),
+                             org[rows].tobytes(), index[rows].tobytes())
+
+    def _write_part(self, segment_ms: int, part: int, records: bytes, origins: bytes, index: bytes) -> None:
+        log_fd, idx_fd, org_fd = self._part_fds(segment_ms, part)
+        write_all(log_fd, records)
+        write_all(org_fd, origins)
+        write_all(idx_fd, index)
+        self.dirty.add((segment_ms, part))
 
     def undo_point(self) -> UndoPoint:
         """Where every live part ends now, to return to if a commit fails."""

@@ -1,0 +1,87 @@
+"""The live-part writer: where a commit's records land, and what each part's three files hold."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage import _writer
+from storage._writer import PartWriter
+from storage.index import index_entries
+from storage.layout import SegmentLayout
+from storage.origin import ORIGIN_DTYPE
+
+T0 = 1_800_000_000_000
+HOUR = 3_600_000
+
+# a commit: each record's hour (0 or 1), its length, its origin offset; most commits of one hour (the
+# array placement's case), some of several; a few commits in a row
+_record = st.tuples(st.integers(0, 1), st.integers(1, 90), st.integers(0, 1 << 40))
+_records = st.one_of(st.lists(_record, min_size=1, max_size=8), st.lists(_record, min_size=30, max_size=80))
+_commit = st.tuples(st.booleans(), _records).map(
+    lambda c: [(c[1][0][0], ln, off) for _, ln, off in c[1]] if c[0] else c[1])
+_commits = st.lists(_commit, min_size=1, max_size=5)
+
+
+def _write(root: Path, commits: list[list[tuple[int, int, int]]], max_part_bytes: int) -> list[np.ndarray]:
+    writer = PartWriter(SegmentLayout(root), max_part_bytes)
+    placed = []
+    for n, commit in enumerate(commits):
+        dues = [T0 + hour * HOUR + i for i, (hour, _, _) in enumerate(commit)]
+        blobs = [bytes([n * 16 + i % 16]) * length for i, (_, length, _) in enumerate(commit)]
+        origins = np.zeros(len(commit), ORIGIN_DTYPE)
+        origins["offset"] = [off for _, _, off in commit]
+        locs = writer.place(dues, blobs)
+        writer.write(locs, blobs, origins)
+        placed.append(locs)
+    return placed
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "schedule").rglob("*")) if p.is_file()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(_commits, st.sampled_from([100, 600, 1 << 20, 1 << 20]))
+def test_the_array_placement_writes_what_the_record_by_record_one_writes(
+        commits: list[list[tuple[int, int, int]]], max_part_bytes: int) -> None:
+    """Commits of one hour or several, parts rolling at the limit or not: the same locations and the
+    same bytes in every part's log, index and origin file, whichever way a commit was placed."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        fast = _write(Path(a), commits, max_part_bytes)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_writer, "_ARRAY_PLACE_MIN", 1 << 30)
+            slow = _write(Path(b), commits, max_part_bytes)
+        for f, s in zip(fast, slow):
+            assert f.tobytes() == s.tobytes()
+        files = _files(Path(a))
+        assert files == _files(Path(b))
+        # and each part holds its records in order: log, index entries, origins
+        for locs, commit in zip(fast, commits):
+            for i, (seg, part, off, ln) in enumerate(zip(locs["segment_ms"].tolist(), locs["part"].tolist(),
+                                                         locs["offset"].tolist(), locs["length"].tolist())):
+                assert ln == commit[i][1] and seg == T0 + commit[i][0] * HOUR - (T0 + commit[i][0] * HOUR) % HOUR
+                layout = SegmentLayout(Path(a))
+                log = layout.part_log(seg, part).read_bytes()
+                assert len(set(log[off:off + ln])) == 1 and len(log[off:off + ln]) == ln
+
+
+def test_a_one_part_commit_of_many_records_is_written_in_one_write_per_file(tmp_path: Path) -> None:
+    """The usual commit under load (one hour, the live part open): three writes, whole."""
+    layout = SegmentLayout(tmp_path)
+    writer = PartWriter(layout, 1 << 20)
+    first = writer.place([T0], [b"a"])
+    writer.write(first, [b"a"], np.zeros(1, ORIGIN_DTYPE))
+    dues = [T0 + i for i in range(100)]
+    blobs = [bytes([i]) * (i + 1) for i in range(100)]
+    locs = writer.place(dues, blobs)
+    assert locs["offset"].tolist() == [1 + sum(range(1, i + 1)) for i in range(100)]
+    writer.write(locs, blobs, np.zeros(100, ORIGIN_DTYPE))
+    seg, part = int(locs["segment_ms"][0]), int(locs["part"][0])
+    assert layout.part_log(seg, part).read_bytes() == b"a" + b"".join(blobs)
+    want = index_entries([T0, *dues], [0, *locs["offset"].tolist()], [1, *locs["length"].tolist()]).tobytes()
+    assert layout.part_index(seg, part).read_bytes() == want
