@@ -203,12 +203,8 @@ def write_broker_config(folder: Path, name: str, broker_port: int, ha_port: int,
         # for production disks.
         "mappedFileSizeCommitLog": 67108864,
         "mappedFileSizeConsumeQueue": 60000,
-        # Index files of 2,000,000 entries (42 MB, sparse until written; the broker's default is 20
-        # million). With 40,000, a 10,000/s stream rolled a file every few seconds, and in 4 of 6
-        # plain-hop runs of `bench.peers` the broker's consumers saw nothing for up to 17 s while
-        # every send was acknowledged on time (0 of 3 runs with these sizes).
-        "maxHashSlotNum": 500000,
-        "maxIndexNum": 2000000,
+        "maxHashSlotNum": 10000,
+        "maxIndexNum": 40000,
         "autoCreateTopicEnable": True,
         "autoCreateSubscriptionGroup": True,
         "flushDiskType": "ASYNC_FLUSH",
