@@ -303,30 +303,16 @@ def test_the_compiled_walk_reads_every_answer_as_the_python_walk_does(bodies: li
     """Rows (record bytes, ids, due times, keys, queues, offsets), general messages and faults alike,
     whether the compiled loop (forwarder/_ingest_walk.pyx) takes a message or leaves it."""
     assert COMPILED, "forwarder/_ingest_walk.pyx was not built: run `make setup` again and read its warnings"
-    compiled, python = OnePass(LIMITS, lambda: NOW), OnePass(LIMITS, lambda: NOW, compiled=False)
-    for target in ("ORDERS", "t-1", "P_2"):  # checked already, as in a running engine: the loop takes them
-        compiled._target(target)
-    taken = 0
-    walk = ingest_pass._compiled_walk
-    assert walk is not None
-
-    def counting(*args: Any) -> tuple[int, int, int]:
-        nonlocal taken
-        got = walk(*args)
-        taken += got[1]
-        return got
-
-    compiled._compiled = counting
-    for body in bodies:
-        assert _read_one(compiled, body) == _read_one(python, body)
+    # targets checked already, as in a running engine: the loop takes them
+    taken = _alike(bodies, ("ORDERS", "t-1", "P_2"))
     event(f"taken by the compiled loop: {min(taken, 4)}{'+' if taken > 4 else ''}")
 
 
-def _taken_alike(body: bytes) -> int:
-    """How many of `body`'s messages the compiled loop took, after checking that both walks read
-    `body` alike (record bytes and every column)."""
+def _alike(bodies: list[bytes], targets: tuple[str, ...]) -> int:
+    """Check that both walks read each of `bodies` alike (record bytes and every column), one pair
+    of walks for all of them; return how many messages the compiled loop took."""
     compiled, python = OnePass(LIMITS, lambda: NOW), OnePass(LIMITS, lambda: NOW, compiled=False)
-    for target in ("ORDERS", "t-1"):
+    for target in targets:
         compiled._target(target)
     walk, taken = ingest_pass._compiled_walk, 0
     assert walk is not None
@@ -338,8 +324,15 @@ def _taken_alike(body: bytes) -> int:
         return got
 
     compiled._compiled = counting
-    assert _read_one(compiled, body) == _read_one(python, body)
+    for body in bodies:
+        assert _read_one(compiled, body) == _read_one(python, body)
     return taken
+
+
+def _taken_alike(body: bytes) -> int:
+    """How many of `body`'s messages the compiled loop took, after checking that both walks read
+    `body` alike."""
+    return _alike([body], ("ORDERS", "t-1"))
 
 
 def _on_queue(raw: bytes, queue: int) -> bytes:
