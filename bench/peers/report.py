@@ -384,7 +384,8 @@ def observations(doc: dict) -> str:
             out.append(f"- plain-hop, {phase}: its consumer's median lateness was {h['p50'] / 1000:,.1f} s (max "
                        f"{h.get('max', 0) / 1000:,.1f} s; the broker acknowledged "
                        f"{_num(_get(hop, phase, 'accepted'))} sends): the measuring consumer stalled "
-                       "(bench/RESULTS_HOTPATHS.md, run 9), so the comparisons with it are left out.")
+                       "(bench/RESULTS_HOTPATHS.md, run 9: a subscription the broker had not heard of yet), so the "
+                       "comparisons with it are left out.")
     for name, r in doc["systems"].items():
         for steady in ("steady", "steady_high"):
             rate, wanted = _get(r, steady, "producer_rate"), _get(r, steady, "rate") or c["steady_rate"]

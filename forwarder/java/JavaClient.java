@@ -528,6 +528,10 @@ public final class JavaClient {
         DefaultMQPushConsumer c = new DefaultMQPushConsumer(opt.get("group"), hook(opt));
         c.setNamesrvAddr(opt.get("namesrv"));
         c.setInstanceName("java-" + ProcessHandle.current().pid());
+        // The rebalance gives the subscription a new version; until a heartbeat tells the broker,
+        // it answers every pull SUBSCRIPTION_NOT_LATEST. With the default 30 s heartbeat that held
+        // this consumer up to ~20 s in some runs (the broker's log: one warning a queue a second).
+        c.setHeartbeatBrokerInterval(1000);
         c.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         c.setConsumeThreadMin(threads);
         c.setConsumeThreadMax(threads);
