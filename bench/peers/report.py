@@ -384,7 +384,7 @@ def observations(doc: dict) -> str:
             out.append(f"- plain-hop, {phase}: its consumer's median lateness was {h['p50'] / 1000:,.1f} s (max "
                        f"{h.get('max', 0) / 1000:,.1f} s; the broker acknowledged "
                        f"{_num(_get(hop, phase, 'accepted'))} sends): the measuring consumer stalled "
-                       "(bench/RESULTS_HOTPATHS.md, run 9: a subscription the broker had not heard of yet), so the "
+                       "(bench/RESULTS_HOTPATHS.md, run 9, traces one such stall to the broker's log), so the "
                        "comparisons with it are left out.")
     for name, r in doc["systems"].items():
         for steady in ("steady", "steady_high"):
