@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test fuzz bench bench-peers clean
 
-$(BIN)/timewheel: pyproject.toml setup.py storage/_record_scan.pyx forwarder/_ingest_walk.pyx forwarder/_record_cut.pyx forwarder/rocketmq/_uniq_key.pyx
+$(BIN)/timewheel: pyproject.toml setup.py storage/_record_scan.pyx storage/_record_header.pyx storage/_record_header.pxd forwarder/_ingest_walk.pyx forwarder/_record_cut.pyx forwarder/rocketmq/_uniq_key.pyx
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

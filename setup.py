@@ -27,7 +27,7 @@ class OptionalBuildExt(build_ext):
 def _extensions() -> list[Extension]:
     from Cython.Build import cythonize
     return cythonize([Extension(name, [name.replace(".", "/") + ".pyx"], extra_compile_args=["-O2"])
-                      for name in ("storage._record_scan", "forwarder._ingest_walk", "forwarder._record_cut",
+                      for name in ("storage._record_scan", "storage._record_header", "forwarder._ingest_walk", "forwarder._record_cut",
                                    "forwarder.rocketmq._uniq_key")],
                      compiler_directives={"language_level": 3}, quiet=True)
 

@@ -6,8 +6,8 @@ It takes a message only when every byte of its topic and properties is ASCII, no
 properties repeats, its target is one already checked and everything else is as the Python walk's
 one pass takes it; at the first message it is not sure of, it stops and says where, and the Python
 walk (the reference) decides that one message, then hands back. What it writes for a message is
-what the Python walk writes, byte for byte: the record in `storage.record`'s layout (`HEADER`,
-checked at import), written here into one new bytes object, its CRC and the id's through `crc32c`
+what the Python walk writes, byte for byte: the record in `storage.record`'s layout (its header
+through `storage/_record_header.pxd`, the one C definition of it), written here into one new bytes object, its CRC and the id's through `crc32c`
 itself (tests/forwarder/test_ingest_pass.py holds both walks to the general path, and this one to
 the Python walk). Names are classified by the caller (`forwarder._ingest_pass`), not here.
 """
@@ -17,22 +17,15 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
-from storage.record import HEADER, MAGIC, VERSION
+from storage._record_header cimport (RECORD_CRC_FROM, RECORD_HEADER_SIZE, write_record_crc,
+                                     write_record_header)
+
+import storage._record_header  # noqa: F401  (its import holds the C header to storage.record's)
 
 cdef extern from "Python.h":
     enum: PyBUF_READ
     object PyMemoryView_FromMemory(char* mem, Py_ssize_t size, int flags)
     str PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
-
-cdef enum:
-    HEAD = 44  # HEADER.size
-    CRC_FROM = 12  # the CRC covers the record from here
-# the record's header as written below (magic, version, flags, length, crc, then the fixed fields):
-# a record layout changed without this loop must not write the old one
-if HEADER.format != "<BBHIIqqHHHHII" or HEADER.size != HEAD:
-    raise RuntimeError(f"storage.record's header is now {HEADER.format!r}; forwarder/_ingest_walk.pyx writes "
-                       "<BBHIIqqHHHHII")
-cdef uint8_t _MAGIC = MAGIC, _VERSION = VERSION
 
 cdef const char* _HEX_UPPER = b"0123456789ABCDEF"
 cdef const char* _HEX_LOWER = b"0123456789abcdef"
@@ -115,12 +108,6 @@ cdef inline uint8_t* _le32(uint8_t* d, uint64_t v) noexcept nogil:
     for k in range(4):
         d[k] = <uint8_t>(v >> (8 * k))
     return d + 4
-
-cdef inline uint8_t* _le64(uint8_t* d, uint64_t v) noexcept nogil:
-    cdef int k
-    for k in range(8):
-        d[k] = <uint8_t>(v >> (8 * k))
-    return d + 8
 
 cdef inline uint8_t* _put(uint8_t* d, const uint8_t* s, Py_ssize_t n) noexcept nogil:
     memcpy(d, s, n)
@@ -354,7 +341,7 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             w = carried_rows[x]
             lchosen += pair_name_len[w] + pair_value_len[w] + 2
         lp = lchosen + 2 * ncarried  # each pair's two lengths instead of its two separators
-        size = HEAD + li + lt + lg + lk + lp + body_len
+        size = RECORD_HEADER_SIZE + li + lt + lg + lk + lp + body_len
         rec = PyBytes_FromStringAndSize(NULL, size)
         r = <uint8_t*>PyBytes_AS_STRING(rec)
         memcpy(r + size - body_len, b + b0, body_len)
@@ -400,18 +387,8 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             id_crc = crc32c(PyMemoryView_FromMemory(<char*>r + size - body_len, body_len, PyBUF_READ),
                             crc32c(ident))
         # ---- the record: `storage.record`'s header (its CRC last), id, topic, tags, keys, properties
-        r[0] = _MAGIC
-        r[1] = _VERSION
-        d = _le16(r + 2, 0)
-        d = _le32(d, <uint64_t>size)
-        d = _le64(d + 4, <uint64_t>due)
-        d = _le64(d, <uint64_t>now)
-        d = _le16(d, <uint64_t>li)
-        d = _le16(d, <uint64_t>lt)
-        d = _le16(d, <uint64_t>lg)
-        d = _le16(d, <uint64_t>lk)
-        d = _le32(d, <uint64_t>lp)
-        d = _le32(d, <uint64_t>body_len)
+        d = write_record_header(r, <uint64_t>size, due, now, <uint64_t>li, <uint64_t>lt, <uint64_t>lg, <uint64_t>lk,
+                                <uint64_t>lp, <uint64_t>body_len)
         if slot_len[UNIQ] > 0:
             d = _put(d, b + slot_at[UNIQ], luniq)
         else:  # (store host + commit log offset, 8 bytes big-endian).hex().upper()
@@ -428,7 +405,7 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
         d[0] = 58  # ':'
         for k in range(8):
             d[1 + k] = _HEX_LOWER[(id_crc >> (28 - 4 * k)) & 15]
-        msg_id = PyUnicode_DecodeASCII(<const char*>r + HEAD, li, NULL)
+        msg_id = PyUnicode_DecodeASCII(<const char*>r + RECORD_HEADER_SIZE, li, NULL)
         d = _put(d + 9, <const uint8_t*>PyBytes_AS_STRING(tb), lt)
         d = _put(d, tp, lg)
         if nkeys:
@@ -453,8 +430,8 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             d = _put(d, b + pair_name[w], pair_name_len[w])
             d = _le16(d, <uint64_t>pair_value_len[w])
             d = _put(d, b + pair_value[w], pair_value_len[w])
-        rec_crc = crc32c(PyMemoryView_FromMemory(<char*>r + CRC_FROM, size - CRC_FROM, PyBUF_READ))
-        _le32(r + 8, rec_crc)
+        rec_crc = crc32c(PyMemoryView_FromMemory(<char*>r + RECORD_CRC_FROM, size - RECORD_CRC_FROM, PyBUF_READ))
+        write_record_crc(r, rec_crc)
         blobs.append(rec)
         ids.append(msg_id)
         dues.append(due)
