@@ -5,6 +5,7 @@
 //   produce  --namesrv A [--group G] [--compress zlib|lz4|zstd|none] [--compress-over N] [--as-batch true]
 //            [--ak K --sk S]      one JSON message a line on stdin: {"topic","tags","keys","body" (base64),
 //                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each
+//                                 (lz4 and zstd need RocketMQ 5's client: 4.9's producer compresses with zlib)
 //   consume  --namesrv A --topic T --group G --count N --timeout-ms M [--ak K --sk S]
 //                                 prints each message received as JSON, then {"done":true,"received":n}
 //   intake   --namesrv A --topic T --seconds S --threads N --batch B --body-size Z [--props JSON] [--ak K --sk S]
@@ -35,6 +36,8 @@ import com.alibaba.fastjson.JSON;
 import com.alibaba.fastjson.JSONObject;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -51,9 +54,9 @@ import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.consumer.rebalance.AllocateMessageQueueAveragely;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendResult;
-import org.apache.rocketmq.common.compression.CompressionType;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageExt;
@@ -106,11 +109,36 @@ public final class JavaClient {
         if (codec.equals("none")) {
             p.setCompressMsgBodyOverHowmuch(Integer.MAX_VALUE);
         } else {
-            p.setCompressType(CompressionType.of(codec.toUpperCase()));
+            compressWith(p, codec);
             p.setCompressMsgBodyOverHowmuch(Integer.parseInt(opt.getOrDefault("compress-over", "4096")));
         }
         p.start();
         return p;
+    }
+
+    // The codec setter is RocketMQ 5's (setCompressType(CompressionType)); 4.9's producer has none and
+    // compresses with zlib. Looked up by name, so that the harness compiles against either version's jars.
+    private static void compressWith(DefaultMQProducer p, String codec) throws Exception {
+        Method set = null;
+        for (Method m : DefaultMQProducer.class.getMethods()) {
+            if (m.getName().equals("setCompressType") && m.getParameterCount() == 1) {
+                set = m;
+            }
+        }
+        if (set == null) {
+            if (!codec.equalsIgnoreCase("zlib")) {
+                throw new IllegalArgumentException("--compress " + codec + ": this RocketMQ client's producer has no "
+                        + "setCompressType (RocketMQ 5's has), it compresses with zlib only");
+            }
+            return;
+        }
+        try {
+            Object type = set.getParameterTypes()[0].getMethod("of", String.class).invoke(null, codec.toUpperCase());
+            set.invoke(p, type);
+        } catch (InvocationTargetException e) {
+            // the client's own error (an unknown codec's name), as the direct call threw it
+            throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+        }
     }
 
     private static Message toMessage(JSONObject j) {
@@ -525,7 +553,9 @@ public final class JavaClient {
         long idleMs = Long.parseLong(opt.getOrDefault("idle-ms", "20000"));
         int threads = Integer.parseInt(opt.getOrDefault("threads", "4"));
         Arrivals got = new Arrivals(idMin, idMax);
-        DefaultMQPushConsumer c = new DefaultMQPushConsumer(opt.get("group"), hook(opt));
+        // what (group, hook) means in 5.x; 4.9 has only the constructor with the allocation strategy
+        DefaultMQPushConsumer c = new DefaultMQPushConsumer(opt.get("group"), hook(opt),
+                                                            new AllocateMessageQueueAveragely());
         c.setNamesrvAddr(opt.get("namesrv"));
         c.setInstanceName("java-" + ProcessHandle.current().pid());
         // The rebalance gives the subscription a new version; until a heartbeat tells the broker,

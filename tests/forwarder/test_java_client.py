@@ -1,19 +1,32 @@
 """RocketMQ's own Java client, compiled against the broker's jars, round-trips through the real broker.
 
 It is the independent producer and consumer of the conformance tests: this checks the harness
-itself (every codec, a batch, unicode tags, keys and properties) without timewheel in the path.
+itself (every codec, a batch, unicode tags, keys and properties) without timewheel in the path,
+and that its source compiles against the jars of each RocketMQ version the conformance suite runs.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from forwarder.java_client import JavaClient, JavaMessage
-from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder._local_distribution import LEGACY_ROCKETMQ_VERSION, ROCKETMQ_VERSION
+from forwarder.java_client import JavaClient, JavaMessage, _compile
+from forwarder.local_rocketmq import LocalRocketMQ, ensure_distribution
 
 pytestmark = pytest.mark.rocketmq
+
+
+# 4.9 as the conformance suite has it: in the slow suite, which is the one that fetches its jars
+@pytest.mark.parametrize("version", [
+    pytest.param(ROCKETMQ_VERSION, id=ROCKETMQ_VERSION),
+    pytest.param(LEGACY_ROCKETMQ_VERSION, id=LEGACY_ROCKETMQ_VERSION, marks=pytest.mark.slow)])
+def test_harness_compiles_against_the_jars_of_each_broker_version(version: str, tmp_path: Path) -> None:
+    # a fresh cache root, so that javac runs on the source instead of a cached compile being reused
+    classes = _compile(ensure_distribution(version=version), tmp_path, version)
+    assert (classes / "JavaClient.class").is_file()
 
 
 def test_java_producer_and_consumer_round_trip_every_codec_and_a_batch(rocketmq: LocalRocketMQ) -> None:
