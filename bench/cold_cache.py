@@ -7,7 +7,7 @@ The engine without its threads (`Engine.start(background=False)`), a manual cloc
 message due each millisecond and a sink that answers at once (`bench/test_dispatch_bench.py`'s):
 no broker, no socket. Each step is a timer pass then a dispatch pass. Before each of the two, the
 step writes every cache line of an `--evict-mb` buffer (0: none, the caches stay warm). Prints the
-CPU of each stage per step (`getrusage` of the thread, the buffer's writing not counted).
+CPU of each stage per step (the thread's CPU clock, the buffer's writing not counted).
 
 Why: `bench.dispatch_pass_cost pass` measures a one-message step at about 220 µs of CPU against the
 real broker, and `bench.peers` the same at 1k/s by thread (`tw-timer` about 50, `tw-dispatch` about
@@ -18,8 +18,8 @@ caches (bench/RESULTS_HOTPATHS.md, run 10).
 from __future__ import annotations
 
 import argparse
-import resource
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -32,8 +32,7 @@ WARM_UP = 300
 
 
 def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_THREAD)
-    return r.ru_utime + r.ru_stime
+    return time.thread_time()  # CLOCK_THREAD_CPUTIME_ID: getrusage counts whole scheduler ticks here
 
 
 def steps(evict_mb: int, passes: int) -> tuple[float, float]:
