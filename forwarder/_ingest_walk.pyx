@@ -7,9 +7,10 @@ properties repeats, its target is one already checked and everything else is as 
 one pass takes it; at the first message it is not sure of, it stops and says where, and the Python
 walk (the reference) decides that one message, then hands back. What it writes for a message is
 what the Python walk writes, byte for byte: the record in `storage.record`'s layout (its header
-through `storage/_record_header.pxd`, the one C definition of it), written here into one new bytes object, its CRC and the id's through `crc32c`
-itself (tests/forwarder/test_ingest_pass.py holds both walks to the general path, and this one to
-the Python walk). Names are classified by the caller (`forwarder._ingest_pass`), not here.
+through `storage/_record_header.pxd`, the layout's one C definition), written here into one new
+bytes object, its CRC and the id's through `crc32c` itself (tests/forwarder/test_ingest_pass.py
+holds both walks to the general path, and this one to the Python walk). Names are classified by
+the caller (`forwarder._ingest_pass`), not here.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport Py_INCREF
