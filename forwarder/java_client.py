@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forwarder._local_process import major_version, quiet_logback
 from forwarder.errors import LocalRocketMQError
 from forwarder.local_rocketmq import ROCKETMQ_VERSION, default_cache_dir, ensure_distribution
 
 _SOURCE = Path(__file__).with_name("java") / "JavaClient.java"
-_JVM_FLAGS = ("-Xms64m", "-Xmx512m", "-Drocketmq.client.logLevel=ERROR", "-Dlogback.statusListenerClass="
-              "org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener")
+_JVM_FLAGS = ("-Xms64m", "-Xmx512m", "-Drocketmq.client.logLevel=ERROR")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class JavaClient:
         (RocketMQ's `-Dtls.enable=true`; the broker's certificate is not checked, as its test mode does)."""
         self.namesrv = namesrv
         self.tls = tls
+        # each major version's logback kept from printing its own status (4's is not shaded)
+        self.quiet = quiet_logback(major_version(version))
         self.lib = ensure_distribution(cache_dir, version)
         self.classes = _compile(self.lib, Path(cache_dir) if cache_dir else default_cache_dir(), version)
         self.credentials = (access_key, secret_key or "") if access_key else None
@@ -73,7 +75,7 @@ class JavaClient:
 
     def _command(self, args: list[str]) -> list[str]:
         tls = ["-Dtls.enable=true"] if self.tls else []
-        cmd = ["java", *_JVM_FLAGS, *tls, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
+        cmd = ["java", *_JVM_FLAGS, self.quiet, *tls, "-cp", f"{self.classes}:{self.lib}/*", "JavaClient", *args,
                "--namesrv", self.namesrv]
         if self.credentials:
             cmd += ["--ak", self.credentials[0], "--sk", self.credentials[1]]

@@ -6,6 +6,9 @@ and that its source compiles against the jars of each RocketMQ version the confo
 """
 from __future__ import annotations
 
+import base64
+import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,6 +30,24 @@ def test_harness_compiles_against_the_jars_of_each_broker_version(version: str, 
     # a fresh cache root, so that javac runs on the source instead of a cached compile being reused
     classes = _compile(ensure_distribution(version=version), tmp_path, version)
     assert (classes / "JavaClient.class").is_file()
+
+
+@pytest.mark.parametrize("version", [
+    pytest.param(ROCKETMQ_VERSION, id=ROCKETMQ_VERSION),
+    pytest.param(LEGACY_ROCKETMQ_VERSION, id=LEGACY_ROCKETMQ_VERSION, marks=pytest.mark.slow)])
+def test_harness_runs_quietly_on_each_version_and_signs_as_the_other(version: str) -> None:
+    """Each version's client signs a request as RocketMQ's ACL hook does, with nothing on stderr
+    (each major version's logback is told its own quiet listener)."""
+    java = JavaClient("127.0.0.1:1", version=version)  # `sign` never reaches the NameServer
+    request = json.dumps({"fields": {"topic": "T", "queueId": "3"}, "body": base64.b64encode(b"body").decode(),
+                          "ak": "access", "sk": "secret"})
+    proc = subprocess.run(java._command(["sign"]), input=request + "\n", capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    [signed] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # the signature of RocketMQ 5.3.3's client, whichever version signed
+    assert signed == JavaClient("127.0.0.1:1").sign([({"topic": "T", "queueId": "3"}, b"body", "access", "secret")])[0]
+    assert signed["AccessKey"] == "access" and signed["Signature"]
 
 
 def test_java_producer_and_consumer_round_trip_every_codec_and_a_batch(rocketmq: LocalRocketMQ) -> None:
