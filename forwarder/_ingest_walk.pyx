@@ -18,7 +18,7 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from libc.stdint cimport INT64_MAX, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
-from storage._record_header cimport (RECORD_CRC_FROM, RECORD_HEADER_SIZE, write_record_crc,
+from storage._record_header cimport (RECORD_CRC_FROM, RECORD_HEADER_SIZE, le16, write_record_crc,
                                      write_record_header)
 
 import storage._record_header  # noqa: F401  (its import holds the C header to storage.record's)
@@ -99,17 +99,6 @@ cdef inline uint8_t* _decimal(uint8_t* d, int64_t v, Py_ssize_t width) noexcept 
     return d + width
 
 # the record's integers, little-endian whatever the machine's order (as struct's "<" packs them)
-cdef inline uint8_t* _le16(uint8_t* d, uint64_t v) noexcept nogil:
-    d[0] = <uint8_t>v
-    d[1] = <uint8_t>(v >> 8)
-    return d + 2
-
-cdef inline uint8_t* _le32(uint8_t* d, uint64_t v) noexcept nogil:
-    cdef int k
-    for k in range(4):
-        d[k] = <uint8_t>(v >> (8 * k))
-    return d + 4
-
 cdef inline uint8_t* _put(uint8_t* d, const uint8_t* s, Py_ssize_t n) noexcept nogil:
     memcpy(d, s, n)
     return d + n
@@ -416,7 +405,7 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             for k in range(lkeys + 1):
                 if k == lkeys or kp[k] == 32:
                     if k > s:
-                        d = _le16(d, <uint64_t>(k - s))
+                        d = le16(d, <uint64_t>(k - s))
                         key = PyUnicode_DecodeASCII(<const char*>kp + s, k - s, NULL)
                         Py_INCREF(key)  # PyTuple_SET_ITEM steals a reference
                         PyTuple_SET_ITEM(key_list, y, key)
@@ -427,9 +416,9 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             key_list = ()
         for x in range(ncarried):  # in their own order, as `encode_properties` writes them
             w = carried_rows[x]
-            d = _le16(d, <uint64_t>pair_name_len[w])
+            d = le16(d, <uint64_t>pair_name_len[w])
             d = _put(d, b + pair_name[w], pair_name_len[w])
-            d = _le16(d, <uint64_t>pair_value_len[w])
+            d = le16(d, <uint64_t>pair_value_len[w])
             d = _put(d, b + pair_value[w], pair_value_len[w])
         rec_crc = crc32c(PyMemoryView_FromMemory(<char*>r + RECORD_CRC_FROM, size - RECORD_CRC_FROM, PyBUF_READ))
         write_record_crc(r, rec_crc)

@@ -12,13 +12,15 @@ cdef enum:
     RECORD_VERSION = 1
 
 
-cdef inline uint8_t* _le16(uint8_t* d, uint64_t v) noexcept nogil:
+# little-endian unsigned integers, as the header and the keys' and properties' length prefixes
+# (`storage.record.encode_fields`) hold them; each returns where the next byte goes
+cdef inline uint8_t* le16(uint8_t* d, uint64_t v) noexcept nogil:
     d[0] = <uint8_t>v
     d[1] = <uint8_t>(v >> 8)
     return d + 2
 
 
-cdef inline uint8_t* _le32(uint8_t* d, uint64_t v) noexcept nogil:
+cdef inline uint8_t* le32(uint8_t* d, uint64_t v) noexcept nogil:
     d[0] = <uint8_t>v
     d[1] = <uint8_t>(v >> 8)
     d[2] = <uint8_t>(v >> 16)
@@ -26,9 +28,9 @@ cdef inline uint8_t* _le32(uint8_t* d, uint64_t v) noexcept nogil:
     return d + 4
 
 
-cdef inline uint8_t* _le64(uint8_t* d, uint64_t v) noexcept nogil:
-    d = _le32(d, v)  # its low four bytes
-    return _le32(d, v >> 32)
+cdef inline uint8_t* le64(uint8_t* d, uint64_t v) noexcept nogil:
+    d = le32(d, v)  # its low four bytes
+    return le32(d, v >> 32)
 
 
 cdef inline uint8_t* write_record_header(uint8_t* r, uint64_t length, int64_t due_ms, int64_t enqueue_ms,
@@ -39,19 +41,19 @@ cdef inline uint8_t* write_record_header(uint8_t* r, uint64_t length, int64_t du
     cdef uint8_t* d
     r[0] = RECORD_MAGIC
     r[1] = RECORD_VERSION
-    d = _le16(r + 2, 0)  # flags
-    d = _le32(d, length)
-    d = _le32(d, 0)  # crc
-    d = _le64(d, <uint64_t>due_ms)
-    d = _le64(d, <uint64_t>enqueue_ms)
-    d = _le16(d, id_len)
-    d = _le16(d, topic_len)
-    d = _le16(d, tags_len)
-    d = _le16(d, keys_len)
-    d = _le32(d, props_len)
-    return _le32(d, body_len)
+    d = le16(r + 2, 0)  # flags
+    d = le32(d, length)
+    d = le32(d, 0)  # crc
+    d = le64(d, <uint64_t>due_ms)
+    d = le64(d, <uint64_t>enqueue_ms)
+    d = le16(d, id_len)
+    d = le16(d, topic_len)
+    d = le16(d, tags_len)
+    d = le16(d, keys_len)
+    d = le32(d, props_len)
+    return le32(d, body_len)
 
 
 cdef inline void write_record_crc(uint8_t* r, uint32_t crc) noexcept nogil:
     """Put the CRC32C of the record's bytes [RECORD_CRC_FROM, length) in its header."""
-    _le32(r + RECORD_CRC_AT, crc)
+    le32(r + RECORD_CRC_AT, crc)
