@@ -2,7 +2,7 @@
 
     python -m bench.dispatch_pass_cost pass [--per-send 1] [--passes 1500] [--profile]
     python -m bench.dispatch_pass_cost threads [--rate 1000] [--seconds 10] [--send-linger-ms N] [--shaper]
-        [--cancel-every K]
+        [--cancel-every K] [--stages]
 
 - pass: the engine without its threads (`Engine.start(background=False)`), a manual clock, and
   stored messages `--per-send` to a millisecond; one timer pass and one dispatch pass per step,
@@ -10,11 +10,13 @@
   the CPU and wall time of the socket write; `--profile` adds cProfile's top functions.
   `bench/test_dispatch_bench.py` is the same pass against a sink that answers at once.
 - threads: the engine with its threads and a real clock; `--rate` messages a second come due for
-  `--seconds`. Prints the process's CPU per message and each thread's (no ingest beside it).
+  `--seconds`. Prints the process's CPU per message and each thread's (no ingest beside it);
+  `--stages` adds each delivery stage's CPU a send, where it ran (`bench.stage_cpu`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
@@ -33,6 +35,7 @@ from forwarder.delivery import RocketMQSink
 from forwarder.rocketmq import RemotingProducer
 from forwarder.rocketmq.connection import Connection
 from forwarder.shaping import TrafficShaper
+from bench.stage_cpu import StageClock
 from timewheel import Clock, Engine, EngineConfig, ManualClock, Message, SystemClock
 from timewheel.cancels import CancelRequest
 
@@ -107,9 +110,17 @@ def run_passes(mq: LocalRocketMQ, data: Path, per_send: int, passes: int, profil
 
 
 def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger_ms: int | None = None,
-                shaper: bool = False, cancel_every: int = 0) -> None:
+                shaper: bool = False, cancel_every: int = 0, stages: bool = False) -> None:
     """Messages due at `rate` a second through the engine's own threads; CPU per message by thread.
-    `cancel_every` k: every k-th message is cancelled once loaded, a thousand cancels at a time."""
+    `cancel_every` k: every k-th message is cancelled once loaded, a thousand cancels at a time;
+    `stages`: also the CPU of each delivery stage where it runs (`bench.stage_cpu`)."""
+    clock = StageClock() if stages else None
+    with clock or contextlib.nullcontext():
+        _run_threads(mq, data, rate, seconds, linger_ms, shaper, cancel_every, clock)
+
+
+def _run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger_ms: int | None,
+                 shaper: bool, cancel_every: int, stages: StageClock | None) -> None:
     engine, dead_letters = _engine(mq, data, SystemClock(), linger_ms, shaper)
     engine.start()
     n = int(rate * seconds)
@@ -118,12 +129,14 @@ def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger
     if cancel_every:
         time.sleep(0.5)  # the current segment is loaded: the cancels reach the wheel and the queue
         ids = [f"m{k}" for k in range(0, n, cancel_every)]
-        c0 = time.process_time()
+        t0 = time.process_time()
         for i in range(0, len(ids), 1000):
             engine.apply_cancels([CancelRequest(m, None, first) for m in ids[i:i + 1000]])
-        print(f"{len(ids):,} cancels applied: {(time.process_time() - c0) / len(ids) * 1e6:.1f} µs of CPU each")
+        print(f"{len(ids):,} cancels applied: {(time.process_time() - t0) / len(ids) * 1e6:.1f} µs of CPU each")
         n -= len(ids)
     time.sleep(max(0.0, first / 1000 - time.time()))
+    if stages is not None:
+        stages.reset()
     c0, p0, r0 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     time.sleep(seconds + 0.5)
     c1, p1, r1 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
@@ -137,6 +150,10 @@ def run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linger
         if user + system > 0:
             print(f"  {name:30s} {(user + system) / n * 1e6:8.1f} µs a message (user {user / n * 1e6:.1f}, "
                   f"system {system / n * 1e6:.1f})")
+    if stages is not None:
+        sends = stages.calls["  queue: take"]
+        print(f"by stage, where it ran ({sends:,} sends, {n / max(1, sends):.1f} messages a send):")
+        print(stages.table(max(1, sends), "send"))
     engine.stop()
     dead_letters.close()
 
@@ -169,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--shaper", action="store_true", help="with a traffic shaper without rules, as `timewheel serve` runs")
     t.add_argument("--cancel-every", type=int, default=0, metavar="K",
                    help="cancel every K-th message once loaded (0: none)")
+    t.add_argument("--stages", action="store_true",
+                   help="also each delivery stage's CPU a send where it runs (bench.stage_cpu: about 1 µs a call more)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tw-pass-"))
     mq = LocalRocketMQ(work / "mq", stop_timeout=3.0)
@@ -179,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run_passes(mq, work / "data", args.per_send, args.passes, args.profile)
         else:
             run_threads(mq, work / "data", args.rate, args.seconds, args.send_linger_ms, args.shaper,
-                        args.cancel_every)
+                        args.cancel_every, args.stages)
     finally:
         mq.stop()
     sys.stdout.flush()
