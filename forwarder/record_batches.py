@@ -195,7 +195,7 @@ def _pass(records: RecordBytes, templates: tuple[bytes, bytes, frozenset[bytes]]
     i, n = 0, len(records)
     while i < n:
         if compiled is not None:
-            i = compiled(data, mv, start, header, _CUT_LAYOUT, i, derived_id, around, clash, MAX_PROPERTIES_BYTES,
+            i = compiled(data, start, header, _CUT_LAYOUT, i, derived_id, around, clash, MAX_PROPERTIES_BYTES,
                          max_message, max_count, max_bytes, open_batch, batches, new_batch, ids)
             if i >= n:
                 break
