@@ -1,22 +1,40 @@
 """CPU of named stages inside a running engine, measured where they run (their thread's CPU clock).
 
+    python -m bench.stage_cpu serve --out FILE [--every 2] -- [timewheel serve's arguments]
+    python -m bench.stage_cpu timeline FILE
+    python -m bench.stage_cpu table FILE --from S --to S --rate N
+
 `StageClock` wraps methods of the engine's classes for as long as it is entered, and adds up the
 calling thread's CPU (`time.thread_time`) spent inside each: what a stage costs among the broker's
 and the other threads' traffic, caches as they really are, which a hot-loop benchmark cannot show
 (bench/RESULTS_HOTPATHS.md, runs 10 and 11). A stage called inside another is counted in both.
 Each wrap adds about a microsecond of its own per call.
+
+- serve: `timewheel serve` with every stage of `SERVE_STAGES` wrapped, writing the running totals
+  to FILE every `--every` seconds (one JSON line each); `bench.peers run --stages FILE` runs its
+  engine so;
+- timeline: what each interval of such a file counted (pull ticks, commits, sends, CPU), to find a
+  phase's seconds;
+- table: each stage's CPU a message between two of those seconds, at `--rate` messages a second.
 """
 from __future__ import annotations
 
+import argparse
 import functools
+import json
+import os
+import re
+import runpy
+import sys
 import threading
 import time
+from pathlib import Path
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-__all__ = ["DELIVERY_STAGES", "StageClock"]
+__all__ = ["DELIVERY_STAGES", "INGEST_STAGES", "SERVE_STAGES", "StageClock"]
 
 #: (module, class, method, label): the delivery path of `timewheel serve`, outermost first
 DELIVERY_STAGES: tuple[tuple[str, str, str, str], ...] = (
@@ -30,6 +48,23 @@ DELIVERY_STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange", "    request out, answer in"),
     ("timewheel.dispatcher", "Dispatcher", "_record", "  record the outcomes"),
 )
+
+#: the ingest path: a pull tick's answers read, walked and stored in one commit
+INGEST_STAGES: tuple[tuple[str, str, str, str], ...] = (
+    ("forwarder.rocketmq._puller", "Puller", "_handle_pulls", "in: a tick's answers"),
+    ("forwarder.rocketmq._puller", "Puller", "_read_pull", "in:   read one pull answer"),
+    ("forwarder.ingest", "DelayTopicIngest", "_store_answers", "in:   store the answers"),
+    ("timewheel.engine", "Engine", "schedule_encoded", "in:     engine: schedule"),
+    ("storage.store", "ScheduleStore", "_commit_locked", "in:       store: commit"),
+    ("storage.meta", "MetaStore", "locations", "in:         id index: look up"),
+    ("storage.ingest_log", "IngestLog", "append", "in:         ingest log"),
+    ("storage._writer", "PartWriter", "write", "in:         write parts"),
+    ("storage.meta", "MetaStore", "put_records", "in:         id index: put"),
+)
+
+#: what `serve` wraps
+SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES
+_TICKS, _COMMITS, _SENDS = INGEST_STAGES[0][3], INGEST_STAGES[4][3], DELIVERY_STAGES[3][3]
 
 
 class StageClock:
@@ -96,3 +131,118 @@ class StageClock:
             if n:
                 lines.append(f"{label:34s} {self.cpu[label] / per * 1e6:12.1f} {n:8d} {self.cpu[label] / n * 1e6:10.1f}")
         return "\n".join(lines)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user and system) of this process's live Python threads, by name without a
+    trailing number (the four `timewheel-dispatch-N` together); Linux /proc, in clock ticks."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = defaultdict(float)
+    for t in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[re.sub(r"-\d+$", "", t.name)] += (int(fields[11]) + int(fields[12])) / tick
+    return dict(out)
+
+
+def _snapshots(clock: StageClock, out: Path, every: float) -> None:
+    """Append the running totals to `out` every `every` seconds (the thread is a daemon)."""
+    with out.open("a") as f:
+        while True:
+            time.sleep(every)
+            with clock._lock:
+                snap = {"t": round(time.time(), 3), "cpu": dict(clock.cpu), "calls": dict(clock.calls),
+                        "threads": thread_cpu(), "process": time.process_time()}
+            f.write(json.dumps(snap) + "\n")
+            f.flush()
+
+
+def _serve(out: Path, every: float, args: list[str]) -> None:
+    """`timewheel serve` in this process, its stages wrapped before it starts."""
+    clock = StageClock(SERVE_STAGES)
+    clock.__enter__()  # for the process's life: it ends with the service
+    threading.Thread(target=_snapshots, args=(clock, out, every), name="stage-snapshots", daemon=True).start()
+    sys.argv = ["timewheel", "serve", *args]
+    runpy.run_module("timewheel", run_name="__main__", alter_sys=True)
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _delta(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, float]:
+    return {k: v - a[key].get(k, 0) for k, v in b[key].items()}
+
+
+def timeline(path: Path) -> str:
+    """Per interval of a snapshot file: seconds from its start, pull ticks, commits, sends, and the
+    CPU (ms) of the ingest ticks, dispatch passes and timer passes."""
+    snaps = _load(path)
+    if len(snaps) < 2:
+        return "fewer than two snapshots"
+    t0 = snaps[0]["t"]
+    lines = [f"{'s':>6s} {'ticks':>6s} {'commits':>8s} {'sends':>6s} {'in ms':>7s} {'dispatch ms':>12s} {'timer ms':>9s}"]
+    for a, b in zip(snaps, snaps[1:]):
+        c, d = _delta(a, b, "calls"), _delta(a, b, "cpu")
+        lines.append(f"{b['t'] - t0:6.0f} {c.get(_TICKS, 0):6.0f} {c.get(_COMMITS, 0):8.0f} {c.get(_SENDS, 0):6.0f} "
+                     f"{d.get(_TICKS, 0) * 1e3:7.0f} {d.get('dispatch pass', 0) * 1e3:12.0f} "
+                     f"{d.get('timer pass', 0) * 1e3:9.0f}")
+    return "\n".join(lines)
+
+
+def table(path: Path, start_s: float, end_s: float, rate: float) -> str:
+    """Each stage's CPU a message (at `rate` a second) and a call between two seconds of the file."""
+    snaps = _load(path)
+    t0 = snaps[0]["t"]
+    a = min(snaps, key=lambda s: abs(s["t"] - t0 - start_s))
+    b = min(snaps, key=lambda s: abs(s["t"] - t0 - end_s))
+    secs = b["t"] - a["t"]
+    if secs <= 0:
+        raise SystemExit(f"no interval between {start_s} and {end_s} s: see `timeline`")
+    c, d = _delta(a, b, "calls"), _delta(a, b, "cpu")
+    n = rate * secs
+    lines = [f"{secs:.0f} s at {rate:,.0f} a second: {c.get(_SENDS, 0):,.0f} sends, {c.get(_COMMITS, 0):,.0f} commits",
+             f"{'stage':40s} {'µs a message':>13s} {'µs a call':>10s} {'calls a s':>10s}"]
+    for _, _, _, label in SERVE_STAGES:
+        if c.get(label):
+            lines.append(f"{label:40s} {d[label] / n * 1e6:13.2f} {d[label] / c[label] * 1e6:10.1f} "
+                         f"{c[label] / secs:10.1f}")
+    if "threads" in a and "threads" in b:  # the whole threads, staged or not, for comparison
+        lines.append(f"{'thread (all it ran)':40s} {'µs a message':>13s}")
+        lines.append(f"{'the process':40s} {(b['process'] - a['process']) / n * 1e6:13.2f}")
+        for name, spent in sorted(_delta(a, b, "threads").items(), key=lambda kv: -kv[1]):
+            if spent > 0:
+                lines.append(f"{name:40s} {spent / n * 1e6:13.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    ap = argparse.ArgumentParser(prog="python -m bench.stage_cpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="timewheel serve with its stages timed (arguments after --)")
+    s.add_argument("--out", type=Path, required=True, help="JSON lines of running totals, appended")
+    s.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
+    s.add_argument("serve_args", nargs=argparse.REMAINDER, help="timewheel serve's own arguments, after --")
+    t = sub.add_parser("timeline", help="what each interval of a snapshot file counted")
+    t.add_argument("file", type=Path)
+    b = sub.add_parser("table", help="each stage's CPU a message between two seconds of a snapshot file")
+    b.add_argument("file", type=Path)
+    b.add_argument("--from", dest="start", type=float, required=True, help="seconds from the file's first snapshot")
+    b.add_argument("--to", dest="end", type=float, required=True)
+    b.add_argument("--rate", type=float, required=True, help="messages a second meanwhile")
+    args = ap.parse_args(argv)
+    if args.cmd == "serve":
+        rest = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
+        _serve(args.out, args.every, rest)
+    elif args.cmd == "timeline":
+        print(timeline(args.file))
+    else:
+        print(table(args.file, args.start, args.end, args.rate))
+
+
+if __name__ == "__main__":
+    main()

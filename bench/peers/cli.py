@@ -36,6 +36,8 @@ _HELP = {
     "intake_threads": "intake ceiling and batch ingest: Java producer threads",
     "intake_batch": "intake ceiling and batch ingest: messages per batch send",
     "pull_batch": "no-op consumer: messages per pull (timewheel's own consumer pulls 32)",
+    "stages": "timewheel only: run the engine under `python -m bench.stage_cpu serve`, its stages' CPU "
+              "written to this file (read it with `python -m bench.stage_cpu timeline`); empty: not",
     "seed": "random seed of the delays and due times",
 }
 

@@ -52,6 +52,7 @@ class RunConfig:
     intake_batch: int = 128
     pull_batch: int = 32
     seed: int = 7
+    stages: str = ""
 
 
 class Ids:
@@ -295,7 +296,7 @@ def _make(name: str, sink: Sink, cfg: RunConfig, work: Path, mq: object, produce
     if name == "plain-hop":
         return PlainHop(sink, d, mq, producer)  # type: ignore[arg-type]
     if name == "timewheel":
-        return Timewheel(sink, d, mq, producer)  # type: ignore[arg-type]
+        return Timewheel(sink, d, mq, producer, Path(cfg.stages) if cfg.stages else None)  # type: ignore[arg-type]
     if name == "rocketmq-timer":
         s: System = RocketMQTimer(sink, d, mq, producer)  # type: ignore[arg-type]
         s.horizon_count = cfg.horizon_broker_messages

@@ -336,8 +336,11 @@ class Timewheel(_RocketMQSystem):
         """Delay messages to the delay topic, for a target topic of their own."""
         return self.delay_topic, "PEER_TW_OUT_JAVA"
 
-    def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer) -> None:
+    def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer,
+                 stages: Path | None = None) -> None:
+        """`stages`: run the engine under `bench.stage_cpu serve`, its snapshots written there."""
         super().__init__(deliver, work, mq, producer)
+        self.stages = stages
         self.data_dir = work / "data"
         self.proc: subprocess.Popen[bytes] | None = None
         self.admin_port = free_port()
@@ -356,9 +359,12 @@ class Timewheel(_RocketMQSystem):
         """Run `python -m timewheel serve` with its output in the work directory."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         log = open(self.work / "serve.log", "ab")
+        serve = ["--data-dir", str(self.data_dir), "--namesrv", self.mq.namesrv_addr,
+                 "--admin", f"127.0.0.1:{self.admin_port}"]
+        run = (["-m", "timewheel", "serve"] if self.stages is None
+               else ["-m", "bench.stage_cpu", "serve", "--out", str(self.stages.resolve()), "--"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel", "serve", "--data-dir", str(self.data_dir),
-             "--namesrv", self.mq.namesrv_addr, "--admin", f"127.0.0.1:{self.admin_port}"],
+            [sys.executable, *run, *serve],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
         log.close()
         self.scheduled_base = 0
