@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import re
+import resource
 import runpy
 import sys
 import threading
@@ -62,8 +63,13 @@ INGEST_STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("storage.meta", "MetaStore", "put_records", "in:         id index: put"),
 )
 
+#: how often a reader maps a part again (a live part grown past its map)
+READ_STAGES: tuple[tuple[str, str, str, str], ...] = (
+    ("storage.part", "PartReader", "whole", "read: map a part again"),
+)
+
 #: what `serve` wraps
-SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES
+SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES + READ_STAGES
 _TICKS, _COMMITS, _SENDS = INGEST_STAGES[0][3], INGEST_STAGES[4][3], DELIVERY_STAGES[3][3]
 
 
@@ -154,7 +160,8 @@ def _snapshots(clock: StageClock, out: Path, every: float) -> None:
             time.sleep(every)
             with clock._lock:
                 snap = {"t": round(time.time(), 3), "cpu": dict(clock.cpu), "calls": dict(clock.calls),
-                        "threads": thread_cpu(), "process": time.process_time()}
+                        "threads": thread_cpu(), "process": time.process_time(),
+                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}
             f.write(json.dumps(snap) + "\n")
             f.flush()
 
@@ -209,6 +216,8 @@ def table(path: Path, start_s: float, end_s: float, rate: float) -> str:
         if c.get(label):
             lines.append(f"{label:40s} {d[label] / n * 1e6:13.2f} {d[label] / c[label] * 1e6:10.1f} "
                          f"{c[label] / secs:10.1f}")
+    if "minor_faults" in a and "minor_faults" in b:
+        lines.append(f"{'minor page faults a message':40s} {(b['minor_faults'] - a['minor_faults']) / n:13.2f}")
     if "threads" in a and "threads" in b:  # the whole threads, staged or not, for comparison
         lines.append(f"{'thread (all it ran)':40s} {'µs a message':>13s}")
         lines.append(f"{'the process':40s} {(b['process'] - a['process']) / n * 1e6:13.2f}")
