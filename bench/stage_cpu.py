@@ -214,7 +214,8 @@ def table(path: Path, start_s: float, end_s: float, rate: float) -> str:
              f"{'stage':40s} {'µs a message':>13s} {'µs a call':>10s} {'calls a s':>10s}"]
     for _, _, _, label in SERVE_STAGES:
         if c.get(label):
-            lines.append(f"{label:40s} {d[label] / n * 1e6:13.2f} {d[label] / c[label] * 1e6:10.1f} "
+            spent = d.get(label, 0.0)
+            lines.append(f"{label:40s} {spent / n * 1e6:13.2f} {spent / c[label] * 1e6:10.1f} "
                          f"{c[label] / secs:10.1f}")
     if "minor_faults" in a and "minor_faults" in b:
         lines.append(f"{'minor page faults a message':40s} {(b['minor_faults'] - a['minor_faults']) / n:13.2f}")

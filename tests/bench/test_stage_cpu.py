@@ -1,0 +1,88 @@
+"""`bench.stage_cpu`: wrapped stages count their calls and the calling thread's CPU, and come off again."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from bench import stage_cpu
+from bench.stage_cpu import StageClock
+
+
+def _module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A module with a class method and a function, and a second module that imported the function by name."""
+    mod = types.ModuleType("_stage_cpu_probe")
+
+    class Worker:
+        def spin(self, seconds: float) -> str:
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+            return "spun"
+
+    def helper(x: int) -> int:
+        return x + 1
+
+    mod.Worker = Worker  # type: ignore[attr-defined]
+    mod.helper = helper  # type: ignore[attr-defined]
+    user = types.ModuleType("_stage_cpu_probe_user")
+    user.helper = helper  # type: ignore[attr-defined]  # as `from _stage_cpu_probe import helper` binds it
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setitem(sys.modules, user.__name__, user)
+    return mod
+
+
+def test_stages_count_calls_and_cpu_and_are_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _module(monkeypatch)
+    user = sys.modules["_stage_cpu_probe_user"]
+    spin, helper = mod.Worker.spin, mod.helper
+    clock = StageClock([(mod.__name__, "Worker", "spin", "spin"), (mod.__name__, "", "helper", "helper")])
+    with clock:
+        assert mod.Worker().spin(0.02) == "spun"
+        assert user.helper(1) == 2  # the name bound elsewhere is timed too
+        assert mod.helper(2) == 3
+    assert clock.calls["spin"] == 1 and clock.calls["helper"] == 2
+    assert 0.015 <= clock.cpu["spin"] < 1.0
+    assert mod.Worker.spin is spin and mod.helper is helper and user.helper is helper
+    mod.Worker().spin(0.001)
+    assert clock.calls["spin"] == 1  # nothing is counted once the clock is left
+    assert "spin" in clock.table(1, "call")
+
+
+def test_a_stage_that_raises_is_still_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _module(monkeypatch)
+
+    def boom(self: object) -> None:
+        raise ValueError("no")
+
+    mod.Worker.boom = boom
+    with StageClock([(mod.__name__, "Worker", "boom", "boom")]) as clock:
+        with pytest.raises(ValueError):
+            mod.Worker().boom()
+    assert clock.calls["boom"] == 1
+
+
+def test_timeline_and_table_read_the_snapshots(tmp_path: Path) -> None:
+    ticks, commits, sends = stage_cpu._TICKS, stage_cpu._COMMITS, stage_cpu._SENDS
+    snaps = [
+        {"t": 100.0, "cpu": {"dispatch pass": 0.0, ticks: 0.0}, "calls": {sends: 0, ticks: 0, commits: 0,
+                                                                           "dispatch pass": 0},
+         "threads": {"timewheel-dispatch": 1.0}, "process": 5.0, "minor_faults": 10},
+        {"t": 102.0, "cpu": {"dispatch pass": 0.2, ticks: 0.1}, "calls": {sends: 100, ticks: 100, commits: 100,
+                                                                           "dispatch pass": 100},
+         "threads": {"timewheel-dispatch": 1.25}, "process": 5.5, "minor_faults": 30},
+    ]
+    f = tmp_path / "stages.jsonl"
+    f.write_text("".join(json.dumps(s) + "\n" for s in snaps))
+    timeline = stage_cpu.timeline(f)
+    assert timeline.splitlines()[1].split() == ["2", "100", "100", "100", "100", "200", "0"]
+    table = stage_cpu.table(f, 0, 2, 1000)  # 2,000 messages in the interval
+    row = next(line for line in table.splitlines() if line.startswith("dispatch pass"))
+    assert row.split()[2:4] == ["100.00", "2000.0"]  # µs a message, µs a call
+    assert "250000" not in table
+    assert any(line.startswith("timewheel-dispatch") and line.split()[-1] == "125.00" for line in table.splitlines())
+    assert any(line.startswith("the process") and line.split()[-1] == "250.00" for line in table.splitlines())
