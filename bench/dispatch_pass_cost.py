@@ -23,7 +23,6 @@ import pstats
 import resource
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from forwarder.delivery import RocketMQSink
 from forwarder.rocketmq import RemotingProducer
 from forwarder.rocketmq.connection import Connection
 from forwarder.shaping import TrafficShaper
-from bench.stage_cpu import StageClock
+from bench.stage_cpu import SEND_STAGE, StageClock, thread_cpu
 from timewheel import Clock, Engine, EngineConfig, ManualClock, Message, SystemClock
 from timewheel.cancels import CancelRequest
 
@@ -137,9 +136,9 @@ def _run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linge
     time.sleep(max(0.0, first / 1000 - time.time()))
     if stages is not None:
         stages.reset()
-    c0, p0, r0 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+    c0, p0, r0 = thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     time.sleep(seconds + 0.5)
-    c1, p1, r1 = _thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+    c1, p1, r1 = thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     delivered = engine.stats().counters.delivered
     print(f"{delivered:,} of {n:,} delivered at {rate:,}/s; lateness {engine.stats().lateness_ms}")
     print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs (user {(r1.ru_utime - r0.ru_utime) / n * 1e6:.1f}, "
@@ -151,25 +150,11 @@ def _run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linge
             print(f"  {name:30s} {(user + system) / n * 1e6:8.1f} µs a message (user {user / n * 1e6:.1f}, "
                   f"system {system / n * 1e6:.1f})")
     if stages is not None:
-        sends = stages.calls["  queue: take"]
+        sends = stages.calls[SEND_STAGE]
         print(f"by stage, where it ran ({sends:,} sends, {n / max(1, sends):.1f} messages a send):")
         print(stages.table(max(1, sends), "send"))
     engine.stop()
     dead_letters.close()
-
-
-def _thread_cpu() -> dict[str, tuple[float, float]]:
-    """(user, system) CPU seconds of each live Python thread of this process, by its name (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, tuple[float, float]] = {}
-    for t in threading.enumerate():
-        try:
-            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user, system = out.get(t.name, (0.0, 0.0))
-        out[t.name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
 
-__all__ = ["DELIVERY_STAGES", "INGEST_STAGES", "SERVE_STAGES", "StageClock"]
+__all__ = ["DELIVERY_STAGES", "INGEST_STAGES", "SEND_STAGE", "SERVE_STAGES", "StageClock", "thread_cpu"]
 
 #: (module, class, method, label): the delivery path of `timewheel serve`, outermost first
 DELIVERY_STAGES: tuple[tuple[str, str, str, str], ...] = (
@@ -70,7 +71,9 @@ READ_STAGES: tuple[tuple[str, str, str, str], ...] = (
 
 #: what `serve` wraps
 SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES + READ_STAGES
-_TICKS, _COMMITS, _SENDS = INGEST_STAGES[0][3], INGEST_STAGES[4][3], DELIVERY_STAGES[3][3]
+#: the stage called once a send (its calls count the sends)
+SEND_STAGE = DELIVERY_STAGES[3][3]
+_TICKS, _COMMITS, _SENDS = INGEST_STAGES[0][3], INGEST_STAGES[4][3], SEND_STAGE
 
 
 class StageClock:
@@ -85,7 +88,6 @@ class StageClock:
         self._undo: list[Callable[[], None]] = []
 
     def __enter__(self) -> "StageClock":
-        import importlib
         for module, cls, method, label in self.stages:
             mod = importlib.import_module(module)
             owner: Any = getattr(mod, cls) if cls else mod
@@ -101,7 +103,6 @@ class StageClock:
             self._undo.pop()()
 
     def _rebind_importers(self, original: Callable[..., Any], label: str) -> None:
-        import sys
         for mod in list(sys.modules.values()):
             for name, value in list(getattr(mod, "__dict__", {}).items()):
                 if value is original:
@@ -139,17 +140,27 @@ class StageClock:
         return "\n".join(lines)
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds (user and system) of this process's live Python threads, by name without a
-    trailing number (the four `timewheel-dispatch-N` together); Linux /proc, in clock ticks."""
+def thread_cpu() -> dict[str, tuple[float, float]]:
+    """(user, system) CPU seconds of each live Python thread of this process, by its name (Linux
+    /proc, in clock ticks; threads of one name added up)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = defaultdict(float)
+    out: dict[str, tuple[float, float]] = {}
     for t in threading.enumerate():
         try:
             fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[re.sub(r"-\d+$", "", t.name)] += (int(fields[11]) + int(fields[12])) / tick
+        user, system = out.get(t.name, (0.0, 0.0))
+        out[t.name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
+    return out
+
+
+def _thread_groups() -> dict[str, float]:
+    """`thread_cpu`, user and system together, by name without a trailing number (the four
+    `timewheel-dispatch-N` as one)."""
+    out: dict[str, float] = defaultdict(float)
+    for name, (user, system) in thread_cpu().items():
+        out[re.sub(r"-\d+$", "", name)] += user + system
     return dict(out)
 
 
@@ -160,7 +171,7 @@ def _snapshots(clock: StageClock, out: Path, every: float) -> None:
             time.sleep(every)
             with clock._lock:
                 snap = {"t": round(time.time(), 3), "cpu": dict(clock.cpu), "calls": dict(clock.calls),
-                        "threads": thread_cpu(), "process": time.process_time(),
+                        "threads": _thread_groups(), "process": time.process_time(),
                         "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}
             f.write(json.dumps(snap) + "\n")
             f.flush()

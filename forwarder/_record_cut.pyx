@@ -16,8 +16,9 @@ cost grows with every object and call it touches: bench/RESULTS_HOTPATHS.md, run
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t
+from libc.stdio cimport snprintf
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcmp, memcpy
 
 cdef enum:
@@ -81,30 +82,6 @@ cdef int _reserve(Buffer* buf, Py_ssize_t more) except -1:
 cdef inline uint8_t* _put(uint8_t* o, const void* src, Py_ssize_t n) noexcept nogil:
     memcpy(o, src, n)
     return o + n
-
-
-cdef inline Py_ssize_t _decimal(int64_t v, char* out) noexcept nogil:
-    """`str(v)` in ASCII into out (at least 20 bytes); its length."""
-    cdef char tmp[20]
-    cdef Py_ssize_t n = 0, k = 0
-    cdef uint64_t u
-    if v < 0:
-        out[0] = 45  # '-'
-        k = 1
-        u = <uint64_t>(-(v + 1)) + 1
-    else:
-        u = <uint64_t>v
-    while True:
-        tmp[n] = 48 + <char>(u % 10)
-        n += 1
-        u //= 10
-        if u == 0:
-            break
-    while n:
-        n -= 1
-        out[k] = tmp[n]
-        k += 1
-    return k
 
 
 cdef object _flush(object b, Buffer* buf, Py_ssize_t size):
@@ -249,7 +226,7 @@ def cut(bytes data, const int64_t[::1] start, const uint8_t[:, ::1] header, tupl
             mid = PyBytes_FromStringAndSize(<const char*>d + a, il)
             uid = derived_id(mid, due)
             uid_text = PyUnicode_AsUTF8AndSize(uid, &uid_len)
-            due_len = _decimal(due, due_text)
+            due_len = snprintf(due_text, sizeof(due_text), "%lld", <long long>due)  # str(due)
             before, after = (a_own, b_own) if pl else (a_plain, b_plain)
             plen = own_len + PyBytes_GET_SIZE(before) + il + PyBytes_GET_SIZE(due_name) + due_len \
                 + PyBytes_GET_SIZE(after) + uid_len + 1
