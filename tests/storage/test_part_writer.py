@@ -30,14 +30,19 @@ _commits = st.lists(_commit, min_size=1, max_size=5)
 def _write(root: Path, commits: list[list[tuple[int, int, int]]], max_part_bytes: int) -> list[np.ndarray]:
     writer = PartWriter(SegmentLayout(root), max_part_bytes)
     placed = []
-    for n, commit in enumerate(commits):
-        dues = [T0 + hour * HOUR + i for i, (hour, _, _) in enumerate(commit)]
-        blobs = [bytes([n * 16 + i % 16]) * length for i, (_, length, _) in enumerate(commit)]
-        origins = np.zeros(len(commit), ORIGIN_DTYPE)
-        origins["offset"] = [off for _, _, off in commit]
-        locs = writer.place(dues, blobs)
-        writer.write(locs, blobs, origins)
-        placed.append(locs)
+    try:
+        for n, commit in enumerate(commits):
+            dues = [T0 + hour * HOUR + i for i, (hour, _, _) in enumerate(commit)]
+            blobs = [bytes([n * 16 + i % 16]) * length for i, (_, length, _) in enumerate(commit)]
+            origins = np.zeros(len(commit), ORIGIN_DTYPE)
+            origins["offset"] = [off for _, _, off in commit]
+            locs = writer.place(dues, blobs)
+            writer.write(locs, blobs, origins)
+            placed.append(locs)
+    finally:
+        # three descriptors a part stay open until then: left open, 150 examples of 100-byte parts
+        # held over 14,000, and the suite after them ran out of descriptors
+        writer.close()
     return placed
 
 
