@@ -32,7 +32,7 @@ import numpy as np
 
 from forwarder.contract import (ORIGINAL_MSG_ID, TARGET_TOPIC, ContractViolation, check_target_topic, delivered_id,
                                 to_dead_letter, to_outgoing)
-from forwarder.rocketmq import FencedError, Receipt, RemotingError, RemotingProducer
+from forwarder.rocketmq import EncodedBatches, FencedError, Receipt, RemotingError, RemotingProducer
 from forwarder.config import RocketMQConfig
 from forwarder.record_batches import cut_records
 from storage import RecordBytes, no_answers
@@ -160,13 +160,14 @@ class RocketMQSink:
         if not len(records):
             return []
         answers = no_answers(len(records))
+        by_topic: dict[str, list[int]] | None = None
         sender = self._idle.get()  # never empty for long: at most max_in_flight callers
         try:
             try:
                 cut = cut_records(records, sender.new_ids, extra, max_message=sender.max_message_bytes,
                                   max_count=sender.max_batch_messages, max_bytes=sender.max_batch_bytes)
-                topics = {b.topic for b in cut.batches} | {t for _, t, _ in cut.rejected}
-                allowed = all(_user_topic(t, self._reserved) for t in topics)
+                by_topic = _rows_by_topic(cut)
+                allowed = all(_user_topic(t, self._reserved) for t in by_topic)
                 outcomes: list[RemotingError | None] = sender.send_batches(cut, fence, answers) if allowed else []
             finally:  # as `_checkout`, without a generator per send
                 self._idle.put(sender)
@@ -176,26 +177,26 @@ class RocketMQSink:
             # rare; the general path says which and why
             return self.send_batch([replace(m, properties={**(m.properties or {}), **(extra or {})})
                                     for m in (Message.from_record(records.record(i)) for i in range(len(records)))])
-        return self._settle(records.topics, outcomes, answers)
+        return self._settle(records.topics, outcomes, answers, by_topic)
 
     def _settle(self, topics_of: Callable[[], Sequence[str]], outcomes: Sequence[Receipt | RemotingError | None],
-                answers: np.ndarray | None = None) -> SendResults:
+                answers: np.ndarray | None = None, by_topic: dict[str, list[int]] | None = None) -> SendResults:
         """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request
-        once (`topics_of()`: each message's topic); the results carry the broker's answers and each
-        failure's error."""
+        once (`topics_of()`: each message's topic); the results carry the broker's answers, each
+        failure's error and `by_topic` (each topic's rows, as the cut grouped them)."""
         if outcomes.count(None) == len(outcomes):  # the usual answer of send_batches, without a test per message
             self.breaker.record(len(outcomes), 0)
             self._count(sent=len(outcomes))
-            return SendResults([True] * len(outcomes), answers)
+            return SendResults([True] * len(outcomes), answers, by_topic=by_topic)
         stored = [not isinstance(o, RemotingError) for o in outcomes]
         ok = sum(stored)
         if ok == len(stored):
             self.breaker.record(ok, 0)
             self._count(sent=ok)
-            return SendResults(stored, answers)
+            return SendResults(stored, answers, by_topic=by_topic)
         topics = topics_of()
         results = SendResults(stored, answers, [None if s else f"{type(o).__name__}: {o}"
-                                                for s, o in zip(stored, outcomes)])
+                                                for s, o in zip(stored, outcomes)], by_topic=by_topic)
         errors: dict[int, tuple[str, RemotingError]] = {}  # one entry per failed request, not per message
         retriable = rejected = 0
         fenced = 0
@@ -232,6 +233,20 @@ class RocketMQSink:
                                           reason, msg_id=m.msg_id or ""))
         self.producer.send_batch(self.cfg.dead_letter_topic, letters)
         self._count(dead_lettered=len(letters))
+
+
+def _rows_by_topic(cut: EncodedBatches) -> dict[str, list[int]]:
+    """Each target topic's rows of a cut (its batches' and its rejected rows'): every row once."""
+    rows: dict[str, list[int]] = {}
+    for b in cut.batches:
+        mine = rows.get(b.topic)
+        if mine is None:
+            rows[b.topic] = list(b.index)
+        else:
+            mine += b.index
+    for i, topic, _ in cut.rejected:
+        rows.setdefault(topic, []).append(i)
+    return rows
 
 
 def _ids(messages: Sequence[Message], sender: RemotingProducer) -> list[str]:

@@ -36,13 +36,18 @@ class DispatchWriter:
             fd = self._fds.get(segment_ms)
             if fd is None:
                 fd = self._fds[segment_ms] = self._open(segment_ms)
-            end = os.lseek(fd, 0, os.SEEK_END)
+            written = 0  # of this frame; where it began is known only on failure (no seek per frame)
             try:
-                write_all(fd, frame)
+                written = os.write(fd, frame)  # O_APPEND: at the end, usually whole
+                if written < len(frame):
+                    view = memoryview(frame)
+                    while written < len(frame):
+                        written += os.write(fd, view[written:])
                 if self.sync:
                     os.fdatasync(fd)
             except OSError as e:
-                os.ftruncate(fd, end)  # a torn frame would stand between the frames before and after it
+                # a torn frame would stand between the frames before and after it
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
                 raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
                                         f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
             if not self.sync:
@@ -61,8 +66,12 @@ class DispatchWriter:
         if log_new:
             dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]
             if self.sync:  # the frames about to be synced are only as durable as the file's name
-                for d in dirs:
-                    fsync_path(d)
+                try:
+                    for d in dirs:
+                        fsync_path(d)
+                except OSError:  # the descriptor is not in `_fds` yet: nothing else would close it
+                    os.close(fd)
+                    raise
             else:
                 self._new_dirs.update(dirs)
         return fd

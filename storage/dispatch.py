@@ -121,12 +121,17 @@ def encode_frame(entries: np.ndarray, written_ms: int, answers: np.ndarray | Non
         given = no_answers(len(entries)) if answers is None else answers
         if len(given) != len(entries):
             raise ValueError(f"{len(given)} answers for {len(entries)} entries")
-        rows = np.empty((len(entries), 2 * ROW_SIZE), np.uint8)  # each entry row, then its answer row
-        rows[:, :ROW_SIZE] = np.ascontiguousarray(entries, DISPATCH_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
-        rows[:, ROW_SIZE:] = np.ascontiguousarray(given, ANSWER_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
+        if len(entries) == 1:  # a send of one message: its two rows as they are, no array to interleave them
+            rows = (np.ascontiguousarray(entries, DISPATCH_DTYPE).tobytes()
+                    + np.ascontiguousarray(given, ANSWER_DTYPE).tobytes())
+        else:
+            both = np.empty((len(entries), 2 * ROW_SIZE), np.uint8)  # each entry row, then its answer row
+            both[:, :ROW_SIZE] = np.ascontiguousarray(entries, DISPATCH_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
+            both[:, ROW_SIZE:] = np.ascontiguousarray(given, ANSWER_DTYPE).view(np.uint8).reshape(-1, ROW_SIZE)
+            rows = both.tobytes()
         text = note.encode("utf-8", "replace")[:MAX_NOTE]
         magic, note_len = FRAME_MAGIC_V3, len(text)
-        body = rows.tobytes() + text + b"\x00" * (-len(text) % ROW_SIZE)
+        body = rows + text + b"\x00" * (-len(text) % ROW_SIZE)
     count = len(entries)
     # the header row (`_HEADER_DTYPE`) packed, not an array: one frame per send
     crc = frame_crc(_HEADER.pack(magic, count, 0, note_len, written_ms), body)

@@ -28,7 +28,7 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Mapping, cast
 
 import numpy as np
 
@@ -307,8 +307,9 @@ class Dispatcher:
         answers: np.ndarray | None = None
         errors: list[str | None] | None = None
         held: np.ndarray | None = None
+        by_topic: Mapping[str, list[int]] | None = None
         try:
-            delivered, answers, errors, held = self._sink_send(b)
+            delivered, answers, errors, held, by_topic = self._sink_send(b)
         except Exception as e:
             log.exception("sink failed a batch of %d", len(b))
             delivered, errors = np.zeros(len(b), bool), [f"{type(e).__name__}: {e}"] * len(b)
@@ -319,15 +320,12 @@ class Dispatcher:
                     self.shaper.release(topic, n)
             return
         sent_at = self.clock.now_ms()
+        all_ok = bool(delivered.all())
         if self.shaper is not None:
-            topics: dict[str, list[int]] = {}
-            for i, topic in enumerate(b.topic_list()):
-                topics.setdefault(topic, []).append(i)
-            for topic, idx in topics.items():
-                ok = int(delivered[idx].sum())
+            for topic, idx in (by_topic if by_topic is not None else _rows_by_topic(b.topic_list())).items():
+                ok = len(idx) if all_ok else int(delivered[idx].sum())
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
                 self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
-        all_ok = bool(delivered.all())
         good = b if all_ok else b.select(delivered)
         if len(good.due):
             try:
@@ -368,22 +366,27 @@ class Dispatcher:
         return b.select(keep), None if held_since is None else held_since[keep]
 
     def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None,
-                                            np.ndarray | None]:
+                                            np.ndarray | None, Mapping[str, list[int]] | None]:
         """One send batch through the sink: delivered or not per row, with the broker's answers, the
-        errors and the rows held by a fence when the sink gives them (raises if the sink fails whole)."""
+        errors, the rows held by a fence and each topic's rows when the sink gives them (raises if
+        the sink fails whole)."""
         if b.raw is not None:
             assert self._record_sink is not None  # only such a sink is handed stored bytes
             results = self._record_sink.send_records(b.raw)
         else:
             results = self.sink.send_batch(b.messages)
-        if len(results) != len(b):
-            raise RuntimeError(f"sink answered {len(results)} results for {len(b)} messages")
+        n = len(b)
+        if len(results) != n:
+            raise RuntimeError(f"sink answered {len(results)} results for {n} messages")
         if isinstance(results, SendResults):
-            answers = results.answers if results.answers is not None and len(results.answers) == len(b) else None
-            errors = results.errors if results.errors is not None and len(results.errors) == len(b) else None
-            held = results.held if results.held is not None and len(results.held) == len(b) else None
-            return np.asarray(results, bool), answers, errors, held
-        return np.asarray(results, bool), None, None, None
+            answers = results.answers if results.answers is not None and len(results.answers) == n else None
+            errors = results.errors if results.errors is not None and len(results.errors) == n else None
+            held = results.held if results.held is not None and len(results.held) == n else None
+            by_topic = results.by_topic
+            if by_topic is not None and sum(map(len, by_topic.values())) != n:
+                by_topic = None  # not every row once: the batch's own topics answer instead
+            return np.asarray(results, bool), answers, errors, held, by_topic
+        return np.asarray(results, bool), None, None, None, None
 
     def _fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last;
@@ -435,3 +438,11 @@ class Dispatcher:
                                        answers[m] if answers is not None else None, note)
             if terminal:
                 self.queue.count_done(seg, len(parts))
+
+
+def _rows_by_topic(topics: list[str]) -> dict[str, list[int]]:
+    """Each topic's rows, from every row's topic."""
+    rows: dict[str, list[int]] = {}
+    for i, topic in enumerate(topics):
+        rows.setdefault(topic, []).append(i)
+    return rows

@@ -41,16 +41,20 @@ class Message:
 class SendResults(list[bool]):
     """A sink's answer to a send batch: True per stored message (a list, as before), with where the
     broker stored each (`answers`, rows of `storage.ANSWER_DTYPE`, or None), why each failed one
-    failed (`errors`, None where stored), for the dispatch log, and which were held by a fence
-    (`held`: not sent because this engine may not send now; queued again, no attempt spent)."""
+    failed (`errors`, None where stored), for the dispatch log, which were held by a fence
+    (`held`: not sent because this engine may not send now; queued again, no attempt spent), and
+    the rows of each target topic (`by_topic`), when the sink grouped them anyway."""
 
     def __init__(self, ok: Sequence[bool], answers: np.ndarray | None = None,
-                 errors: Sequence[str | None] | None = None, held: np.ndarray | None = None) -> None:
-        """`ok` per message; `answers`, `errors` and `held` aligned with it, when the sink knows them."""
+                 errors: Sequence[str | None] | None = None, held: np.ndarray | None = None,
+                 by_topic: Mapping[str, list[int]] | None = None) -> None:
+        """`ok` per message; `answers`, `errors` and `held` aligned with it, `by_topic` every row
+        once under its target topic, when the sink knows them."""
         super().__init__(ok)
         self.answers = answers
         self.errors = list(errors) if errors is not None else None
         self.held = held
+        self.by_topic = by_topic
 
 
 class Sink(Protocol):

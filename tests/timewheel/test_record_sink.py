@@ -16,7 +16,7 @@ from tests.timewheel.test_engine import (  # noqa: F401  (collected here again, 
     test_failed_sends_retry_then_dead_letter, test_late_arrival_into_loaded_segment_and_already_due,
     test_restart_mid_segment_sends_nothing_twice, test_six_hour_downtime_catch_up_oldest_first,
     test_an_index_entry_whose_due_disagrees_with_its_record_is_sent_at_the_records_due)
-from timewheel import Engine, EngineConfig, ManualClock, Message
+from timewheel import Engine, EngineConfig, ManualClock, Message, SendResults
 
 
 class RecordingRecordSink(RecordingSink):
@@ -91,5 +91,54 @@ def test_held_by_the_shaper_the_records_go_out_all_and_once(tmp_path: Path, cloc
         assert sorted(m for m, _ in sink.sent) == sorted(ids)
         assert shaper.sent == Counter({"T0": 5, "T1": 4}) and sink.record_calls >= 3
         assert e.stats().counters.delivered == 9
+    finally:
+        e.stop()
+
+
+class CountingPassThrough(TwoAPass):
+    """A shaper without a rule that counts each topic's sent and failed messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: Counter[str] = Counter()
+
+    def record(self, topic: str, sent: int, failed: int, held_ms: float, now_ms: int) -> None:
+        self.sent[topic] += sent
+        self.failed[topic] += failed
+
+    def passes_through(self) -> bool:
+        return True
+
+
+class GroupingRecordSink(RecordingRecordSink):
+    """Answers with each topic's rows (`SendResults.by_topic`), as the delivery sink does from its cut;
+    `wrong`: rows that do not cover the batch, which the dispatcher must not trust."""
+
+    def __init__(self, clock: ManualClock, wrong: bool) -> None:
+        super().__init__(clock)
+        self.wrong = wrong
+
+    def send_records(self, records: RecordBytes) -> list[bool]:
+        ok = super().send_records(records)
+        rows: dict[str, list[int]] = {}
+        for i, topic in enumerate(records.topics()):
+            rows.setdefault(topic, []).append(i)
+        if self.wrong:
+            rows = {"elsewhere": [0]}
+        return SendResults(ok, by_topic=rows)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_the_shaper_counts_each_topic_from_the_sinks_rows_or_the_batchs_own(tmp_path: Path, clock: ManualClock,
+                                                                             wrong: bool) -> None:
+    sink = GroupingRecordSink(clock, wrong)
+    shaper = CountingPassThrough()
+    e = Engine(EngineConfig(tmp_path / "data"), sink, clock, shaper=shaper, seed=1).start(background=False)
+    try:
+        e.schedule([Message(f"T{i % 3}", f"b{i}".encode(), T0 + 1000) for i in range(10)])
+        sink.fail_next = 2  # the first two rows of the first send fail once: T0 and T1
+        drive(e, clock, T0 + 1001)
+        assert shaper.sent + shaper.failed == Counter({"T0": 4, "T1": 3, "T2": 3})
+        assert shaper.failed == Counter({"T0": 1, "T1": 1})
     finally:
         e.stop()

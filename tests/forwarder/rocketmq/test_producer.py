@@ -516,6 +516,9 @@ def test_sink_sends_stored_records_in_batches_built_from_their_bytes(rocketmq: L
         sink.close()
     assert list(many) == [True] * 78 and list(few) == [True] * 2
     assert (many.answers["queue_offset"] >= 0).all() and (few.answers["queue_offset"] >= 0).all()
+    # each topic's rows, as the cut grouped them, for the shaper's counts: every row once
+    assert many.by_topic == {t: list(range(k, 78, 2)) for k, t in enumerate(topics)}
+    assert few.by_topic == {topics[0]: [0], topics[1]: [1]}
     consumer, inbox = consume(rocketmq, topics)
     try:
         got = {m.msg_id: m for m in inbox.wait(80)}
@@ -632,6 +635,7 @@ def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_
         assert held.errors is not None and "FencedError" in str(held.errors[0]) and "MessageRejected" in str(held.errors[1])
         sent = sink.send_records(rows, fence=lambda: True)
         assert list(sent) == [True, False, True, True]
+        assert sent.by_topic == {"T": [0, 2, 3, 1]}  # the row too large too: the cut's batches, then its refused
         [req] = server.batches()
         assert [p["UNIQ_KEY"] for _, p in decode_batch(req.body)] == [delivered_id(r.msg_id, r.due_ms)
                                                                       for r in recs if r.msg_id != "id-1"]

@@ -1,0 +1,87 @@
+"""The dispatch writer: a frame that fails on its way to disk is cut, whatever part of it got there."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from storage import DELIVERED, StorageWriteError, dispatch_entries, no_answers
+from storage import _dispatch_writer
+from storage.dispatch import encode_frame, read_dispatch_log
+from storage.layout import SegmentLayout
+
+SEG = 1_800_000_000_000 - 1_800_000_000_000 % 3_600_000
+NOW = SEG + 1_000
+
+
+def _entries(n: int, first: int = 0) -> np.ndarray:
+    offsets = np.arange(first, first + n, dtype=np.uint32) * 100
+    return dispatch_entries(np.zeros(n, np.uint16), offsets, np.full(n, NOW, np.int64), NOW + 1, DELIVERED, 1)
+
+
+def _answers(n: int) -> np.ndarray:
+    out = no_answers(n)
+    out["queue_offset"] = np.arange(n)
+    out["commit_offset"] = np.arange(n) * 7
+    out["store_ip"] = (127, 0, 0, 1)
+    out["store_port"] = 10911
+    out["queue_id"] = 3
+    return out
+
+
+@pytest.mark.parametrize(("sync", "fail_after"), [(False, 0), (False, 1), (False, 30), (True, 0), (True, 30),
+                                                   (True, None)])
+def test_a_failed_append_leaves_the_frames_before_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           sync: bool, fail_after: int | None) -> None:
+    """`fail_after` bytes of the frame reach the file, then the disk refuses (None: the whole frame
+    is written and the sync fails): the log reads as the frames before it, nothing torn."""
+    w = _dispatch_writer.DispatchWriter(SegmentLayout(tmp_path / "d"), sync=sync)
+    try:
+        w.append(SEG, _entries(3), NOW, _answers(3))
+        real_write, real_sync = os.write, os.fdatasync
+        budget = [fail_after]
+
+        def failing_write(fd: int, data: bytes | memoryview) -> int:
+            left = budget[0]
+            if left is None:
+                return real_write(fd, data)
+            if not left:
+                raise OSError(28, "No space left on device")
+            n = real_write(fd, bytes(data[:left]))
+            budget[0] = left - n
+            return n
+
+        def failing_sync(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(_dispatch_writer.os, "write", failing_write)
+        monkeypatch.setattr(_dispatch_writer.os, "fdatasync", failing_sync)
+        with pytest.raises(StorageWriteError):
+            w.append(SEG, _entries(2, first=3), NOW, _answers(2))
+        monkeypatch.setattr(_dispatch_writer.os, "write", real_write)
+        monkeypatch.setattr(_dispatch_writer.os, "fdatasync", real_sync)
+        read = read_dispatch_log(w.layout.dispatch_log(SEG))
+        assert (read.torn_bytes, read.corrupt_frames) == (0, 0)
+        assert read.entries["offset"].tolist() == [0, 100, 200]
+        w.append(SEG, _entries(1, first=9), NOW)  # the log goes on after the failure
+        assert read_dispatch_log(w.layout.dispatch_log(SEG)).entries["offset"].tolist() == [0, 100, 200, 900]
+    finally:
+        w.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 5), note=st.sampled_from(["", "a note"]))
+def test_a_frame_of_one_entry_reads_back_as_a_frame_of_several_does(n: int, note: str) -> None:
+    """The one-entry frame (its two rows as they are) and the interleaved one read back alike."""
+    entries, answers = _entries(n), _answers(n)
+    frame = encode_frame(entries, NOW, answers, note)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "log"
+        path.write_bytes(frame)
+        read = read_dispatch_log(path)
+    assert read.corrupt_frames == 0 and read.entries.tobytes() == entries.tobytes()
+    assert read.answers is not None and read.answers.tobytes() == answers.tobytes()
