@@ -21,6 +21,9 @@ __all__ = ["Connection", "RequestHandler", "call"]
 log = logging.getLogger("timewheel.remoting")
 
 _RECV_CHUNK = 256 * 1024
+#: a socket timeout up to this share of the connection's timeout longer than a deadline needs is
+#: kept: setting it costs a system call, and a deadline set a moment ago is nearly the timeout
+_TIMEOUT_SLACK = 0.05
 
 #: Answers a request the peer sent (a broker asking its client); None: no answer (one-way notices).
 RequestHandler = Callable[[Request], Reply | None]
@@ -57,6 +60,8 @@ class Connection:
             raise ConnectionFailedError(f"cannot connect to {addr}"
                                         f"{' over TLS' if security and security.tls else ''}: {e}") from e
         self._tls = isinstance(self._sock, ssl.SSLSocket)
+        self._sock_timeout = timeout  # what the socket has, as `create_connection` set it
+        self.last_used = time.monotonic()  # of the last request written
         self._poll = select.poll()
         self._poll.register(self._sock, select.POLLIN)
         self._opaque = itertools.count(1)
@@ -98,7 +103,8 @@ class Connection:
         data = b"".join(encode_request(code, o, ext if creds is None else sign(ext, body, creds), body)
                         for o, (code, ext, body) in zip(opaques, requests))
         try:
-            self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            self.last_used = now = time.monotonic()
+            self._timeout_for(max(deadline - now, 0.001))
             self._sock.sendall(data)
         except TimeoutError as e:
             self.close()
@@ -187,7 +193,7 @@ class Connection:
             return
         code, remark, body = reply
         try:
-            self._sock.settimeout(self._timeout)
+            self._timeout_for(self._timeout)
             self._sock.sendall(encode_response(code, req.opaque, remark, body))
         except OSError as e:
             self.close()
@@ -204,15 +210,25 @@ class Connection:
             if left <= 0:
                 raise RequestTimeoutError(f"no answer from {self.addr} in time")
             try:
-                self._sock.settimeout(left)
+                self._timeout_for(left)
                 chunk = self._sock.recv(_RECV_CHUNK)
             except TimeoutError as e:
+                if time.monotonic() < deadline:
+                    continue  # the socket's timeout was shorter than the deadline: wait out the rest
                 raise RequestTimeoutError(f"no answer from {self.addr} in time") from e
             except OSError as e:
                 raise ConnectionFailedError(f"connection to {self.addr} broke while reading: {e}") from e
             if not chunk:
                 raise ConnectionFailedError(f"{self.addr} closed the connection")
             buf += chunk
+
+    def _timeout_for(self, left: float) -> None:
+        """Give the socket a timeout that ends an operation no earlier than `left` seconds from now,
+        nor much later: the one it has when that is within `_TIMEOUT_SLACK` (no system call)."""
+        current = self._sock_timeout
+        if left > current or left < current - self._timeout * _TIMEOUT_SLACK:
+            self._sock.settimeout(left)
+            self._sock_timeout = left
 
     def close(self) -> None:
         """Close the socket (idempotent)."""

@@ -60,7 +60,8 @@ _STORED = {
     FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
-
+#: a connection idle this long is probed for a peer that closed it (a restarted broker) before use
+_PROBE_IDLE_S = 0.05
 
 
 class RemotingProducer:
@@ -366,7 +367,10 @@ class RemotingProducer:
         """The live connection to `addr`, opened (again) if needed, unless the broker failed moments ago."""
         with self._lock:
             conn = self._conns.get(addr)
-            if conn is not None and conn.alive():
+            # A connection written to a moment ago is used, not probed: a peer gone since then shows
+            # in the answer (as it would between a probe and the write), and a probe is a system call.
+            if conn is not None and not conn.closed and (time.monotonic() - conn.last_used < _PROBE_IDLE_S
+                                                         or conn.alive()):
                 return conn
             if time.monotonic() < self._down_until.get(broker, 0.0):
                 # Connecting to a dead host can take the whole timeout: not again at once.
