@@ -183,7 +183,7 @@ def _pass(records: RecordBytes, templates: tuple[bytes, bytes, frozenset[bytes]]
     open_batch: dict[bytes, SendBatch] = {}
     batches: list[SendBatch] = []
     rejected: list[tuple[int, str, RemotingError]] = []
-    compiled = (_compiled_cut if around is not None and given is None and type(data) is bytes
+    compiled = (_compiled_cut if around is not None and given is None and len(records) > 1 and type(data) is bytes
                 else None)
     if compiled is not None:
         start = np.ascontiguousarray(records.start, np.int64)

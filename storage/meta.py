@@ -49,6 +49,10 @@ class MetaStore:
         table = rocksdict.BlockBasedOptions()
         table.set_bloom_filter(10, False)  # most ingest lookups are misses (new ids): answer them from the filter
         opts.set_block_based_table_factory(table)
+        # and those of the memtable too, where the ids of the last minutes are: a filter of whole keys
+        # instead of a search of its skip list (1.4 -> 0.2 µs a missing id; an insert pays part of it back)
+        opts.set_memtable_whole_key_filtering(True)
+        opts.set_memtable_prefix_bloom_ratio(0.02)
         self.read_only = read_only
         try:
             if read_only:
