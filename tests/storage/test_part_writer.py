@@ -79,13 +79,16 @@ def test_a_one_part_commit_of_many_records_is_written_in_one_write_per_file(tmp_
     """The usual commit under load (one hour, the live part open): three writes, whole."""
     layout = SegmentLayout(tmp_path)
     writer = PartWriter(layout, 1 << 20)
-    first = writer.place([T0], [b"a"])
-    writer.write(first, [b"a"], np.zeros(1, ORIGIN_DTYPE))
-    dues = [T0 + i for i in range(100)]
-    blobs = [bytes([i]) * (i + 1) for i in range(100)]
-    locs = writer.place(dues, blobs)
-    assert locs["offset"].tolist() == [1 + sum(range(1, i + 1)) for i in range(100)]
-    writer.write(locs, blobs, np.zeros(100, ORIGIN_DTYPE))
+    try:  # its raw descriptors are not closed by the garbage collector
+        first = writer.place([T0], [b"a"])
+        writer.write(first, [b"a"], np.zeros(1, ORIGIN_DTYPE))
+        dues = [T0 + i for i in range(100)]
+        blobs = [bytes([i]) * (i + 1) for i in range(100)]
+        locs = writer.place(dues, blobs)
+        assert locs["offset"].tolist() == [1 + sum(range(1, i + 1)) for i in range(100)]
+        writer.write(locs, blobs, np.zeros(100, ORIGIN_DTYPE))
+    finally:
+        writer.close()
     seg, part = int(locs["segment_ms"][0]), int(locs["part"][0])
     assert layout.part_log(seg, part).read_bytes() == b"a" + b"".join(blobs)
     want = index_entries([T0, *dues], [0, *locs["offset"].tolist()], [1, *locs["length"].tolist()]).tobytes()

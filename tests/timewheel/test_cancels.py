@@ -121,9 +121,11 @@ def test_tombstones_are_bounded_and_the_log_compacts(tmp_path: Path) -> None:
     assert len(t) <= 101
     size = log.path.stat().st_size
     assert size < 2 * 101 * 40 + 1024 * 40 + 100, size  # rewritten when mostly dead
+    t.close()  # the log's descriptor is a raw one: the garbage collector would never close it
     again = Tombstones(TombstoneLog(tmp_path), retention_ms=1000, max_entries=100)
     again.load(T0 + 10_000 + 2999 * 10)
     assert len(again) == len(t)
+    again.close()
 
 
 def test_a_repeated_cancel_is_applied_and_written_once_and_renewed_late(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ def fake_broker() -> Iterator[FakeBroker]:
     b = FakeBroker()
     yield b
     b.server.close()
+    if b.peer is not None:  # the accepted connection is a socket of its own
+        b.peer.close()
 
 
 def test_a_connection_without_handler_answers_not_supported(fake_broker: FakeBroker) -> None:
