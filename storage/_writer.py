@@ -131,9 +131,16 @@ class PartWriter:
             self._fds.move_to_end(key)
             return fds
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        fds = (os.open(self.layout.part_log(segment_ms, part), flags, 0o644),
-               os.open(self.layout.part_index(segment_ms, part), flags, 0o644),
-               os.open(self.layout.part_origin(segment_ms, part), flags, 0o644))
+        opened: list[int] = []
+        try:
+            for path in (self.layout.part_log(segment_ms, part), self.layout.part_index(segment_ms, part),
+                         self.layout.part_origin(segment_ms, part)):
+                opened.append(os.open(path, flags, 0o644))
+        except OSError:  # the files opened before the one that failed (EMFILE, ENOSPC) are held by nobody
+            for fd in opened:
+                os.close(fd)
+            raise
+        fds = (opened[0], opened[1], opened[2])
         self._fds[key] = fds
         if len(self._fds) > _MAX_OPEN_FDS:
             _, old = self._fds.popitem(last=False)

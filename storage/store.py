@@ -108,8 +108,13 @@ class ScheduleStore:
         #: order; a listener must be quick and must not call back into the store's writers
         self.commit_listeners: list[Callable[[np.ndarray], None]] = []
         self._due_checkpoint: _Snapshot | None = None
-        self.recovery: RecoveryReport = recover(self)
-        self._checkpoint_locked()
+        try:
+            self.recovery: RecoveryReport = recover(self)
+            self._checkpoint_locked()
+        except BaseException:  # the caller gets no store to close: what it opened is closed here
+            self._closed = True
+            self._close_files()
+            raise
 
     # ---- append with group commit -------------------------------------------------------------
 
@@ -291,10 +296,11 @@ class ScheduleStore:
         """fsync what the rotation took, then move the checkpoint to the new ingest log file."""
         new_seq, fds, paths, dirs = snapshot
         with self._checkpoint_lock:
-            for fd in fds:
-                try:
+            try:
+                for fd in fds:
                     os.fsync(fd)
-                finally:
+            finally:  # every duplicate, also those after one whose fsync failed
+                for fd in fds:
                     os.close(fd)
             for path in paths:
                 fsync_path(path)
@@ -376,17 +382,26 @@ class ScheduleStore:
             self.writer.seal(before_ms)
 
     def close(self) -> None:
-        """Checkpoint and close every file."""
+        """Checkpoint and close every file; a failed checkpoint is raised after every file is closed
+        (what it did not make durable is in the ingest log, replayed at the next open)."""
         if self._closed:
             return
         with self._write_lock:
-            self._checkpoint_locked()
-            self._closed = True
+            try:
+                self._checkpoint_locked()
+            finally:
+                self._closed = True
+                self._close_files()
+
+    def _close_files(self) -> None:
+        """Close the writers' descriptors, the read maps and the meta store."""
+        try:
             self.writer.close()
             self._wal.close()
-        self.dispatch_writer.close()
-        self.reader.close()
-        self.meta.close()
+            self.dispatch_writer.close()
+            self.reader.close()
+        finally:  # rocksdb's own files and lock
+            self.meta.close()
 
     def __enter__(self) -> "ScheduleStore":
         return self

@@ -1,6 +1,7 @@
 """The live-part writer: where a commit's records land, and what each part's three files hold."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -93,3 +94,26 @@ def test_a_one_part_commit_of_many_records_is_written_in_one_write_per_file(tmp_
     assert layout.part_log(seg, part).read_bytes() == b"a" + b"".join(blobs)
     want = index_entries([T0, *dues], [0, *locs["offset"].tolist()], [1, *locs["length"].tolist()]).tobytes()
     assert layout.part_index(seg, part).read_bytes() == want
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_a_part_whose_index_cannot_be_opened_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The part's log is opened before its index: when the index fails (EMFILE, a bad file), the log's
+    descriptor is closed, not held by nobody until the process ends."""
+    layout = SegmentLayout(tmp_path)
+    writer = PartWriter(layout, 1 << 20)
+    try:
+        locs = writer.place([T0], [b"a"])
+        seg, part = int(locs["segment_ms"][0]), int(locs["part"][0])
+        layout.part_index(seg, part).unlink()
+        layout.part_index(seg, part).mkdir()  # opening it for writing fails: EISDIR
+        before = _open_fds()
+        with pytest.raises(IsADirectoryError):
+            writer.write(locs, [b"a"], np.zeros(1, ORIGIN_DTYPE))
+        assert _open_fds() == before
+    finally:
+        writer.close()

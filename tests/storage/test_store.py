@@ -352,3 +352,91 @@ def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_st
     assert s.meta.locations(["old0", "young"])[0] is None and s.meta.locations(["young"])[0] is not None
     assert s.meta.cancelled_at("old0") is None
     s.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _failing_fsync(fd: object) -> None:
+    raise OSError(5, "Input/output error")  # what a disk that went away answers
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_a_failed_checkpoint_closes_every_descriptor_it_duplicated(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint fsyncs duplicates of the parts' descriptors: one failing fsync is raised, and
+    the duplicates after it are closed all the same."""
+    s = ScheduleStore(tmp_path / "data")
+    try:
+        s.append(recs(3), NOW)  # one part written: its log, index and origins to fsync
+        before = _open_fds()
+        with monkeypatch.context() as m:
+            m.setattr(os, "fsync", _failing_fsync)
+            with pytest.raises(OSError):
+                s.checkpoint()
+        assert _open_fds() == before  # the ingest log rolled to a new file: one closed, one opened
+    finally:
+        s.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_a_close_whose_checkpoint_fails_still_closes_every_file(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full or vanished disk at shutdown: the error is raised, every file is closed, and what the
+    checkpoint did not make durable is replayed from the ingest log at the next open."""
+    ScheduleStore(tmp_path / "warm").close()  # rocksdb's process-wide files are open from here on
+    before = _open_fds()
+    s = ScheduleStore(tmp_path / "data")
+    s.append(recs(3), NOW)
+    seg = s.layout.segment_start(NOW)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part[:1], ix.offset[:1], ix.due_ms[:1], NOW, DELIVERED, 1), NOW)
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", _failing_fsync)
+        with pytest.raises(OSError):
+            s.close()
+    assert _open_fds() == before
+    s.close()  # closed: a second close does nothing
+    again = ScheduleStore(tmp_path / "data")
+    assert len(again.segment_index(seg)) == 3
+    again.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_a_store_that_fails_to_open_leaves_no_file_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first checkpoint fails (the disk went away): the caller gets an error and no store, so the
+    meta store and the new ingest log file are closed before it is raised."""
+    from storage import store as store_module
+
+    ScheduleStore(tmp_path / "warm").close()
+    before = _open_fds()
+    with monkeypatch.context() as m:
+        m.setattr(store_module, "fsync_path", _failing_fsync)  # the checkpoint's, after the new log file
+        with pytest.raises(OSError):
+            ScheduleStore(tmp_path / "data")
+    assert _open_fds() == before
+    ScheduleStore(tmp_path / "data").close()  # and nothing holds its lock
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_a_dispatch_log_whose_directory_cannot_be_synced_is_not_left_open(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With flush="sync" a new dispatch log's directory is fsynced before its first frame: when that
+    fails, the log's descriptor is closed with the error, not lost."""
+    s = ScheduleStore(tmp_path / "data", flush="sync")
+    try:
+        s.append(recs(1), NOW)
+        seg = s.layout.segment_start(NOW)
+        ix = s.segment_index(seg)
+        entries = dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED, 1)
+        before = _open_fds()
+        with monkeypatch.context() as m:
+            m.setattr(os, "fsync", _failing_fsync)
+            with pytest.raises(OSError):
+                s.record_dispatch(seg, entries, NOW)
+        assert _open_fds() == before
+        s.record_dispatch(seg, entries, NOW)  # and the next frame opens it again
+        assert len(s.dispatch_log(seg).entries) == 1
+    finally:
+        s.close()
