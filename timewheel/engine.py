@@ -142,21 +142,25 @@ class Engine:
         cfg = self.config
         store = ScheduleStore(cfg.data_dir, segment_minutes=cfg.segment_minutes, flush=cfg.flush,
                               max_delay_ms=cfg.max_delay_ms)
-        for f in store.recovery.findings:
-            log.warning("recovery: %s", f)
-        timer_wake = threading.Event()  # the queue sets it when the catch-up backlog has room
-        queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
-                              linger_ms=int(getattr(self.sink, "linger_ms", 0)),
-                              linger_max_ms=getattr(self.sink, "linger_max_ms", None), wake_timer=timer_wake.set)
-        timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
-        if self.copy_finder is not None:
-            self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
-        dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
-                                dead_letter_sink=self._dead_letter_sink, seed=self._seed,
-                                counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
-        tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
-                                cfg.max_tombstones)
-        tombstones.load(self.clock.now_ms())
+        try:  # the store holds descriptors nothing else would close if the rest fails to start
+            for f in store.recovery.findings:
+                log.warning("recovery: %s", f)
+            timer_wake = threading.Event()  # the queue sets it when the catch-up backlog has room
+            queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
+                                  linger_ms=int(getattr(self.sink, "linger_ms", 0)),
+                                  linger_max_ms=getattr(self.sink, "linger_max_ms", None), wake_timer=timer_wake.set)
+            timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
+            if self.copy_finder is not None:
+                self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
+            dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
+                                    dead_letter_sink=self._dead_letter_sink, seed=self._seed,
+                                    counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
+            tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
+                                    cfg.max_tombstones)
+            tombstones.load(self.clock.now_ms())
+        except BaseException:
+            store.close()
+            raise
         self.store = store
         self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock, tombstones),
                              background, tombstones)

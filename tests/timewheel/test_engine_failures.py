@@ -1,6 +1,7 @@
 """Sends that fail the same way every time end as dead letters; nothing retries forever."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -254,3 +255,21 @@ def test_a_stored_message_too_large_to_deliver_is_dead_lettered_not_retried_for_
         st = e.stats()
         assert (st.counters.dead_lettered, st.retrying) == (1, 0)
         assert T0 in e.store.meta.done_segments()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
+def test_an_engine_that_fails_to_start_closes_its_store(tmp_path: Path, clock: ManualClock,
+                                                        sink: RecordingSink) -> None:
+    """The store is opened first: when what comes after it fails (here the tombstone log, whose
+    directory is a file), the store's files are closed with the error and the directory is free."""
+    Engine(EngineConfig(tmp_path / "warm"), sink, clock).start(background=False).stop()  # rocksdb's own files
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "cancels").write_bytes(b"")  # where the tombstone log's directory goes
+    before = len(os.listdir("/proc/self/fd"))
+    engine = Engine(EngineConfig(data), sink, clock)
+    with pytest.raises(OSError):
+        engine.start(background=False)
+    assert len(os.listdir("/proc/self/fd")) == before
+    (data / "cancels").unlink()
+    engine.start(background=False).stop()  # nothing holds the meta store's lock
