@@ -180,6 +180,8 @@ def cut(bytes data, const int64_t[::1] start, const uint8_t[:, ::1] header, tupl
                 if not ok:
                     break
                 keys_len += nkeys - 1  # the spaces between them
+                if not keys_len:
+                    nkeys = 0  # one empty key: no KEYS at all, as the general path joins it
             # ---- its own properties: name \x01 value \x02 each, in their stored order
             own_len = npairs = 0
             if pl:

@@ -23,7 +23,8 @@ _RESERVED_NAMES = ("UNIQ_KEY", "TAGS", "KEYS", "WAIT", "TW_DUE_MS", "TW_ORIGINAL
 _LONG = "k" * 33_000  # its properties exceed RocketMQ's 32767 bytes
 _ids = st.one_of(_text.filter(bool), st.sampled_from(["a\x01b", "a\x00", "ü-組:1"]))  # the store holds no empty id
 _tags = st.one_of(_text, st.sampled_from(["bad\x02tag", _LONG]))
-_keys = st.one_of(st.lists(st.one_of(_text, st.just("k\x01")), max_size=3), st.just([_LONG]))
+_keys = st.one_of(st.lists(st.one_of(_text, st.just("k\x01")), max_size=3), st.just([_LONG]),
+                 st.sampled_from([[""], ["", ""]]))  # one empty key is no KEYS; two are a space
 _props = st.dictionaries(st.one_of(_text.filter(bool), st.sampled_from(_RESERVED_NAMES)), _text, max_size=3)
 _topics = st.sampled_from(["T", "Orders", "тема-組", "A%B"])
 _records = st.lists(st.tuples(_ids, _topics, st.integers(0, 600), _tags, _keys,
@@ -148,3 +149,15 @@ def test_records_with_properties_of_their_own_stay_on_the_one_pass(tmp_path: Pat
                               max_bytes=4 << 20)
             assert sum(len(b.index) for b in cut.batches) == len(raw)
             assert len(general) == 2, "each of the two cuts (the comparison's and this one) encodes the clash alone"
+
+
+def test_an_empty_key_is_no_keys_on_every_path(tmp_path: Path) -> None:
+    """A record stored with one empty key goes without KEYS (the general path joins its keys to
+    nothing), two empty keys with a space; in a batch of several rows, where the compiled loop cuts."""
+    recs = [Record(f"id-{i}", "T", b"x", NOW + i, keys=keys)
+            for i, keys in enumerate([("",), ("a",), ("", ""), ("",), ()])]
+    with ScheduleStore(tmp_path / "data") as store:
+        raw = _read(store, recs)
+    want, _, _ = _general(raw, None, BROKER_MAX_MESSAGE_BYTES, 128, 1 << 20)
+    assert b"KEYS\x01\x02" not in want[0][3] and b"KEYS\x01 \x02" in want[0][3]
+    _assert_same(raw, None, BROKER_MAX_MESSAGE_BYTES, 128, 1 << 20)
