@@ -7,19 +7,32 @@ at its position in what the caller sent.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from forwarder.rocketmq.errors import MessageRejectedError, RemotingError
-from forwarder.rocketmq.message import WAIT, Receipt, join_properties
+import numpy as np
+
+from forwarder.rocketmq.answers import answer_rows
+from forwarder.rocketmq.errors import (ConnectionFailedError, MessageRejectedError, RemotingError,
+                                       TopicNotFoundError)
+from forwarder.rocketmq.message import WAIT, Receipt, SendStatus, join_properties
 from forwarder.rocketmq.namesrv import TopicRoute
-from forwarder.rocketmq.protocol import MESSAGE_ILLEGAL
+from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, MESSAGE_ILLEGAL, SLAVE_NOT_AVAILABLE,
+                                         SUCCESS, Response, error_for_code)
 from forwarder.rocketmq._routes import DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUES
 
-__all__ = ["EncodedBatches", "Outcome", "SendBatch", "batch_header", "cut_encoded", "fail"]
+__all__ = ["EncodedBatches", "Outcome", "SendBatch", "batch_header", "cut_encoded", "fail", "settle",
+           "stored_or_error"]
 
 #: what one message came to: its receipt, True (stored, no receipt asked for), its error, or None (not yet)
 Outcome = Receipt | RemotingError | bool | None
+#: Response codes that mean "stored", with the status a send result reports for them.
+_STORED = {
+    SUCCESS: SendStatus.OK,
+    FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
 
 
 @dataclass
@@ -102,3 +115,48 @@ def fail(out: list[Outcome], batches: Iterable[SendBatch], error: RemotingError)
     for b in batches:
         for i in b.index:
             out[i] = error
+
+
+def settle(addr: str, batches: Sequence[SendBatch], replies: Sequence[Response | RemotingError], out: list[Outcome],
+           receipts: bool, answers: np.ndarray | None, broker_failed: Callable[[str, str], None],
+           mark_stale: Callable[[str], None]) -> None:
+    """Turn each batch's reply (from the broker at `addr`) into per-message receipts (or True,
+    without `receipts`, and rows of `answers` when given) or errors; `broker_failed(broker, topic)`
+    when the broker could not be reached, `mark_stale(topic)` when it refused the topic."""
+    for b, answer in zip(batches, replies):
+        if isinstance(answer, RemotingError):
+            if isinstance(answer, ConnectionFailedError):
+                broker_failed(b.queue[0], b.topic)
+            fail(out, [b], answer)
+            continue
+        status = _STORED.get(answer.code)
+        if status is None:
+            err = error_for_code(answer.code, answer.remark, f"broker {b.queue[0]} ({addr}) for {b.topic}")
+            if err.retriable or isinstance(err, TopicNotFoundError):
+                mark_stale(b.topic)
+            fail(out, [b], err)
+            continue
+        try:
+            queue_id = int(answer.ext.get("queueId", b.queue[1]))
+            first = int(answer.ext.get("queueOffset", -1))
+        except ValueError:
+            queue_id, first = b.queue[1], -1
+        offset_ids = answer.ext.get("msgId", "")
+        if not receipts:
+            for i in b.index:
+                out[i] = True
+            if answers is not None:
+                answer_rows(answers, b.index, queue_id, first, offset_ids)
+            continue
+        split = offset_ids.split(",") if offset_ids else []
+        for k, (i, msg_id) in enumerate(zip(b.index, b.ids)):
+            out[i] = Receipt(msg_id, b.topic, b.queue[0], queue_id, first + k if first >= 0 else -1, status,
+                             split[k] if len(split) == len(b.index) else "")
+
+
+def stored_or_error(out: list[Outcome]) -> list[RemotingError | None]:
+    """Per message, None once stored or its error (one never answered: not sent)."""
+    if out.count(True) == len(out):  # the usual answer, without a test per message
+        return [None] * len(out)
+    return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
+            for r in out]

@@ -36,30 +36,22 @@ from typing import Any
 
 import numpy as np
 
-from forwarder.rocketmq.answers import answer_rows
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, IdMaker, encode_message
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import (ConnectionFailedError, FencedError, MessageRejectedError, RemotingError,
                                        TopicNotFoundError)
-from forwarder.rocketmq.message import OutgoingMessage, Receipt, SendStatus
+from forwarder.rocketmq.message import OutgoingMessage, Receipt
 from forwarder.rocketmq._routes import DEFAULT_TOPIC, RouteCache
-from forwarder.rocketmq._send_batch import EncodedBatches, Outcome, SendBatch, batch_header, cut_encoded, fail
+from forwarder.rocketmq._send_batch import (EncodedBatches, Outcome, SendBatch, batch_header, cut_encoded, fail,
+                                             settle, stored_or_error)
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute
 from forwarder.rocketmq.security import ClientSecurity
-from forwarder.rocketmq.protocol import (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SEND_BATCH_MESSAGE,
-                                         SLAVE_NOT_AVAILABLE, SUCCESS, TOPIC_NOT_EXIST, Response, error_for_code)
+from forwarder.rocketmq.protocol import SEND_BATCH_MESSAGE, TOPIC_NOT_EXIST, Response
 
 __all__ = ["DEFAULT_TOPIC", "Receipt", "RemotingProducer"]
 
 log = logging.getLogger("timewheel.remoting")
 
-#: Response codes that mean "stored", with the status a send result reports for them.
-_STORED = {
-    SUCCESS: SendStatus.OK,
-    FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
-    FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
-    SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
-}
 #: a connection idle this long is probed for a peer that closed it (a restarted broker) before use
 _PROBE_IDLE_S = 0.05
 
@@ -183,7 +175,7 @@ class RemotingProducer:
         out: list[Outcome] = [None] * len(encoded)
         self._dispatch(self._batches(topics, encoded, ids, routes, out), routes, out, deadline, receipts=False,
                        fence=fence, answers=answers)
-        return _stored_or_error(out)
+        return stored_or_error(out)
 
     def send_batches(self, cut: EncodedBatches, fence: Callable[[], bool] | None = None,
                      answers: np.ndarray | None = None) -> list[RemotingError | None]:
@@ -208,7 +200,7 @@ class RemotingProducer:
             else:
                 batches.append(b)
         self._dispatch(batches, routes, out, deadline, receipts=False, fence=fence, answers=answers)
-        return _stored_or_error(out)
+        return stored_or_error(out)
 
     def new_ids(self, n: int) -> list[str]:
         """`n` fresh message ids (UNIQ_KEY) for `send_encoded`."""
@@ -218,6 +210,17 @@ class RemotingProducer:
                   out: list[Outcome], deadline: float, *, receipts: bool,
                   fence: Callable[[], bool] | None = None, answers: np.ndarray | None = None) -> None:
         """Place every batch on a queue of its topic and exchange them with the brokers."""
+        if len(batches) == 1:  # the usual send: one request
+            batch = batches[0]
+            route = routes[batch.topic]
+            assert isinstance(route, TopicRoute)
+            try:
+                addr = self._place(route, batch)
+            except RemotingError as e:
+                fail(out, batches, e)
+                return
+            self._exchange_one(addr, batch, out, deadline, receipts, fence, answers)
+            return
         plans: dict[str, list[SendBatch]] = defaultdict(list)  # broker address -> its batches
         for batch in batches:
             route = routes[batch.topic]
@@ -316,40 +319,31 @@ class RemotingProducer:
             for conn, _, _ in held:
                 conn.lock.release()
 
+    def _exchange_one(self, addr: str, b: SendBatch, out: list[Outcome], deadline: float, receipts: bool,
+                      fence: Callable[[], bool] | None, answers: np.ndarray | None) -> None:
+        """`_exchange` of one batch: its request written, its answer read, under the connection's lock."""
+        conn = self._conns.get(addr)
+        if conn is None:  # closed meanwhile
+            fail(out, (b,), ConnectionFailedError(f"connection to {addr} was closed"))
+            return
+        reply: Response | RemotingError
+        with conn.lock:
+            request = (SEND_BATCH_MESSAGE, batch_header(self.group, b, str(int(time.time() * 1000))), b"".join(b.parts))
+            if fence is not None and not fence():
+                reply = FencedError("not sent: the sender's lease deadline passed")
+            else:
+                try:
+                    [opaque] = conn.submit((request,), deadline)
+                    reply = conn.collect((opaque,), deadline)[opaque]
+                except RemotingError as e:
+                    reply = e
+            self._settle(conn, (b,), (reply,), out, receipts, answers)
+
     def _settle(self, conn: Connection, batches: Sequence[SendBatch], replies: Sequence[Response | RemotingError],
-                out: list[Outcome], receipts: bool,
-                answers: np.ndarray | None = None) -> None:
-        """Turn each batch's reply into per-message receipts (or True, without `receipts`, and rows
-        of `answers` when given) or errors."""
-        for b, answer in zip(batches, replies):
-            if isinstance(answer, RemotingError):
-                if isinstance(answer, ConnectionFailedError):
-                    self._broker_failed(b.queue[0], b.topic)
-                fail(out, [b], answer)
-                continue
-            status = _STORED.get(answer.code)
-            if status is None:
-                err = error_for_code(answer.code, answer.remark, f"broker {b.queue[0]} ({conn.addr}) for {b.topic}")
-                if err.retriable or isinstance(err, TopicNotFoundError):
-                    self._routes.mark_stale(b.topic)
-                fail(out, [b], err)
-                continue
-            try:
-                queue_id = int(answer.ext.get("queueId", b.queue[1]))
-                first = int(answer.ext.get("queueOffset", -1))
-            except ValueError:
-                queue_id, first = b.queue[1], -1
-            offset_ids = answer.ext.get("msgId", "")
-            if not receipts:
-                for i in b.index:
-                    out[i] = True
-                if answers is not None:
-                    answer_rows(answers, b.index, queue_id, first, offset_ids)
-                continue
-            split = offset_ids.split(",") if offset_ids else []
-            for k, (i, msg_id) in enumerate(zip(b.index, b.ids)):
-                out[i] = Receipt(msg_id, b.topic, b.queue[0], queue_id, first + k if first >= 0 else -1, status,
-                                 split[k] if len(split) == len(b.index) else "")
+                out: list[Outcome], receipts: bool, answers: np.ndarray | None = None) -> None:
+        """`settle` the replies; a broker that could not be reached is avoided a moment, a topic
+        the broker refused (retriable, or not found) is looked up again."""
+        settle(conn.addr, batches, replies, out, receipts, answers, self._broker_failed, self._routes.mark_stale)
 
     # -- routes --
 
@@ -427,10 +421,3 @@ class RemotingProducer:
         """Close."""
         self.close()
 
-
-def _stored_or_error(out: list[Outcome]) -> list[RemotingError | None]:
-    """Per message, None once stored or its error (one never answered: not sent)."""
-    if out.count(True) == len(out):  # the usual answer, without a test per message
-        return [None] * len(out)
-    return [None if r is True else r if isinstance(r, RemotingError) else ConnectionFailedError("not sent")
-            for r in out]
