@@ -33,10 +33,6 @@ class Location:
     offset: int
 
 
-def _id_key(msg_id: str) -> bytes:
-    return b"i" + msg_id.encode()
-
-
 class MetaStore:
     """Key lookups for ingest dedup, business keys, cancellations, segment states and documents."""
 
@@ -83,7 +79,7 @@ class MetaStore:
 
     def _get_many(self, msg_ids: Sequence[str]) -> list[bytes | None]:
         """Raw values of ids' location keys, in one multi-get."""
-        return cast("list[bytes | None]", self._db.get([_id_key(m) for m in msg_ids]))
+        return cast("list[bytes | None]", self._db.get([b"i" + m.encode() for m in msg_ids]))
 
     def _keys_from(self, start: bytes) -> Iterator[bytes]:
         """Raw keys in order from `start` (the caller stops where its prefix ends)."""
