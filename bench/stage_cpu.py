@@ -47,7 +47,8 @@ DELIVERY_STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("storage.store", "ScheduleStore", "read_record_bytes", "  read and check the records"),
     ("forwarder.delivery", "RocketMQSink", "send_records", "  sink: send the records"),
     ("forwarder.record_batches", "", "cut_records", "    cut into batch bodies"),
-    ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange", "    request out, answer in"),
+    ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange_one", "    request out, answer in"),
+    ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange", "    requests out, answers in (several)"),
     ("timewheel.dispatcher", "Dispatcher", "_record", "  record the outcomes"),
 )
 
