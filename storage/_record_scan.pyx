@@ -11,6 +11,7 @@ bytes 0 and 1, so they are read there (their values still come from the caller).
 tests/storage/test_record_reader.py holds this scan to the Python path's verdicts.
 """
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 
 cdef enum:
@@ -62,6 +63,70 @@ cdef int _walk(const uint8_t[::1] b, Py_ssize_t p, Py_ssize_t n, int per_entry) 
     return verdict
 
 
+cdef struct Layout:
+    int magic, version
+    Py_ssize_t hsize
+    int64_t max_record, max_props, max_body
+    Py_ssize_t crc_from, at_flags, at_length, at_crc, at_due, at_id, at_topic, at_tags, at_keys, at_props, at_body
+
+
+cdef Layout _layout(tuple layout):
+    """The layout tuple `scan` and `gather` take, as a struct (see `scan`)."""
+    cdef Layout L
+    L.magic, L.version, L.hsize = layout[0], layout[1], layout[2]
+    L.max_record, L.max_props, L.max_body = layout[3], layout[4], layout[5]
+    L.crc_from, L.at_flags, L.at_length, L.at_crc, L.at_due = layout[6], layout[7], layout[8], layout[9], layout[10]
+    L.at_id, L.at_topic, L.at_tags, L.at_keys = layout[11], layout[12], layout[13], layout[14]
+    L.at_props, L.at_body = layout[15], layout[16]
+    return L
+
+
+cdef int _verdict(const uint8_t[::1] view, object mv, Py_ssize_t o, bint with_due, int64_t due, bint with_len,
+                  int64_t expected_len, bint verify_crc, object crc32c, Layout* L) except -1:
+    """One record's verdict at `o`: BAD, GOOD or FIELDS (see the module docstring)."""
+    cdef Py_ssize_t size = view.shape[0], hsize = L.hsize, p
+    cdef int64_t length, id_len, topic_len, tags_len, keys_len, props_len, body_len
+    cdef int verdict, v
+    if o < 0 or o + hsize > size:
+        return BAD
+    if view[o] != L.magic or view[o + 1] != L.version or _u16(view, o + L.at_flags) != 0:
+        return BAD
+    length = _u32(view, o + L.at_length)
+    if length < hsize or length > L.max_record or (with_len and length != expected_len) or o + length > size:
+        return BAD
+    if verify_crc and <uint32_t>crc32c(mv[o + L.crc_from:o + length]) != _u32(view, o + L.at_crc):
+        return BAD
+    id_len = _u16(view, o + L.at_id)
+    topic_len = _u16(view, o + L.at_topic)
+    tags_len = _u16(view, o + L.at_tags)
+    keys_len = _u16(view, o + L.at_keys)
+    props_len = _u32(view, o + L.at_props)
+    body_len = _u32(view, o + L.at_body)
+    if hsize + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
+        return BAD
+    if props_len > L.max_props or body_len > L.max_body:
+        return BAD
+    p = o + hsize
+    verdict = GOOD if _ascii(view, p, id_len + topic_len + tags_len) else FIELDS
+    p += id_len + topic_len + tags_len
+    if keys_len:
+        v = _walk(view, p, keys_len, 1)
+        if v == BAD:
+            return BAD
+        if v == FIELDS:
+            verdict = FIELDS
+    p += keys_len
+    if props_len:
+        v = _walk(view, p, props_len, 2)
+        if v == BAD:
+            return BAD
+        if v == FIELDS:
+            verdict = FIELDS
+    if with_due and _i64(view, o + L.at_due) != due:
+        return BAD
+    return verdict
+
+
 def scan(object mv, const uint8_t[::1] buf, const int64_t[::1] offsets, const int64_t[::1] due_ms,
          const int64_t[::1] lengths, bint verify_crc, object crc32c, tuple layout,
          uint8_t[:, ::1] headers, uint8_t[::1] verdicts):
@@ -69,57 +134,40 @@ def scan(object mv, const uint8_t[::1] buf, const int64_t[::1] offsets, const in
     header bytes into `headers`. `due_ms` and `lengths` may be empty (not known). `layout`: magic,
     version, header size, max record, max properties, max body, the CRC's first covered byte, then
     the offsets of flags, length, crc, due_ms and the six field lengths in the header."""
-    cdef int magic = layout[0], version = layout[1]
-    cdef Py_ssize_t hsize = layout[2]
-    cdef int64_t max_record = layout[3], max_props = layout[4], max_body = layout[5]
-    cdef Py_ssize_t crc_from = layout[6], at_flags = layout[7], at_length = layout[8], at_crc = layout[9]
-    cdef Py_ssize_t at_due = layout[10], at_id = layout[11], at_topic = layout[12], at_tags = layout[13]
-    cdef Py_ssize_t at_keys = layout[14], at_props = layout[15], at_body = layout[16]
-    cdef Py_ssize_t n = offsets.shape[0], size = buf.shape[0]
+    cdef Layout L = _layout(layout)
+    cdef Py_ssize_t n = offsets.shape[0], i, o
     cdef bint with_due = due_ms.shape[0] > 0, with_len = lengths.shape[0] > 0
-    cdef Py_ssize_t i, o, p
-    cdef int64_t length, id_len, topic_len, tags_len, keys_len, props_len, body_len
-    cdef int verdict, v
-    cdef const uint8_t[::1] view = buf
+    cdef int verdict
     for i in range(n):
-        verdicts[i] = BAD
         o = offsets[i]
-        if o < 0 or o + hsize > size:
-            continue
-        if view[o] != magic or view[o + 1] != version or _u16(view, o + at_flags) != 0:
-            continue
-        length = _u32(view, o + at_length)
-        if length < hsize or length > max_record or (with_len and length != lengths[i]) or o + length > size:
-            continue
-        if verify_crc and <uint32_t>crc32c(mv[o + crc_from:o + length]) != _u32(view, o + at_crc):
-            continue
-        id_len = _u16(view, o + at_id)
-        topic_len = _u16(view, o + at_topic)
-        tags_len = _u16(view, o + at_tags)
-        keys_len = _u16(view, o + at_keys)
-        props_len = _u32(view, o + at_props)
-        body_len = _u32(view, o + at_body)
-        if hsize + id_len + topic_len + tags_len + keys_len + props_len + body_len != length:
-            continue
-        if props_len > max_props or body_len > max_body:
-            continue
-        p = o + hsize
-        verdict = GOOD if _ascii(view, p, id_len + topic_len + tags_len) else FIELDS
-        p += id_len + topic_len + tags_len
-        if keys_len:
-            v = _walk(view, p, keys_len, 1)
-            if v == BAD:
-                continue
-            if v == FIELDS:
-                verdict = FIELDS
-        p += keys_len
-        if props_len:
-            v = _walk(view, p, props_len, 2)
-            if v == BAD:
-                continue
-            if v == FIELDS:
-                verdict = FIELDS
-        if with_due and _i64(view, o + at_due) != due_ms[i]:
-            continue
-        memcpy(&headers[i, 0], &view[o], hsize)
+        verdict = _verdict(buf, mv, o, with_due, due_ms[i] if with_due else 0, with_len,
+                           lengths[i] if with_len else 0, verify_crc, crc32c, &L)
         verdicts[i] = verdict
+        if verdict != BAD:
+            memcpy(&headers[i, 0], &buf[o], L.hsize)
+
+
+def gather(object mv, const uint8_t[::1] buf, const int64_t[::1] offsets, const int64_t[::1] due_ms,
+           object crc32c, tuple layout, uint8_t[:, ::1] headers, int64_t[::1] starts):
+    """The records at `offsets` of `buf` copied out one after another, when every one is GOOD as
+    `scan` decides it (CRC32C checked, `due_ms` the index's, or empty): their bytes, with each row's
+    header written into `headers` and where it starts in the bytes into `starts`. None as soon as
+    one row is not GOOD: the caller's general path then decides (and names) what is wrong."""
+    cdef Layout L = _layout(layout)
+    cdef Py_ssize_t n = offsets.shape[0], i, o
+    cdef bint with_due = due_ms.shape[0] > 0
+    cdef int64_t total = 0, length
+    cdef char* at
+    for i in range(n):
+        o = offsets[i]
+        if _verdict(buf, mv, o, with_due, due_ms[i] if with_due else 0, False, 0, True, crc32c, &L) != GOOD:
+            return None
+        memcpy(&headers[i, 0], &buf[o], L.hsize)
+        starts[i] = total
+        total += _u32(buf, o + L.at_length)
+    out = PyBytes_FromStringAndSize(<char*>NULL, total)
+    at = PyBytes_AS_STRING(out)
+    for i in range(n):
+        length = (starts[i + 1] if i + 1 < n else total) - starts[i]
+        memcpy(at + starts[i], &buf[offsets[i]], length)
+    return out

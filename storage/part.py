@@ -228,6 +228,10 @@ class PartReader:
             self._size = size
         return self._map
 
+    def current(self) -> mmap.mmap | None:
+        """The map as made so far (None: none yet); it may end before records the part has now."""
+        return self._map
+
     def covering(self, offsets: np.ndarray) -> mmap.mmap:
         """A map holding the whole records at `offsets`: the one already made unless one of them runs
         past it (a live part grows under its reader; remapping for every read costs a map, an unmap

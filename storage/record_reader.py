@@ -31,12 +31,15 @@ from storage.record import (HEADER, HEADER_SIZE, MAGIC, MAX_BODY, MAX_PROPERTIES
 from storage.record import crc32c
 
 _scan: Callable[..., None] | None
+_gather: Callable[..., bytes | None] | None
 try:
-    from storage._record_scan import scan as _scan
+    from storage._record_scan import gather as _compiled_gather, scan as _compiled_scan
+    _scan, _gather = _compiled_scan, _compiled_gather
 except ImportError:  # installed without a C compiler: the numpy and scalar paths
-    _scan = None
+    _scan = _gather = None
 
-__all__ = ["COMPILED", "FIELDS", "HEADER_DTYPE", "SMALL", "CheckedRecords", "check_records", "field_starts"]
+__all__ = ["COMPILED", "FIELDS", "HEADER_DTYPE", "SMALL", "CheckedRecords", "check_records", "field_starts",
+           "gather_good"]
 
 #: whether the compiled scan checks the records (else numpy and Python do, to the same verdicts)
 COMPILED = _scan is not None
@@ -114,6 +117,25 @@ def check_records(buf: bytes | memoryview, offsets: np.ndarray, *, due_ms: np.nd
                               {k * _CHUNK + r: e for k, p in enumerate(parts) for r, e in p.errors.items()})
     finally:
         mv.release()
+
+
+def gather_good(mv: memoryview, offsets: np.ndarray, due_ms: np.ndarray | None
+                ) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+    """The records at `offsets` of `mv` copied out one after another with their headers
+    (`HEADER_DTYPE`) and where each starts in the copy, in one compiled call, when every one is
+    good without a second look (`check_records` would find each good, its text ASCII); None when
+    one is not, or where the compiled scan was not built: `check_records` then decides."""
+    if _gather is None:
+        return None
+    offs = np.ascontiguousarray(offsets, np.int64)
+    n = len(offs)
+    heads = np.empty((n, HEADER_SIZE), np.uint8)
+    starts = np.empty(n, np.int64)
+    data = _gather(mv, mv, offs, _NOT_KNOWN if due_ms is None else np.ascontiguousarray(due_ms, np.int64), crc32c,
+                   _LAYOUT, heads, starts)
+    if data is None:
+        return None
+    return data, starts, heads.view(HEADER_DTYPE).reshape(n)
 
 
 def _error(mv: memoryview, offset: int, due: int | None, length: int | None, verify: bool) -> CorruptRecordError:

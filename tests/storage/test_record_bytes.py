@@ -160,3 +160,34 @@ def test_a_damaged_record_read_alone_is_refused_and_counted(store: ScheduleStore
     assert got.ok.tolist() == [False] and isinstance(got.errors[0], CorruptRecordError) and not got.data
     assert store.corrupt_records_found == before + 1
     assert store.read_record_bytes(segs[2:], parts[2:], offs[2:], due[2:]).ok.tolist() == [True]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 19), min_size=5, max_size=40), st.booleans(), st.integers(0, 3))
+def test_good_rows_of_one_part_in_one_compiled_call_are_the_general_paths_bytes(
+        tmp_path_factory: pytest.TempPathFactory, rows: list[int], with_due: bool, misdate: int) -> None:
+    """A send batch's rows of one part, all good (the usual case at a high rate), are copied out in
+    one compiled call: the same buffer, starts, headers and verdicts as the general path, whatever
+    the rows (repeated, out of order), their text (not ASCII goes the general way) and their due
+    times (one the index does not agree with goes the general way, and is found misdated there)."""
+    store = ScheduleStore(tmp_path_factory.mktemp("good") / "data")
+    try:
+        recs = [Record(f"id-{i}", "тема" if i == 7 else f"T{i % 3}", f"body-{i}".encode() * (i % 5 + 1),
+                       NOW + 10 + i, tags="tg" if i % 2 else "", keys=("k1", "ключ")[: i % 3],
+                       properties={"p": str(i)} if i % 4 == 0 else {}) for i in range(20)]
+        segs, parts, offs, due = _stored(store, recs)
+        assert len(set(parts.tolist())) == len(set(segs.tolist())) == 1
+        idx = np.array(rows)
+        dues = due[idx].copy()
+        if misdate:
+            dues[misdate % len(dues)] += 1
+        args = (segs[idx], parts[idx], offs[idx], dues if with_due else None)
+        store.read_record_bytes(segs, parts, offs, due)  # the part mapped, as after the first send
+        fast = store.read_record_bytes(*args)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_reader, "gather_good", lambda *a: None)
+            general = store.read_record_bytes(*args)
+        _same(fast, general)
+        assert general.ok.all() == (not (misdate and with_due))
+    finally:
+        store.close()
