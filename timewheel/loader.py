@@ -107,8 +107,16 @@ class SegmentLoader:
         """Of newly stored records (LOCATION_DTYPE) of a loaded segment, those its load did not
         include; counts them as outstanding and moves the loaded ends past them."""
         seg = self.loaded[segment_ms]
-        keep = np.ones(len(locations), bool)
         parts = locations["part"]
+        first = int(parts[0]) if len(parts) else 0
+        if len(parts) and bool((parts == first).all()):  # one part: the usual commit
+            offsets = locations["offset"]
+            end = seg.loaded_end.get(first, 0)
+            if int(offsets.min()) >= end:  # none of them loaded already: every one is new
+                seg.loaded_end[first] = max(end, int((offsets.astype(np.int64) + locations["length"]).max()))
+                seg.outstanding += len(locations)
+                return locations
+        keep = np.ones(len(locations), bool)
         for p in np.flatnonzero(np.bincount(parts)).tolist():
             m = parts == p
             end = seg.loaded_end.get(p, 0)

@@ -319,10 +319,13 @@ class TimerDriver:
 
     def _take_inbound(self, inbound: list[np.ndarray], now: int) -> None:
         loader = self.loader
-        locs = np.concatenate(inbound)
+        locs = inbound[0] if len(inbound) == 1 else np.concatenate(inbound)
         current = now - now % self.config.segment_ms
-        for seg in np.unique(locs["segment_ms"]).tolist():
-            mine = locs[locs["segment_ms"] == seg]
+        segs = locs["segment_ms"]
+        first = int(segs[0])
+        one = bool((segs == first).all())  # one segment: the usual commit, no sort
+        for seg in [first] if one else np.unique(segs).tolist():
+            mine = locs if one else locs[segs == seg]
             if seg not in loader.loaded:
                 if seg <= current:  # due already, in a past segment: load it (this record included)
                     if seg in self._catch_up:
