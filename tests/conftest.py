@@ -13,6 +13,20 @@ from coordination.local_zookeeper import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
 
 
+#: the real parts a test may start, by the fixture that starts them, and the marker that says so
+_REAL_PARTS = {"rocketmq": "rocketmq", "zookeeper": "zookeeper", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with the real parts its fixtures start, directly or through another fixture,
+    so that `-m "not rocketmq and not zookeeper and not spark"` runs only what needs none of them."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in _REAL_PARTS.items():
+            if fixture in used and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
 @pytest.fixture(scope="session")
 def rocketmq() -> Iterator[LocalRocketMQ]:
     """A real Apache RocketMQ (NameServer + Broker on loopback) shared by the whole session."""

@@ -41,6 +41,7 @@ def replicas(zookeeper: LocalZooKeeper) -> Iterator[Callable[..., ShardReplica]]
         r.stop()
 
 
+@pytest.mark.zookeeper  # starts one of its own
 def test_the_local_zookeeper_answers_ruok_and_stops(tmp_path) -> None:  # type: ignore[no-untyped-def]
     zk = LocalZooKeeper(tmp_path / "zk").start()
     try:
@@ -98,6 +99,7 @@ def test_a_holder_whose_session_expires_stops_sending_and_cannot_move_its_succes
     assert statuses[0].holder == "b" and statuses[0].standbys == ("a",)
 
 
+@pytest.mark.zookeeper  # starts one of its own
 def test_the_zookeeper_command_prints_its_address_serves_and_stops_on_sigterm() -> None:
     import signal
     import subprocess
