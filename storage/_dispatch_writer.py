@@ -36,13 +36,10 @@ class DispatchWriter:
             fd = self._fds.get(segment_ms)
             if fd is None:
                 fd = self._fds[segment_ms] = self._open(segment_ms)
-            written = 0  # of this frame; where it began is known only on failure (no seek per frame)
+            view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
             try:
-                written = os.write(fd, frame)  # O_APPEND: at the end, usually whole
-                if written < len(frame):
-                    view = memoryview(frame)
-                    while written < len(frame):
-                        written += os.write(fd, view[written:])
+                while written < len(frame):  # O_APPEND: at the end
+                    written += os.write(fd, view[written:])
                 if self.sync:
                     os.fdatasync(fd)
             except OSError as e:

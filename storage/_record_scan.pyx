@@ -86,7 +86,7 @@ cdef int _verdict(const uint8_t[::1] view, object mv, Py_ssize_t o, bint with_du
     """One record's verdict at `o`: BAD, GOOD or FIELDS (see the module docstring)."""
     cdef Py_ssize_t size = view.shape[0], hsize = L.hsize, p
     cdef int64_t length, id_len, topic_len, tags_len, keys_len, props_len, body_len
-    cdef int verdict, v
+    cdef int verdict, keys, props
     if o < 0 or o + hsize > size:
         return BAD
     if view[o] != L.magic or view[o + 1] != L.version or _u16(view, o + L.at_flags) != 0:
@@ -109,19 +109,12 @@ cdef int _verdict(const uint8_t[::1] view, object mv, Py_ssize_t o, bint with_du
     p = o + hsize
     verdict = GOOD if _ascii(view, p, id_len + topic_len + tags_len) else FIELDS
     p += id_len + topic_len + tags_len
-    if keys_len:
-        v = _walk(view, p, keys_len, 1)
-        if v == BAD:
-            return BAD
-        if v == FIELDS:
-            verdict = FIELDS
-    p += keys_len
-    if props_len:
-        v = _walk(view, p, props_len, 2)
-        if v == BAD:
-            return BAD
-        if v == FIELDS:
-            verdict = FIELDS
+    keys = _walk(view, p, keys_len, 1)  # an empty field walks to GOOD at once
+    props = _walk(view, p + keys_len, props_len, 2)
+    if keys == BAD or props == BAD:
+        return BAD
+    if keys == FIELDS or props == FIELDS:
+        verdict = FIELDS
     if with_due and _i64(view, o + L.at_due) != due:
         return BAD
     return verdict

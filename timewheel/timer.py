@@ -19,11 +19,12 @@ One pass (`run_pass`, under the driver's lock) does, in order:
    (oldest first) into it; overdue entries of segments loaded meanwhile wait behind (deferred);
 7. mark over and fully dispatched segments done, and seal live parts once per segment.
 
-A pass that fails (a segment that cannot be loaded, a disk that refuses a seal) is retried with
-backoff, `PASS_RETRIES` times in a row at most; then the timer thread stops with the error (the
-engine reports it dead, the service exits for its supervisor: what is due is all in the store).
-A pass that fails between taking entries off the wheel and handing them to the queue stops it at
-once: those entries are no longer anywhere in memory.
+A pass that fails (a segment that cannot be loaded, a disk that refuses a seal) stops the timer
+thread with the error: the engine reports it dead and the service exits for its supervisor. A pass
+is not retried in place, because it is not all or nothing: a load that failed half way leaves its
+segment marked loaded with nothing in the wheel, records taken from the store's commits or off the
+wheel are no longer anywhere in memory, and a segment wrongly found fully dispatched would be
+marked done. Everything due is in the store, and a start reads it again.
 
 The timer thread runs a pass, nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
 a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier). With a
@@ -36,7 +37,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections import deque
 
 import numpy as np
@@ -60,14 +60,6 @@ _INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
 # dispatch queue keeps them from being sent (`DispatchQueue.cancel`), and they cost only memory.
 _REMOVAL_DELAY_MS = 1000
 _REMOVAL_BATCH = 4096
-#: failed passes in a row the timer thread retries before it stops (fail-stop), the first after
-#: `PASS_BACKOFF_S`, each next one after twice as long (about 3 s in all)
-PASS_RETRIES = 5
-PASS_BACKOFF_S = 0.1
-
-
-class WheelEntriesLost(RuntimeError):
-    """A pass failed after it took due entries off the wheel and before the queue had them."""
 
 
 class TimerDriver:
@@ -133,36 +125,16 @@ class TimerDriver:
         self._wake.set()
 
     def _run(self) -> None:
-        failures = 0
         while self._running:
             self._wake.clear()
             with self._lock:
-                try:
-                    self._pass(self.clock.now_ms())
-                    failures = 0
-                except WheelEntriesLost:
-                    raise
-                except Exception:
-                    failures += 1
-                    if failures > PASS_RETRIES:
-                        raise  # the thread ends: the engine reports it, the service exits and starts over
-                    log.exception("timer pass failed (%d in a row; the timer stops after %d)", failures,
-                                  PASS_RETRIES + 1)
+                # a failed pass ends the thread (`guarded` logs it; module docstring: why not retried)
+                self._pass(self.clock.now_ms())
                 wake = self._next_wakeup(self.clock.now_ms())
             self.queue.nudge()
-            if failures:
-                self._back_off(PASS_BACKOFF_S * 2 ** (failures - 1))
-                continue
             timeout = seconds_until(self.clock, wake, _MAX_WAIT_S)
             if timeout > 0 and self._running:
                 self._wake.wait(timeout)
-
-    def _back_off(self, seconds: float) -> None:
-        """Wait `seconds` after a failed pass, whatever wakes the timer meanwhile, unless it stops."""
-        until = time.monotonic() + seconds
-        while self._running and (left := until - time.monotonic()) > 0:
-            self._wake.wait(left)
-            self._wake.clear()
 
     # ---- what the engine calls ------------------------------------------------------------------
 
@@ -271,12 +243,7 @@ class TimerDriver:
             refs = np.concatenate(self._pending_removals)
             self._pending_removals, self._removals_waiting = [], 0
             wheel.remove(refs)
-        due, refs = wheel.pop_due(now)
-        try:
-            queue.push_ready(self._entries(due, refs))
-        except Exception as e:
-            raise WheelEntriesLost(f"{len(due)} due entries left the wheel and did not reach the dispatch queue; "
-                                   "the timer stops (they are all in the store)") from e
+        queue.push_ready(self._entries(*wheel.pop_due(now)))
         if self._catch_up and queue.backlog_has_room():
             seg = self._catch_up.popleft()
             if seg not in loader.loaded:

@@ -212,9 +212,7 @@ class Connection:
             try:
                 self._timeout_for(left)
                 chunk = self._sock.recv(_RECV_CHUNK)
-            except TimeoutError as e:
-                if time.monotonic() < deadline:
-                    continue  # the socket's timeout was shorter than the deadline: wait out the rest
+            except TimeoutError as e:  # `_timeout_for` never ends it before the deadline
                 raise RequestTimeoutError(f"no answer from {self.addr} in time") from e
             except OSError as e:
                 raise ConnectionFailedError(f"connection to {self.addr} broke while reading: {e}") from e

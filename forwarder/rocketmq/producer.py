@@ -54,6 +54,7 @@ log = logging.getLogger("timewheel.remoting")
 
 #: a connection idle this long is probed for a peer that closed it (a restarted broker) before use
 _PROBE_IDLE_S = 0.05
+_FENCED = "not sent: the sender's lease deadline passed"
 
 
 class RemotingProducer:
@@ -303,7 +304,7 @@ class RemotingProducer:
                 conn.lock.acquire()
                 requests = [(SEND_BATCH_MESSAGE, batch_header(self.group, b, born), b"".join(b.parts)) for b in plans[addr]]
                 if fence is not None and not fence():
-                    held.append((conn, plans[addr], FencedError("not sent: the sender's lease deadline passed")))
+                    held.append((conn, plans[addr], FencedError(_FENCED)))
                     continue
                 try:
                     held.append((conn, plans[addr], conn.submit(requests, deadline)))
@@ -330,7 +331,7 @@ class RemotingProducer:
         with conn.lock:
             request = (SEND_BATCH_MESSAGE, batch_header(self.group, b, str(int(time.time() * 1000))), b"".join(b.parts))
             if fence is not None and not fence():
-                reply = FencedError("not sent: the sender's lease deadline passed")
+                reply = FencedError(_FENCED)
             else:
                 try:
                     [opaque] = conn.submit((request,), deadline)
