@@ -66,11 +66,14 @@ class SegmentLoader:
         return self._seg_of_key[keys], self._part_of_key[keys], (refs & _OFFSET_MASK).astype(np.uint32)
 
     def load(self, segment_ms: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pending (due, refs) of a segment not loaded yet; marks it loaded."""
+        """Pending (due, refs) of a segment not loaded yet; marks it loaded once they are read (a
+        load that fails leaves it not loaded, to be loaded whole again)."""
         if segment_ms in self.loaded:
             raise ValueError(f"segment {segment_ms} is already loaded")
-        seg = self.loaded[segment_ms] = LoadedSegment(segment_ms)
-        return self._load_parts(seg, None)
+        seg = LoadedSegment(segment_ms)
+        got = self._load_parts(seg, None)
+        self.loaded[segment_ms] = seg
+        return got
 
     def refresh(self, segment_ms: int) -> tuple[np.ndarray, np.ndarray]:
         """Pending (due, refs) of parts that appeared in a loaded segment since it was loaded."""
@@ -81,10 +84,13 @@ class SegmentLoader:
         return self._load_parts(seg, new_parts)
 
     def _load_parts(self, seg: LoadedSegment, parts: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        """Pending (due, refs) of the parts (None: all), read whole before `seg` is changed: a read
+        that fails half way leaves `seg` as it was, so that nothing is counted as loaded unread."""
         ix = self.store.segment_index(seg.segment_ms, parts)
-        for p, start, end in ix.part_ranges:
-            seg.loaded_end[p] = int(ix.offset[end - 1]) + int(ix.length[end - 1]) if end > start else 0
+        ends = {p: int(ix.offset[end - 1]) + int(ix.length[end - 1]) if end > start else 0
+                for p, start, end in ix.part_ranges}
         if len(ix) == 0:
+            seg.loaded_end.update(ends)
             return np.empty(0, np.int64), np.empty(0, np.uint64)
         entries = self.store.dispatch_log(seg.segment_ms).entries
         keep = np.ones(len(ix), bool)
@@ -100,6 +106,7 @@ class SegmentLoader:
         else:
             due = ix.due_ms[keep]
             refs = self.refs(seg.segment_ms, ix.part[keep], ix.offset[keep])
+        seg.loaded_end.update(ends)
         seg.outstanding += len(due)
         return due, refs
 

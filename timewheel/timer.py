@@ -21,10 +21,10 @@ One pass (`run_pass`, under the driver's lock) does, in order:
 
 A pass that fails (a segment that cannot be loaded, a disk that refuses a seal) stops the timer
 thread with the error: the engine reports it dead and the service exits for its supervisor. A pass
-is not retried in place, because it is not all or nothing: a load that failed half way leaves its
-segment marked loaded with nothing in the wheel, records taken from the store's commits or off the
-wheel are no longer anywhere in memory, and a segment wrongly found fully dispatched would be
-marked done. Everything due is in the store, and a start reads it again.
+is not retried in place, because it is not all or nothing: a load is (`SegmentLoader.load` marks a
+segment loaded only once it was read), but records taken from the store's commits or off the wheel
+are no longer anywhere in memory if the pass fails after taking them, and a segment wrongly found
+fully dispatched would be marked done. Everything due is in the store, and a start reads it again.
 
 The timer thread runs a pass, nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
 a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier). With a
