@@ -1,4 +1,4 @@
-"""`python -m bench.peers run|report`: parse arguments, call the runner or the report."""
+"""`python -m bench.peers run|report|ab`: parse arguments, call the runner, the report or the A/B runs."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +45,11 @@ _HELP = {
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["ab"]:  # its own flags: `python -m bench.peers ab --help`
+        from bench.peers.ab import main as ab_main
+
+        ab_main(args_list[1:])
+        return
     ap = argparse.ArgumentParser(prog="python -m bench.peers",
                                  description="Latency benchmarks of timewheel and its peers, side by side.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -60,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     r.add_argument("--stem", default="peers", help="results file names: bench/results/STEM.json/.png")
     r.add_argument("--no-results-md", action="store_true",
                    help="write only the JSON and the chart, leave bench/RESULTS.md alone (trial runs)")
+    sub.add_parser("ab", help="the targets' rows for another revision and this checkout, in alternating runs "
+                              "(`python -m bench.peers ab --help`)")
     rep = sub.add_parser("report", help="rebuild RESULTS.md and the chart from a results JSON")
     rep.add_argument("--stem", default="peers")
     for p in (r, rep):

@@ -1,0 +1,42 @@
+"""The A/B runs' rows, read from a `bench.peers run` document."""
+from __future__ import annotations
+
+import pytest
+
+from bench.peers.ab import ROWS, target_rows, table
+
+
+def _doc(engine_s: float, broker_s: float, p99: float, p50: float, low_engine_s: float) -> dict:
+    cpu = {"101 python": engine_s, "102 broker": broker_s}
+    return {"systems": {
+        "timewheel": {
+            "steady_high": {"accepted": 200_000, "warm_up_sent": 50_000, "server_cpu_s": cpu,
+                            "lateness_ms": {"p50": 5.0, "p99": p99}},
+            "steady": {"accepted": 30_000, "server_cpu_s": {"101 python": low_engine_s, "102 broker": 14.0},
+                       "lateness_ms": {"p50": p50, "p99": 6.0}},
+            "batch_ingest": {"stored_per_s": 107_503}},
+        "plain-hop": {"steady_high": {"lateness_ms": {"p50": 1.7, "p99": 40.0}},
+                      "steady": {"lateness_ms": {"p50": 1.3, "p99": 16.0}}}}}
+
+
+def test_the_rows_are_the_targets_figures_over_the_whole_phase() -> None:
+    rows = target_rows(_doc(6.0, 20.0, 30.0, 1.6, 9.0))
+    assert list(rows) == [name for name, _ in ROWS]
+    assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)
+    assert rows["10k/s engine CPU µs a message"] == pytest.approx(24.0), "the warm-up's messages ran in the phase"
+    assert rows["10k/s p99 ÷ plain hop p99"] == pytest.approx(0.75)
+    assert rows["1k/s p50 − plain hop p50, ms"] == pytest.approx(0.3)
+    assert rows["1k/s engine CPU µs a message"] == pytest.approx(300.0)
+    assert rows["batch ingest, stored a second"] == 107_503
+
+
+def test_a_run_without_a_phase_leaves_its_rows_empty_and_the_table_says_so() -> None:
+    doc = _doc(6.0, 20.0, 30.0, 1.6, 9.0)
+    del doc["systems"]["plain-hop"]
+    rows = target_rows(doc)
+    assert rows["10k/s p99 ÷ plain hop p99"] is None and rows["1k/s p50 − plain hop p50, ms"] is None
+    text = table([("base#1", rows), ("head#1", target_rows(_doc(5.0, 20.0, 30.0, 1.6, 8.0)))])
+    line = next(x for x in text.splitlines() if x.startswith("| 10k/s engine ÷ broker CPU"))
+    assert "0.300" in line and "0.250" in line and "0.250 (0.250–0.250)" in line
+    p99 = next(x for x in text.splitlines() if x.startswith("| 10k/s p99")).strip("| ").split(" | ")
+    assert p99[2:] == ["–", "0.750", "–", "0.750 (0.750–0.750)"], "the run without a plain hop has no ratio"
