@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from bench.peers.common import RESULTS_DIR, RESULTS_MD
 
@@ -24,8 +25,8 @@ LABELS = {
 }
 
 
-def _get(d: object, *path: str) -> object:
-    """d[path[0]][path[1]]... or None."""
+def _get(d: Any, *path: str) -> Any:
+    """d[path[0]][path[1]]... or None: a value of a JSON document, of whatever type the document holds there."""
     for p in path:
         if not isinstance(d, dict) or p not in d:
             return None
@@ -279,7 +280,7 @@ def chart(doc: dict, path: Path) -> None:
             q = _get(r, phase, "quantiles_ms")
             if not q:
                 continue
-            ax.plot(q, np.linspace(0, 1, len(q)), label=name, lw=1.8, color=colours[name])  # type: ignore[arg-type]
+            ax.plot(q, np.linspace(0, 1, len(q)), label=name, lw=1.8, color=colours[name])
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_xlabel("lateness, ms (receive time − due time; symlog)")
         c = doc["config"]
@@ -391,7 +392,7 @@ def observations(doc: dict) -> str:
             rate, wanted = _get(r, steady, "producer_rate"), _get(r, steady, "rate") or c["steady_rate"]
             if isinstance(rate, (int, float)) and isinstance(wanted, int) and rate < 0.95 * wanted:
                 cpu = _get(r, steady, "server_cpu_s") or {}
-                spent = ", ".join(f"{_process_label(k)} {v:.0f} s" for k, v in cpu.items())  # type: ignore[union-attr]
+                spent = ", ".join(f"{_process_label(k)} {v:.0f} s" for k, v in cpu.items())
                 out.append(f"- {name}: the paced producer reached only {rate:,.0f} of {wanted:,} msg/s "
                            f"(its sends waited on a saturated path), and lateness grew while it produced. CPU "
                            f"seconds spent by its processes in that phase: {spent}.")

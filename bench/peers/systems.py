@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,8 +31,8 @@ from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 
 DAY_MS = 86_400_000
 #: RocketMQ's delay levels (messageDelayLevel default), level n at index n-1, in ms.
-DELAY_LEVELS_MS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-DELAY_LEVELS_MS = tuple(s * 1000 for s in DELAY_LEVELS_MS)
+DELAY_LEVELS_MS = tuple(s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
+                                           3600, 7200))
 #: RocketMQ 5's timerMaxDelaySec default: timer messages due further out are refused.
 TIMER_MAX_DELAY_MS = 3 * DAY_MS
 
@@ -544,7 +545,9 @@ class RedisZset(System):
                 moved = move(keys=[self.zset, self.ready], args=[now_ms(), self.batch])
                 if moved >= self.batch:
                     continue
-                head = r.zrange(self.zset, 0, 0, withscores=True)
+                # redis-py types a reply for every client setting (str members with decode_responses, bare
+                # members without scores); this client's, with scores, is [(member bytes, score float)]
+                head = cast("list[tuple[bytes, float]]", r.zrange(self.zset, 0, 0, withscores=True))
                 wait = self.poll_s if not head else min(self.poll_s, max(0.0, (head[0][1] - now_ms()) / 1000))
                 time.sleep(wait)
             except redis.RedisError:
@@ -556,10 +559,12 @@ class RedisZset(System):
         r = redis.Redis(port=self.server.port)  # type: ignore[union-attr]
         while not self._stop.is_set():
             try:
-                got = r.blpop([self.ready], timeout=1)
+                # redis-py types a reply for every client setting; this client's (no decode_responses) are
+                # bytes: BLPOP gives (list name, member) or None, LPOP with a count a list of members or None
+                got = cast("tuple[bytes, bytes] | None", r.blpop([self.ready], timeout=1))
                 if got is None:
                     continue
-                items = [got[1]] + (r.lpop(self.ready, 255) or [])
+                items = [got[1]] + (cast("list[bytes] | None", r.lpop(self.ready, 255)) or [])
             except redis.RedisError:
                 time.sleep(0.02)
                 continue
@@ -674,7 +679,7 @@ class Postgres(System):
         for t in self._threads:
             t.start()
 
-    def _connect(self):  # type: ignore[no-untyped-def]
+    def _connect(self):
         import psycopg
 
         return psycopg.connect(self.server.conninfo, autocommit=True, connect_timeout=2)  # type: ignore[union-attr]
@@ -799,7 +804,7 @@ class Heap(System):
         super().__init__(deliver, work)
         self.log_dir = work / "log"
         self.engine: HeapEngine | None = None
-        self.child: dict[str, object] | None = None
+        self.child: dict[str, Any] | None = None  # the restarted engine process's JSON report
 
     def open(self) -> None:
         """Start the engine."""
@@ -827,7 +832,7 @@ class Heap(System):
         child = self.child or {}
         per = None
         if child.get("pending"):
-            per = round((int(child["rss_after"]) - int(child["rss_before"])) / int(child["pending"]), 1)  # type: ignore[arg-type]
+            per = round((int(child["rss_after"]) - int(child["rss_before"])) / int(child["pending"]), 1)
         return {"bytes_per_pending": per, "disk_per_pending": round((loaded.disk - before.disk) / pending, 1),
                 "rebuild_s": child.get("rebuild_s"),
                 "how": "RSS growth of a fresh engine process across its rebuild (heap of (due, offset) tuples) "
@@ -848,7 +853,7 @@ class Heap(System):
             raise RuntimeError(f"heap engine restart failed: {proc.stderr[-500:]}")
         self.child = json.loads(proc.stdout.strip().splitlines()[-1])
         first = self.child.get("first_release_ns")
-        return int(first) if first else None  # type: ignore[arg-type]
+        return int(first) if first else None
 
     def close(self) -> None:
         """Stop the engine and delete its logs."""
