@@ -129,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("rev", help="the revision to compare this checkout with (e.g. HEAD~3, a commit)")
     ap.add_argument("--pairs", type=int, default=2, help="runs of each side, alternating (default %(default)s)")
     ap.add_argument("--out", type=Path, required=True, help="a directory for each run's results and log")
-    ap.add_argument("run_args", nargs=argparse.REMAINDER,
-                    help="after --: more flags for `bench.peers run` (e.g. -- --steady-seconds 20)")
-    args = ap.parse_args(argv)
-    extra = [a for a in args.run_args if a != "--"]
+    ap.epilog = "Flags after -- go to each `bench.peers run` (e.g. -- --steady-seconds 20)."
+    given = list(sys.argv[1:] if argv is None else argv)
+    cut = given.index("--") if "--" in given else len(given)
+    args, extra = ap.parse_args(given[:cut]), given[cut + 1:]
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="timewheel-ab-"))
     base = _worktree(args.rev, scratch / "base")
