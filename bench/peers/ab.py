@@ -133,18 +133,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     given = list(sys.argv[1:] if argv is None else argv)
     cut = given.index("--") if "--" in given else len(given)
     args, extra = ap.parse_args(given[:cut]), given[cut + 1:]
+    known = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{args.rev}^{{commit}}"],
+                           capture_output=True)
+    if known.returncode:
+        raise SystemExit(f"{args.rev} is not a commit of {REPO}")
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="timewheel-ab-"))
-    base = _worktree(args.rev, scratch / "base")
     runs: list[tuple[str, dict[str, float | None]]] = []
+    base = scratch / "base"
     try:
+        _worktree(args.rev, base)
         for i in range(1, args.pairs + 1):
             for side, tree in ((args.rev, base), ("this checkout", REPO)):
                 label = f"{side}#{i}"
                 print(f"run {label} ...", flush=True)
                 runs.append((label, _run(tree, args.out / f"{'base' if tree is base else 'head'}{i}", extra)))
     finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+        if base.exists():  # also when REV could not be built: no worktree is left behind
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
         if runs:
             text = table(runs)
