@@ -83,27 +83,26 @@ def table(runs: Sequence[tuple[str, dict[str, float | None]]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _compiled_modules(tree: Path) -> list[str]:
-    """Dotted names of the compiled modules built in a checkout."""
-    return sorted(".".join(p.relative_to(tree).with_suffix("").with_suffix("").parts)
-                  for top in ("storage", "forwarder") for p in (tree / top).rglob("*.so"))
+def _compiled_files(tree: Path) -> list[Path]:
+    """The compiled modules built in a checkout, relative to it (`setup.py` builds them in these packages)."""
+    return sorted(p.relative_to(tree) for top in ("storage", "forwarder") for p in (tree / top).rglob("*.so"))
 
 
 def _worktree(rev: str, where: Path) -> Path:
     """A detached worktree of `rev` with the compiled modules this checkout has, built for it: copied when
     their sources are the same at `rev`, else built in a scratch environment (pip builds them so too)."""
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True)
-    modules = _compiled_modules(REPO)
+    files = _compiled_files(REPO)
     same = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", rev, "--", "setup.py", "*.pyx", "*.pxd"])
     if same.returncode == 0:
-        for p in (REPO / top for top in ("storage", "forwarder")):
-            for so in p.rglob("*.so"):
-                shutil.copy2(so, where / so.relative_to(REPO))
+        for f in files:
+            shutil.copy2(REPO / f, where / f)
     else:
         env = where.parent / "build-env"
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
         subprocess.run([str(env / "bin" / "pip"), "install", "-q", "setuptools>=77", "Cython>=3.0,<4"], check=True)
         subprocess.run([str(env / "bin" / "python"), "setup.py", "-q", "build_ext", "--inplace"], cwd=where, check=True)
+    modules = [".".join(f.with_suffix("").with_suffix("").parts) for f in files]  # x/_y.cpython-311-...so: x._y
     # a module left out (the build only warns) would compare a pure-Python path with a compiled one
     check = "import importlib, sys; sys.exit(not importlib.import_module(sys.argv[1]).__file__.startswith(sys.argv[2]))"
     missing = [m for m in modules
@@ -117,8 +116,10 @@ def _run(tree: Path, out: Path, extra: Sequence[str]) -> dict[str, float | None]
     """One `bench.peers run` of the plain hop and timewheel from `tree`; its rows."""
     cmd = [sys.executable, "-m", "bench.peers", "run", "--system", "plain-hop", "--system", "timewheel",
            "--out", str(out), "--no-results-md", *extra]
-    with open(out.with_suffix(".log"), "w") as log:
-        subprocess.run(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT, check=True)
+    log_path = out.with_suffix(".log")
+    with open(log_path, "w") as log:
+        if subprocess.run(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT).returncode:
+            raise SystemExit(f"a run from {tree} failed: see {log_path}")
     return target_rows(json.loads((out / "results" / "peers.json").read_text()))
 
 
