@@ -8,14 +8,16 @@ queue) only after the callback accepted it; a refused batch is pulled again afte
 `retry_backoff_s`. PULL_OFFSET_MOVED is followed to where the broker says, and that offset is
 committed with the next pull (as the Java client does).
 
-With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached) is pulled again
-at the next multiple of that period (`next_tick`): under a steady stream the broker answers a
-long poll as soon as one message arrives, so without it every pull, and every store commit,
-carries a message or two, and the pull's fixed cost (a round trip, a commit) is paid per message
-(bench/RESULTS_HOTPATHS.md). On a common tick the queues of a broker are pulled in one write and
-their answers, read within `_GATHER_S` of each other, go in one commit. A backlog still goes pull
-after pull, however few messages each answer holds (large bodies, the broker's byte limit, the
-commit's inflate budget).
+With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached), or left less
+than one more answer after an answer cut by the count, is pulled again at the next multiple of that
+period (`next_tick`). Under a steady stream the broker answers a long poll as soon as one message
+arrives, so without it every pull, and every store commit, carries a message or two, and the pull's
+fixed cost (a round trip, a commit) is paid per message (bench/RESULTS_HOTPATHS.md); and a queue
+whose share of a tick just overflows one answer would be pulled again at once for the few left
+over, in a commit of their own. On a common tick the queues of a broker are pulled in one write and
+their answers, read within `_GATHER_S` of each other, go in one commit. A backlog (a full answer or
+more left, or an answer cut by the broker's byte limit) still goes pull after pull, however few
+messages each answer holds (large bodies, the commit's inflate budget).
 
 Wire formats used here (apache/rocketmq, 5.x):
     PULL_MESSAGE (11) extFields: consumerGroup, topic, queueId, queueOffset, maxMsgNums, sysFlag
@@ -56,13 +58,18 @@ _MAX_ANSWERS_PER_COMMIT = 32
 _GATHER_S = 0.001
 
 
-def _emptied(resp: Response) -> bool:
-    """Whether a pull's answer reached the end of its queue (a steady stream, not a backlog)."""
+def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
+    """Whether a pull's answer (to a pull from offset `asked`) left less than one more answer in its
+    queue, a steady stream rather than a backlog: it reached the end, or it was cut by the count
+    (`pull_batch`) and fewer than that many remain. One cut by the broker's byte limit (large
+    bodies, a few to an answer) is a backlog however few remain."""
     ext = resp.ext
     try:
-        return int(ext.get("nextBeginOffset", 0)) >= int(ext.get("maxOffset", 0))
+        end, left = int(ext.get("nextBeginOffset", 0)), int(ext.get("maxOffset", 0))
     except ValueError:  # a broker's odd answer: `_read_pull` says what is wrong with it
         return False
+    left -= end
+    return left <= 0 or (left < pull_batch and end - asked >= pull_batch)
 
 
 def next_tick(now: float, period: float) -> float:
@@ -232,13 +239,14 @@ class Puller:
             answers = [(resp, pending.pop(resp.opaque, None))]
             # With a linger, the queues pulled on one tick answer within a moment of each other:
             # a moment's wait puts them in one commit instead of a commit each. A backlog (an
-            # answer that did not empty its queue) waits for nothing: what is there goes now.
-            gather = _GATHER_S if s.linger_ms and _emptied(resp) else 0.0
+            # answer that left a full answer or more in its queue) waits for nothing: what is
+            # there goes now.
+            gather = _GATHER_S if s.linger_ms and self._emptied(answers[0]) else 0.0
             try:
                 while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(gather):
                     more = conn.read_response(time.monotonic() + s.timeout)
                     answers.append((more, pending.pop(more.opaque, None)))
-                    if gather and not _emptied(more):
+                    if gather and not self._emptied(answers[-1]):
                         gather = 0.0  # a backlog after all: what is here goes now
             except RemotingError as e:  # what was read is handled; the connection is made again
                 log.warning("pulling from %s (%s) failed: %s; reconnecting", broker, addr, e)
@@ -247,6 +255,12 @@ class Puller:
             self._handle_pulls([(q, r) for r, q in answers if q is not None])
         if conn is not None:
             conn.close()
+
+    def _emptied(self, answer: tuple[Response, Queue | None]) -> bool:
+        """`_emptied` for an answer and the queue it was pulled for (None: no longer pulled here)."""
+        resp, q = answer
+        st = self.table.get(q) if q is not None else None
+        return st is not None and _emptied(resp, st.offset, self.settings.pull_batch)
 
     def _next_pull_in(self, mine: dict[Queue, QueueState], now: float) -> float:
         """Seconds until a queue not in flight may be pulled (a lingering one), at most 0.1."""
@@ -268,7 +282,7 @@ class Puller:
 
     def _handle_pulls(self, answered: list[tuple[Queue, Response]]) -> None:
         """Hand the messages of every answer to the callback at once; commit or retry them together."""
-        found: list[tuple[Queue, QueueState, int, Answer, bool]] = []
+        found: list[tuple[Queue, QueueState, int, Answer, bool, bool]] = []
         budget = InflateBudget(self.settings.max_commit_inflated_bytes)
         for q, resp in answered:
             got = self._read_pull(q, resp, budget)
@@ -276,30 +290,31 @@ class Puller:
                 found.append((q, *got))
         if not found:
             return
-        batch: list[Any] = ([m for _, _, _, msgs, _ in found for m in cast(_Messages, msgs)] if self._flat
-                            else [msgs for _, _, _, msgs, _ in found if len(msgs)])
+        batch: list[Any] = ([m for _, _, _, msgs, _, _ in found for m in cast(_Messages, msgs)] if self._flat
+                            else [msgs for _, _, _, msgs, _, _ in found if len(msgs)])
         try:
             accepted = self.on_batch(batch) if batch else True
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False
         linger = self.settings.linger_ms / 1000
-        for q, st, next_offset, _, caught_up in found:
+        for q, st, next_offset, _, caught_up, steady in found:
             if accepted:
                 self.counters["batches"] += 1
                 st.accepted(next_offset, caught_up)
                 self.table.accepted_below(q, next_offset)
-                if linger and caught_up:  # the answer emptied the queue: wait for company
+                if linger and steady:  # less than one more answer left: wait for company
                     st.retry_at = next_tick(time.monotonic(), linger)
             else:
                 self.counters["refused"] += 1
                 st.retry_after(self.settings.retry_backoff_s)
 
     def _read_pull(self, q: Queue, resp: Response,
-                   budget: InflateBudget) -> tuple[QueueState, int, Answer, bool] | None:
-        """A pull's answer: its messages to hand over (with the queue's state, next offset, and whether
-        that reaches the end of the queue as it was when the pull was answered), or
-        None once handled here (nothing new, offset moved, an error, a body to pull again)."""
+                   budget: InflateBudget) -> tuple[QueueState, int, Answer, bool, bool] | None:
+        """A pull's answer: its messages to hand over (with the queue's state, next offset, whether
+        that reaches the end of the queue as it was when the pull was answered, and whether the
+        queue may wait for the next tick: `_emptied`), or None once handled here (nothing new,
+        offset moved, an error, a body to pull again)."""
         s = self.settings
         st = self.table.get(q)
         if st is None:  # released meanwhile: the next owner pulls it
@@ -327,11 +342,12 @@ class Puller:
                           s.topic, q, st.offset, unreadable[0])
             self.counters["pulled"] += len(batch)
             caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            steady = caught_up or _emptied(resp, st.offset, s.pull_batch)
             if budget.stopped:
                 # the commit's inflate budget stopped reading: the rest comes with the next pull
                 budget.stopped = False
-                next_offset, caught_up = (batch.last_offset() + 1 if len(batch) else st.offset), False
-            return st, next_offset, batch, caught_up
+                next_offset, caught_up, steady = (batch.last_offset() + 1 if len(batch) else st.offset), False, False
+            return st, next_offset, batch, caught_up, steady
         if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
             st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
             if resp.code == PULL_NOT_FOUND:

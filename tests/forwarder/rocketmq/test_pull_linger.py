@@ -1,6 +1,7 @@
-"""The pull consumer's linger: a queue whose answer emptied it waits for the next tick of the linger
-before its next pull (the queues of a broker pulled together); one that still holds messages (a
-backlog, however few each answer carries) is pulled again at once."""
+"""The pull consumer's linger: a queue whose answer emptied it, or left less than one more answer
+after an answer cut by the count, waits for the next tick of the linger before its next pull (the
+queues of a broker pulled together); one that still holds a backlog (a full answer or more, or an
+answer cut by the broker's byte limit, however few each carries) is pulled again at once."""
 from __future__ import annotations
 
 import time
@@ -8,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from forwarder.rocketmq._puller import Puller, PullSettings, next_tick
+from forwarder.rocketmq._puller import Puller, PullSettings, _emptied, next_tick
 from forwarder.rocketmq._queue_state import QueueTable
+from forwarder.rocketmq.protocol import SUCCESS, Response
 
 Q = ("broker-a", 0)
 Q2 = ("broker-a", 1)
@@ -24,12 +26,15 @@ def _puller(linger_ms: int) -> tuple[Puller, QueueTable]:
     return puller, table
 
 
-def _answer(puller: Puller, table: QueueTable, messages: int, caught_up: bool, q: tuple[str, int] = Q) -> float:
-    """Hand over an answer of `messages` messages from queue `q`; returns how long it now waits."""
+def _answer(puller: Puller, table: QueueTable, messages: int, caught_up: bool, q: tuple[str, int] = Q,
+            steady: bool | None = None) -> float:
+    """Hand over an answer of `messages` messages from queue `q` (`steady`: less than one more answer
+    left; as `caught_up` unless given); returns how long it now waits."""
     st = table.get(q)
     assert st is not None
     answer: Any = [object()] * messages
-    puller._read_pull = lambda q, resp, budget: (st, st.offset + messages, answer, caught_up)  # type: ignore[method-assign]
+    lingers = caught_up if steady is None else steady
+    puller._read_pull = lambda q, resp, budget: (st, st.offset + messages, answer, caught_up, lingers)  # type: ignore[method-assign]
     puller._handle_pulls([(q, object())])  # type: ignore[list-item]
     assert st.offset > 0 and st.in_flight is None
     return st.retry_at - time.monotonic()
@@ -70,3 +75,34 @@ def test_a_queue_with_more_to_read_is_pulled_again_at_once(messages: int) -> Non
 def test_without_a_linger_nothing_waits() -> None:
     puller, table = _puller(0)
     assert _answer(puller, table, 1, caught_up=True) <= 0
+
+
+def test_a_queue_left_with_less_than_one_answer_waits_for_the_next_tick() -> None:
+    """A tick's share just over one answer: the few left over go with the next tick, not a commit of their own."""
+    puller, table = _puller(500)
+    assert 0 < _answer(puller, table, 32, caught_up=False, steady=True) <= 0.5
+    st = table.get(Q)
+    assert st is not None and st.caught_up_ms == 0  # not caught up: the watermark does not move past it
+
+
+def _found(asked: int, end: int, max_offset: int) -> Response:
+    return Response(SUCCESS, 1, "", {"nextBeginOffset": str(end), "maxOffset": str(max_offset)}, b"")
+
+
+@pytest.mark.parametrize(("asked", "end", "max_offset", "steady"), [
+    (0, 5, 5, True),        # emptied
+    (0, 32, 32, True),      # emptied by a full answer
+    (0, 32, 63, True),      # cut by the count, 31 left: less than one answer
+    (0, 32, 64, False),     # cut by the count, 32 left: a full answer more
+    (0, 32, 1000, False),   # a backlog
+    (0, 2, 5, False),       # cut by the byte limit (large bodies): a backlog however few are left
+    (100, 131, 140, False),  # 31 messages: not cut by the count
+    (100, 132, 140, True),
+])
+def test_what_counts_as_less_than_one_more_answer(asked: int, end: int, max_offset: int, steady: bool) -> None:
+    assert _emptied(_found(asked, end, max_offset), asked, 32) is steady
+
+
+def test_an_odd_answer_is_no_steady_stream() -> None:
+    resp = Response(SUCCESS, 1, "", {"nextBeginOffset": "x", "maxOffset": "5"}, b"")
+    assert not _emptied(resp, 0, 32)
