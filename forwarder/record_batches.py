@@ -72,7 +72,9 @@ def cut_records(records: RecordBytes, fresh: Callable[[int], list[str]], extra: 
     without an id) and cut into batches per topic; `extra` properties go on every message."""
     pairs = tuple(extra.items()) if extra else ()
     template, own_template, clash = _template(pairs), _own_template(pairs), _clash(pairs)
-    missing = int((records.header["id_len"] == 0).sum()) if len(records) else 0
+    n = len(records)
+    missing = (records.header["id_len"].tolist().count(0) if n <= SCALAR_ROWS else
+               int(np.count_nonzero(records.header["id_len"] == 0))) if n else 0
     ids = _Ids(fresh(missing) if missing else [])
     checked: list[bytes] = []
     limits = (max_message, max_count, max_bytes)

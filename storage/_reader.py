@@ -153,7 +153,7 @@ class RecordReader:
         """`read_bytes` of good records of one part already mapped far enough, in one compiled call
         (`gather_good`: the usual send batch); None when the general path must decide."""
         first = int(combined[0])
-        if not bool((combined == first).all()):
+        if not _one_value(combined, first):
             return None
         with self._lock:
             reader = self._readers.get(divmod(first, 65536))
@@ -211,6 +211,8 @@ class RecordReader:
 
 #: up to this many rows, of one part, are read one by one (`RecordReader._read_few`)
 _FEW_ROWS = 4
+#: up to this many rows a check of every one is a Python list's, not an array's (no array work)
+_SCALAR_ROWS = 16
 #: where the record's length is in `check_record`'s header fields
 _LENGTH_FIELD = list(HEADER_DTYPE.fields or ()).index("length")
 
@@ -218,7 +220,14 @@ _LENGTH_FIELD = list(HEADER_DTYPE.fields or ()).index("length")
 def _by_part(combined: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """The distinct values of `combined` (segment << 16 | part), each with the rows holding it."""
     first = int(combined[0]) if len(combined) else 0
-    if not len(combined) or bool((combined == first).all()):  # one part: the usual send batch
+    if not len(combined) or _one_value(combined, first):  # one part: the usual send batch
         return [(first, np.arange(len(combined)))] if len(combined) else []
     pairs, inverse = np.unique(combined, return_inverse=True)
     return [(pair, np.flatnonzero(inverse == k)) for k, pair in enumerate(pairs.tolist())]
+
+
+def _one_value(values: np.ndarray, first: int) -> bool:
+    """Whether every element of a 1-d array is `first` (a few: no array work)."""
+    if len(values) <= _SCALAR_ROWS:
+        return values.tolist().count(first) == len(values)
+    return bool((values == first).all())

@@ -14,10 +14,27 @@ def groups(values: np.ndarray) -> list[tuple[int, np.ndarray | slice]]:
     """
     if not len(values):
         return []
-    first = int(values[0])
-    if (values == first).all():
-        return [(first, slice(None))]
+    if same(values):
+        return [(int(values[0]), slice(None))]
     return [(v, values == v) for v in np.unique(values).tolist()]
+
+
+def same(values: np.ndarray) -> bool:
+    """Whether every element of a non-empty 1-d array equals the first (a few: no array work)."""
+    if len(values) <= FEW:
+        few = values.tolist()
+        return few.count(few[0]) == len(few)
+    return bool((values == values[0]).all())
+
+
+def all_true(mask: np.ndarray) -> bool:
+    """Whether every element of a 1-d boolean array is True (a few: no array work)."""
+    return all(mask.tolist()) if len(mask) <= FEW else bool(mask.all())
+
+
+def smallest(values: np.ndarray) -> int:
+    """The least element of a non-empty 1-d integer array (a few: no array work)."""
+    return min(values.tolist()) if len(values) <= FEW else int(values.min())
 
 
 def counts(values: np.ndarray) -> list[tuple[int, int]]:

@@ -50,6 +50,7 @@ from typing import Callable
 
 import numpy as np
 
+from timewheel._arrays import smallest
 from timewheel._due import DueChunks, DueEntries, RetryArrays
 from timewheel._ref_set import RefSet
 from timewheel.clock import Clock, seconds_until
@@ -293,7 +294,7 @@ class DispatchQueue:
                 self._cv.notify()  # a full batch more: another dispatch thread may send it beside this one
             taken = len(batch.due)
             if taken:
-                self._note_in_hand(int(batch.due.min()))
+                self._note_in_hand(smallest(batch.due))
             if self._cancelled:
                 batch = batch.select(~self._cancelled.contains(batch.refs))
             if self._withdrawn:

@@ -33,7 +33,7 @@ from typing import Mapping, cast
 import numpy as np
 
 from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
-from timewheel._arrays import by_note, error_notes, groups
+from timewheel._arrays import all_true, by_note, error_notes, groups, smallest
 from timewheel._due import DueEntries
 from timewheel._held import Batch, HeldQueues
 from timewheel.clock import Clock
@@ -286,7 +286,7 @@ class Dispatcher:
                 grants = shaper.grant(backlog, now)
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
                 if batch is not None and len(batch.due):  # out of the held queues: the watermark sees it here
-                    self.queue.note_in_hand(int(batch.due.min()))
+                    self.queue.note_in_hand(smallest(batch.due))
                 taken = Counter(batch.topic_list()) if batch is not None else Counter()
                 for topic, n in grants.items():
                     if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back
@@ -320,7 +320,7 @@ class Dispatcher:
                     self.shaper.release(topic, n)
             return
         sent_at = self.clock.now_ms()
-        all_ok = bool(delivered.all())
+        all_ok = all_true(delivered)
         if self.shaper is not None:
             for topic, idx in (by_topic if by_topic is not None else _rows_by_topic(b.topic_list())).items():
                 ok = len(idx) if all_ok else int(delivered[idx].sum())

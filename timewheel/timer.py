@@ -42,6 +42,7 @@ from collections import deque
 import numpy as np
 
 from storage import CANCELLED, ScheduleStore, dispatch_entries
+from timewheel._arrays import same
 from timewheel._due import DueChunks, DueEntries
 from timewheel._memory import release_free_memory
 from timewheel.clock import Clock, seconds_until
@@ -290,7 +291,7 @@ class TimerDriver:
         current = now - now % self.config.segment_ms
         segs = locs["segment_ms"]
         first = int(segs[0])
-        one = bool((segs == first).all())  # one segment: the usual commit, no sort
+        one = same(segs)  # one segment: the usual commit, no sort
         for seg in [first] if one else np.unique(segs).tolist():
             mine = locs if one else locs[segs == seg]
             if seg not in loader.loaded:

@@ -376,7 +376,7 @@ class TimeWheel:
     def _pop_head(self, now: int) -> tuple[np.ndarray, np.ndarray]:
         """Release the head's prefix due by now (the cursor has not moved)."""
         pos = self._head_pos
-        end = int(np.searchsorted(self._head_due, now, side="right"))
+        end = int(self._head_due.searchsorted(now, side="right"))  # the method: no Python wrapper
         if end <= pos:
             return _empty_due(), _empty_refs()
         out = self._head_due[pos:end].copy(), self._head_refs[pos:end].copy()

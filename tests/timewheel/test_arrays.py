@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timewheel._arrays import counts, groups
+from timewheel._arrays import all_true, counts, groups, same, smallest
 
 small_ints = st.lists(st.integers(-3, 3), max_size=40).map(lambda xs: np.asarray(xs, np.int64))
 
@@ -22,3 +22,15 @@ def test_groups_select_each_distinct_value_s_positions(values: np.ndarray) -> No
 def test_counts_match_numpy(values: np.ndarray) -> None:
     distinct, n = np.unique(values, return_counts=True)
     assert counts(values) == list(zip(distinct.tolist(), n.tolist()))
+
+
+@given(small_ints.filter(len))
+def test_same_and_smallest_match_numpy_at_every_length(values: np.ndarray) -> None:
+    """Up to FEW elements they read a Python list, past it the array: both answer as numpy does."""
+    assert same(values) is bool((values == values[0]).all())
+    assert smallest(values) == int(values.min())
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=40).map(lambda xs: np.asarray(xs, bool)))
+def test_all_true_matches_numpy(mask: np.ndarray) -> None:
+    assert all_true(mask) is bool(mask.all())
