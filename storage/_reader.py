@@ -106,16 +106,17 @@ class RecordReader:
         """Many records as checked bytes (`RecordBytes`), rows aligned with the arguments; corrupt
         rows are counted and carry their error, as in `read`."""
         n = len(offsets)
-        if 0 < n <= _FEW_ROWS:
-            few = self._read_few(segment_ms, parts, offsets, due_ms)
-            if few is not None:
-                return few
         combined = np.asarray(segment_ms, np.int64) * 65536 + np.asarray(parts, np.int64)
         offsets = np.asarray(offsets)
         if n:
+            # the compiled read first, however few the rows: one call beats a row's Python checks
             good = self._read_good(combined, offsets, due_ms)
             if good is not None:
                 return good
+            if n <= _FEW_ROWS:  # without it (not built, or the part not mapped yet), a few row by row
+                few = self._read_few(segment_ms, parts, offsets, due_ms)
+                if few is not None:
+                    return few
         unreadable: dict[int, CorruptRecordError] = {}
         with self._lock:
             buffers = []
@@ -170,9 +171,10 @@ class RecordReader:
     def _read_few(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray,
                   due_ms: np.ndarray | None) -> RecordBytes | None:
         """`read_bytes` of a few good records of one part already opened, row by row (`check_record`
-        on each: the numpy calls of the column path would cost more than the rows); None when the
-        column path must decide (several parts, a part not opened yet, a record past the part's end or
-        not good: it then finds and names what is wrong)."""
+        on each: the numpy calls of the column path would cost more than the rows), where the
+        compiled read (`_read_good`) did not take them; None when the column path must decide
+        (several parts, a part not opened yet, a record past the part's end or not good: it then
+        finds and names what is wrong)."""
         segs, ps, offs = np.asarray(segment_ms).tolist(), np.asarray(parts).tolist(), np.asarray(offsets).tolist()
         key = (segs[0], ps[0])
         if segs.count(key[0]) != len(segs) or ps.count(key[1]) != len(ps):
