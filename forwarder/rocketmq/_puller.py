@@ -342,7 +342,7 @@ class Puller:
                           s.topic, q, st.offset, unreadable[0])
             self.counters["pulled"] += len(batch)
             caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
-            steady = caught_up or _emptied(resp, st.offset, s.pull_batch)
+            steady = _emptied(resp, st.offset, s.pull_batch)  # caught up, or less than one more answer left
             if budget.stopped:
                 # the commit's inflate budget stopped reading: the rest comes with the next pull
                 budget.stopped = False

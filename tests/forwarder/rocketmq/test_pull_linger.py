@@ -5,12 +5,14 @@ answer cut by the broker's byte limit, however few each carries) is pulled again
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from forwarder.rocketmq._puller import Puller, PullSettings, _emptied, next_tick
+from forwarder.rocketmq._puller import BodyReader, Puller, PullSettings, _emptied, _Messages, next_tick
 from forwarder.rocketmq._queue_state import QueueTable
+from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.protocol import SUCCESS, Response
 
 Q = ("broker-a", 0)
@@ -106,3 +108,29 @@ def test_what_counts_as_less_than_one_more_answer(asked: int, end: int, max_offs
 def test_an_odd_answer_is_no_steady_stream() -> None:
     resp = Response(SUCCESS, 1, "", {"nextBeginOffset": "x", "maxOffset": "5"}, b"")
     assert not _emptied(resp, 0, 32)
+
+
+@pytest.mark.parametrize(("got", "max_offset", "caught_up", "steady"), [
+    (32, 32, True, True),    # emptied
+    (32, 63, False, True),   # 31 left after a full answer: waits, but not caught up
+    (32, 64, False, False),  # a full answer more: pulled again at once
+    (2, 5, False, False),    # cut by the byte limit
+])
+def test_a_found_answer_says_whether_its_queue_is_caught_up_and_whether_it_may_wait(
+        got: int, max_offset: int, caught_up: bool, steady: bool) -> None:
+    """The broker's answer as `_read_pull` reads it: the offsets of a real answer decide both."""
+    table = QueueTable()
+    table.add(Q, 0)
+    settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, 500)
+    readable = [SimpleNamespace(undecodable="", queue_offset=i) for i in range(got)]
+    reader = BodyReader(lambda body, limit, broker, budget: _Messages(readable),  # type: ignore[arg-type]
+                        lambda messages, broker: _Messages(messages))
+    puller = Puller(settings, table, None, lambda batch: True, lambda request: None,  # type: ignore[arg-type]
+                    {"pulled": 0, "undecodable": 0}, reader)
+    st = table.get(Q)
+    assert st is not None
+    st.in_flight = 7
+    resp = Response(SUCCESS, 7, "", {"nextBeginOffset": str(got), "maxOffset": str(max_offset)}, b"")
+    read = puller._read_pull(Q, resp, InflateBudget(64 << 20))
+    assert read is not None
+    assert read[1] == got and read[3] is caught_up and read[4] is steady
