@@ -39,6 +39,9 @@ _HELP = {
     "stages": "timewheel only: run the engine under `python -m bench.stage_cpu serve`, its stages' CPU "
               "written to this file (read it with `python -m bench.stage_cpu timeline`); empty: not",
     "seed": "random seed of the delays and due times",
+    "broker_per_system": "start a fresh local RocketMQ for each system and reference row, so that what one "
+                         "leaves in the broker (the intake rows store millions) does not move the next one's "
+                         "figures; --no-broker-per-system: one broker for the whole run",
 }
 
 
@@ -59,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     defaults = RunConfig()
     for f in fields(RunConfig):
         if f.name == "systems":
+            continue
+        if isinstance(getattr(defaults, f.name), bool):
+            r.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction,
+                           default=getattr(defaults, f.name), help=f"{_HELP[f.name]} (default %(default)s)")
             continue
         r.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
                        default=getattr(defaults, f.name), help=f"{_HELP[f.name]} (default %(default)s)")

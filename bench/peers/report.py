@@ -332,6 +332,11 @@ system is stopped gracefully with probe messages that come due while it is down 
 consumer (for timewheel, a new engine process; for RocketMQ's timer and levels, the broker; for
 Redis, PostgreSQL, their servers; for heapq, a new process rebuilding from its log).
 
+Every system and reference row that needs RocketMQ gets a local broker of its own, started fresh
+for it and stopped after it (`--no-broker-per-system`: one broker for the whole run). "The same
+broker" below means the same kind: a broker the intake rows left with millions of messages costs
+the next system's phase a different amount of CPU than a fresh one.
+
 Server CPU per message is the user + system CPU time of the system's own processes during the
 steady phase over the messages sent (timewheel: the engine process and the broker it runs through;
 RocketMQ: the broker; the servers for Redis and PostgreSQL; the in-harness heapq has none to count):

@@ -52,6 +52,7 @@ class RunConfig:
     intake_batch: int = 128
     pull_batch: int = 32
     seed: int = 7
+    broker_per_system: bool = True
     stages: str = ""
 
 
@@ -258,35 +259,60 @@ def _machine() -> dict[str, object]:
 
 def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dict[str, object]:
     """Run every selected system through steady, burst and horizon; return the results document."""
-    from forwarder import LocalRocketMQ
-    from forwarder._rmq_native import LogLevel, NativeProducer
-
     out: dict[str, object] = {"command": command, "config": asdict(cfg), "machine": _machine(),
                               "load_average_start": load_average(), "systems": {}}
     work = Path(tempfile.mkdtemp(prefix="peers-bench-"))
-    mq = producer = None
-    needs_mq = any(s.startswith(("timewheel", "rocketmq", "plain", "intake", "noop")) for s in cfg.systems)
+    # A broker of its own for each system by default: what one system leaves (the intake rows fill it
+    # with millions of messages) must not move the next one's figures, the broker's CPU among them.
+    out["rocketmq"] = {"broker_per_system": cfg.broker_per_system}
+    broker: _Broker | None = None
     try:
-        if needs_mq:
-            log("starting the local RocketMQ ...")
-            mq = LocalRocketMQ(work / "mq", stop_timeout=20.0)
-            mq.start()
-            producer = NativeProducer("peers-producer", mq.namesrv_addr, log_level=LogLevel.ERROR)
-            producer.start()
-            out["rocketmq"] = {"namesrv": mq.namesrv_addr}
         for name in cfg.systems:
-            if name in _BROKER_ROWS:
-                out["systems"][name] = _run_broker_row(name, cfg, mq, log)  # type: ignore[index]
-            else:
-                out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
+            if broker is None and name.startswith(("timewheel", "rocketmq", "plain", "intake", "noop")):
+                log("starting the local RocketMQ ...")
+                broker = _Broker(work / (f"mq-{name}" if cfg.broker_per_system else "mq"))
+            mq, producer = (broker.mq, broker.producer) if broker is not None else (None, None)
+            try:
+                if name in _BROKER_ROWS:
+                    out["systems"][name] = _run_broker_row(name, cfg, mq, log)  # type: ignore[index]
+                else:
+                    out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
+            finally:
+                if broker is not None and cfg.broker_per_system:
+                    broker, stopping = None, broker
+                    stopping.stop()
     finally:
-        if producer is not None:
-            producer.shutdown()
-        if mq is not None:
-            mq.stop()
+        if broker is not None:
+            broker.stop()
         remove_tree(work)
     out["load_average_end"] = load_average()
     return out
+
+
+class _Broker:
+    """A local RocketMQ and the native producer the systems send through, started in `root`."""
+
+    def __init__(self, root: Path) -> None:
+        from forwarder import LocalRocketMQ
+        from forwarder._rmq_native import LogLevel, NativeProducer
+
+        self.mq = LocalRocketMQ(root, stop_timeout=20.0)
+        self.mq.start()
+        self.producer: object | None = None
+        try:
+            self.producer = NativeProducer("peers-producer", self.mq.namesrv_addr, log_level=LogLevel.ERROR)
+            self.producer.start()  # type: ignore[attr-defined]
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the producer, then the broker and its NameServer."""
+        try:
+            if self.producer is not None:
+                self.producer.shutdown()  # type: ignore[attr-defined]
+        finally:
+            self.mq.stop()
 
 
 def _make(name: str, sink: Sink, cfg: RunConfig, work: Path, mq: object, producer: object) -> System:
