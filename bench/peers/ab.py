@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.peers.cpu import window_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,6 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS: tuple[tuple[str, str], ...] = (
     ("10k/s engine ÷ broker CPU", "≤ 0.3"),
     ("10k/s engine CPU µs a message", ""),
+    ("10k/s engine ÷ broker CPU, steady window", "≤ 0.3"),
+    ("10k/s engine CPU µs a message, steady window", ""),
     ("10k/s p99 ÷ plain hop p99", "≤ 2"),
     ("1k/s p50 − plain hop p50, ms", "≤ +1"),
     ("1k/s engine CPU µs a message", "≤ 100"),
@@ -51,12 +54,15 @@ def target_rows(doc: dict) -> dict[str, float | None]:
     """The rows of `ROWS` from one `bench.peers run` document (None where the run lacks them)."""
     tw, hop = doc["systems"].get("timewheel") or {}, doc["systems"].get("plain-hop") or {}
     high, low = _phase_cpu(tw, "steady_high"), _phase_cpu(tw, "steady")
+    win = window_cpu(tw, "steady_high")
     p99, hop_p99 = _lateness(tw, "steady_high", "p99"), _lateness(hop, "steady_high", "p99")
     p50, hop_p50 = _lateness(tw, "steady", "p50"), _lateness(hop, "steady", "p50")
     stored = (tw.get("batch_ingest") or {}).get("stored_per_s")
     return dict(zip((name for name, _ in ROWS), (
         high[0] / high[1] if high and high[1] else None,
         high[0] / high[2] * 1e6 if high else None,
+        win[0] / win[1] if win and win[1] else None,
+        win[0] / win[2] * 1e6 if win else None,
         p99 / hop_p99 if p99 is not None and hop_p99 else None,
         p50 - hop_p50 if p50 is not None and hop_p50 is not None else None,
         low[0] / low[2] * 1e6 if low else None,

@@ -3,9 +3,11 @@ produced and consumed by them, and the two reference rows measuring the broker a
 producer pushes in, what a no-op Java pull consumer reads out)."""
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from bench.peers.common import percentiles_of_quantiles
+from bench.peers.cpu import CpuSampler
 
 if TYPE_CHECKING:
     from bench.peers.runner import Ids, RunConfig
@@ -44,9 +46,10 @@ def run_steady_java(system: System, sink: Sink, cfg: RunConfig, ids: Ids) -> dic
     # from the producer's end: the engine may still be storing (up to 120 s), then the longest delay
     wait_s = 120 + cfg.delay_max_ms / 1000 + 60
     with java.lateness(read, (first, first + n), group=f"peers-java-{system.name}-{first}", wait_s=wait_s,
-                       idle_s=20) as consumer:
+                       idle_s=20) as consumer, CpuSampler(system) as sampler:
         got = java.pace(topic, rate=rate, seconds=seconds, id_start=base, body_size=cfg.body_bytes, target=target,
                         delay_ms=(cfg.delay_min_ms, cfg.delay_max_ms), seed=cfg.seed, warm_up_s=warm_s)
+        paced_until = time.monotonic()
         accepted, warm_sent = int(got["sent"]), int(got["warm_up_sent"])
         consumer.expect(accepted)
         system.wait_stored(accepted + warm_sent, 120)
@@ -60,7 +63,22 @@ def run_steady_java(system: System, sink: Sink, cfg: RunConfig, ids: Ids) -> dic
         "warm_up_received": res["other"], "by_second": res["by_second"]}
     if q:
         out["quantiles_ms"] = q
+    window = steady_window(sampler, paced_until, warm_s + seconds, cfg.delay_max_ms / 1000)
+    if window is not None:
+        out["steady_window"] = window
     return out
+
+
+def steady_window(sampler: CpuSampler, paced_until: float, stream_s: float, delay_max_s: float
+                  ) -> dict[str, object] | None:
+    """The CPU of the phase's steady part: the last seconds of the stream, once what it sends comes due at
+    the full rate (the longest delay after it began, plus 2 s of slack), to the producer's end. The rest
+    of the phase is the ramp (storing only) and the drain (delivering at a falling rate, where a send
+    carries fewer messages and costs more each); the whole phase's figures keep both."""
+    seconds = stream_s - delay_max_s - 2
+    if seconds < 2:
+        return None
+    return sampler.window(paced_until - seconds, paced_until)
 
 
 def run_intake_ceiling(mq: object, cfg: RunConfig) -> dict[str, object]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers.common import RESULTS_DIR, RESULTS_MD
+from bench.peers.cpu import window_cpu
 
 #: Rows that measure the broker itself, not a delay system: shown against timewheel, not among the peers.
 REFERENCES = ("plain-hop", "intake-ceiling", "noop-consumer")
@@ -210,6 +211,18 @@ def floor_tables(doc: dict) -> str:
             "– (plain hop stalled)" if stalled else _ratio(t.get("p99"), h.get("p99")),
             f"{diff:+.1f}" if isinstance(diff, (int, float)) and not stalled else "–", engine, broker,
             f"{_num(_get(tw, phase, 'producer_rate'))}/s"]) + " |")
+    win = window_cpu(tw, "steady_high")
+    if win is not None and win[1] > 0:
+        engine_s, broker_s, n = win
+        w = _get(tw, "steady_high", "steady_window") or {}
+        threads = w.get("engine_threads_cpu_s") or {}
+        out += ["", f"The 10k/s phase's steady part alone (its last {w['seconds']:g} s of sending, once what the "
+                "stream sends comes due at the full rate: both ingest and delivery at 10k/s; the row above also "
+                "holds the ramp, storing only, and the drain, delivering at a falling rate): engine "
+                f"{engine_s / n * 1e6:,.1f} µs a message, broker {broker_s / n * 1e6:,.1f}, engine ÷ broker "
+                f"**{engine_s / broker_s:.3f}**" + (" (by thread: " + ", ".join(
+                    f"{k} {v / n * 1e6:,.1f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])) + ")"
+                    if threads else "") + "."]
     split = [_thread_split(tw, phase) for phase in ("steady", "steady_high", "batch_ingest")]
     if any(split):
         out += ["", "Where the engine's CPU went, by thread (µs a message; the threads' names for the OS: "

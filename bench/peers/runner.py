@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.peers.cpu import cpu_seconds, thread_cpu_seconds
 from bench.peers.common import BenchMessage, Recorder, load_average, now_ms, percentiles, remove_tree
 from bench.peers.java_workloads import run_intake_ceiling, run_noop_consumer, run_steady_java
 from bench.peers.systems import (DAY_MS, Heap, PlainHop, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink,
@@ -279,7 +280,7 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
                     out["systems"][name] = _run_system(name, cfg, work, mq, producer, log)  # type: ignore[index]
             finally:
                 if broker is not None and cfg.broker_per_system:
-                    broker, stopping = None, broker
+                    stopping, broker = broker, None
                     stopping.stop()
     finally:
         if broker is not None:
@@ -298,10 +299,10 @@ class _Broker:
 
         self.mq = LocalRocketMQ(root, stop_timeout=20.0)
         self.mq.start()
-        self.producer: object | None = None
+        self.producer: NativeProducer | None = None
         try:
             self.producer = NativeProducer("peers-producer", self.mq.namesrv_addr, log_level=LogLevel.ERROR)
-            self.producer.start()  # type: ignore[attr-defined]
+            self.producer.start()
         except BaseException:
             self.stop()
             raise
@@ -310,7 +311,7 @@ class _Broker:
         """Stop the producer, then the broker and its NameServer."""
         try:
             if self.producer is not None:
-                self.producer.shutdown()  # type: ignore[attr-defined]
+                self.producer.shutdown()
         finally:
             self.mq.stop()
 
@@ -377,16 +378,16 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             fn = workloads[phase]
             log(f"[{name}] {phase} ...")
             t0 = time.monotonic()
-            cpu0, threads0 = _cpu_seconds(system), _thread_cpu_seconds(system)
+            cpu0, threads0 = cpu_seconds(system), thread_cpu_seconds(system)
             try:
                 result[phase] = fn()
             except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others
                 result[phase] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
             result[phase]["seconds"] = round(time.monotonic() - t0, 1)  # type: ignore[index]
-            cpu1 = _cpu_seconds(system)
+            cpu1 = cpu_seconds(system)
             result[phase]["server_cpu_s"] = {k: round(v - cpu0.get(k, 0.0), 2)  # type: ignore[index]
                                              for k, v in cpu1.items()}
-            threads1 = _thread_cpu_seconds(system)
+            threads1 = thread_cpu_seconds(system)
             if threads1:
                 result[phase]["engine_threads_cpu_s"] = {  # type: ignore[index]
                     k: round(v - threads0.get(k, 0.0), 3) for k, v in sorted(threads1.items()) if v - threads0.get(k, 0.0) > 0}
@@ -433,47 +434,6 @@ def _run_broker_row(name: str, cfg: RunConfig, mq: object, log: Callable[[str], 
         log(f"[{name}] failed: {result['error']}")
     result["load_average_after"] = load_average()
     return result
-
-
-def _cpu_seconds(system: System) -> dict[str, float]:
-    """User + system CPU seconds of each process doing the system's work (children included), by name."""
-    import psutil
-
-    out: dict[str, float] = {}
-    for pid in system.process_pids():
-        try:
-            proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)]
-            name = "broker" if any("BrokerStartup" in a for a in proc.cmdline()) else proc.name()
-            total = 0.0
-            for p in procs:
-                t = p.cpu_times()
-                total += t.user + t.system
-            out[f"{pid} {name}"] = total
-        except psutil.Error:
-            pass
-    return out
-
-
-def _thread_cpu_seconds(system: System) -> dict[str, float]:
-    """CPU seconds of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
-    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
-    out: dict[str, float] = {}
-    if not isinstance(system, Timewheel):
-        return out
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in system.process_pids():
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                name = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the thread ended meanwhile
-                continue
-            if not name.startswith("tw-"):
-                continue  # the broker's threads and the runtime's own: in server_cpu_s only
-            group = "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
-            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def _summary(phase: dict[str, object]) -> str:

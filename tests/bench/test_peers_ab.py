@@ -10,7 +10,8 @@ def _doc(engine_s: float, broker_s: float, p99: float, p50: float, low_engine_s:
     cpu = {"101 python": engine_s, "102 broker": broker_s}
     return {"systems": {
         "timewheel": {
-            "steady_high": {"accepted": 200_000, "warm_up_sent": 50_000, "server_cpu_s": cpu,
+            "steady_high": {"accepted": 200_000, "warm_up_sent": 50_000, "server_cpu_s": cpu, "rate": 10_000,
+                            "steady_window": {"seconds": 12.5, "server_cpu_s": {"101 python": 2.5, "102 broker": 10.0}},
                             "lateness_ms": {"p50": 5.0, "p99": p99}},
             "steady": {"accepted": 30_000, "server_cpu_s": {"101 python": low_engine_s, "102 broker": 14.0},
                        "lateness_ms": {"p50": p50, "p99": 6.0}},
@@ -24,6 +25,8 @@ def test_the_rows_are_the_targets_figures_over_the_whole_phase() -> None:
     assert list(rows) == [name for name, _ in ROWS]
     assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)
     assert rows["10k/s engine CPU µs a message"] == pytest.approx(24.0), "the warm-up's messages ran in the phase"
+    assert rows["10k/s engine ÷ broker CPU, steady window"] == pytest.approx(0.25)
+    assert rows["10k/s engine CPU µs a message, steady window"] == pytest.approx(20.0), "10,000 a second × 12.5 s"
     assert rows["10k/s p99 ÷ plain hop p99"] == pytest.approx(0.75)
     assert rows["1k/s p50 − plain hop p50, ms"] == pytest.approx(0.3)
     assert rows["1k/s engine CPU µs a message"] == pytest.approx(300.0)
@@ -40,3 +43,11 @@ def test_a_run_without_a_phase_leaves_its_rows_empty_and_the_table_says_so() -> 
     assert "0.300" in line and "0.250" in line and "0.250 (0.250–0.250)" in line
     p99 = next(x for x in text.splitlines() if x.startswith("| 10k/s p99")).strip("| ").split(" | ")
     assert p99[2:] == ["–", "0.750", "–", "0.750 (0.750–0.750)"], "the run without a plain hop has no ratio"
+
+
+def test_a_run_without_a_steady_window_leaves_its_rows_empty() -> None:
+    doc = _doc(6.0, 20.0, 30.0, 1.6, 9.0)
+    del doc["systems"]["timewheel"]["steady_high"]["steady_window"]
+    rows = target_rows(doc)
+    assert rows["10k/s engine ÷ broker CPU, steady window"] is None
+    assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)

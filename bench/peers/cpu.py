@@ -1,0 +1,106 @@
+"""CPU seconds of a system's processes and of the engine's threads, read once or sampled through a phase."""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.peers.systems import System
+
+
+def cpu_seconds(system: System) -> dict[str, float]:
+    """User + system CPU seconds of each process doing the system's work (children included), by name."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for pid in system.process_pids():
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+            name = "broker" if any("BrokerStartup" in a for a in proc.cmdline()) else proc.name()
+            total = 0.0
+            for p in procs:
+                t = p.cpu_times()
+                total += t.user + t.system
+            out[f"{pid} {name}"] = total
+        except psutil.Error:
+            pass
+    return out
+
+
+def thread_cpu_seconds(system: System) -> dict[str, float]:
+    """CPU seconds of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
+    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
+    out: dict[str, float] = {}
+    if system.name != "timewheel":
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in system.process_pids():
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if not name.startswith("tw-"):
+                continue  # the broker's threads and the runtime's own: in server_cpu_s only
+            group = "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
+            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class CpuSampler:
+    """Samples `cpu_seconds` and `thread_cpu_seconds` of a system every `every_s` in a thread of its own,
+    so that a phase's steady part can be told from its ramp and drain (`window`)."""
+
+    def __init__(self, system: System, every_s: float = 0.5) -> None:
+        self.system = system
+        self.every_s = every_s
+        self.samples: list[tuple[float, dict[str, float], dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        self.samples.append((time.monotonic(), cpu_seconds(self.system), thread_cpu_seconds(self.system)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def window(self, start: float, end: float) -> dict[str, object] | None:
+        """CPU spent between the samples nearest `start` and `end` (time.monotonic()); None if the
+        window holds fewer than two samples."""
+        inside = [s for s in self.samples if start - self.every_s / 2 <= s[0] <= end + self.every_s / 2]
+        if len(inside) < 2:
+            return None
+        (t0, c0, h0), (t1, c1, h1) = inside[0], inside[-1]
+        return {"seconds": round(t1 - t0, 2),
+                "server_cpu_s": {k: round(v - c0.get(k, 0.0), 3) for k, v in c1.items()},
+                "engine_threads_cpu_s": {k: round(v - h0.get(k, 0.0), 3) for k, v in sorted(h1.items())
+                                         if v - h0.get(k, 0.0) > 0}}
+
+
+def window_cpu(system: dict, phase: str, rate: int | None = None) -> tuple[float, float, float] | None:
+    """(engine CPU s, broker CPU s, messages at the nominal rate) of a phase's steady window
+    (`java_workloads.steady_window`), None when the run lacks one."""
+    p = system.get(phase) or {}
+    w = p.get("steady_window") or {}
+    cpu, seconds, rate = w.get("server_cpu_s"), w.get("seconds"), rate or p.get("rate")
+    if not isinstance(cpu, dict) or not cpu or not seconds or not isinstance(rate, int):
+        return None
+    engine = sum(v for k, v in cpu.items() if "broker" not in k)
+    return engine, sum(cpu.values()) - engine, rate * float(seconds)

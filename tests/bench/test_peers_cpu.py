@@ -1,0 +1,36 @@
+"""The steady window of a phase's CPU samples."""
+from __future__ import annotations
+
+from bench.peers.cpu import CpuSampler
+from bench.peers.java_workloads import steady_window
+
+
+class _Quiet:
+    name = "timewheel"
+
+    def process_pids(self) -> list[int]:
+        return []
+
+
+def _sampler(samples: list[tuple[float, float, float]]) -> CpuSampler:
+    s = CpuSampler(_Quiet())  # type: ignore[arg-type]
+    s.samples = [(t, {"1 python": e, "2 broker": b}, {"tw-dispatch": e / 2}) for t, e, b in samples]
+    return s
+
+
+def test_the_window_is_the_stream_s_last_seconds_once_all_it_sends_comes_due() -> None:
+    # 25 s of stream, delays up to 10 s: the steady part is the last 13 s (2 s of slack)
+    samples = [(float(t), t * 1.0 + (5.0 if t > 25 else 0.0), t * 4.0) for t in range(0, 36)]
+    w = steady_window(_sampler(samples), 25.0, 25.0, 10.0)
+    assert w is not None
+    assert w["seconds"] == 13.0
+    assert w["server_cpu_s"] == {"1 python": 13.0, "2 broker": 52.0}, "the drain after 25 s is left out"
+    assert w["engine_threads_cpu_s"] == {"tw-dispatch": 6.5}
+
+
+def test_a_stream_too_short_for_a_steady_part_has_no_window() -> None:
+    assert steady_window(_sampler([(0.0, 0.0, 0.0), (10.0, 1.0, 1.0)]), 10.0, 10.0, 10.0) is None
+
+
+def test_a_window_with_fewer_than_two_samples_is_none() -> None:
+    assert _sampler([(0.0, 0.0, 0.0), (30.0, 1.0, 1.0)]).window(10.0, 20.0) is None
