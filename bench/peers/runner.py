@@ -282,6 +282,9 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
                 if broker is not None and cfg.broker_per_system:
                     stopping, broker = broker, None
                     stopping.stop()
+                    # its store goes too: the intake rows leave gigabytes of dirty pages, whose writeback
+                    # would go on under the next system's phases
+                    remove_tree(stopping.root)
     finally:
         if broker is not None:
             broker.stop()
@@ -297,6 +300,7 @@ class _Broker:
         from forwarder import LocalRocketMQ
         from forwarder._rmq_native import LogLevel, NativeProducer
 
+        self.root = root
         self.mq = LocalRocketMQ(root, stop_timeout=20.0)
         self.mq.start()
         self.producer: NativeProducer | None = None

@@ -51,3 +51,28 @@ def test_a_run_without_a_steady_window_leaves_its_rows_empty() -> None:
     rows = target_rows(doc)
     assert rows["10k/s engine ÷ broker CPU, steady window"] is None
     assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)
+
+
+def test_the_other_side_is_a_worktree_of_the_revision_with_this_checkout_s_compiled_modules(tmp_path) -> None:
+    import subprocess
+
+    from bench.peers.ab import REPO, _compiled_files, _worktree
+
+    files = _compiled_files(REPO)
+    assert files, "`make setup` builds the compiled modules in place"
+    where = _worktree("HEAD", tmp_path / "base")  # the same sources: copied, then each import checked there
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        tree = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        assert tree == head
+        assert all((where / f).is_file() for f in files)
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], check=True)
+
+
+def test_a_revision_that_is_not_a_commit_is_refused_before_any_run(tmp_path) -> None:
+    from bench.peers.ab import main
+
+    with pytest.raises(SystemExit, match="is not a commit"):
+        main(["no-such-revision", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
