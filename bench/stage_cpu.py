@@ -3,6 +3,7 @@
     python -m bench.stage_cpu serve --out FILE [--every 2] -- [timewheel serve's arguments]
     python -m bench.stage_cpu timeline FILE
     python -m bench.stage_cpu table FILE --from S --to S --rate N
+    python -m bench.stage_cpu slow FILE
 
 `StageClock` wraps methods of the engine's classes for as long as it is entered, and adds up the
 calling thread's CPU (`time.thread_time`) spent inside each: what a stage costs among the broker's
@@ -15,7 +16,9 @@ Each wrap adds about a microsecond of its own per call.
   engine so;
 - timeline: what each interval of such a file counted (pull ticks, commits, sends, CPU), to find a
   phase's seconds;
-- table: each stage's CPU a message between two of those seconds, at `--rate` messages a second.
+- table: each stage's CPU a message between two of those seconds, at `--rate` messages a second;
+- slow: every call of a stage that took over `--slow-ms` (15) of wall time, with its thread's CPU
+  meanwhile: a send whose wall time is far over its CPU waited for the broker (or the CPU).
 """
 from __future__ import annotations
 
@@ -70,6 +73,10 @@ READ_STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("storage.part", "PartReader", "whole", "read: map a part again"),
 )
 
+#: a stage's call longer than this (wall ms) is listed by `serve` with its CPU (`slow`)
+SLOW_MS = 15.0
+#: stages that wait by design (for work to come due): never listed as slow
+WAITS = frozenset({DELIVERY_STAGES[1][3]})
 #: what `serve` wraps
 SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES + READ_STAGES
 #: the stage called once a send (its calls count the sends)
@@ -80,11 +87,16 @@ _TICKS, _COMMITS, _SENDS = INGEST_STAGES[0][3], INGEST_STAGES[4][3], SEND_STAGE
 class StageClock:
     """Adds up each wrapped stage's CPU on the calling thread, while entered."""
 
-    def __init__(self, stages: Iterable[tuple[str, str, str, str]] = DELIVERY_STAGES) -> None:
-        """`stages`: (module, class or "" for a module function, method, label)."""
+    def __init__(self, stages: Iterable[tuple[str, str, str, str]] = DELIVERY_STAGES, slow_ms: float | None = None
+                 ) -> None:
+        """`stages`: (module, class or "" for a module function, method, label); `slow_ms`: also keep each
+        call that took longer than this (wall time) in `slow`, with its thread's CPU meanwhile."""
         self.stages = tuple(stages)
         self.cpu: defaultdict[str, float] = defaultdict(float)
         self.calls: Counter[str] = Counter()
+        self.slow_ms = slow_ms
+        #: (time.time() at the end, thread name, label, wall ms, thread CPU ms) of each slow call
+        self.slow: list[tuple[float, str, str, float, float]] = []
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -113,16 +125,22 @@ class StageClock:
     def _timed(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
         cpu, calls, lock = self.cpu, self.calls, self._lock
 
+        slow_s = None if self.slow_ms is None or label in WAITS else self.slow_ms / 1000
+        slow = self.slow
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.thread_time()
+            t0, w0 = time.thread_time(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent = time.thread_time() - t0
+                spent, wall = time.thread_time() - t0, time.perf_counter() - w0
                 with lock:
                     cpu[label] += spent
                     calls[label] += 1
+                    if slow_s is not None and wall > slow_s:
+                        slow.append((round(time.time(), 3), threading.current_thread().name, label,
+                                     round(wall * 1000, 1), round(spent * 1000, 2)))
         return timed
 
     def reset(self) -> None:
@@ -173,14 +191,15 @@ def _snapshots(clock: StageClock, out: Path, every: float) -> None:
             with clock._lock:
                 snap = {"t": round(time.time(), 3), "cpu": dict(clock.cpu), "calls": dict(clock.calls),
                         "threads": _thread_groups(), "process": time.process_time(),
-                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}
+                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt, "slow": clock.slow[:]}
+                clock.slow.clear()
             f.write(json.dumps(snap) + "\n")
             f.flush()
 
 
-def _serve(out: Path, every: float, args: list[str]) -> None:
+def _serve(out: Path, every: float, args: list[str], slow_ms: float = SLOW_MS) -> None:
     """`timewheel serve` in this process, its stages wrapped before it starts."""
-    clock = StageClock(SERVE_STAGES)
+    clock = StageClock(SERVE_STAGES, slow_ms=slow_ms)
     clock.__enter__()  # for the process's life: it ends with the service
     threading.Thread(target=_snapshots, args=(clock, out, every), name="stage-snapshots", daemon=True).start()
     sys.argv = ["timewheel", "serve", *args]
@@ -201,7 +220,7 @@ def timeline(path: Path) -> str:
     snaps = _load(path)
     if len(snaps) < 2:
         return "fewer than two snapshots"
-    t0 = snaps[0]["t"]
+    t0 = min([snaps[0]["t"], *(c[0] for snap in snaps for c in snap.get("slow", []))])
     lines = [f"{'s':>6s} {'ticks':>6s} {'commits':>8s} {'sends':>6s} {'in ms':>7s} {'dispatch ms':>12s} {'timer ms':>9s}"]
     for a, b in zip(snaps, snaps[1:]):
         c, d = _delta(a, b, "calls"), _delta(a, b, "cpu")
@@ -240,6 +259,20 @@ def table(path: Path, start_s: float, end_s: float, rate: float) -> str:
     return "\n".join(lines)
 
 
+def slow_calls(path: Path) -> str:
+    """Each slow call a snapshot file lists: seconds from its first snapshot, thread, stage, wall and CPU
+    (ms). A call whose wall time is far over its CPU waited: for a lock, the GIL, the CPU or a peer."""
+    snaps = _load(path)
+    if not snaps:
+        return "(no snapshots)"
+    t0 = min([snaps[0]["t"], *(c[0] for snap in snaps for c in snap.get("slow", []))])
+    lines = [f"{'s':>8s}  {'thread':28s} {'stage':40s} {'wall ms':>8s} {'CPU ms':>7s}"]
+    for snap in snaps:
+        for t, thread, label, wall, cpu in snap.get("slow", []):
+            lines.append(f"{t - t0:8.2f}  {thread:28s} {label.strip():40s} {wall:8.1f} {cpu:7.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     ap = argparse.ArgumentParser(prog="python -m bench.stage_cpu", description=__doc__,
@@ -248,7 +281,11 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("serve", help="timewheel serve with its stages timed (arguments after --)")
     s.add_argument("--out", type=Path, required=True, help="JSON lines of running totals, appended")
     s.add_argument("--every", type=float, default=2.0, help="seconds between snapshots")
+    s.add_argument("--slow-ms", type=float, default=SLOW_MS,
+                   help="list each stage's call longer than this (wall ms) with its CPU (default %(default)s)")
     s.add_argument("serve_args", nargs=argparse.REMAINDER, help="timewheel serve's own arguments, after --")
+    w = sub.add_parser("slow", help="the slow calls a snapshot file lists (wall time and CPU of each)")
+    w.add_argument("file", type=Path)
     t = sub.add_parser("timeline", help="what each interval of a snapshot file counted")
     t.add_argument("file", type=Path)
     b = sub.add_parser("table", help="each stage's CPU a message between two seconds of a snapshot file")
@@ -259,7 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "serve":
         rest = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
-        _serve(args.out, args.every, rest)
+        _serve(args.out, args.every, rest, args.slow_ms)
+    elif args.cmd == "slow":
+        print(slow_calls(args.file))
     elif args.cmd == "timeline":
         print(timeline(args.file))
     else:

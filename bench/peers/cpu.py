@@ -96,7 +96,7 @@ class CpuSampler:
 
 def window_cpu(system: dict, phase: str, rate: int | None = None) -> tuple[float, float, float] | None:
     """(engine CPU s, broker CPU s, messages at the nominal rate) of a phase's steady window
-    (`java_workloads.steady_window`), None when the run lacks one."""
+    (`steady_window`), None when the run lacks one."""
     p = system.get(phase) or {}
     w = p.get("steady_window") or {}
     cpu, seconds, rate = w.get("server_cpu_s"), w.get("seconds"), rate or p.get("rate")
@@ -104,3 +104,15 @@ def window_cpu(system: dict, phase: str, rate: int | None = None) -> tuple[float
         return None
     engine = sum(v for k, v in cpu.items() if "broker" not in k)
     return engine, sum(cpu.values()) - engine, rate * float(seconds)
+
+
+def steady_window(sampler: CpuSampler, paced_until: float, stream_s: float, delay_max_s: float
+                  ) -> dict[str, object] | None:
+    """The CPU of the phase's steady part: the last seconds of the stream, once what it sends comes due at
+    the full rate (the longest delay after it began, plus 2 s of slack), to the producer's end. The rest
+    of the phase is the ramp (storing only) and the drain (delivering at a falling rate, where a send
+    carries fewer messages and costs more each); the whole phase's figures keep both."""
+    seconds = stream_s - delay_max_s - 2
+    if seconds < 2:
+        return None
+    return sampler.window(paced_until - seconds, paced_until)

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from bench.peers.common import percentiles_of_quantiles
-from bench.peers.cpu import CpuSampler
+from bench.peers.cpu import CpuSampler, steady_window
 
 if TYPE_CHECKING:
     from bench.peers.runner import Ids, RunConfig
@@ -67,18 +67,6 @@ def run_steady_java(system: System, sink: Sink, cfg: RunConfig, ids: Ids) -> dic
     if window is not None:
         out["steady_window"] = window
     return out
-
-
-def steady_window(sampler: CpuSampler, paced_until: float, stream_s: float, delay_max_s: float
-                  ) -> dict[str, object] | None:
-    """The CPU of the phase's steady part: the last seconds of the stream, once what it sends comes due at
-    the full rate (the longest delay after it began, plus 2 s of slack), to the producer's end. The rest
-    of the phase is the ramp (storing only) and the drain (delivering at a falling rate, where a send
-    carries fewer messages and costs more each); the whole phase's figures keep both."""
-    seconds = stream_s - delay_max_s - 2
-    if seconds < 2:
-        return None
-    return sampler.window(paced_until - seconds, paced_until)
 
 
 def run_intake_ceiling(mq: object, cfg: RunConfig) -> dict[str, object]:

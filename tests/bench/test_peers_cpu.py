@@ -1,8 +1,7 @@
 """The steady window of a phase's CPU samples."""
 from __future__ import annotations
 
-from bench.peers.cpu import CpuSampler
-from bench.peers.java_workloads import steady_window
+from bench.peers.cpu import CpuSampler, steady_window
 
 
 class _Quiet:

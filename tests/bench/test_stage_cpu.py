@@ -86,3 +86,47 @@ def test_timeline_and_table_read_the_snapshots(tmp_path: Path) -> None:
     assert "250000" not in table
     assert any(line.startswith("timewheel-dispatch") and line.split()[-1] == "125.00" for line in table.splitlines())
     assert any(line.startswith("the process") and line.split()[-1] == "250.00" for line in table.splitlines())
+
+
+def test_a_call_over_the_slow_limit_is_kept_with_its_wall_time_and_cpu(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    mod = _module(monkeypatch)
+
+    def wait(self: object, seconds: float) -> None:
+        time.sleep(seconds)
+
+    mod.Worker.wait = wait
+    with StageClock([(mod.__name__, "Worker", "wait", "wait"), (mod.__name__, "Worker", "spin", "spin")],
+                    slow_ms=20) as clock:
+        mod.Worker().wait(0.001)
+        mod.Worker().wait(0.04)
+        mod.Worker().spin(0.001)
+    assert len(clock.slow) == 1, "only the call over 20 ms"
+    _, thread, label, wall_ms, cpu_ms = clock.slow[0]
+    assert label == "wait" and thread == "MainThread"
+    assert wall_ms >= 40 and cpu_ms < wall_ms / 2, "it slept: wall time, little CPU"
+    f = tmp_path / "stages.jsonl"
+    f.write_text(json.dumps({"t": 100.0, "cpu": {}, "calls": {}, "threads": {}, "process": 0, "minor_faults": 0,
+                             "slow": [[101.5, thread, "  wait", wall_ms, cpu_ms]]}) + "\n")
+    listed = stage_cpu.slow_calls(f).splitlines()
+    assert len(listed) == 2 and listed[1].split()[:3] == ["1.50", "MainThread", "wait"]
+
+
+def test_without_a_slow_limit_nothing_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _module(monkeypatch)
+    with StageClock([(mod.__name__, "Worker", "spin", "spin")]) as clock:
+        mod.Worker().spin(0.03)
+    assert clock.slow == [] and clock.calls["spin"] == 1
+
+
+def test_a_stage_that_waits_by_design_is_never_listed_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _module(monkeypatch)
+
+    def wait(self: object, seconds: float) -> None:
+        time.sleep(seconds)
+
+    mod.Worker.wait = wait
+    waits = next(iter(stage_cpu.WAITS))  # the dispatch threads' wait for work ("queue: await turn")
+    with StageClock([(mod.__name__, "Worker", "wait", waits)], slow_ms=5) as clock:
+        mod.Worker().wait(0.02)
+    assert clock.calls[waits] == 1 and clock.slow == []
