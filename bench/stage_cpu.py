@@ -76,7 +76,7 @@ READ_STAGES: tuple[tuple[str, str, str, str], ...] = (
 #: a stage's call longer than this (wall ms) is listed by `serve` with its CPU (`slow`)
 SLOW_MS = 15.0
 #: stages that wait by design (for work to come due): never listed as slow
-WAITS = frozenset({DELIVERY_STAGES[1][3]})
+WAITS = frozenset(label for _, _, method, label in DELIVERY_STAGES if method == "await_turn")
 #: what `serve` wraps
 SERVE_STAGES = DELIVERY_STAGES + INGEST_STAGES + READ_STAGES
 #: the stage called once a send (its calls count the sends)

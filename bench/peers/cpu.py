@@ -94,12 +94,12 @@ class CpuSampler:
                                          if v - h0.get(k, 0.0) > 0}}
 
 
-def window_cpu(system: dict, phase: str, rate: int | None = None) -> tuple[float, float, float] | None:
+def window_cpu(system: dict, phase: str) -> tuple[float, float, float] | None:
     """(engine CPU s, broker CPU s, messages at the nominal rate) of a phase's steady window
     (`steady_window`), None when the run lacks one."""
     p = system.get(phase) or {}
     w = p.get("steady_window") or {}
-    cpu, seconds, rate = w.get("server_cpu_s"), w.get("seconds"), rate or p.get("rate")
+    cpu, seconds, rate = w.get("server_cpu_s"), w.get("seconds"), p.get("rate")
     if not isinstance(cpu, dict) or not cpu or not seconds or not isinstance(rate, int):
         return None
     engine = sum(v for k, v in cpu.items() if "broker" not in k)

@@ -1,6 +1,8 @@
 """The A/B runs' rows, read from a `bench.peers run` document."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.peers.ab import ROWS, target_rows, table
@@ -53,7 +55,7 @@ def test_a_run_without_a_steady_window_leaves_its_rows_empty() -> None:
     assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)
 
 
-def test_the_other_side_is_a_worktree_of_the_revision_with_this_checkout_s_compiled_modules(tmp_path) -> None:
+def test_the_other_side_is_a_worktree_of_the_revision_with_this_checkout_s_compiled_modules(tmp_path: Path) -> None:
     import subprocess
 
     from bench.peers.ab import REPO, _compiled_files, _worktree
@@ -70,7 +72,7 @@ def test_the_other_side_is_a_worktree_of_the_revision_with_this_checkout_s_compi
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], check=True)
 
 
-def test_a_revision_that_is_not_a_commit_is_refused_before_any_run(tmp_path) -> None:
+def test_a_revision_that_is_not_a_commit_is_refused_before_any_run(tmp_path: Path) -> None:
     from bench.peers.ab import main
 
     with pytest.raises(SystemExit, match="is not a commit"):

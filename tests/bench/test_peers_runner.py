@@ -1,0 +1,61 @@
+"""`bench.peers.run`'s brokers: one of its own for each system that needs RocketMQ, or one for the run."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peers import runner
+from bench.peers.runner import RunConfig
+
+
+class _FakeBroker:
+    started: list[_FakeBroker] = []
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.mq, self.producer, self.stopped = root, f"mq {root.name}", f"producer {root.name}", 0
+        root.mkdir(parents=True)
+        (root / "store").write_bytes(b"x")
+        _FakeBroker.started.append(self)
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+_Seen = tuple[list[_FakeBroker], list[tuple[str, Any]]]
+
+
+@pytest.fixture
+def brokers(monkeypatch: pytest.MonkeyPatch) -> _Seen:
+    _FakeBroker.started = []
+    seen: list[tuple[str, Any]] = []
+    monkeypatch.setattr(runner, "_Broker", _FakeBroker)
+    def row(name: str, cfg: RunConfig, mq: object, log: object) -> dict[str, object]:
+        # a broker stopped before this system must have left no store behind (the run's own end would
+        # delete them all, too late for the systems after it)
+        assert not any(b.root.exists() for b in _FakeBroker.started if b.stopped), f"a store is left under {name}"
+        seen.append((name, mq))
+        return {}
+
+    monkeypatch.setattr(runner, "_run_broker_row", row)
+    monkeypatch.setattr(runner, "_run_system", lambda name, cfg, work, mq, producer, log: row(name, cfg, mq, log))
+    return _FakeBroker.started, seen
+
+
+def test_each_system_that_needs_rocketmq_gets_a_fresh_broker_stopped_and_deleted_after_it(brokers: _Seen) -> None:
+    started, seen = brokers
+    doc = runner.run(RunConfig(systems=("plain-hop", "intake-ceiling", "heapq", "timewheel")), "test", log=lambda _: None)
+    assert [b.root.name for b in started] == ["mq-plain-hop", "mq-intake-ceiling", "mq-timewheel"]
+    assert seen == [("plain-hop", "mq mq-plain-hop"), ("intake-ceiling", "mq mq-intake-ceiling"),
+                    ("heapq", None), ("timewheel", "mq mq-timewheel")], "heapq runs with no broker"
+    assert all(b.stopped == 1 and not b.root.exists() for b in started), "stopped once, its store deleted"
+    assert doc["rocketmq"] == {"broker_per_system": True}
+
+
+def test_one_broker_for_the_whole_run_when_asked(brokers: _Seen) -> None:
+    started, seen = brokers
+    runner.run(RunConfig(systems=("plain-hop", "heapq", "timewheel"), broker_per_system=False), "test",
+               log=lambda _: None)
+    assert len(started) == 1 and started[0].stopped == 1
+    assert [mq for _, mq in seen] == ["mq mq", "mq mq", "mq mq"], "the shared broker stays up through heapq"
