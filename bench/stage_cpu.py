@@ -18,7 +18,8 @@ Each wrap adds about a microsecond of its own per call.
   phase's seconds;
 - table: each stage's CPU a message between two of those seconds, at `--rate` messages a second;
 - slow: every call of a stage that took over `--slow-ms` (15) of wall time, with its thread's CPU
-  meanwhile: a send whose wall time is far over its CPU waited for the broker (or the CPU).
+  and its wait for a CPU (the kernel's run queue, /proc/thread-self/schedstat) meanwhile; the rest
+  of its wall time the thread slept: for the broker's answer, the disk, a lock or the GIL.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ DELIVERY_STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("forwarder.record_batches", "", "cut_records", "    cut into batch bodies"),
     ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange_one", "    request out, answer in"),
     ("forwarder.rocketmq.producer", "RemotingProducer", "_exchange", "    requests out, answers in (several)"),
-    ("timewheel.dispatcher", "Dispatcher", "_record", "  record the outcomes"),
+    ("timewheel._outcomes", "Outcomes", "record", "  record the outcomes"),
 )
 
 #: the ingest path: a pull tick's answers read, walked and stored in one commit
@@ -95,8 +96,9 @@ class StageClock:
         self.cpu: defaultdict[str, float] = defaultdict(float)
         self.calls: Counter[str] = Counter()
         self.slow_ms = slow_ms
-        #: (time.time() at the end, thread name, label, wall ms, thread CPU ms) of each slow call
-        self.slow: list[tuple[float, str, str, float, float]] = []
+        #: (time.time() at the end, thread name, label, wall ms, thread CPU ms, run-queue wait ms) of each
+        #: slow call
+        self.slow: list[tuple[float, str, str, float, float, float]] = []
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -130,17 +132,19 @@ class StageClock:
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
+            q0 = run_queue_ns() if slow_s is not None else 0
             t0, w0 = time.thread_time(), time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 spent, wall = time.thread_time() - t0, time.perf_counter() - w0
+                queued = run_queue_ns() - q0 if slow_s is not None and wall > slow_s else 0
                 with lock:
                     cpu[label] += spent
                     calls[label] += 1
                     if slow_s is not None and wall > slow_s:
                         slow.append((round(time.time(), 3), threading.current_thread().name, label,
-                                     round(wall * 1000, 1), round(spent * 1000, 2)))
+                                     round(wall * 1000, 1), round(spent * 1000, 2), round(queued / 1e6, 2)))
         return timed
 
     def reset(self) -> None:
@@ -157,6 +161,23 @@ class StageClock:
             if n:
                 lines.append(f"{label:34s} {self.cpu[label] / per * 1e6:12.1f} {n:8d} {self.cpu[label] / n * 1e6:10.1f}")
         return "\n".join(lines)
+
+
+_schedstat = threading.local()
+
+
+def run_queue_ns() -> int:
+    """Nanoseconds the calling thread has waited in the kernel's run queue for a CPU so far (its
+    /proc/thread-self/schedstat; 0 where the kernel keeps none)."""
+    fd = getattr(_schedstat, "fd", None)
+    if fd is None:
+        try:
+            fd = _schedstat.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = _schedstat.fd = -1
+    if fd < 0:
+        return 0
+    return int(os.pread(fd, 128, 0).split()[1])
 
 
 def thread_cpu() -> dict[str, tuple[float, float]]:
@@ -260,16 +281,25 @@ def table(path: Path, start_s: float, end_s: float, rate: float) -> str:
 
 
 def slow_calls(path: Path) -> str:
-    """Each slow call a snapshot file lists: seconds from its first snapshot, thread, stage, wall and CPU
-    (ms). A call whose wall time is far over its CPU waited: for a lock, the GIL, the CPU or a peer."""
+    """Each slow call a snapshot file lists: seconds from its first snapshot, thread, stage, and in ms
+    its wall time, its CPU, its wait for a CPU (the run queue; "-" in files written before it was kept)
+    and the rest, asleep (for the broker's answer, the disk, a lock or the GIL); then the totals."""
     snaps = _load(path)
     if not snaps:
         return "(no snapshots)"
     t0 = min([snaps[0]["t"], *(c[0] for snap in snaps for c in snap.get("slow", []))])
-    lines = [f"{'s':>8s}  {'thread':28s} {'stage':40s} {'wall ms':>8s} {'CPU ms':>7s}"]
+    lines = [f"{'s':>8s}  {'thread':28s} {'stage':40s} {'wall ms':>8s} {'CPU ms':>7s} {'run queue':>9s} "
+             f"{'asleep':>7s}"]
+    total = [0.0, 0.0, 0.0, 0.0]
     for snap in snaps:
-        for t, thread, label, wall, cpu in snap.get("slow", []):
-            lines.append(f"{t - t0:8.2f}  {thread:28s} {label.strip():40s} {wall:8.1f} {cpu:7.2f}")
+        for t, thread, label, wall, cpu, *rest in snap.get("slow", []):
+            queued = rest[0] if rest else None
+            asleep = wall - cpu - (queued or 0.0)
+            total = [total[0] + wall, total[1] + cpu, total[2] + (queued or 0.0), total[3] + asleep]
+            lines.append(f"{t - t0:8.2f}  {thread:28s} {label.strip():40s} {wall:8.1f} {cpu:7.2f} "
+                         f"{'-' if queued is None else f'{queued:.2f}':>9s} {asleep:7.1f}")
+    lines.append(f"{'':8s}  {'all':28s} {f'{len(lines) - 1} calls':40s} {total[0]:8.1f} {total[1]:7.2f} "
+                 f"{total[2]:9.2f} {total[3]:7.1f}")
     return "\n".join(lines)
 
 

@@ -34,6 +34,13 @@ The dispatch policy lives here, because only here are both sides visible under o
   1,000 a second the sends cost little and the lateness stays at the short linger (none by
   default: each message goes when due).
 
+At a low rate (no linger: below the rate at which it starts to grow) the timer thread sends what it
+popped itself when no dispatch thread is sending or lingering (`turn_now()`, then the dispatcher's
+pass on the timer's thread): a small batch would go at once anyway, and waking a dispatch thread for
+it costs more than the send's own work (the wake-up, the GIL's handover, the thread's cold caches;
+bench/RESULTS_HOTPATHS.md, run 16). A backlog, a full batch, a linger or a send in flight wake the
+dispatch threads as before.
+
 Example: four dispatch threads, a sink answering in 5 ms, 2,000 messages due a second. Thread A
 takes the entries due so far and sends them. During its 5 ms ten more come due; the timer pushes
 them and nudges, but a send is in flight and they fit one request, so no thread is woken. When A's
@@ -265,6 +272,17 @@ class DispatchQueue:
                     return Turn.LOOK_AGAIN
             self._sending += 1
             return Turn.SEND
+
+    def turn_now(self) -> bool:
+        """A turn for the caller, without waiting, when a small ready batch would go now and no dispatch
+        thread is on it: nothing sending or lingering, no linger, no backlog (the timer's own send at a
+        low rate; module docstring). True counts the caller as sending: `end_turn()` after its pass."""
+        with self._cv:
+            if (self._closed or not self._ready.size or self._backlog.size or self._sending or self._lingering
+                    or self._ready.size >= self._batch_size or self.linger_ms):
+                return False
+            self._sending += 1
+            return True
 
     def end_turn(self) -> None:
         """A pass is over (the thread looks again at once: what came due meanwhile goes next)."""

@@ -11,7 +11,7 @@ then writes each outcome to its segment's dispatch log (delivered, corrupt, dead
 the terminal ones per segment into the queue (`DispatchQueue.count_done`: the timer takes them on
 its own thread), and records lateness. A failed send goes back to the queue with its location,
 exponential backoff and jitter; after `max_attempts` it goes to the dead-letter sink (if that fails
-too, it keeps retrying). The dispatcher never calls into the timer. What a crash, a takeover or a
+too, it keeps retrying): the outcomes, retries and dead letters are `timewheel._outcomes`. The dispatcher never calls into the timer. What a crash, a takeover or a
 failed send left ambiguous is looked up before `_deliver` sends it (`timewheel._recovery`).
 
 A send is two stages, `_send` (read the records: `timewheel._read_batch`) then `_deliver` (one
@@ -24,18 +24,18 @@ Sink or the store (the shaper and the queue are called under it).
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, cast
 
 import numpy as np
 
-from storage import CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, RETRIED, ScheduleStore, StorageWriteError, dispatch_entries
-from timewheel._arrays import all_true, by_note, error_notes, groups, smallest
+from storage import CANCELLED, CORRUPT, DELIVERED, ScheduleStore, StorageWriteError
+from timewheel._arrays import all_true, smallest
 from timewheel._due import DueEntries
 from timewheel._held import Batch, HeldQueues
+from timewheel._outcomes import DispatchCounters, Outcomes
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
@@ -46,21 +46,15 @@ from timewheel._read_batch import read_bytes, read_messages
 from timewheel._recovery import FOUND_NOTE, Recovery
 from timewheel._threads import guarded
 
-_MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
 log = logging.getLogger("timewheel.dispatcher")
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
-
-
-@dataclass
-class DispatchCounters:
-    """What the dispatcher counted (mutable, under its lock)."""
-
-    delivered: int = 0
-    dead_lettered: int = 0
-    retries: int = 0
-    corrupt: int = 0
-    send_failures: int = 0
-    dispatch_log_errors: int = 0
+#: A pass over `_INLINE_SLOW_MS` (a slow broker, a first connection) ends passes on the timer's thread
+#: (`send_if_idle`), which pops nothing while it waits for the broker: they start again once
+#: `_INLINE_RESUME_FAST` passes in a row were fast, and not before `_INLINE_PAUSE_FACTOR` times the
+#: slow one's time went by. A broker that keeps stalling keeps them off.
+_INLINE_SLOW_MS = 20
+_INLINE_PAUSE_FACTOR = 10
+_INLINE_RESUME_FAST = 20
 
 
 class Dispatcher:
@@ -79,7 +73,6 @@ class Dispatcher:
         self.queue = queue
         self.sink = sink
         self.shaper = shaper
-        self.dead_letter_sink = dead_letter_sink
         self.clock = clock
         self.lateness = lateness
         self.gate = gate
@@ -88,10 +81,23 @@ class Dispatcher:
         self._held = HeldQueues()
         # a sink that sends stored records as they are spares a Message per delivered message
         self._record_sink = cast(RecordSink, sink) if callable(getattr(sink, "send_records", None)) else None
-        self._rng = random.Random(seed)
         self._lock = threading.Lock()  # the held queues, the counters
+        self.outcomes = Outcomes(config, store, queue, self.counters, self._lock, dead_letter_sink, seed)
         self._threads: list[threading.Thread] = []
         self.failed = False  # a pass failed (fail-stop): no thread takes anything more
+        # `send_if_idle` sends nothing before then, nor until this many passes in a row were fast
+        self._inline_paused_until = 0
+        self._fast_passes = _INLINE_RESUME_FAST
+        self.inline_passes = 0  # passes run by `send_if_idle`
+
+    @property
+    def dead_letter_sink(self) -> DeadLetterSink | None:
+        """Where messages go after their last attempt (None: they keep retrying)."""
+        return self.outcomes.dead_letter_sink
+
+    @dead_letter_sink.setter
+    def dead_letter_sink(self, sink: DeadLetterSink | None) -> None:
+        self.outcomes.dead_letter_sink = sink
 
     # ---- the threads ----------------------------------------------------------------------------
 
@@ -120,10 +126,12 @@ class Dispatcher:
                 return
             if turn is Turn.LOOK_AGAIN:  # what came due may wait for company or a send
                 continue
+            start = self.clock.now_ms()
             try:
                 self.dispatch_pass()
             finally:
                 self.queue.end_turn()
+            self._timed(start)
 
     def _held_state(self, now: int) -> tuple[bool, int | None]:
         """Whether the shaper holds enough to stop reading, and when it may grant what it holds."""
@@ -151,6 +159,43 @@ class Dispatcher:
         """Due messages the shaper holds back."""
         with self._lock:
             return self._held.size
+
+    def send_if_idle(self) -> bool:
+        """One pass on the caller's thread (the timer's, after it popped) when a small batch would go
+        now and no dispatch thread is on it (`DispatchQueue.turn_now`); whether it ran.
+
+        Not with a shaper rule in force or messages held (those passes may wait for grants), nor after
+        a slow pass until the passes are fast again (`_INLINE_SLOW_MS`). A pass that fails raises here
+        as on a dispatch thread (fail-stop: what it took is back in the queue).
+        """
+        if self.failed or self._fast_passes < _INLINE_RESUME_FAST:
+            return False
+        shaper = self.shaper
+        if shaper is not None and (self._held.size or not shaper.passes_through()):
+            return False
+        start = self.clock.now_ms()
+        if start < self._inline_paused_until or not self.queue.turn_now():
+            return False
+        try:
+            self.dispatch_pass()
+        finally:
+            self.queue.end_turn()
+        self.inline_passes += 1
+        self._timed(start)
+        return True
+
+    def _timed(self, start: int) -> None:
+        """Count a pass begun at `start` fast or slow (whether the timer's thread may send: `send_if_idle`)."""
+        now = self.clock.now_ms()
+        took = now - start
+        if took <= _INLINE_SLOW_MS:
+            self._fast_passes += 1  # unlocked: a count off by one under a race only shifts when they resume
+            return
+        if self._fast_passes >= _INLINE_RESUME_FAST:
+            log.info("a send took %d ms: the timer's thread leaves the sends to the dispatch threads until they "
+                     "are fast again", took)
+        self._fast_passes = 0
+        self._inline_paused_until = now + took * _INLINE_PAUSE_FACTOR
 
     # ---- one pass -------------------------------------------------------------------------------
 
@@ -186,7 +231,7 @@ class Dispatcher:
         dropped = self.queue.drain_withdrawn()
         if dropped is None:
             return
-        self._record(Batch([], *dropped), self.clock.now_ms(), CANCELLED, dropped.attempts)
+        self.outcomes.record(Batch([], *dropped), self.clock.now_ms(), CANCELLED, dropped.attempts)
 
     def earliest_held_due(self) -> int | None:
         """Earliest due time of what the shaper holds (None: nothing)."""
@@ -209,7 +254,7 @@ class Dispatcher:
             peer = int(by_peer.sum())
         if peer:
             # attempts 0: delivered, by the replica that held the lease; this one never sent it
-            self._record(Batch([], *e.select(elsewhere)), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
+            self.outcomes.record(Batch([], *e.select(elsewhere)), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
             e = e.select(~elsewhere)
         held = 0
         # A standby reads nothing it could not send: what is left waits whole, unread. Whether a batch
@@ -241,7 +286,7 @@ class Dispatcher:
         if found:
             c = self._reschedule_misdated(found, e)
             if len(c):
-                self._record(Batch([], *e.select(c)), now, CORRUPT, e.attempts[c])
+                self.outcomes.record(Batch([], *e.select(c)), now, CORRUPT, e.attempts[c])
                 with self._lock:
                     self.counters.corrupt += len(c)
         if not len(batch):
@@ -329,7 +374,7 @@ class Dispatcher:
         good = b if all_ok else b.select(delivered)
         if len(good.due):
             try:
-                self._record(good, sent_at, DELIVERED, good.attempts + 1,
+                self.outcomes.record(good, sent_at, DELIVERED, good.attempts + 1,
                              answers if answers is None or all_ok else answers[delivered])
             except StorageWriteError:
                 # Delivered, but the dispatch log could not say so (disk full?): after a restart
@@ -350,14 +395,14 @@ class Dispatcher:
         failed_rows = ~delivered if held is None else ~delivered & ~held
         if failed_rows.any():
             failed_errors = [errors[i] for i in np.flatnonzero(failed_rows).tolist()] if errors else None
-            self._fail(b.select(failed_rows), sent_at, failed_errors)
+            self.outcomes.fail(b.select(failed_rows), sent_at, failed_errors)
 
     def _resolved(self, recovery: Recovery, b: Batch, held_since: np.ndarray | None) -> tuple[Batch, np.ndarray | None]:
         """What is left of `b` to send once its ambiguous rows waited or were looked up."""
         now = self.clock.now_ms()
         keep = recovery.resolve(b, now, self.queue.retry,
-                                lambda f, answers: self._record(f, now, DELIVERED, f.attempts + 1, answers, FOUND_NOTE),
-                                lambda u, errors: self._fail(u, now, errors))
+                                lambda f, answers: self.outcomes.record(f, now, DELIVERED, f.attempts + 1, answers, FOUND_NOTE),
+                                lambda u, errors: self.outcomes.fail(u, now, errors))
         if keep.all():
             return b, held_since
         if self.shaper is not None and held_since is not None:  # granted but not sent now: the tokens go back
@@ -387,57 +432,6 @@ class Dispatcher:
                 by_topic = None  # not every row once: the batch's own topics answer instead
             return np.asarray(results, bool), answers, errors, held, by_topic
         return np.asarray(results, bool), None, None, None, None
-
-    def _fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
-        """Queue failed messages for another attempt with backoff, or dead-letter them after the last;
-        each failed attempt is recorded with its error (`errors`, aligned, when the sink said)."""
-        # int64 here, saturated when queued: a message the dead-letter path keeps refusing retries for
-        # as long as it takes, and its count must not wrap around int16 meanwhile
-        tries = bad.attempts.astype(np.int64) + 1
-        final = tries >= self.config.max_attempts
-        with self._lock:
-            self.counters.send_failures += len(bad.due)
-        why = error_notes(errors, len(bad.due))
-        if final.any():
-            dead = bad.select(final)
-            reason = f"not delivered after {self.config.max_attempts} attempts"
-            if self.dead_letter_sink is not None:
-                try:
-                    self.dead_letter_sink.dead_letter(dead.messages, reason)
-                except Exception as e:  # the dead-letter path is down too: keep retrying instead of losing it
-                    log.exception("dead-letter sink failed; the messages stay in the retry queue")
-                    final[:] = False
-                    why = [f"{w}; dead letter failed too: {type(e).__name__}: {e}" for w in why]
-            if final.any():
-                for note, rows in by_note([why[i] for i in np.flatnonzero(final).tolist()]):
-                    self._record(dead.select(rows), now, DEAD_LETTERED, tries[final][rows],
-                                 note=f"{reason}; last error: {note}")
-                with self._lock:
-                    self.counters.dead_lettered += int(final.sum())
-        retry = ~final
-        if retry.any():
-            t = tries[retry].astype(np.int64)
-            backoff = np.minimum(self.config.retry_base_ms * (2 ** np.minimum(t - 1, 30)), self.config.retry_max_ms)
-            with self._lock:
-                jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
-                self.counters.retries += int(retry.sum())
-            again = bad.select(retry)
-            for note, rows in by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
-                self._record(again.select(rows), now, RETRIED, tries[retry][rows], note=note, terminal=False)
-            self.queue.retry(now + (backoff * jitter).astype(np.int64), again.entries()._replace(
-                attempts=np.minimum(tries[retry], _MAX_ATTEMPTS_COUNTED).astype(np.int16)))
-
-    def _record(self, b: Batch, now: int, outcome: int, attempts: np.ndarray, answers: np.ndarray | None = None,
-                note: str = "", terminal: bool = True) -> None:
-        """Write outcomes (attempts and the broker's `answers` aligned with the batch, one `note` for
-        all) to each segment's dispatch log; terminal ones are counted for the timer (through the queue)."""
-        for seg, m in groups(b.segs):
-            parts = b.parts[m]
-            self.store.record_dispatch(seg, dispatch_entries(parts, b.offsets[m], b.due[m], now, outcome,
-                                                             attempts[m]), now,
-                                       answers[m] if answers is not None else None, note)
-            if terminal:
-                self.queue.count_done(seg, len(parts))
 
 
 def _rows_by_topic(topics: list[str]) -> dict[str, list[int]]:

@@ -10,7 +10,9 @@ Threads, when started in the background, and what each owns:
   calls the timer's commit listener, which only appends to the timer's inbound list;
 - the timer thread (`timewheel-timer`, `TimerDriver`) owns the clock reads, the wheel, the
   `SegmentLoader`, catch-up of past segments and cancels' removals from the wheel: it pops what is
-  due at the exact millisecond into the `DispatchQueue` and nudges it;
+  due at the exact millisecond into the `DispatchQueue` and nudges it; at a low rate, when no
+  dispatch thread is sending, it runs the dispatcher's pass for what it popped itself
+  (`Dispatcher.send_if_idle`, handed to it as a callable: it still reads no dispatcher state);
 - the dispatch threads (`timewheel-dispatch-N`, `Dispatcher`; as many as the sink's
   `max_in_flight`, default one, of which more than one sends only while a full batch waits) own the shaper's held queues, the Sink calls, backoff (failed
   entries wait in the queue for their next attempt), dead letters, outcome records and lateness;
@@ -149,12 +151,12 @@ class Engine:
             queue = DispatchQueue(self.clock, batch_size=cfg.send_batch_size, catch_up_chunk=cfg.catch_up_chunk,
                                   linger_ms=int(getattr(self.sink, "linger_ms", 0)),
                                   linger_max_ms=getattr(self.sink, "linger_max_ms", None), wake_timer=timer_wake.set)
-            timer = TimerDriver(cfg, store, self.clock, queue, timer_wake)
             if self.copy_finder is not None:
                 self.recovery = Recovery(self.copy_finder, store.meta, self.clock.now_ms())
             dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                     dead_letter_sink=self._dead_letter_sink, seed=self._seed,
                                     counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
+            timer = TimerDriver(cfg, store, self.clock, queue, timer_wake, send_now=dispatcher.send_if_idle)
             tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
                                     cfg.max_tombstones)
             tombstones.load(self.clock.now_ms())

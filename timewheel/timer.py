@@ -26,7 +26,9 @@ segment loaded only once it was read), but records taken from the store's commit
 are no longer anywhere in memory if the pass fails after taking them, and a segment wrongly found
 fully dispatched would be marked done. Everything due is in the store, and a start reads it again.
 
-The timer thread runs a pass, nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
+The timer thread runs a pass, sends what it popped itself when the queue gives it the turn at once
+(`send_now`: a small batch at a low rate, no dispatch thread sending; `DispatchQueue.turn_now`) or
+else nudges the queue, and sleeps until `next_wakeup_ms` (at most 50 ms;
 a commit of a message due within 100 ms, a cancel, or room in the backlog wake it earlier). With a
 sink that lingers (`DispatchQueue.linger_ms`), it pops in steps of that linger: the wheel's next
 entry is popped a linger after it was due, with all that came due meanwhile, which is when the
@@ -38,6 +40,7 @@ import functools
 import logging
 import threading
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -67,8 +70,12 @@ class TimerDriver:
     """Drives the wheel and the segment loader with the clock; produces due entries into a queue."""
 
     def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock, queue: DispatchQueue,
-                 wake: threading.Event | None = None) -> None:
-        """`wake`: the event that makes the timer thread run a pass (the queue sets it for catch-up)."""
+                 wake: threading.Event | None = None, send_now: Callable[[], bool] | None = None) -> None:
+        """`wake`: the event that makes the timer thread run a pass (the queue sets it for catch-up);
+        `send_now`: after a pass, sends what it popped on this thread if that should go now and no
+        dispatch thread is on it, and says whether it did (`Dispatcher.send_if_idle`); else, and
+        without it, the queue is nudged for a dispatch thread."""
+        self._send_now = send_now
         self.config = config
         self.store = store
         self.clock = clock
@@ -132,7 +139,9 @@ class TimerDriver:
                 # a failed pass ends the thread (`guarded` logs it; module docstring: why not retried)
                 self._pass(self.clock.now_ms())
                 wake = self._next_wakeup(self.clock.now_ms())
-            self.queue.nudge()
+            # outside the lock: a send takes a round trip, and cancels and status take the lock meanwhile
+            if self._send_now is None or not self._send_now():
+                self.queue.nudge()
             timeout = seconds_until(self.clock, wake, _MAX_WAIT_S)
             if timeout > 0 and self._running:
                 self._wake.wait(timeout)

@@ -102,14 +102,49 @@ def test_a_call_over_the_slow_limit_is_kept_with_its_wall_time_and_cpu(monkeypat
         mod.Worker().wait(0.04)
         mod.Worker().spin(0.001)
     assert len(clock.slow) == 1, "only the call over 20 ms"
-    _, thread, label, wall_ms, cpu_ms = clock.slow[0]
+    _, thread, label, wall_ms, cpu_ms, queued_ms = clock.slow[0]
     assert label == "wait" and thread == "MainThread"
     assert wall_ms >= 40 and cpu_ms < wall_ms / 2, "it slept: wall time, little CPU"
+    assert 0 <= queued_ms < wall_ms / 2, "asleep, not waiting for a CPU"
     f = tmp_path / "stages.jsonl"
     f.write_text(json.dumps({"t": 100.0, "cpu": {}, "calls": {}, "threads": {}, "process": 0, "minor_faults": 0,
-                             "slow": [[101.5, thread, "  wait", wall_ms, cpu_ms]]}) + "\n")
-    listed = stage_cpu.slow_calls(f).splitlines()
-    assert len(listed) == 2 and listed[1].split()[:3] == ["1.50", "MainThread", "wait"]
+                             "slow": [[101.5, thread, "  wait", 50.0, 1.0, 4.0],
+                                      [102.0, thread, "  wait", 30.0, 2.0]]}) + "\n")  # as before run queues
+    listed = [line.split() for line in stage_cpu.slow_calls(f).splitlines()]
+    assert len(listed) == 4 and listed[1][:3] == ["1.50", "MainThread", "wait"]
+    assert listed[1][3:] == ["50.0", "1.00", "4.00", "45.0"], "asleep: wall less CPU less the run queue"
+    assert listed[2][3:] == ["30.0", "2.00", "-", "28.0"]
+    assert listed[3] == ["all", "2", "calls", "80.0", "3.00", "4.00", "73.0"]
+
+
+def test_a_thread_that_waits_for_a_cpu_shows_it_in_its_run_queue_time() -> None:
+    import hashlib
+    import os
+    import threading
+
+    if not os.path.exists("/proc/thread-self/schedstat"):
+        pytest.skip("this kernel keeps no schedstat")
+    # More threads than CPUs, each hashing (hashlib lets go of the GIL) for 0.3 s of its own CPU: each
+    # waits in the run queue while the others run, about (threads / CPUs - 1) times that in all.
+    data = b"x" * (1 << 20)
+    waited: dict[int, int] = {}
+
+    def work(i: int) -> None:
+        before = stage_cpu.run_queue_ns()
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            hashlib.sha256(data).digest()
+        waited[i] = stage_cpu.run_queue_ns() - before
+
+    cpus = len(os.sched_getaffinity(0))
+    n = 2 * cpus + 2
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expected_s = n * 0.3 * (n / cpus - 1)
+    assert sum(waited.values()) / 1e9 > expected_s / 4, (sum(waited.values()) / 1e9, expected_s)
 
 
 def test_without_a_slow_limit_nothing_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,3 +165,11 @@ def test_a_stage_that_waits_by_design_is_never_listed_slow(monkeypatch: pytest.M
     with StageClock([(mod.__name__, "Worker", "wait", waits)], slow_ms=5) as clock:
         mod.Worker().wait(0.02)
     assert clock.calls[waits] == 1 and clock.slow == []
+
+
+def test_every_stage_the_serve_run_wraps_names_a_real_method() -> None:
+    import importlib
+
+    for module, cls, method, label in stage_cpu.SERVE_STAGES:
+        owner = getattr(importlib.import_module(module), cls) if cls else importlib.import_module(module)
+        assert callable(getattr(owner, method, None)), f"{label.strip()}: {module}.{cls}.{method} is gone"

@@ -207,3 +207,40 @@ def test_the_earliest_retries_set_apart_are_those_a_sort_would_pick(dues: list[i
     below = apart.due < bound if bound is not None else np.ones(len(apart.due), bool)
     want = order[:limit] if bound is None else order[:limit][due[order[:limit]] < bound]
     assert sorted(apart.refs[below].tolist()) == sorted(_refs(*want.tolist()).tolist())
+
+
+def test_the_timer_gets_the_turn_at_once_only_for_a_small_batch_nobody_else_is_on() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=4)
+    assert not q.turn_now(), "nothing ready"
+    q.push_ready(_e(np.array([T0], np.int64), _refs(1)))
+    assert q.turn_now(), "a small ready batch, nobody sending: the caller sends it"
+    assert q.await_turn() is Turn.LOOK_AGAIN, "the caller counts as sending: a dispatch thread waits beside it"
+    assert not q.turn_now(), "one send at a time"
+    q.take(4)
+    q.end_turn()
+    q.push_ready(_e(np.array([T0] * 4, np.int64), _refs(2, 3, 4, 5)))
+    assert not q.turn_now(), "a full batch wakes the dispatch threads, which may send it side by side"
+    q.take(4)
+    q.push_backlog(_e(np.array([T0 - 9000], np.int64), _refs(6)))
+    q.push_ready(_e(np.array([T0], np.int64), _refs(7)))
+    assert not q.turn_now(), "a backlog: catch-up stays with the dispatch threads"
+    q.take(4)
+    q.close()
+    q.push_ready(_e(np.array([T0], np.int64), _refs(8)))
+    assert not q.turn_now(), "closed"
+
+
+def test_the_timer_does_not_take_the_turn_while_the_queue_lingers() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=100, linger_ms=2)
+    q.push_ready(_e(np.array([T0], np.int64), _refs(1)))
+    assert not q.turn_now(), "a linger: the batch waits for company on a dispatch thread"
+    quiet, _ = _queue(clock, batch_size=100, linger_ms=0, linger_max_ms=6)
+    quiet.push_ready(_e(np.array([clock.now_ms()], np.int64), _refs(1)))
+    assert quiet.turn_now(), "quiet: no linger, the timer sends"
+    busy, _ = _queue(clock, batch_size=100, linger_ms=0, linger_max_ms=6)
+    _due_for(busy, clock, FULL_LINGER_RATE, RATE_WINDOW_MS + 1)
+    busy.push_ready(_e(np.array([clock.now_ms()], np.int64), _refs(1)))
+    assert busy.linger_ms > 0
+    assert not busy.turn_now(), "under load the linger grows: the dispatch threads send"

@@ -114,3 +114,78 @@ def test_the_timer_pops_in_steps_of_the_sinks_linger(make_engine: Callable[..., 
     assert e.next_wakeup_ms() == T0 + 105, "a linger after the first was due, with what came due meanwhile"
     clock.set(T0 + 105)
     assert e.step() == 4 and [t for _, t in sink.sent] == [T0 + 105] * 4
+
+
+class ThreadNamingSink:
+    """Answers at once; records which thread sent each message."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: list[tuple[str, str]] = []  # (msg_id, thread name)
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        name = threading.current_thread().name
+        with self.lock:
+            self.sent += [(m.msg_id or "", name) for m in messages]
+        return [True] * len(messages)
+
+
+def test_a_trickle_is_sent_on_the_timers_thread_each_message_once(tmp_path: Path) -> None:
+    sink = ThreadNamingSink()
+    with Engine(EngineConfig(data_dir=tmp_path / "data"), sink) as engine:
+        now = time.time_ns() // 1_000_000
+        engine.schedule([Message("T", b"x", now + 300 + i * 5, msg_id=f"t{i}") for i in range(100)])
+        assert wait_for(lambda: len(sink.sent) == 100, 30)
+        run = engine._run
+        assert run is not None
+        inline = run.dispatcher.inline_passes
+    assert sorted(m for m, _ in sink.sent) == sorted(f"t{i}" for i in range(100))
+    on_timer = sum(t == "timewheel-timer" for _, t in sink.sent)
+    print(f"\n{on_timer} of 100 sent on the timer's thread, in {inline} passes")
+    # Not all: a dispatch thread that wakes from its longest wait (50 ms) may find one first, and a
+    # stall of this machine over 20 ms leaves the sends to the dispatch threads for a while.
+    assert on_timer and inline, "what the timer popped at a low rate went on its own thread"
+
+
+class _RuleInForce:
+    """A shaper with a rule: nothing passes through."""
+
+    def passes_through(self) -> bool:
+        return False
+
+    def next_grant_ms(self, now_ms: int) -> int | None:
+        return None
+
+
+def test_a_slow_send_leaves_the_sends_to_the_dispatch_threads_until_they_are_fast_again(
+        make_engine: Callable[..., Engine], clock: ManualClock, sink: RecordingSink) -> None:
+    e = make_engine()
+    run = e._run
+    assert run is not None
+    e.schedule([Message("T", b"x", T0 + 10 + i, msg_id=f"m{i}") for i in range(3)])
+    clock.set(T0 + 10)
+    run.timer.run_pass(clock.now_ms())
+    answer = sink.send_batch
+
+    def slow(messages: Sequence[Message]) -> list[bool]:
+        clock.advance(30)  # a broker that took 30 ms to answer
+        return answer(messages)
+
+    sink.send_batch = slow  # type: ignore[method-assign]
+    assert run.dispatcher.send_if_idle()
+    sink.send_batch = answer  # type: ignore[method-assign]
+    run.timer.run_pass(clock.now_ms())
+    assert not run.dispatcher.send_if_idle(), "after a slow send the dispatch threads send alone"
+    clock.set(T0 + 10 + 30 + 10 * 30)  # 10 times as long as the slow send went by
+    assert not run.dispatcher.send_if_idle(), "and stay alone until their sends are fast again"
+    for _ in range(19):
+        run.dispatcher._timed(clock.now_ms())  # a dispatch thread's fast pass
+    assert not run.dispatcher.send_if_idle()
+    run.dispatcher._timed(clock.now_ms())
+    assert run.dispatcher.send_if_idle(), "20 fast passes in a row: the timer sends again"
+    assert [m for m, _ in sink.sent] == ["m0", "m1", "m2"]
+    assert not run.dispatcher.send_if_idle(), "nothing left"
+    run.dispatcher.shaper = _RuleInForce()  # type: ignore[assignment]
+    e.schedule([Message("T", b"x", clock.now_ms(), msg_id="r")])
+    run.timer.run_pass(clock.now_ms())
+    assert not run.dispatcher.send_if_idle(), "a shaper rule in force: its grants are the dispatch threads' to wait for"

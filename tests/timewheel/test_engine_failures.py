@@ -122,7 +122,7 @@ def _saturates(e: Engine, clock: ManualClock, dead_letters: Any) -> None:
     near_end = Batch([Message("T", b"x", T0 + 10, msg_id=mid)], np.array([T0 + 10]), np.array([1], np.uint64),
                      np.array([32767], np.int16), np.array([loc.segment_ms]), np.array([loc.part], np.uint16),
                      np.array([loc.offset], np.uint32))
-    run.dispatcher._fail(near_end, T0 + 2600)
+    run.dispatcher.outcomes.fail(near_end, T0 + 2600)
     assert e.stats().retrying == 2 and e.stats().counters.dead_lettered == 0
     assert run.queue._retries.entries.attempts.min() > 0  # saturated at 32767, not wrapped to -32768
 
