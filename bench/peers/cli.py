@@ -38,6 +38,8 @@ _HELP = {
     "pull_batch": "no-op consumer: messages per pull (timewheel's own consumer pulls 32)",
     "stages": "timewheel only: run the engine under `python -m bench.stage_cpu serve`, its stages' CPU "
               "written to this file (read it with `python -m bench.stage_cpu timeline`); empty: not",
+    "broker_logs": ("a directory: each local RocketMQ's logs (its store.log holds the broker's own put latency "
+                    "each minute, [PAGECACHERT]) are copied to DIR/SYSTEM before its store goes; empty: not"),
     "seed": "random seed of the delays and due times",
     "broker_per_system": "start a fresh local RocketMQ for each system and reference row, so that what one "
                          "leaves in the broker (the intake rows store millions) does not move the next one's "

@@ -32,6 +32,42 @@ def cpu_seconds(system: System) -> dict[str, float]:
     return out
 
 
+def run_queue_seconds(system: System) -> dict[str, float]:
+    """Seconds the threads of each process doing the system's work (children included) have waited in
+    the kernel's run queue for a CPU (their /proc schedstat), keyed as `cpu_seconds`: on a machine the
+    broker, the clients and the engine share, what the scheduler, not the work, added to a wait."""
+    out: dict[str, float] = {}
+    for pid in system.process_pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            name = "broker" if any(b"BrokerStartup" in a for a in argv) else Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:  # the process ended
+            continue
+        waited = 0
+        for p in _process_tree(pid):
+            for task in Path(f"/proc/{p}/task").glob("*"):
+                try:
+                    waited += int((task / "schedstat").read_text().split()[1])
+                except (OSError, IndexError, ValueError):  # the thread ended, or no schedstat here
+                    continue
+        out[f"{pid} {name}"] = waited / 1e9
+    return out
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (/proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+    return out
+
+
 def thread_cpu_seconds(system: System) -> dict[str, float]:
     """CPU seconds of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
     siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
@@ -60,7 +96,8 @@ class CpuSampler:
     def __init__(self, system: System, every_s: float = 0.5) -> None:
         self.system = system
         self.every_s = every_s
-        self.samples: list[tuple[float, dict[str, float], dict[str, float]]] = []
+        #: (time.monotonic(), cpu_seconds, thread_cpu_seconds, run_queue_seconds)
+        self.samples: list[tuple[float, dict[str, float], dict[str, float], dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -75,7 +112,8 @@ class CpuSampler:
         self._sample()
 
     def _sample(self) -> None:
-        self.samples.append((time.monotonic(), cpu_seconds(self.system), thread_cpu_seconds(self.system)))
+        self.samples.append((time.monotonic(), cpu_seconds(self.system), thread_cpu_seconds(self.system),
+                             run_queue_seconds(self.system)))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -87,11 +125,12 @@ class CpuSampler:
         inside = [s for s in self.samples if start - self.every_s / 2 <= s[0] <= end + self.every_s / 2]
         if len(inside) < 2:
             return None
-        (t0, c0, h0), (t1, c1, h1) = inside[0], inside[-1]
+        (t0, c0, h0, q0), (t1, c1, h1, q1) = inside[0], inside[-1]
         return {"seconds": round(t1 - t0, 2),
                 "server_cpu_s": {k: round(v - c0.get(k, 0.0), 3) for k, v in c1.items()},
                 "engine_threads_cpu_s": {k: round(v - h0.get(k, 0.0), 3) for k, v in sorted(h1.items())
-                                         if v - h0.get(k, 0.0) > 0}}
+                                         if v - h0.get(k, 0.0) > 0},
+                "run_queue_s": {k: round(v - q0.get(k, 0.0), 3) for k, v in q1.items()}}
 
 
 def window_cpu(system: dict, phase: str) -> tuple[float, float, float] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,14 @@ def floor_tables(doc: dict) -> str:
                 f"**{engine_s / broker_s:.3f}**" + (" (by thread: " + ", ".join(
                     f"{k} {v / n * 1e6:,.1f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])) + ")"
                     if threads else "") + "."]
+        queued = w.get("run_queue_s") or {}
+        if queued and w.get("seconds"):
+            engine_q = sum(v for k, v in queued.items() if "broker" not in k)
+            broker_q = sum(queued.values()) - engine_q
+            out[-1] += (f" Meanwhile their threads waited in the kernel's run queue for a CPU: the engine's "
+                        f"{engine_q / w['seconds'] * 1000:,.0f} ms a second, the broker's "
+                        f"{broker_q / w['seconds'] * 1000:,.0f} ms a second (/proc schedstat; the machine's "
+                        f"{os.cpu_count()} CPUs are shared with the Java producer and consumer).")
     split = [_thread_split(tw, phase) for phase in ("steady", "steady_high", "batch_ingest")]
     if any(split):
         out += ["", "Where the engine's CPU went, by thread (µs a message; the threads' names for the OS: "

@@ -55,6 +55,7 @@ class RunConfig:
     seed: int = 7
     broker_per_system: bool = True
     stages: str = ""
+    broker_logs: str = ""
 
 
 class Ids:
@@ -282,15 +283,34 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
                 if broker is not None and cfg.broker_per_system:
                     stopping, broker = broker, None
                     stopping.stop()
+                    if cfg.broker_logs:
+                        keep_broker_logs(stopping.root, Path(cfg.broker_logs) / name)
                     # its store goes too: the intake rows leave gigabytes of dirty pages, whose writeback
                     # would go on under the next system's phases
                     remove_tree(stopping.root)
     finally:
         if broker is not None:
             broker.stop()
+            if cfg.broker_logs:
+                keep_broker_logs(broker.root, Path(cfg.broker_logs) / "shared")
         remove_tree(work)
     out["load_average_end"] = load_average()
     return out
+
+
+def keep_broker_logs(root: Path, dest: Path) -> int:
+    """Copy the logs a local RocketMQ under `root` wrote (its NameServer's and brokers', `*.log` in
+    each logs/rocketmqlogs) to `dest`, before the store goes; how many files."""
+    import shutil
+
+    n = 0
+    for logs in sorted(root.rglob("rocketmqlogs")):
+        for f in sorted(logs.glob("*.log")):
+            target = dest / logs.relative_to(root).parent.parent / f.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
+            n += 1
+    return n
 
 
 class _Broker:

@@ -78,3 +78,17 @@ def test_a_revision_that_is_not_a_commit_is_refused_before_any_run(tmp_path: Pat
     with pytest.raises(SystemExit, match="is not a commit"):
         main(["no-such-revision", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_report_says_how_long_the_steady_windows_threads_waited_for_a_cpu() -> None:
+    from bench.peers.report import floor_tables
+
+    doc = _doc(6.0, 20.0, 30.0, 1.6, 9.0)
+    doc["config"] = {"steady_rate": 1000, "burst": 2000}
+    window = doc["systems"]["timewheel"]["steady_high"]["steady_window"]
+    window["run_queue_s"] = {"101 python": 0.25, "102 broker": 1.5}
+    text = floor_tables(doc)
+    assert "engine ÷ broker **0.250**" in text
+    assert "the engine's 20 ms a second, the broker's 120 ms a second" in text, "12.5 s of window"
+    del window["run_queue_s"]
+    assert "run queue" not in floor_tables(doc), "a run from before it was sampled says nothing of it"

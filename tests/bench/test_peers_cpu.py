@@ -1,6 +1,8 @@
 """The steady window of a phase's CPU samples."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench.peers.cpu import CpuSampler, steady_window
 
 
@@ -13,7 +15,8 @@ class _Quiet:
 
 def _sampler(samples: list[tuple[float, float, float]]) -> CpuSampler:
     s = CpuSampler(_Quiet())  # type: ignore[arg-type]
-    s.samples = [(t, {"1 python": e, "2 broker": b}, {"tw-dispatch": e / 2}) for t, e, b in samples]
+    s.samples = [(t, {"1 python": e, "2 broker": b}, {"tw-dispatch": e / 2}, {"1 python": e / 10, "2 broker": b / 8})
+                 for t, e, b in samples]
     return s
 
 
@@ -25,6 +28,7 @@ def test_the_window_is_the_stream_s_last_seconds_once_all_it_sends_comes_due() -
     assert w["seconds"] == 13.0
     assert w["server_cpu_s"] == {"1 python": 13.0, "2 broker": 52.0}, "the drain after 25 s is left out"
     assert w["engine_threads_cpu_s"] == {"tw-dispatch": 6.5}
+    assert w["run_queue_s"] == {"1 python": 1.3, "2 broker": 6.5}, "the run queue's waits in the same window"
 
 
 def test_a_stream_too_short_for_a_steady_part_has_no_window() -> None:
@@ -33,3 +37,30 @@ def test_a_stream_too_short_for_a_steady_part_has_no_window() -> None:
 
 def test_a_window_with_fewer_than_two_samples_is_none() -> None:
     assert _sampler([(0.0, 0.0, 0.0), (30.0, 1.0, 1.0)]).window(10.0, 20.0) is None
+
+
+def test_the_run_queue_of_a_process_counts_its_threads_and_its_childrens() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from bench.peers.cpu import run_queue_seconds
+    from bench.stage_cpu import run_queue_ns
+
+    class Me:
+        name = "timewheel"
+
+        def process_pids(self) -> list[int]:
+            return [os.getpid()]
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        before = run_queue_ns()
+        [(key, waited)] = run_queue_seconds(Me()).items()  # type: ignore[arg-type]
+        assert key == f"{os.getpid()} {Path(f'/proc/{os.getpid()}/comm').read_text().strip()}"
+        assert waited >= before / 1e9, "at least this thread's own wait"
+        from bench.peers.cpu import _process_tree
+        assert child.pid in _process_tree(os.getpid()), "children's threads count too"
+    finally:
+        child.kill()
+        child.wait()

@@ -17,6 +17,10 @@ class _FakeBroker:
         self.root, self.mq, self.producer, self.stopped = root, f"mq {root.name}", f"producer {root.name}", 0
         root.mkdir(parents=True)
         (root / "store").write_bytes(b"x")
+        logs = root / "broker-a" / "logs" / "rocketmqlogs"  # as a broker's node folder holds them
+        logs.mkdir(parents=True)
+        (logs / "store.log").write_text(f"[PAGECACHERT] of {root.name}\n")
+        (logs / "big.bin").write_bytes(b"not a log")
         _FakeBroker.started.append(self)
 
     def stop(self) -> None:
@@ -59,3 +63,15 @@ def test_one_broker_for_the_whole_run_when_asked(brokers: _Seen) -> None:
                log=lambda _: None)
     assert len(started) == 1 and started[0].stopped == 1
     assert [mq for _, mq in seen] == ["mq mq", "mq mq", "mq mq"], "the shared broker stays up through heapq"
+
+
+def test_each_brokers_logs_are_kept_before_its_store_goes_when_asked(brokers: _Seen, tmp_path: Path) -> None:
+    runner.run(RunConfig(systems=("plain-hop", "timewheel"), broker_logs=str(tmp_path / "logs")), "test",
+               log=lambda _: None)
+    kept = sorted(p.relative_to(tmp_path / "logs").as_posix() for p in (tmp_path / "logs").rglob("*") if p.is_file())
+    assert kept == ["plain-hop/broker-a/store.log", "timewheel/broker-a/store.log"], "the logs only, per system"
+    assert (tmp_path / "logs/timewheel/broker-a/store.log").read_text() == "[PAGECACHERT] of mq-timewheel\n"
+    shared = tmp_path / "shared-logs"
+    runner.run(RunConfig(systems=("plain-hop",), broker_per_system=False, broker_logs=str(shared)), "test",
+               log=lambda _: None)
+    assert (shared / "shared/broker-a/store.log").exists(), "one broker for the run: its logs when it stops"
