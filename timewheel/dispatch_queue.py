@@ -36,10 +36,10 @@ The dispatch policy lives here, because only here are both sides visible under o
 
 At a low rate (no linger: below the rate at which it starts to grow) the timer thread sends what it
 popped itself when no dispatch thread is sending or lingering (`turn_now()`, then the dispatcher's
-pass on the timer's thread): a small batch would go at once anyway, and waking a dispatch thread for
-it costs more than the send's own work (the wake-up, the GIL's handover, the thread's cold caches;
-bench/RESULTS_HOTPATHS.md, run 16). A backlog, a full batch, a linger or a send in flight wake the
-dispatch threads as before.
+pass on the timer's thread): a small batch would go at once anyway, and handing it to a sleeping
+dispatch thread adds a wait for that thread to wake and take the GIL (at 1,000 a second the p999
+fell from 19-38 ms to 11-15 with the same CPU; bench/RESULTS_HOTPATHS.md, run 16). A backlog, a
+full batch, a linger or a send in flight wake the dispatch threads as before.
 
 Example: four dispatch threads, a sink answering in 5 ms, 2,000 messages due a second. Thread A
 takes the entries due so far and sends them. During its 5 ms ten more come due; the timer pushes

@@ -11,8 +11,10 @@ then writes each outcome to its segment's dispatch log (delivered, corrupt, dead
 the terminal ones per segment into the queue (`DispatchQueue.count_done`: the timer takes them on
 its own thread), and records lateness. A failed send goes back to the queue with its location,
 exponential backoff and jitter; after `max_attempts` it goes to the dead-letter sink (if that fails
-too, it keeps retrying): the outcomes, retries and dead letters are `timewheel._outcomes`. The dispatcher never calls into the timer. What a crash, a takeover or a
-failed send left ambiguous is looked up before `_deliver` sends it (`timewheel._recovery`).
+too, it keeps retrying): outcomes, retries and dead letters are `timewheel._outcomes`. The
+dispatcher never calls into the timer; at a low rate the timer runs a pass on its own thread
+(`send_if_idle`). What a crash, a takeover or a failed send left ambiguous is looked up before
+`_deliver` sends it (`timewheel._recovery`).
 
 A send is two stages, `_send` (read the records: `timewheel._read_batch`) then `_deliver` (one
 send batch through the sink, then the outcomes); a stage between them takes a `Batch` and gives
