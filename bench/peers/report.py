@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +230,7 @@ def floor_tables(doc: dict) -> str:
             out[-1] += (f" Meanwhile their threads waited in the kernel's run queue for a CPU: the engine's "
                         f"{engine_q / w['seconds'] * 1000:,.0f} ms a second, the broker's "
                         f"{broker_q / w['seconds'] * 1000:,.0f} ms a second (/proc schedstat; the machine's "
-                        f"{os.cpu_count()} CPUs are shared with the Java producer and consumer).")
+                        f"{_get(doc, 'machine', 'cpus') or '?'} CPUs are shared with the Java producer and consumer).")
     split = [_thread_split(tw, phase) for phase in ("steady", "steady_high", "batch_ingest")]
     if any(split):
         out += ["", "Where the engine's CPU went, by thread (µs a message; the threads' names for the OS: "

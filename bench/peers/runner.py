@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import tempfile
 import time
 import traceback
@@ -301,8 +302,6 @@ def run(cfg: RunConfig, command: str, log: Callable[[str], None] = print) -> dic
 def keep_broker_logs(root: Path, dest: Path) -> int:
     """Copy the logs a local RocketMQ under `root` wrote (its NameServer's and brokers', `*.log` in
     each logs/rocketmqlogs) to `dest`, before the store goes; how many files."""
-    import shutil
-
     n = 0
     for logs in sorted(root.rglob("rocketmqlogs")):
         for f in sorted(logs.glob("*.log")):

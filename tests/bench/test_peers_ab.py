@@ -85,10 +85,12 @@ def test_the_report_says_how_long_the_steady_windows_threads_waited_for_a_cpu() 
 
     doc = _doc(6.0, 20.0, 30.0, 1.6, 9.0)
     doc["config"] = {"steady_rate": 1000, "burst": 2000}
+    doc["machine"] = {"cpus": 3}  # the machine that ran it, not the one that reads the JSON
     window = doc["systems"]["timewheel"]["steady_high"]["steady_window"]
     window["run_queue_s"] = {"101 python": 0.25, "102 broker": 1.5}
     text = floor_tables(doc)
     assert "engine ÷ broker **0.250**" in text
     assert "the engine's 20 ms a second, the broker's 120 ms a second" in text, "12.5 s of window"
+    assert "the machine's 3 CPUs" in text
     del window["run_queue_s"]
     assert "run queue" not in floor_tables(doc), "a run from before it was sampled says nothing of it"
