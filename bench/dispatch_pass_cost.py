@@ -145,7 +145,7 @@ def _run_threads(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, linge
     c1, p1, r1 = thread_cpu(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
     delivered = engine.stats().counters.delivered - 1  # the warm-up message
     print(f"{delivered:,} of {n:,} delivered at {rate:,}/s; lateness {engine.stats().lateness_ms}; "
-          f"passes on the timer's thread {run.dispatcher.inline_passes:,}")
+          f"passes on the timer's thread {engine.stats().counters.timer_thread_passes:,}")
     print(f"process CPU a message: {(p1 - p0) / n * 1e6:.1f} µs (user {(r1.ru_utime - r0.ru_utime) / n * 1e6:.1f}, "
           f"system {(r1.ru_stime - r0.ru_stime) / n * 1e6:.1f})")
     spent = {name: (u - c0.get(name, (0.0, 0.0))[0], k - c0.get(name, (0.0, 0.0))[1]) for name, (u, k) in c1.items()}

@@ -35,6 +35,7 @@ class DispatchCounters:
     corrupt: int = 0
     send_failures: int = 0
     dispatch_log_errors: int = 0
+    timer_thread_passes: int = 0  # dispatch passes the timer's thread ran itself (`Dispatcher.send_if_idle`)
 
 
 class Outcomes:

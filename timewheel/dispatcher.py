@@ -90,7 +90,6 @@ class Dispatcher:
         # `send_if_idle` sends nothing before then, nor until this many passes in a row were fast
         self._inline_paused_until = 0
         self._fast_passes = _INLINE_RESUME_FAST
-        self.inline_passes = 0  # passes run by `send_if_idle`
 
     @property
     def dead_letter_sink(self) -> DeadLetterSink | None:
@@ -130,10 +129,10 @@ class Dispatcher:
                 continue
             start = self.clock.now_ms()
             try:
-                self.dispatch_pass()
+                handled = self.dispatch_pass()
             finally:
                 self.queue.end_turn()
-            self._timed(start)
+            self._timed(start, handled)
 
     def _held_state(self, now: int) -> tuple[bool, int | None]:
         """Whether the shaper holds enough to stop reading, and when it may grant what it holds."""
@@ -179,15 +178,20 @@ class Dispatcher:
         if start < self._inline_paused_until or not self.queue.turn_now():
             return False
         try:
-            self.dispatch_pass()
+            handled = self.dispatch_pass()
         finally:
             self.queue.end_turn()
-        self.inline_passes += 1
-        self._timed(start)
+        self.counters.timer_thread_passes += 1  # only the timer's thread counts it: no lock
+        self._timed(start, handled)
         return True
 
-    def _timed(self, start: int) -> None:
-        """Count a pass begun at `start` fast or slow (whether the timer's thread may send: `send_if_idle`)."""
+    def _timed(self, start: int, handled: int) -> None:
+        """Count a pass begun at `start` that handled `handled` entries fast or slow (whether the
+        timer's thread may send: `send_if_idle`)."""
+        if not handled:
+            # A pass that sent nothing says nothing of the broker: between the stalls of a broker
+            # that stalls every few seconds, empty passes would let the timer's thread back in.
+            return
         now = self.clock.now_ms()
         took = now - start
         if took <= _INLINE_SLOW_MS:

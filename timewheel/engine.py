@@ -390,7 +390,7 @@ class Engine:
         evicted = self._evicted_before + (run.tombstones.evicted if run is not None else 0)
         counters = EngineCounters(scheduled, duplicates, c.delivered, cancelled, c.dead_lettered, c.retries, c.corrupt,
                                   c.send_failures, catch_up_segments, c.dispatch_log_errors, cancel_requests,
-                                  applied, on_arrival, evicted)
+                                  applied, on_arrival, evicted, c.timer_thread_passes)
         if run is None:
             return EngineStats(counters, lateness_ms=self._lateness.summary())
         ready, backlog, retrying = run.queue.sizes()

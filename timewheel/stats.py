@@ -25,6 +25,7 @@ class EngineCounters:
     cancels_applied: int = 0  # of those, the ones applied (new to this engine; copies cost a look-up)
     cancelled_on_arrival: int = 0  # messages a tombstone cancelled as they arrived (never stored)
     cancel_tombstones_evicted: int = 0  # tombstones dropped over max_tombstones before their retention
+    timer_thread_passes: int = 0  # dispatch passes the timer's thread ran itself at a low rate
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ def test_a_trickle_goes_out_on_the_timers_thread_each_message_once(rocketmq: Loc
                             for i in range(N)])
                 assert wait_for(lambda: e.stats().counters.delivered == N, 60), e.stats().counters
                 assert e._run is not None
-                inline = e._run.dispatcher.inline_passes
+                inline = e._run.dispatcher.counts().timer_thread_passes
                 lateness = e.stats().lateness_ms
         finally:
             sink.close()

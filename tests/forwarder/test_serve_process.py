@@ -104,7 +104,11 @@ def test_sigterm_under_load_exits_zero_and_loses_nothing(rocketmq: LocalRocketMQ
         proc.wait(60)
         t.join()
         # a last run delivers everything that was acknowledged to the producer
-        proc, _ = _serve(data_dir, env, log)
+        proc, base = _serve(data_dir, env, log)
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        frozen = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("timewheel_gc_frozen_objects ")]
+        assert frozen and frozen[0] > 1000, "serve freezes what its start made out of the collector's full passes"
+        assert 'timewheel_gc_pauses_total{generation="0"}' in metrics
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with lock:

@@ -138,7 +138,12 @@ def test_a_trickle_is_sent_on_the_timers_thread_each_message_once(tmp_path: Path
         assert wait_for(lambda: len(sink.sent) == 100, 30)
         run = engine._run
         assert run is not None
-        inline = run.dispatcher.inline_passes
+        inline = run.dispatcher.counts().timer_thread_passes
+        assert engine.stats().counters.timer_thread_passes == inline
+        from timewheel.app.metrics import EngineCollector
+        exported = {s.name: s.value for m in EngineCollector(engine.stats, lambda: engine.lateness_buckets).collect()
+                    for s in m.samples}
+        assert exported["timewheel_timer_thread_passes_total"] == inline
     assert sorted(m for m, _ in sink.sent) == sorted(f"t{i}" for i in range(100))
     on_timer = sum(t == "timewheel-timer" for _, t in sink.sent)
     print(f"\n{on_timer} of 100 sent on the timer's thread, in {inline} passes")
@@ -178,10 +183,13 @@ def test_a_slow_send_leaves_the_sends_to_the_dispatch_threads_until_they_are_fas
     assert not run.dispatcher.send_if_idle(), "after a slow send the dispatch threads send alone"
     clock.set(T0 + 10 + 30 + 10 * 30)  # 10 times as long as the slow send went by
     assert not run.dispatcher.send_if_idle(), "and stay alone until their sends are fast again"
+    for _ in range(50):
+        run.dispatcher._timed(clock.now_ms(), 0)  # a dispatch thread's pass that found nothing to send
+    assert not run.dispatcher.send_if_idle(), "passes that sent nothing say nothing of the broker"
     for _ in range(19):
-        run.dispatcher._timed(clock.now_ms())  # a dispatch thread's fast pass
+        run.dispatcher._timed(clock.now_ms(), 1)  # a dispatch thread's fast send
     assert not run.dispatcher.send_if_idle()
-    run.dispatcher._timed(clock.now_ms())
+    run.dispatcher._timed(clock.now_ms(), 1)
     assert run.dispatcher.send_if_idle(), "20 fast passes in a row: the timer sends again"
     assert [m for m, _ in sink.sent] == ["m0", "m1", "m2"]
     assert not run.dispatcher.send_if_idle(), "nothing left"

@@ -1,12 +1,14 @@
 """Prometheus exposition of the engine's counters, gauges and lateness histogram."""
 from __future__ import annotations
 
+import gc
 from typing import Callable, Iterable, Mapping
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
                                    SummaryMetricFamily)
 from prometheus_client.registry import Collector
 
+from timewheel.app.gc_pauses import GcPauses
 from timewheel.lateness import LatenessBuckets
 from timewheel.stats import EngineStats
 
@@ -24,6 +26,8 @@ _COUNTERS = {
     "cancels_applied": "Cancels applied: new to this engine (copies and repeats are only looked up).",
     "cancelled_on_arrival": "Messages a cancel sent before them cancelled as they arrived (never stored).",
     "cancel_tombstones_evicted": "Cancels forgotten before their retention because max_tombstones was reached.",
+    "timer_thread_passes": "Dispatch passes the timer's thread ran itself at a low rate (the others ran on the "
+                           "dispatch threads); stops growing while sends are slow.",
 }
 
 
@@ -72,6 +76,32 @@ class EngineCollector(Collector):
             pending.add_metric([seg], float(n))
         yield pending
         yield _lateness_family(self._lateness(), "timewheel_lateness_seconds", "Send time minus due time.")
+
+
+class GcPausesCollector(Collector):
+    """The garbage collector's pauses by generation, and the objects frozen out of its sight."""
+
+    def __init__(self, pauses: GcPauses) -> None:
+        """`pauses`: installed by the service while it runs."""
+        self._pauses = pauses
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield the metric families."""
+        count = CounterMetricFamily("timewheel_gc_pauses", "Garbage collections, by generation; each one stops "
+                                    "every Python thread of the engine while it runs.", labels=["generation"])
+        seconds = CounterMetricFamily("timewheel_gc_pause_seconds", "Time spent in garbage collections, by generation.",
+                                      labels=["generation"])
+        longest = GaugeMetricFamily("timewheel_gc_pause_longest_seconds",
+                                    "The longest garbage collection since the start, by generation.",
+                                    labels=["generation"])
+        for g, p in enumerate(self._pauses.snapshot()):
+            count.add_metric([str(g)], float(p.collections))
+            seconds.add_metric([str(g)], p.seconds)
+            longest.add_metric([str(g)], p.longest_seconds)
+        yield from (count, seconds, longest)
+        yield GaugeMetricFamily("timewheel_gc_frozen_objects", "Objects of the start moved out of the garbage "
+                                "collector's full passes (`timewheel serve` freezes them once started).",
+                                value=float(gc.get_freeze_count()))
 
 
 def _lateness_family(buckets: LatenessBuckets, name: str, doc: str) -> HistogramMetricFamily:

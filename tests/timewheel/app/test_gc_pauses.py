@@ -1,0 +1,69 @@
+"""The garbage collector's pauses, timed by generation and exported; the started heap frozen."""
+from __future__ import annotations
+
+import gc
+from typing import Iterator
+
+import pytest
+
+from timewheel.app.gc_pauses import GcPauses, freeze_started_heap
+from timewheel.app.metrics import GcPausesCollector
+
+
+@pytest.fixture
+def pauses() -> Iterator[GcPauses]:
+    p = GcPauses().install()
+    yield p
+    p.remove()
+
+
+def test_each_collection_is_timed_under_its_generation(pauses: GcPauses) -> None:
+    before = pauses.snapshot()
+    gc.collect(2)
+    gc.collect(0)
+    after = pauses.snapshot()
+    assert after[2].collections >= before[2].collections + 1
+    assert after[0].collections >= before[0].collections + 1
+    assert after[2].seconds > before[2].seconds
+    assert after[2].longest_seconds > 0
+    assert after[2].longest_seconds <= after[2].seconds
+
+
+def test_a_removed_watch_times_nothing_more() -> None:
+    p = GcPauses().install()
+    p.install()  # twice: still one callback
+    assert gc.callbacks.count(p._on_collection) == 1
+    p.remove()
+    p.remove()
+    gc.collect(2)
+    assert [g.collections for g in p.snapshot()] == [0, 0, 0]
+
+
+def test_the_pauses_and_the_frozen_heap_are_exported(pauses: GcPauses) -> None:
+    gc.collect(1)
+    try:
+        frozen = freeze_started_heap()
+        assert frozen > 1000 and gc.get_freeze_count() == frozen
+        samples = {(s.name, s.labels.get("generation")): s.value
+                   for m in GcPausesCollector(pauses).collect() for s in m.samples}
+    finally:
+        gc.unfreeze()
+    snap = pauses.snapshot()
+    assert samples[("timewheel_gc_pauses_total", "1")] == snap[1].collections >= 1
+    assert samples[("timewheel_gc_pause_seconds_total", "2")] == pytest.approx(snap[2].seconds)
+    assert samples[("timewheel_gc_pause_longest_seconds", "2")] == snap[2].longest_seconds > 0
+    assert samples[("timewheel_gc_frozen_objects", None)] == frozen
+
+
+def test_a_full_collection_walks_only_what_was_made_since_the_freeze() -> None:
+    keep = [[i] for i in range(10_000)]  # a started heap's tracked objects
+    try:
+        freeze_started_heap()
+        made_since = [[i] for i in range(3)]
+        walked = gc.get_objects()  # what a full collection walks: every generation but the frozen
+        assert not any(o is keep for o in walked)
+        assert any(o is made_since for o in walked)
+        assert len(walked) < 1000
+    finally:
+        gc.unfreeze()
+    assert any(o is keep for o in gc.get_objects()), "unfrozen, they are the collector's again"
