@@ -50,6 +50,13 @@ class GcPauses:
         if self._on_collection in gc.callbacks:
             gc.callbacks.remove(self._on_collection)
 
+    def reset(self) -> None:
+        """Forget the collections timed so far (the start's own full collection, say)."""
+        with self._lock:
+            self._counts = [0] * _GENERATIONS
+            self._seconds = [0.0] * _GENERATIONS
+            self._longest = [0.0] * _GENERATIONS
+
     def snapshot(self) -> list[GenerationPauses]:
         """Each generation's pauses so far, youngest first."""
         with self._lock:

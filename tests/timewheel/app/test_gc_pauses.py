@@ -29,10 +29,15 @@ def test_each_collection_is_timed_under_its_generation(pauses: GcPauses) -> None
     assert after[2].longest_seconds <= after[2].seconds
 
 
-def test_a_removed_watch_times_nothing_more() -> None:
+def test_a_reset_forgets_and_a_removed_watch_times_nothing_more() -> None:
     p = GcPauses().install()
     p.install()  # twice: still one callback
     assert gc.callbacks.count(p._on_collection) == 1
+    gc.collect(2)
+    assert p.snapshot()[2].collections >= 1
+    p.reset()
+    assert [g.collections for g in p.snapshot()] == [0, 0, 0]
+    assert [g.longest_seconds for g in p.snapshot()] == [0.0, 0.0, 0.0]
     p.remove()
     p.remove()
     gc.collect(2)
