@@ -9,7 +9,6 @@ since. `GcPauses` times every collection, for the metrics (`timewheel_gc_*`).
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,12 @@ class GenerationPauses:
 
 
 class GcPauses:
-    """Times each collection by generation while installed (`gc.callbacks`)."""
+    """Times each collection by generation while installed (`gc.callbacks`).
+
+    No lock: the callback runs inside a collection, which any allocation can set off, on any thread,
+    the one holding such a lock included (a deadlock). Each figure is one list slot written whole; a
+    reader at the same moment may see a count one ahead of its seconds, for one scrape.
+    """
 
     def __init__(self) -> None:
         """Nothing is timed until `install`."""
@@ -37,7 +41,6 @@ class GcPauses:
         self._seconds = [0.0] * _GENERATIONS
         self._longest = [0.0] * _GENERATIONS
         self._started = 0.0
-        self._lock = threading.Lock()
 
     def install(self) -> "GcPauses":
         """Start timing collections; returns self."""
@@ -52,19 +55,17 @@ class GcPauses:
 
     def reset(self) -> None:
         """Forget the collections timed so far (the start's own full collection, say)."""
-        with self._lock:
-            self._counts = [0] * _GENERATIONS
-            self._seconds = [0.0] * _GENERATIONS
-            self._longest = [0.0] * _GENERATIONS
+        for g in range(_GENERATIONS):
+            self._counts[g], self._seconds[g], self._longest[g] = 0, 0.0, 0.0
 
     def snapshot(self) -> list[GenerationPauses]:
         """Each generation's pauses so far, youngest first."""
-        with self._lock:
-            return [GenerationPauses(c, s, m) for c, s, m in zip(self._counts, self._seconds, self._longest)]
+        counts, seconds, longest = list(self._counts), list(self._seconds), list(self._longest)
+        return [GenerationPauses(c, s, m) for c, s, m in zip(counts, seconds, longest)]
 
     def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
-        # Runs inside the collection, on whichever thread triggered it: no allocation to speak of,
-        # and no lock on "start" (the matching "stop" comes before any other thread runs).
+        # Runs inside the collection, on whichever thread set it off; collections do not nest, so
+        # "stop" follows its own "start".
         if phase == "start":
             self._started = time.perf_counter()
             return
@@ -72,11 +73,10 @@ class GcPauses:
         g = int(info.get("generation", 0))
         if not 0 <= g < _GENERATIONS:
             return
-        with self._lock:
-            self._counts[g] += 1
-            self._seconds[g] += took
-            if took > self._longest[g]:
-                self._longest[g] = took
+        self._counts[g] += 1
+        self._seconds[g] += took
+        if took > self._longest[g]:
+            self._longest[g] = took
 
 
 def freeze_started_heap() -> int:

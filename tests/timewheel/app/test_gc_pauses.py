@@ -72,3 +72,23 @@ def test_a_full_collection_walks_only_what_was_made_since_the_freeze() -> None:
     finally:
         gc.unfreeze()
     assert any(o is keep for o in gc.get_objects()), "unfrozen, they are the collector's again"
+
+
+def test_reading_the_pauses_while_collections_run_does_not_deadlock(pauses: GcPauses) -> None:
+    """A collection may start inside `snapshot` (it allocates): the callback takes no lock it could hold."""
+    import threading
+
+    def read() -> None:
+        old = gc.get_threshold()
+        gc.set_threshold(1)  # a collection at nearly every allocation
+        try:
+            for _ in range(200):
+                pauses.snapshot()
+                pauses.reset()
+        finally:
+            gc.set_threshold(*old)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "reading the pauses deadlocked inside a collection"
