@@ -242,7 +242,10 @@ class Cluster:
         return [n for n in self.names if n != holder and self.replicas[n].alive]
 
     def admin_cancel(self, msg_id: str) -> bool:
-        """Cancel by id through the admin API of the first live replica that answers."""
+        """Cancel by id through the admin API of the first live replica that takes it (a cancel is
+        idempotent: one refused by a replica that is stopping, or that reached only some queues, is
+        asked of the next); False if every replica that answered refused it."""
+        refused = False
         for name in self.names:
             r = self.replicas.get(name)
             if r is None or not r.alive:
@@ -251,11 +254,15 @@ class Cluster:
                                          headers={"Authorization": f"Bearer {TOKEN}"})
             try:
                 with urllib.request.urlopen(req, timeout=3) as resp:
-                    return resp.status == 200
+                    if resp.status == 200:
+                        return True
+                    refused = True
             except urllib.error.HTTPError:
-                return False  # 503: not every queue took it (it may have applied here)
+                refused = True  # 503: not applied, or not on every queue (it may have applied here)
             except OSError:
                 continue
+        if refused:
+            return False
         raise OSError("no replica answered")
 
     def start(self) -> "Cluster":

@@ -10,7 +10,8 @@
                                   its queues); answers how many this engine cancelled and where
                                   (`applied_on`: engine, holder or standby; `promise`: false on a
                                   standby, whose lease holder may still send); needs
-                                  "Authorization: Bearer <token>"; 503 if not every queue took it
+                                  "Authorization: Bearer <token>"; 503 if not every queue took it,
+                                  or if the engine is starting or stopping (nothing applied)
     GET  /messages?id=ID | ?key=K [&limit=N]
                                   stored messages with that id or business key and their timelines
                                   (`timewheel.find`: stored, cancels, send attempts with the broker's
@@ -38,7 +39,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response
-from timewheel.errors import ConfigError
+from timewheel.errors import ConfigError, EngineStateError
 
 if TYPE_CHECKING:
     from timewheel.app.cancel import CancelAnswer
@@ -205,7 +206,7 @@ class AdminServer:
             got = self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)
             # 200 either way: the cancel is on the delay topic; `promise` says whether the sender has it already
             return _json(200, (got if isinstance(got, CancelAnswer) else CancelAnswer(got)).to_dict())
-        except CancelNotSentError as e:
+        except (CancelNotSentError, EngineStateError) as e:  # not applied, or not everywhere: ask again
             return _json(503, {"error": str(e)})
         except ValueError as e:
             return _json(400, {"error": str(e)})

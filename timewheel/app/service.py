@@ -25,7 +25,7 @@ from timewheel.app.runtime import log_hot_paths, name_os_threads
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
-from timewheel.errors import ConfigError, TimewheelError
+from timewheel.errors import ConfigError, EngineStateError, TimewheelError
 from timewheel.app.metrics import EngineCollector, GcPausesCollector
 from timewheel.app.settings import Settings
 
@@ -249,10 +249,13 @@ class Service:
         answer says whether it was applied by the replica that sends (`applied_on`, `promise`)."""
         from timewheel.app.cancel import CancelAnswer, cancel_everywhere
 
-        replica = self.replica
-        if self.engine is None or self._endpoints is None:
-            return CancelAnswer(0)
-        n = cancel_everywhere(self.engine, self._endpoints, msg_id, key, self.clock.now_ms())
+        replica, engine, endpoints = self.replica, self.engine, self._endpoints
+        if engine is None or endpoints is None:
+            # never an answer of 0 here: that reads as "done, nothing matched", and the cancel would be lost
+            raise EngineStateError("this engine is not running (starting or stopping): the cancel was neither "
+                                   "applied nor put on the delay topic; send it again once it is ready, or to "
+                                   "another engine of the delay topic")
+        n = cancel_everywhere(engine, endpoints, msg_id, key, self.clock.now_ms())
         return CancelAnswer(n, "engine" if replica is None else "holder" if replica.epoch else "standby")
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:

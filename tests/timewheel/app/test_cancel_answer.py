@@ -71,3 +71,22 @@ def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp
     assert "TW_CANCEL_ID" in str(standby["note"]) and "holder" in str(standby["note"])
     assert answers["holder"] == (200, {"cancelled": 1, "applied_on": "holder", "promise": True})
     assert answers["engine"] == (200, {"cancelled": 1, "applied_on": "engine", "promise": True})
+
+
+def test_an_engine_starting_or_stopping_refuses_a_cancel_rather_than_answering_that_it_found_nothing(
+        tmp_path: Path) -> None:
+    # The admin API answers from before the engine starts until after it stopped: a cancel asked then
+    # is neither applied nor on the delay topic, and a 200 ("cancelled": 0) would have the client drop it.
+    for phase, (engine, endpoints) in {"before start": (None, None), "engine stopped": (None, _Endpoints()),
+                                       "endpoints closed": (_Engine(), None)}.items():
+        service = Service(Settings(engine=EngineConfig(tmp_path / phase)), admin=False)
+        service.engine, service._endpoints = engine, endpoints  # type: ignore[assignment]
+        server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
+        try:
+            status, answer = _post(server, "/cancel?id=m1")
+        finally:
+            server.stop()
+        assert status == 503, (phase, answer)
+        assert "not running" in str(answer["error"]) and "send it again" in str(answer["error"])
+        assert engine is None or engine.requests == []
+        assert endpoints is None or endpoints.sent == []
