@@ -256,7 +256,10 @@ class Service:
                                    "applied nor put on the delay topic; send it again once it is ready, or to "
                                    "another engine of the delay topic")
         n = cancel_everywhere(engine, endpoints, msg_id, key, self.clock.now_ms())
-        return CancelAnswer(n, "engine" if replica is None else "holder" if replica.epoch else "standby")
+        if not self.settings.ha.enabled:
+            return CancelAnswer(n, "engine")
+        # a replica that is stopping has handed its lease on (`replica` is None): it sends nothing more
+        return CancelAnswer(n, "holder" if replica is not None and replica.epoch else "standby")
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
         """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""

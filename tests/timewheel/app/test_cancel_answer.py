@@ -8,6 +8,7 @@ from typing import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from coordination import HAConfig
 from timewheel.app.admin import AdminServer
 from timewheel.app.service import Service
 from timewheel.app.settings import Settings
@@ -50,16 +51,21 @@ def _post(server: AdminServer, path: str) -> tuple[int, dict[str, object]]:
         conn.close()
 
 
-def _service(tmp_path: Path, replica: _Replica | None) -> Service:
-    service = Service(Settings(engine=EngineConfig(tmp_path)), admin=False)
+def _service(tmp_path: Path, replica: _Replica | None, ha: bool) -> Service:
+    settings = Settings(engine=EngineConfig(tmp_path), ha=HAConfig(zookeeper="127.0.0.1:2181", replica_id="r0")
+                        if ha else HAConfig())
+    service = Service(settings, admin=False)
     service.engine, service._endpoints, service.replica = _Engine(), _Endpoints(), replica  # type: ignore[assignment]
     return service
 
 
 def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp_path: Path) -> None:
     answers = {}
-    for role, replica in (("standby", _Replica(0)), ("holder", _Replica(7)), ("engine", None)):
-        service = _service(tmp_path / role, replica)
+    # "stopping": a replica whose stop has handed its lease on (no replica any more) but whose engine
+    # still runs sends nothing more, so it promises nothing
+    for role, replica, ha in (("standby", _Replica(0), True), ("holder", _Replica(7), True),
+                              ("stopping", None, True), ("engine", None, False)):
+        service = _service(tmp_path / role, replica, ha)
         server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
         try:
             answers[role] = _post(server, "/cancel?id=m1")
@@ -70,6 +76,7 @@ def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp
     assert status == 200 and standby["applied_on"] == "standby" and standby["promise"] is False
     assert "TW_CANCEL_ID" in str(standby["note"]) and "holder" in str(standby["note"])
     assert answers["holder"] == (200, {"cancelled": 1, "applied_on": "holder", "promise": True})
+    assert answers["stopping"][1]["applied_on"] == "standby" and answers["stopping"][1]["promise"] is False
     assert answers["engine"] == (200, {"cancelled": 1, "applied_on": "engine", "promise": True})
 
 
