@@ -10,7 +10,10 @@ Against a real local RocketMQ, each mode sends `--per-send` messages every 1/(ra
 - handoff: the same, but a ticking thread wakes a sending thread through a condition each time
   (as the engine's timer wakes its dispatcher);
 - producer: one thread sends one stored-shape batch through `RemotingProducer.send_batches` (the
-  engine's wire client, cut once, sent again each tick): the forwarder's share on top of bare.
+  engine's wire client, cut once, sent again each tick): the forwarder's share on top of bare;
+- native: bare's loop in C (`bench/_send_floor_native.c`, built at run time with the system's C
+  compiler, called once through ctypes with the interpreter's lock released): the kernel's and the
+  broker's share alone, what a compiled send loop could not go below.
 
 Prints, per mode and round, the process's CPU (user + system) and the broker's per message over the
 same seconds, then each mode's median. The engine's own figure at the same rate is
@@ -20,11 +23,14 @@ the difference is the engine's Python, not the kernel's or the broker's.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
+import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -157,6 +163,31 @@ def _handoff(addr: str, frame: bytes, rate_sends: float, seconds: float) -> int:
     return sends
 
 
+def _native_loop(work: Path) -> Callable[[int, bytes, int, int, float], int]:
+    """`floor_loop` of `_send_floor_native.c`, built into `work` with the system's C compiler."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise RuntimeError("the native mode needs a C compiler (cc, or CC=...) on the PATH")
+    lib = work / "send_floor_native.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(Path(__file__).with_name("_send_floor_native.c"))],
+                   check=True)
+    fn = ctypes.CDLL(str(lib)).floor_loop  # a CDLL call releases the interpreter's lock while it runs
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_long, ctypes.c_long, ctypes.c_double]
+    fn.restype = ctypes.c_long
+    return fn
+
+
+def _native(loop: Callable[[int, bytes, int, int, float], int], addr: str, frame: bytes, rate_sends: float,
+            seconds: float) -> int:
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sends = loop(sock.fileno(), frame, len(frame), int(1e9 / rate_sends), seconds)
+    if sends < 0:
+        raise OSError(-sends, os.strerror(-sends))
+    return sends
+
+
 def _producer(producer: RemotingProducer, cut: EncodedBatches, rate_sends: float, seconds: float) -> int:
     wait, sends = _ticks(rate_sends, seconds), 0
     while wait():
@@ -181,6 +212,7 @@ def run(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, per_send: int,
         (code, ext, body), cut = _record_request(producer, per_send, data)
         frame = encode_request(code, 1, ext, body)  # as the engine writes it; one request in flight at a time
         broker = psutil.Process(mq.broker_pid) if mq.broker_pid else None
+        native = _native_loop(data.parent) if "native" in modes else None
         rate_sends = rate / per_send
         _bare(mq.broker_addr, frame, rate_sends, warm_up)  # the broker's JIT warms up on this path first
         rows = []
@@ -190,6 +222,9 @@ def run(mq: LocalRocketMQ, data: Path, rate: int, seconds: float, per_send: int,
                 sends = _bare(mq.broker_addr, frame, rate_sends, seconds)
             elif mode == "handoff":
                 sends = _handoff(mq.broker_addr, frame, rate_sends, seconds)
+            elif mode == "native":
+                assert native is not None
+                sends = _native(native, mq.broker_addr, frame, rate_sends, seconds)
             else:
                 sends = _producer(producer, cut, rate_sends, seconds)
             r1, b1, w1 = resource.getrusage(resource.RUSAGE_SELF), _cpu(broker) if broker else 0.0, time.monotonic()
@@ -214,13 +249,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rate", type=int, default=1000, help="messages a second")
     ap.add_argument("--seconds", type=float, default=10.0, help="for how long each mode runs")
     ap.add_argument("--per-send", type=int, default=1, help="messages in each send")
-    ap.add_argument("--mode", action="append", choices=["bare", "handoff", "producer"],
+    ap.add_argument("--mode", action="append", choices=["bare", "handoff", "producer", "native"],
                     help="run only this mode (repeatable; default all)")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of all modes, interleaved")
     ap.add_argument("--warm-up", type=float, default=10.0, help="seconds of bare sends first (the broker's JIT)")
     ap.add_argument("--out", type=Path, help="also write the rows here as JSON")
     args = ap.parse_args(argv)
-    modes = args.mode or ["bare", "handoff", "producer"]
+    modes = args.mode or ["bare", "handoff", "producer", "native"]
     work = Path(tempfile.mkdtemp(prefix="tw-floor-"))
     with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
         mq.create_topics([TOPIC], queues=8)
@@ -229,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cpu = sorted(float(r["cpu_us_per_msg"]) for r in rows if r["mode"] == mode)  # type: ignore[arg-type]
         print(f"{mode:>9}: CPU a message {cpu[len(cpu) // 2]:.1f} µs (median of {len(cpu)}; {cpu[0]:.1f}–{cpu[-1]:.1f})")
     if args.out:
-        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "load_average": os.getloadavg(), "rows": rows},
+        args.out.write_text(json.dumps({"command": " ".join(["python -m bench.send_floor", *sys.argv[1:]]), "load_average": os.getloadavg(), "rows": rows},
                                        indent=1))
 
 if __name__ == "__main__":
