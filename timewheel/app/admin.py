@@ -18,7 +18,7 @@
                                   message id, dead letter, pending); at most `limit` (default 20, at
                                   most 1000); needs the token: it shows keys and topics
     GET  /shaping                 the traffic rules in force (JSON)
-    PUT  /shaping                 replace the rules (JSON body); needs the token
+    PUT  /shaping                 replace the rules (JSON body); needs the token; 503 while starting or stopping
 
 Mutations and message look-ups are refused with 403 when no token is configured, 401 when the
 request's is wrong.
@@ -218,6 +218,8 @@ class AdminServer:
         try:
             rules = parse_json_object(req.body)
             return _json(200, self.target.replace_shaping_rules(rules))
+        except EngineStateError as e:  # not the rules' fault: the same rules may be sent again
+            return _json(503, {"error": str(e)})
         except (ValueError, ConfigError) as e:
             return _json(400, {"error": f"rules refused, the old ones stay in force: {e}"})
 

@@ -280,7 +280,8 @@ class Service:
     def replace_shaping_rules(self, rules: dict[str, Any]) -> dict[str, Any]:
         """Replace the traffic rules (validated whole; refused rules leave the old ones in force)."""
         if self.shaping is None or self.engine is None:
-            raise ConfigError("the service is not running: traffic rules cannot be changed now")
+            raise EngineStateError("the service is not running (starting or stopping): the traffic rules were not "
+                                   "changed; send them again once it is ready")
         return self.shaping.replace(rules)
 
     def _start_sampling(self, engine: Engine) -> None:

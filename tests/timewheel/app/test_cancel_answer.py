@@ -1,4 +1,5 @@
-"""Where an admin-API cancel was applied: a standby says it cannot promise, the lease holder says it can."""
+"""Where an admin-API cancel was applied: a standby says it cannot promise, the lease holder says it can;
+an engine that is not running applies nothing and says so (503), for cancels and traffic rules alike."""
 from __future__ import annotations
 
 import http.client
@@ -40,11 +41,11 @@ class _Replica:
         self.epoch = epoch
 
 
-def _post(server: AdminServer, path: str) -> tuple[int, dict[str, object]]:
+def _post(server: AdminServer, path: str, method: str = "POST", body: bytes = b"") -> tuple[int, dict[str, object]]:
     host, port = server.address.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        conn.request("POST", path, headers={"Authorization": f"Bearer {TOKEN}"})
+        conn.request(method, path, body=body, headers={"Authorization": f"Bearer {TOKEN}"})
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
     finally:
@@ -97,3 +98,13 @@ def test_an_engine_starting_or_stopping_refuses_a_cancel_rather_than_answering_t
         assert "not running" in str(answer["error"]) and "send it again" in str(answer["error"])
         assert engine is None or engine.requests == []
         assert endpoints is None or endpoints.sent == []
+
+
+def test_an_engine_not_running_refuses_new_traffic_rules_as_unavailable_not_as_invalid(tmp_path: Path) -> None:
+    service = Service(Settings(engine=EngineConfig(tmp_path)), admin=False)
+    server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
+    try:
+        status, answer = _post(server, "/shaping", "PUT", b'{"global_rate": 100}')
+    finally:
+        server.stop()
+    assert status == 503 and "not running" in str(answer["error"]), answer
