@@ -39,7 +39,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import psutil
+
+try:
+    import psutil
+except ImportError as e:  # the `bench` extra, which `make setup` does not install
+    raise SystemExit("bench.send_floor reads the broker's CPU with psutil: pip install -e '.[bench]'") from e
 
 from forwarder import LocalRocketMQ
 from forwarder.record_batches import cut_records
