@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from timewheel.app._write_gate import WriteGate
 from timewheel.app.admin import AdminServer
 from timewheel.app.gc_pauses import GcPauses, freeze_started_heap
 from timewheel.app.lateness_window import LatenessWindow
@@ -97,6 +98,9 @@ class Service:
         self.lateness_window: LatenessWindow | None = None
         self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
+        # admin-API writes: none once `stop()` has begun, and it waits for those under way, so that
+        # none meets an engine or a producer being closed halfway
+        self._writes = WriteGate()
         self._want_admin = admin
         self.trace: TraceWriter | None = None
         self.copy_finder: BrokerCopyFinder | None = None
@@ -105,6 +109,7 @@ class Service:
 
     def start(self) -> "Service":
         """Open the store, connect to RocketMQ, start delivering, then start consuming."""
+        self._writes.reopen()
         from forwarder import ContractLimits, connect_rocketmq
         from forwarder.shaping_control import ShapingControl
 
@@ -199,6 +204,7 @@ class Service:
 
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""
+        self._writes.close(timeout=30.0)  # a cancel or rule change under way finishes first; later ones get 503
         self._consuming = False
         self._stop_sampling.set()
         if self._sampler is not None:
@@ -249,16 +255,17 @@ class Service:
         answer says whether it was applied by the replica that sends (`applied_on`, `promise`)."""
         from timewheel.app.cancel import CancelAnswer, cancel_everywhere
 
-        replica, engine, endpoints = self.replica, self.engine, self._endpoints
-        if engine is None or endpoints is None:
-            # never an answer of 0 here: that reads as "done, nothing matched", and the cancel would be lost
-            raise EngineStateError("this engine is not running (starting or stopping): the cancel was neither "
-                                   "applied nor put on the delay topic; send it again once it is ready, or to "
-                                   "another engine of the delay topic")
-        n = cancel_everywhere(engine, endpoints, msg_id, key, self.clock.now_ms())
+        # never an answer of 0 when not running: that reads as "done, nothing matched", and the cancel is lost
+        refused = ("this engine is not running (starting or stopping): the cancel was neither applied nor put on "
+                   "the delay topic; send it again once it is ready, or to another engine of the delay topic")
+        with self._writes.enter(refused):
+            replica, engine, endpoints = self.replica, self.engine, self._endpoints
+            if engine is None or endpoints is None:
+                raise EngineStateError(refused)
+            n = cancel_everywhere(engine, endpoints, msg_id, key, self.clock.now_ms())
         if not self.settings.ha.enabled:
             return CancelAnswer(n, "engine")
-        # a replica that is stopping has handed its lease on (`replica` is None): it sends nothing more
+        # without a lease object this replica sends nothing: it promises nothing either
         return CancelAnswer(n, "holder" if replica is not None and replica.epoch else "standby")
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
@@ -279,10 +286,12 @@ class Service:
 
     def replace_shaping_rules(self, rules: dict[str, Any]) -> dict[str, Any]:
         """Replace the traffic rules (validated whole; refused rules leave the old ones in force)."""
-        if self.shaping is None or self.engine is None:
-            raise EngineStateError("the service is not running (starting or stopping): the traffic rules were not "
-                                   "changed; send them again once it is ready")
-        return self.shaping.replace(rules)
+        refused = ("the service is not running (starting or stopping): the traffic rules were not changed; send "
+                   "them again once it is ready")
+        with self._writes.enter(refused):
+            if self.shaping is None or self.engine is None:
+                raise EngineStateError(refused)
+            return self.shaping.replace(rules)
 
     def _start_sampling(self, engine: Engine) -> None:
         """Snapshot the lateness buckets every second, for the last-minute window of `status`."""

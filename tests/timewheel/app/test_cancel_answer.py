@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -62,10 +63,9 @@ def _service(tmp_path: Path, replica: _Replica | None, ha: bool) -> Service:
 
 def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp_path: Path) -> None:
     answers = {}
-    # "stopping": a replica whose stop has handed its lease on (no replica any more) but whose engine
-    # still runs sends nothing more, so it promises nothing
+    # "no lease": a replica without its lease object sends nothing, so it promises nothing
     for role, replica, ha in (("standby", _Replica(0), True), ("holder", _Replica(7), True),
-                              ("stopping", None, True), ("engine", None, False)):
+                              ("no lease", None, True), ("engine", None, False)):
         service = _service(tmp_path / role, replica, ha)
         server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
         try:
@@ -77,7 +77,7 @@ def test_a_standby_answers_that_it_cannot_promise_and_the_holder_that_it_can(tmp
     assert status == 200 and standby["applied_on"] == "standby" and standby["promise"] is False
     assert "TW_CANCEL_ID" in str(standby["note"]) and "holder" in str(standby["note"])
     assert answers["holder"] == (200, {"cancelled": 1, "applied_on": "holder", "promise": True})
-    assert answers["stopping"][1]["applied_on"] == "standby" and answers["stopping"][1]["promise"] is False
+    assert answers["no lease"][1]["applied_on"] == "standby" and answers["no lease"][1]["promise"] is False
     assert answers["engine"] == (200, {"cancelled": 1, "applied_on": "engine", "promise": True})
 
 
@@ -108,3 +108,57 @@ def test_an_engine_not_running_refuses_new_traffic_rules_as_unavailable_not_as_i
     finally:
         server.stop()
     assert status == 503 and "not running" in str(answer["error"]), answer
+
+
+class _Source:
+    def stop(self) -> None:
+        pass
+
+
+class _ClosingEndpoints(_Endpoints):
+    source = _Source()
+
+    def close(self) -> None:
+        pass
+
+
+class _SlowEngine(_Engine):
+    """Its cancel waits for `release`; its stop asks for one more cancel through the admin API."""
+
+    def __init__(self, ask: Callable[[], tuple[int, dict[str, object]]]) -> None:
+        super().__init__()
+        self.ask, self.release, self.applying = ask, threading.Event(), threading.Event()
+        self.stop_answer: tuple[int, dict[str, object]] | None = None
+
+    def apply_cancels(self, requests: Sequence[CancelRequest]) -> int:
+        self.applying.set()
+        assert self.release.wait(10)
+        return super().apply_cancels(requests)
+
+    def stop(self) -> None:
+        self.stop_answer = self.ask()
+
+
+def test_a_stop_waits_for_the_cancel_under_way_and_refuses_the_next_one(tmp_path: Path) -> None:
+    service = Service(Settings(engine=EngineConfig(tmp_path)), admin=False)
+    server = AdminServer("127.0.0.1:0", TOKEN, service, CollectorRegistry()).start()
+    engine = _SlowEngine(lambda: _post(server, "/cancel?id=late"))
+    service.engine, service._endpoints = engine, _ClosingEndpoints()  # type: ignore[assignment]
+    first: list[tuple[int, dict[str, object]]] = []
+    try:
+        asking = threading.Thread(target=lambda: first.append(_post(server, "/cancel?id=early")))
+        asking.start()
+        assert engine.applying.wait(10)
+        stopping = threading.Thread(target=service.stop)
+        stopping.start()
+        stopping.join(0.5)
+        assert stopping.is_alive() and engine.stop_answer is None  # the engine is not stopped under the cancel
+        engine.release.set()
+        asking.join(10)
+        stopping.join(10)
+    finally:
+        engine.release.set()
+        server.stop()
+    assert first and first[0][0] == 200 and first[0][1]["cancelled"] == 1
+    assert engine.stop_answer is not None and engine.stop_answer[0] == 503, engine.stop_answer
+    assert [r.msg_id for r in engine.requests] == ["early"]
