@@ -11,7 +11,6 @@ by generation), the longest collection since the start, and how many objects the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from typing import Sequence
 
 from forwarder import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, RemotingProducer
+from tests.polling import admin_ready, wait_for
 
 _WARM_S = 10
 _GC_FAMILIES = ("timewheel_gc_pauses_total", "timewheel_gc_pause_seconds_total", "timewheel_gc_pause_longest_seconds",
@@ -45,18 +45,12 @@ def _serve(mq: LocalRocketMQ, work: Path, freeze: bool) -> tuple[subprocess.Pope
                 "TIMEWHEEL_ROCKETMQ_DEAD_LETTER_TOPIC": "TW_DLQ", "TIMEWHEEL_ADMIN_LISTEN": f"127.0.0.1:{port}",
                 "TIMEWHEEL_ADMIN_TOKEN": "bench", "PYTHONPATH": os.getcwd()})
     off = "" if freeze else "import timewheel.app.service as s; s.freeze_started_heap = lambda: 0; "
-    proc = subprocess.Popen([sys.executable, "-c", off + "import sys; from timewheel.app.cli import main; "
-                             "sys.argv[0] = 'timewheel'; main()", "serve", "--data-dir", str(work / "data")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(urllib.request.urlopen(base + "/readyz", timeout=1).read())["ready"]:
-                return proc, base
-        except OSError:
-            pass
-        time.sleep(0.2)
+    with open(work / "serve.log", "wb") as log:  # the child writes to its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-c", off + "import sys; from timewheel.app.cli import main; "
+                                 "sys.argv[0] = 'timewheel'; main()", "serve", "--data-dir", str(work / "data")],
+                                env=env, stdout=subprocess.DEVNULL, stderr=log)
+    if wait_for(lambda: admin_ready(port), 60, 0.2):
+        return proc, f"http://127.0.0.1:{port}"
     proc.kill()
     raise SystemExit(f"serve never became ready:\n{(work / 'serve.log').read_text()[-3000:]}")
 
@@ -88,7 +82,12 @@ def run(rate: int, seconds: float, freeze: bool) -> dict[str, float]:
         finally:
             producer.close()
             proc.terminate()
-            proc.wait(60)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:  # a stop that hangs is the engine's bug: said, and ended
+                proc.kill()
+                proc.wait()
+                raise SystemExit(f"serve did not stop within 60 s of SIGTERM; see {work / 'serve.log'}")
         out: dict[str, float] = {}
         for family in _GC_FAMILIES:
             a, b = _samples(before, family), _samples(after, family)

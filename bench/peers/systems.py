@@ -28,6 +28,7 @@ from bench.peers.servers import PostgresServer, RedisServer
 from forwarder import LocalRocketMQ
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from tests.polling import admin_ready
 
 DAY_MS = 86_400_000
 #: RocketMQ's delay levels (messageDelayLevel default), level n at index n-1, in ms.
@@ -375,11 +376,7 @@ class Timewheel(_RocketMQSystem):
     def _ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"timewheel serve exited with {self.proc.returncode}: see {self.work / 'serve.log'}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/readyz", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return admin_ready(self.admin_port)
 
     def metrics(self) -> dict[str, float]:
         """The engine's Prometheus counters and gauges (unlabelled samples only)."""

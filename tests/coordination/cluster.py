@@ -25,6 +25,7 @@ from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from tests.polling import admin_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,11 +51,12 @@ class Replica:
         self.name, self.port = name, free_port()
         self.data_dir = data_dir or work / name
         self.log = work / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel", "serve", "--data-dir", str(self.data_dir), "--admin",
-             f"127.0.0.1:{self.port}", "--log-format", "json"], cwd=ROOT,
-            env={**env, "TIMEWHEEL_HA_REPLICA_ID": replica_id or name, **extra}, stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "ab"))
+        with open(self.log, "ab") as err:  # the child writes to its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "timewheel", "serve", "--data-dir", str(self.data_dir), "--admin",
+                 f"127.0.0.1:{self.port}", "--log-format", "json"], cwd=ROOT,
+                env={**env, "TIMEWHEEL_HA_REPLICA_ID": replica_id or name, **extra}, stdout=subprocess.DEVNULL,
+                stderr=err)
 
     def status(self, timeout: float = 2.0) -> dict[str, Any]:
         """The admin API's /status document."""
@@ -75,11 +77,7 @@ class Replica:
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        try:
-            doc = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1).read())
-            return bool(doc["ready"])
-        except (OSError, ValueError):
-            return False
+        return admin_ready(self.port)
 
     def holds(self) -> bool:
         """True if it answers that it holds the lease."""

@@ -1,7 +1,6 @@
 """`timewheel serve` as a process: SIGTERM during load exits 0 and loses nothing acknowledged."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ import pytest
 from forwarder._rmq_native import NativeProducer, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
+from tests.polling import admin_ready, wait_for
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,17 +32,11 @@ def _free_port() -> int:
 def _serve(data_dir: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     env = {**env, "TIMEWHEEL_ADMIN_LISTEN": f"127.0.0.1:{port}"}
-    proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
-                             "--log-format", "json"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(log, "ab"))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if json.loads(urllib.request.urlopen(base + "/readyz", timeout=1).read())["ready"]:
-                return proc, base
-        except OSError:
-            time.sleep(0.2)
+    with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
+                                 "--log-format", "json"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    if wait_for(lambda: admin_ready(port), 60, 0.2):
+        return proc, f"http://127.0.0.1:{port}"
     proc.kill()
     raise AssertionError(f"serve never became ready: {log.read_text()[-2000:]}")
 

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
+from tests.polling import admin_ready, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,18 +64,18 @@ def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:
 def start_serve(data_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """Start `timewheel serve` on `data_dir` (admin on a free loopback port) and wait until it is ready."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
-                             "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
+                                 "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).read())["ready"]:
-                return proc
-        except OSError:
-            time.sleep(0.2)
+        return admin_ready(port)
+
+    if wait_for(ready, 90, 0.2):
+        return proc
     proc.kill()
     raise RuntimeError(f"serve never became ready: {log.read_text()[-2000:]}")
 
