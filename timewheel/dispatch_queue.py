@@ -57,7 +57,6 @@ from typing import Callable
 
 import numpy as np
 
-from timewheel._arrays import smallest
 from timewheel._due import DueChunks, DueEntries, RetryArrays
 from timewheel._ref_set import RefSet
 from timewheel.clock import Clock, seconds_until
@@ -110,9 +109,9 @@ class DispatchQueue:
         self._dropped: dict[int, list[DueEntries]] = {}  # per dispatch thread, withdrawn entries it dropped
         self._done: dict[int, int] = {}  # terminal outcomes recorded per segment, for the timer to take
         self._sending = 0  # dispatch passes in progress
-        # earliest due time of what each dispatch thread took and has not finished with (the
-        # delivered-up-to watermark must not pass it)
-        self._in_hand: dict[int, int] = {}
+        # what each dispatch thread took and has not finished with (the delivered-up-to watermark
+        # must not pass it unless it names it)
+        self._in_hand: dict[int, list[DueEntries]] = {}
         self._lingering = False  # a dispatch thread waits for a small batch to fill
         self._catch_up_waiting = False  # the timer has past segments to add once the backlog has room
         self._closed = False
@@ -312,7 +311,7 @@ class DispatchQueue:
                 self._cv.notify()  # a full batch more: another dispatch thread may send it beside this one
             taken = len(batch.due)
             if taken:
-                self._note_in_hand(smallest(batch.due))
+                self._note_in_hand(batch)
             if self._cancelled:
                 batch = batch.select(~self._cancelled.contains(batch.refs))
             if self._withdrawn:
@@ -323,15 +322,13 @@ class DispatchQueue:
                     batch = batch.select(~w)
             return batch, taken
 
-    def note_in_hand(self, due_ms: int) -> None:
-        """The calling thread holds an entry due at `due_ms` outside the queue until `clear_in_hand()`."""
+    def note_in_hand(self, entries: DueEntries) -> None:
+        """The calling thread holds `entries` outside the queue until `clear_in_hand()`."""
         with self._cv:
-            self._note_in_hand(due_ms)
+            self._note_in_hand(entries)
 
-    def _note_in_hand(self, due_ms: int) -> None:
-        tid = threading.get_ident()
-        held = self._in_hand.get(tid)
-        self._in_hand[tid] = due_ms if held is None else min(held, due_ms)
+    def _note_in_hand(self, entries: DueEntries) -> None:
+        self._in_hand.setdefault(threading.get_ident(), []).append(entries)
 
     def clear_in_hand(self) -> None:
         """The calling thread finished with what it took (recorded, retried or held again)."""
@@ -341,30 +338,57 @@ class DispatchQueue:
     def earliest_due(self) -> int | None:
         """Earliest due time of any entry here or in a dispatch thread's hands (None: nothing)."""
         with self._cv:
-            mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
+            mins = [int(e.due.min()) for e in self._waiting() if len(e.due)]
             if len(self._retries):
                 mins.append(self._retries.due_min())
-            mins.extend(self._in_hand.values())
-            return int(min(mins)) if mins else None
+            return min(mins) if mins else None
 
-    def earliest_due_apart(self, limit: int) -> tuple[int | None, DueEntries]:
-        """`earliest_due`, with the `limit` earliest retries set apart: (the earliest due time of
-        everything else, those retries' entries), read under one lock."""
+    def earliest_due_apart(self, limit: int, stragglers_before_ms: int | None = None) -> tuple[int | None, DueEntries]:
+        """`earliest_due`, with up to `limit` of the earliest entries set apart: (the earliest due
+        time of everything else, those entries by due time), read under one lock.
+
+        Set apart are entries waiting for a retry and, with `stragglers_before_ms`, entries ready,
+        in the backlog or in a dispatch thread's hands that were due before it (a message that
+        arrived already past due waits there like any other, and would hold the watermark at its
+        due time meanwhile).
+        """
         with self._cv:
-            mins = [c.due.min() for q in (self._ready, self._backlog) for c in q.chunks if len(c.due)]
-            mins.extend(self._in_hand.values())
-            due = self._retries.due
-            if len(due) > limit:
-                # a partition, not a sort: in an outage hundreds of thousands wait here, and only the
-                # `limit` earliest are named. Which of several equal to the next one are set apart
-                # does not matter: that one bounds the mark, so none of them passes it.
-                part = np.argpartition(due, limit)
-                mins.append(due[part[limit]])
-                earliest = part[:limit]
-                earliest = earliest[np.argsort(due[earliest], kind="stable")]
-            else:
-                earliest = np.argsort(due, kind="stable")
-            return (int(min(mins)) if mins else None), self._retries.entries.select(earliest)
+            mins: list[int] = []
+            candidates: list[DueEntries] = []
+            for e in self._waiting():
+                if not len(e.due):
+                    continue
+                if stragglers_before_ms is None:
+                    mins.append(int(e.due.min()))
+                    continue
+                late = e.due < stragglers_before_ms
+                if not late.any():
+                    mins.append(int(e.due.min()))
+                    continue
+                if not late.all():
+                    mins.append(int(e.due[~late].min()))
+                    e = e.select(late)
+                rest, few = _earliest(e, limit)  # a catch-up backlog can hold millions
+                if rest is not None:
+                    mins.append(rest)
+                candidates.append(few)
+            if len(self._retries):
+                rest, few = _earliest(self._retries.entries, limit)
+                if rest is not None:
+                    mins.append(rest)
+                candidates.append(few)
+            apart = DueEntries.concat(candidates) if candidates else DueEntries.empty()
+            rest, apart = _earliest(apart, limit)
+            if rest is not None:
+                mins.append(rest)
+            return (min(mins) if mins else None), apart
+
+    def _waiting(self) -> list[DueEntries]:
+        """Every chunk of entries not yet done but the retries: ready, backlog, in hand (under the lock)."""
+        out = [c for q in (self._ready, self._backlog) for c in q.chunks]
+        for held in self._in_hand.values():
+            out.extend(held)
+        return out
 
     def retry(self, next_ms: np.ndarray, entries: DueEntries) -> None:
         """Failed entries, to be taken again from `next_ms` on (their location goes with them)."""
@@ -397,3 +421,21 @@ class DispatchQueue:
     def _retry_ready(self, now: int) -> bool:
         nr = self._retries.next_ms_min()
         return nr is not None and nr <= now
+
+
+def _earliest(e: DueEntries, limit: int) -> tuple[int | None, DueEntries]:
+    """The `limit` earliest of `e` by due time, and the earliest due time of the rest (None: no rest).
+
+    A partition, not a sort: in an outage hundreds of thousands wait, and only the `limit` earliest
+    are named. Which of several equal to the next one are set apart does not matter: that one bounds
+    the mark, so none of them passes it.
+    """
+    due = e.due
+    if len(due) > limit:
+        part = np.argpartition(due, limit)
+        rest: int | None = int(due[part[limit]])
+        earliest = part[:limit]
+        earliest = earliest[np.argsort(due[earliest], kind="stable")]
+    else:
+        rest, earliest = None, np.argsort(due, kind="stable")
+    return rest, e.select(earliest)

@@ -34,7 +34,7 @@ from typing import Mapping, cast
 import numpy as np
 
 from storage import CANCELLED, CORRUPT, DELIVERED, ScheduleStore, StorageWriteError
-from timewheel._arrays import all_true, smallest
+from timewheel._arrays import all_true
 from timewheel._due import DueEntries
 from timewheel._held import Batch, HeldQueues
 from timewheel._outcomes import DispatchCounters, Outcomes
@@ -337,7 +337,7 @@ class Dispatcher:
                 grants = shaper.grant(backlog, now)
                 batch, held_since = self._held.take(grants, self.config.send_batch_size)
                 if batch is not None and len(batch.due):  # out of the held queues: the watermark sees it here
-                    self.queue.note_in_hand(smallest(batch.due))
+                    self.queue.note_in_hand(batch.entries())
                 taken = Counter(batch.topic_list()) if batch is not None else Counter()
                 for topic, n in grants.items():
                     if n > taken.get(topic, 0):  # not taken (the batch was full): the tokens go back

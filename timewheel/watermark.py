@@ -9,9 +9,11 @@ queue again sees every entry not yet done, wherever it is. The watermark is just
 earliest of them, and never past the timer's last pass.
 
 A replica holding a shard's lease publishes more (`delivered_up_to_except`): the few earliest
-entries waiting for a retry (a broker refusing one topic, say) are set apart as exceptions, named
-by their origin on the delay topic, and the watermark passes them; one stuck message then no longer
-holds the watermark of the whole shard back. Past `limit` exceptions, the next one bounds it again.
+entries waiting for a retry (a broker refusing one topic, say), and those waiting to be sent more
+than `STRAGGLER_MS` after they were due (a message that arrived already past due, a catch-up
+backlog), are set apart as exceptions, named by their origin on the delay topic, and the watermark
+passes them; one stuck or late message then no longer holds the watermark of the whole shard back.
+Past `limit` exceptions, the next one bounds it again.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ import numpy as np
 from timewheel._due import DueEntries
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.gate import DeliveredMark, PendingEntry
+
+#: entries that still wait this long (ms) after the timer released their due time are named with the
+#: mark instead of holding it back; those due since then are the ordinary traffic of a send or two
+STRAGGLER_MS = 250
 
 #: the origins (queue name, offset) of due entries (by their locations), None where unknown
 OriginsOf = Callable[[DueEntries], Sequence[tuple[str, int] | None]]
@@ -47,13 +53,14 @@ def delivered_up_to(timer: _Timer, queue: DispatchQueue, dispatcher: _Dispatcher
 
 def delivered_up_to_except(timer: _Timer, queue: DispatchQueue, dispatcher: _Dispatcher, limit: int,
                            origins_of: OriginsOf) -> DeliveredMark:
-    """`delivered_up_to` passing the `limit` earliest entries waiting for a retry, which it lists by
-    origin (an entry whose origin is unknown cannot be named to another replica: it bounds the
-    watermark as before)."""
+    """`delivered_up_to` passing the `limit` earliest entries waiting for a retry or due more than
+    `STRAGGLER_MS` before the timer's last pass, which it lists by origin (an entry whose origin is
+    unknown cannot be named to another replica: it bounds the watermark as before)."""
     bound = timer.released_up_to()
-    first, apart1 = queue.earliest_due_apart(limit)
+    late = bound - STRAGGLER_MS
+    first, apart1 = queue.earliest_due_apart(limit, late)
     held = dispatcher.earliest_held_due()
-    second, apart2 = queue.earliest_due_apart(limit)
+    second, apart2 = queue.earliest_due_apart(limit, late)
     for earliest in (first, held, second):
         if earliest is not None:
             bound = min(bound, earliest - 1)

@@ -244,3 +244,44 @@ def test_the_timer_does_not_take_the_turn_while_the_queue_lingers() -> None:
     busy.push_ready(_e(np.array([clock.now_ms()], np.int64), _refs(1)))
     assert busy.linger_ms > 0
     assert not busy.turn_now(), "under load the linger grows: the dispatch threads send"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["ready", "backlog", "retry", "hand"])), max_size=40),
+       st.integers(0, 45), st.integers(0, 45))
+def test_stragglers_anywhere_are_set_apart_with_the_retries(entries: list[tuple[int, str]], limit: int,
+                                                            before: int) -> None:
+    """With `stragglers_before_ms`, entries due before it that wait ready, in the backlog or in a
+    dispatch thread's hands are set apart as retries are: the bound is what a sort of every candidate
+    gives, capped by the earliest entry that is no candidate, and the set-apart ones below it are the
+    earliest candidates."""
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=1000, catch_up_chunk=1000)
+    due = np.array([T0 + d for d, _ in entries], np.int64)
+    where = np.array([w for _, w in entries], dtype=object)
+    idx = np.arange(len(entries))
+    hand = idx[where == "hand"]
+    if len(hand):  # taken by this thread and not finished with
+        q.push_ready(_e(due[hand], _refs(*hand.tolist())))
+        assert q.take(1000) is not None
+    for kind, push in (("ready", q.push_ready), ("backlog", q.push_backlog)):
+        rows = idx[where == kind]
+        if len(rows):
+            push(_e(due[rows], _refs(*rows.tolist())))
+    rows = idx[where == "retry"]
+    if len(rows):
+        q.retry(due[rows] + 5_000, _e(due[rows], _refs(*rows.tolist())))
+    cut = T0 + before
+    candidate = (where == "retry") | (due < cut)
+    earliest, apart = q.earliest_due_apart(limit, cut)
+    cand = idx[candidate][np.argsort(due[candidate], kind="stable")]
+    bounds = [int(due[~candidate].min())] if (~candidate).any() else []
+    if len(cand) > limit:
+        bounds.append(int(due[cand[limit]]))
+    assert earliest == (min(bounds) if bounds else None)
+    assert np.all(np.diff(apart.due) >= 0) and len(apart.due) == min(limit, len(cand))
+    below = apart.due < earliest if earliest is not None else np.ones(len(apart.due), bool)
+    want = cand[:limit] if earliest is None else cand[:limit][due[cand[:limit]] < earliest]
+    assert sorted(apart.refs[below].tolist()) == sorted(want.tolist())
+    assert q.earliest_due() == (int(due.min()) if len(due) else None)
+    q.clear_in_hand()
