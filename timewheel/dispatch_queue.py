@@ -339,8 +339,9 @@ class DispatchQueue:
         """Earliest due time of any entry here or in a dispatch thread's hands (None: nothing)."""
         with self._cv:
             mins = [int(e.due.min()) for e in self._waiting() if len(e.due)]
-            if len(self._retries):
-                mins.append(self._retries.due_min())
+            retry_min = self._retries.due_min()
+            if retry_min is not None:
+                mins.append(retry_min)
             return min(mins) if mins else None
 
     def earliest_due_apart(self, limit: int, stragglers_before_ms: int | None = None) -> tuple[int | None, DueEntries]:
