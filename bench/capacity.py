@@ -286,6 +286,18 @@ def delivery_us(due_per_s: float, fit: dict[str, float], rmq: RocketMQConfig,
     return fit["us_per_send"] / per_send(due_per_s, rmq, batch_size) + fit["us_per_message"]
 
 
+#: a delivery phase whose p99 lateness is over this fell behind: its CPU a message is that of a saturated
+#: engine (sends grow to their batch limit), not what the same rate costs an engine that keeps up
+BEHIND_P99_MS = 1_000.0
+
+
+def fit_fell_behind(measured: dict[str, object]) -> list[int]:
+    """The due rates of the fit's two delivery phases that fell behind their due times (`BEHIND_P99_MS`)."""
+    points = [measured.get("delivery"), measured.get(f"delivery_{measured.get('low_due_rate')}")]
+    return sorted({p["due_per_s"] for p in points if isinstance(p, dict)
+                   and isinstance(p99 := (p.get("lateness_ms") or {}).get("p99"), (int, float)) and p99 > BEHIND_P99_MS})
+
+
 def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -> dict[str, object]:
     """Per million scheduled, per thousand due a second, and engines for example loads."""
     ing, dlv, mem = measured["ingest"], measured["delivery"], measured["loaded"]
@@ -301,6 +313,7 @@ def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -
     batch = cfg.send_batch_size
     checks = [{"due_per_s": r, "measured_us": c, "model_us": round(delivery_us(r, fit, rmq, batch), 1)}
               for r, c in rates]
+    behind = fit_fell_behind(measured)
     per_entry = mem["rss_bytes_per_entry"]
     # the wheel holds the current segment and, from `preload` before it starts, the next one
     loaded_seconds = cfg.segment_ms / 1000 + cfg.preload_seconds
@@ -325,7 +338,7 @@ def model(measured: dict[str, object], cfg: EngineConfig, rmq: RocketMQConfig) -
     return {"assumptions": {"core_budget_per_engine": CORE_BUDGET, "disk_gb_per_engine": 1000,
                             "memory_gb_per_engine": 8, "body_bytes": len(BODY), "loaded_seconds": loaded_seconds,
                             "send_linger_ms": rmq.send_linger_ms, "send_linger_max_ms": rmq.send_linger_max_ms},
-            "delivery_fit": fit, "delivery_by_rate": checks,
+            "delivery_fit": fit, "delivery_by_rate": checks, "fit_fell_behind_at_due_per_s": behind,
             "per_million_scheduled": per_million, "per_thousand_due_per_s": per_thousand_due,
             "examples": [engines(1_000, 1_000, 100_000_000), engines(10_000, 10_000, 1_000_000_000),
                          engines(5_000, 50_000, 200_000_000)]}
@@ -350,12 +363,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--serve-env", action="append", default=[], metavar="TIMEWHEEL_X=VALUE",
                     help="a setting of the measured engine, as its environment variable (repeatable)")
     ap.add_argument("--skip-loaded", action="store_true", help="measure through RocketMQ only (no loaded memory)")
-    ap.add_argument("--table", action="store_true", help="print the tables of the last results, measure nothing")
+    ap.add_argument("--table", action="store_true", help="print the tables of the results in --out, measure nothing")
+    ap.add_argument("--out", type=Path, default=RESULTS / "capacity.json",
+                    help="the results file (default bench/results/capacity.json)")
     args = ap.parse_args(argv)
     if bad := [kv for kv in args.serve_env if not kv.startswith("TIMEWHEEL_") or "=" not in kv]:
         ap.error(f"--serve-env takes TIMEWHEEL_NAME=VALUE, not {bad[0]!r}")
     if args.table:
-        print(markdown(json.loads((RESULTS / "capacity.json").read_text())))
+        print(markdown(json.loads(args.out.read_text())))
         return
     work = Path(tempfile.mkdtemp(prefix="tw-capacity-"))
     out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
@@ -373,8 +388,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("loaded", measured["loaded"], flush=True)
     out["measured"] = measured
     out["model"] = model(measured, EngineConfig(work), _linger(serve_extra))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "capacity.json").write_text(json.dumps(out, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(markdown(out))
 
 
@@ -396,7 +411,7 @@ def markdown(out: dict) -> str:
             f"{m['idle']['cpu_cores']} cores, {m['idle']['rss_mb']} MB RSS. Load average when started: "
             f"{out['machine'].get('load_average_1_5_15')}.",
             "",
-            *_fit_rows(mod),
+            *_fit_rows(mod, fit_fell_behind(m)),
             "",
             "| resource | per million scheduled | per thousand due a second |",
             "| --- | --- | --- |",
@@ -415,7 +430,7 @@ def markdown(out: dict) -> str:
 
 
 
-def _fit_rows(mod: dict) -> list[str]:
+def _fit_rows(mod: dict, behind: list[int]) -> list[str]:
     """Delivery CPU by due rate: measured, and what the fit says."""
     fit = mod.get("delivery_fit")
     if not fit:
@@ -429,6 +444,10 @@ def _fit_rows(mod: dict) -> list[str]:
     for c in mod.get("delivery_by_rate", []):
         rows.append(f"| {c['due_per_s']:,} | {c['measured_us']} | {c['model_us']} | "
                     f"{c['measured_us'] * c['due_per_s'] / 1e6:.3f} |")
+    if behind:
+        rows += ["", f"**Do not size from this fit.** The engine fell behind at {', '.join(f'{r:,}' for r in behind)} "
+                 f"due a second (p99 lateness over {BEHIND_P99_MS / 1000:g} s), so the fit is through a saturated "
+                 "engine's cost: measure on a machine where that phase keeps up, or with a lower `--due-rate`."]
     return rows
 
 

@@ -4,6 +4,7 @@
     python -m bench.peers run --help     # flags to scale each workload up
     python -m bench.peers report         # rebuild RESULTS.md and the chart from the JSON
     python -m bench.peers ab REV --out DIR   # timewheel's target rows: REV and this checkout, alternating
+    python -m bench.peers ab REV --bench peers --bench capacity --bench burst --out DIR   # every target
 
 The same workloads run against six systems, one after another, on one machine:
 
@@ -27,5 +28,6 @@ same second), `horizon` (messages spread over days: memory per pending message a
 restart-to-first-delivery, without waiting for them). Modules: `common` (recording, percentiles,
 processes), `servers` (Redis and PostgreSQL started on loopback), `systems` (one adapter per
 system), `heap_engine` (the heapq engine), `runner` (the workloads), `java_workloads` (those run with
-RocketMQ's Java clients), `report` (table, chart, RESULTS.md), `ab` (two revisions' target rows, alternating), `cli`.
+RocketMQ's Java clients), `report` (table, chart, RESULTS.md), `ab` (two revisions' target rows, alternating), `ab_rows` (those rows, read
+from each benchmark's results), `cli`.
 """

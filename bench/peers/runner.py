@@ -398,6 +398,9 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             "batch_ingest": lambda: run_batch_ingest(system, cfg),  # type: ignore[arg-type]
         }
         for phase in system.phases:
+            if _given_zero(phase, system, cfg):
+                log(f"[{name}] {phase}: skipped, its size is 0")
+                continue
             fn = workloads[phase]
             log(f"[{name}] {phase} ...")
             t0 = time.monotonic()
@@ -435,6 +438,16 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
     result["notes"] = system.notes
     result["load_average_after"] = load_average()
     return result
+
+
+def _given_zero(phase: str, system: System, cfg: RunConfig) -> bool:
+    """Whether the flags gave `phase` no messages or no time, so that running it would measure nothing."""
+    sizes = {"steady": cfg.steady_rate * cfg.steady_seconds,
+             "steady_high": cfg.steady_high_rate * cfg.steady_high_seconds,
+             "burst": cfg.burst,
+             "horizon": system.horizon_count or cfg.horizon_messages,
+             "batch_ingest": cfg.intake_seconds}
+    return sizes.get(phase, 1) <= 0
 
 
 #: The reference rows measuring the broker alone with RocketMQ's Java clients: (result key, what, how).

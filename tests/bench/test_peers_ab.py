@@ -94,3 +94,82 @@ def test_the_report_says_how_long_the_steady_windows_threads_waited_for_a_cpu() 
     assert "the machine's 3 CPUs" in text
     del window["run_queue_s"]
     assert "run queue" not in floor_tables(doc), "a run from before it was sampled says nothing of it"
+
+
+def _capacity_doc(ingest: float, delivery: float, low: float, p99: float, rss: float) -> dict:
+    return {"measured": {"ingest": {"cpu_us_per_message": ingest}, "low_due_rate": 1000,
+                         "delivery": {"due_per_s": 10_000, "cpu_us_per_message": delivery, "lateness_ms": {"p99": p99}},
+                         "delivery_1000": {"due_per_s": 1000, "cpu_us_per_message": low},
+                         "loaded": {"rss_bytes_per_entry": rss}}}
+
+
+def _burst_doc(p99_ms: float, dispatched: float, ceiling: float, stored: float) -> dict:
+    return {"intake_ceiling": {"rate": ceiling}, "ingest": {"per_s_after_first_stored": stored},
+            "dispatch": {"per_s": dispatched, "engine_send_lateness_ms": {"p99": p99_ms}}}
+
+
+def test_the_capacity_and_burst_rows_are_the_targets_figures() -> None:
+    from bench.peers.ab_rows import burst_rows, capacity_rows
+
+    cap = capacity_rows(_capacity_doc(24.0, 19.0, 400.0, 8_000.0, 14.5))
+    assert cap["capacity: ingest + delivery µs a message"] == pytest.approx(43.0)
+    assert cap["capacity: delivery µs a message at 1k/s"] == 400.0
+    assert cap["capacity: resident bytes a loaded message"] == 14.5
+    burst = burst_rows(_burst_doc(3_010.0, 60_000.0, 30_000.0, 28_000.0))
+    assert burst["burst: 200k p99, s"] == pytest.approx(3.01)
+    assert burst["burst: dispatch ÷ intake ceiling"] == pytest.approx(2.0)
+    assert burst_rows({"dispatch": {"per_s": 1.0}})["burst: dispatch ÷ intake ceiling"] is None, "no ceiling measured"
+
+
+def test_the_table_is_rebuilt_from_the_directory_alone_pair_by_pair(tmp_path: Path) -> None:
+    import json
+
+    from bench.peers.ab import main
+
+    out = tmp_path / "ab"
+    (out / "head1" / "results").mkdir(parents=True)
+    (out / "head1" / "results" / "peers.json").write_text(json.dumps(_doc(5.0, 20.0, 30.0, 1.6, 8.0)))
+    (out / "ab_base1.json").write_text(json.dumps(_doc(6.0, 20.0, 30.0, 1.6, 9.0)))  # a copied peers.json
+    for side, i, us in (("base", 1, 30.0), ("head", 1, 20.0), ("base", 2, 32.0), ("head", 2, 22.0)):
+        (out / f"capacity_{side}{i}.json").write_text(json.dumps(_capacity_doc(us, 10.0, 300.0, 50.0, 14.0)))
+    (out / "burst_head2.json").write_text(json.dumps(_burst_doc(1_500.0, 30_000.0, 40_000.0, 28_000.0)))
+    (out / "ab.json").write_text(json.dumps({"base": "abc1234", "head": "this checkout"}))
+    main(["--table", "--out", str(out)])
+    lines = (out / "ab.md").read_text().splitlines()
+    assert lines[0].split(" | ")[2:] == ["abc1234#1", "this checkout#1", "abc1234#2", "this checkout#2",
+                                         "abc1234 mean (range)", "this checkout mean (range) |"]
+    cells = next(x for x in lines if x.startswith("| capacity: ingest + delivery")).strip("| ").split(" | ")
+    assert cells[1:] == ["≤ 20", "40.00", "30.00", "42.00", "32.00", "41.00 (40.00–42.00)", "31.00 (30.00–32.00)"]
+    engine = next(x for x in lines if x.startswith("| 10k/s engine ÷ broker CPU |")).strip("| ").split(" | ")
+    assert engine[2:6] == ["0.300", "0.250", "–", "–"], "pair 2 ran no peers run"
+    burst = next(x for x in lines if x.startswith("| burst: dispatch ÷ intake ceiling")).strip("| ").split(" | ")
+    assert burst[2:6] == ["–", "–", "–", "0.750"]
+
+
+def test_an_older_revisions_capacity_run_is_taken_from_its_tree_and_the_tree_is_left_as_it_was(tmp_path: Path) -> None:
+    from bench.peers.ab import _run
+
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    (tree / "bench" / "results").mkdir(parents=True)
+    out.mkdir()
+    (tree / "bench" / "__init__.py").write_text("")
+    # what bench.capacity did before it had --out: write the tree's own results file
+    (tree / "bench" / "capacity.py").write_text(
+        "from pathlib import Path\nPath('bench/results/capacity.json').write_text('{\"measured\": {}}')\n")
+    (tree / "bench" / "results" / "capacity.json").write_text("committed")
+    _run("capacity", tree, out, "base", 1, [])
+    assert (out / "capacity_base1.json").read_text() == '{"measured": {}}'
+    assert (tree / "bench" / "results" / "capacity.json").read_text() == "committed"
+    (tree / "bench" / "capacity.py").write_text("raise SystemExit(3)\n")
+    with pytest.raises(SystemExit, match="failed: see"):
+        _run("capacity", tree, out, "head", 1, [])
+    assert (tree / "bench" / "results" / "capacity.json").read_text() == "committed"
+
+
+def test_ab_without_a_revision_or_table_says_what_it_needs(tmp_path: Path) -> None:
+    from bench.peers.ab import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="holds no A/B run"):
+        main(["--table", "--out", str(tmp_path)])

@@ -75,3 +75,19 @@ def test_each_brokers_logs_are_kept_before_its_store_goes_when_asked(brokers: _S
     runner.run(RunConfig(systems=("plain-hop",), broker_per_system=False, broker_logs=str(shared)), "test",
                log=lambda _: None)
     assert (shared / "shared/broker-a/store.log").exists(), "one broker for the run: its logs when it stops"
+
+
+def test_a_phase_given_no_messages_or_no_time_is_skipped_not_run() -> None:
+    from bench.peers.runner import _given_zero
+    from bench.peers.systems import System
+
+    class _Sys:
+        horizon_count: int | None = None
+
+    s: System = _Sys()  # type: ignore[assignment]
+    cfg = RunConfig(steady_high_seconds=0, burst=0, horizon_messages=0)
+    assert [p for p in ("steady", "steady_high", "burst", "horizon", "batch_ingest") if _given_zero(p, s, cfg)] \
+        == ["steady_high", "burst", "horizon"]
+    s.horizon_count = 100_000  # the broker's timer and levels take theirs from --horizon-broker-messages
+    assert not _given_zero("horizon", s, cfg)
+    assert not any(_given_zero(p, s, RunConfig()) for p in ("steady", "steady_high", "burst", "horizon", "batch_ingest"))
