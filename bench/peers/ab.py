@@ -31,6 +31,7 @@ __all__ = ["PEERS_ROWS", "ROWS", "main", "table", "target_rows"]
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 def _compiled_files(tree: Path) -> list[Path]:
     """The compiled modules built in a checkout, relative to it (`setup.py` builds them in these packages)."""
     return sorted(p.relative_to(tree) for top in ("storage", "forwarder") for p in (tree / top).rglob("*.so"))
