@@ -84,8 +84,14 @@ def _crash_then_restart(rocketmq: LocalRocketMQ, data_dir: Path, dedupe: bool) -
         first.schedule([Message(target, f"{run}-{i}".encode(), due + i // 50 * 20) for i in range(N)])
         assert sink.dead.wait(30), "the first engine never sent"
         first.stop()
-        with lock:
-            before = len(received)
+
+        def received_count() -> int:
+            with lock:
+                return len(received)
+        # the first engine's batches were stored before it died: wait for them to reach the consumer,
+        # which may trail the broker by a pull
+        assert wait_for(lambda: received_count() >= 64, 30), \
+            f"the first engine stored {received_count()} copies it never recorded, not the 64 its batches hold"
         finder = BrokerCopyFinder(cfg, _now) if dedupe else None
         second = Engine(engine_cfg, RocketMQSink(cfg, dead_letters), copy_finder=finder).start()
         try:
@@ -99,7 +105,6 @@ def _crash_then_restart(rocketmq: LocalRocketMQ, data_dir: Path, dedupe: bool) -
             second.stop()
             if finder is not None:
                 finder.close()
-        assert before >= 64  # the first engine did store copies it never recorded
         return copies(), counts
     finally:
         dead_letters.close()

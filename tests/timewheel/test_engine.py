@@ -63,7 +63,7 @@ def scenarios(draw: st.DrawFn) -> list[tuple]:
     return ops
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(ops=scenarios())
 def test_engine_matches_heapq_reference(tmp_path_factory: pytest.TempPathFactory, ops: list[tuple]) -> None:
