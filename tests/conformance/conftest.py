@@ -13,9 +13,10 @@ VERSIONS = [pytest.param(ROCKETMQ_VERSION, id=ROCKETMQ_VERSION),
             pytest.param(LEGACY_ROCKETMQ_VERSION, id=LEGACY_ROCKETMQ_VERSION, marks=pytest.mark.slow)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def legacy_rocketmq() -> Iterator[LocalRocketMQ]:
-    """A RocketMQ 4.9 NameServer and broker (started on first use, shared by the session)."""
+    """A RocketMQ 4.9 NameServer and broker (started on first use, shared by the conformance tests;
+    stopped after them, so that its idle work does not slow the rest of the session)."""
     mq = LocalRocketMQ(stop_timeout=3.0, version=LEGACY_ROCKETMQ_VERSION)
     mq.start()
     try:
