@@ -24,10 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.peers.ab_rows import (BENCHES, BURST_COMMAND, PEERS_ROWS, ROWS, all_rows, read_runs, run_files,
-                                 table, target_rows)
-
-__all__ = ["PEERS_ROWS", "ROWS", "main", "table", "target_rows"]
+from bench.peers.ab_rows import BENCHES, BURST_COMMAND, all_rows, read_runs, run_files, table
 
 REPO = Path(__file__).resolve().parents[2]
 

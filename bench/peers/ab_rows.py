@@ -28,7 +28,6 @@ PEERS_ROWS: tuple[tuple[str, str], ...] = (
     ("1k/s engine CPU µs a message", "≤ 100"),
     ("batch ingest, stored a second", "≥ 100,000"),
 )
-ROWS = PEERS_ROWS  # the name the peers rows had before capacity and the burst joined them
 
 #: the rows `bench.capacity` gives
 CAPACITY_ROWS: tuple[tuple[str, str], ...] = (
@@ -64,11 +63,6 @@ def _phase_cpu(system: dict, phase: str) -> tuple[float, float, int] | None:
     return engine, sum(cpu.values()) - engine, n + int(p.get("warm_up_sent") or 0)
 
 
-def _lateness(system: dict, phase: str, q: str) -> float | None:
-    got = ((system.get(phase) or {}).get("lateness_ms") or {}).get(q)
-    return float(got) if isinstance(got, (int, float)) else None
-
-
 def _number(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
@@ -86,9 +80,8 @@ def target_rows(doc: dict) -> Rows:
     tw, hop = doc["systems"].get("timewheel") or {}, doc["systems"].get("plain-hop") or {}
     high, low = _phase_cpu(tw, "steady_high"), _phase_cpu(tw, "steady")
     win = window_cpu(tw, "steady_high")
-    p99, hop_p99 = _lateness(tw, "steady_high", "p99"), _lateness(hop, "steady_high", "p99")
-    p50, hop_p50 = _lateness(tw, "steady", "p50"), _lateness(hop, "steady", "p50")
-    stored = (tw.get("batch_ingest") or {}).get("stored_per_s")
+    p99, hop_p99 = _at(tw, "steady_high", "lateness_ms", "p99"), _at(hop, "steady_high", "lateness_ms", "p99")
+    p50, hop_p50 = _at(tw, "steady", "lateness_ms", "p50"), _at(hop, "steady", "lateness_ms", "p50")
     return dict(zip((name for name, _ in PEERS_ROWS), (
         high[0] / high[1] if high and high[1] else None,
         high[0] / high[2] * 1e6 if high else None,
@@ -97,7 +90,7 @@ def target_rows(doc: dict) -> Rows:
         p99 / hop_p99 if p99 is not None and hop_p99 else None,
         p50 - hop_p50 if p50 is not None and hop_p50 is not None else None,
         low[0] / low[2] * 1e6 if low else None,
-        _number(stored))))
+        _at(tw, "batch_ingest", "stored_per_s"))))
 
 
 def capacity_rows(doc: dict) -> Rows:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers.ab import ROWS, target_rows, table
+from bench.peers.ab_rows import PEERS_ROWS, target_rows, table
 
 
 def _doc(engine_s: float, broker_s: float, p99: float, p50: float, low_engine_s: float) -> dict:
@@ -24,7 +24,7 @@ def _doc(engine_s: float, broker_s: float, p99: float, p50: float, low_engine_s:
 
 def test_the_rows_are_the_targets_figures_over_the_whole_phase() -> None:
     rows = target_rows(_doc(6.0, 20.0, 30.0, 1.6, 9.0))
-    assert list(rows) == [name for name, _ in ROWS]
+    assert list(rows) == [name for name, _ in PEERS_ROWS]
     assert rows["10k/s engine ÷ broker CPU"] == pytest.approx(0.3)
     assert rows["10k/s engine CPU µs a message"] == pytest.approx(24.0), "the warm-up's messages ran in the phase"
     assert rows["10k/s engine ÷ broker CPU, steady window"] == pytest.approx(0.25)
