@@ -153,8 +153,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
         last_due = max(due_of.values())
         # b's sends take 20-50 ms on a slow two-core machine while it drains a's backlog (a CI run
         # timed out at 30 s after the last due time): it gets 90 s
-        _wait("every acknowledged message delivered", lambda: acked <= set(receipts),
-              max(90.0, (last_due - _now_ms()) / 1000 + 90), b)
+        try:
+            _wait("every acknowledged message delivered", lambda: acked <= set(receipts),
+                  max(90.0, (last_due - _now_ms()) / 1000 + 90), b)
+        except AssertionError as timed_out:
+            raise AssertionError(_missing(acked - set(receipts), len(acked), due_of, past_due, failed_ms)
+                                 + f"\n{timed_out}") from None
         time.sleep(2.0)  # a late duplicate shows up before counting
         after = b.replica()
         after_a = a.replica() if failure == "pause" else None
@@ -212,6 +216,17 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     if failure == "pause":
         assert after_resume == [], f"the paused engine sent {len(after_resume)} after resuming"
         assert after_a is not None and not after_a["holder"]
+
+
+def _missing(missing: set[bytes], acked: int, due_of: dict[bytes, int], past_due: dict[bytes, int],
+             failed_ms: int) -> str:
+    """Which acknowledged messages never arrived, each with its due (and send) time from the failure."""
+    shown = []
+    for body in sorted(missing, key=lambda b: due_of[b])[:12]:
+        sent = f", sent {past_due[body] - failed_ms:+d} ms already past due" if body in past_due else ""
+        shown.append(f"{body.decode()} due {due_of[body] - failed_ms:+d} ms{sent}")
+    return (f"{len(missing)} of {acked} acknowledged messages not delivered (times from the failure): "
+            + "; ".join(shown))
 
 
 def test_a_standby_takes_over_from_a_killed_replica(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper,
