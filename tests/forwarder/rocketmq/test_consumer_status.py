@@ -1,6 +1,7 @@
 """Requests a broker sends its consumer: their bodies, the answers on the wire, and a real broker's notice."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -55,7 +56,8 @@ class FakeBroker:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        self.peer, _ = self.server.accept()
+        with contextlib.suppress(OSError):  # the listener shut down before a client came
+            self.peer, _ = self.server.accept()
 
     def ask(self, code: int, opaque: int, oneway: bool = False) -> dict[str, object] | None:
         while self.peer is None:
@@ -83,6 +85,8 @@ class FakeBroker:
 def fake_broker() -> Iterator[FakeBroker]:
     b = FakeBroker()
     yield b
+    with contextlib.suppress(OSError):  # wakes the thread blocked in accept(), which close() alone does not
+        b.server.shutdown(socket.SHUT_RDWR)
     b.server.close()
     if b.peer is not None:  # the accepted connection is a socket of its own
         b.peer.close()

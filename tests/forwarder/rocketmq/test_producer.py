@@ -3,6 +3,7 @@ RocketMQ (round trips, several topics, broker restarts, missing topics)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -129,6 +130,8 @@ class FakeServer:
         self._socks.clear()
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the thread blocked in accept(), which close() alone does not
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self.drop_connections()
 
