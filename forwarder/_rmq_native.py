@@ -56,6 +56,12 @@ _log = logging.getLogger(__name__)
 # -- producer -------------------------------------------------------------------------------------
 
 
+#: a sync send refused for want of a route (never sent) is tried again this many times
+NO_ROUTE_RETRIES = 3
+#: seconds before the first of those retries; each next one waits that much longer
+NO_ROUTE_BACKOFF_S = 0.5
+_NO_ROUTE = "No route info"
+
 #: Called once per async send, from a library thread: (result, None) or (None, error).
 SendCallback = Callable[[SendResult | None, SendError | None], None]
 
@@ -139,15 +145,28 @@ class NativeProducer:
     # sends
 
     def send(self, msg: OutgoingMessage) -> SendResult:
-        """Send one message and wait for the broker's answer (retried by the client, up to 5 times)."""
+        """Send one message and wait for the broker's answer (retried by the client, up to 5 times).
+
+        A send the client refused because it found no route to the topic never left this process:
+        it is tried again `NO_ROUTE_RETRIES` times, `NO_ROUTE_BACKOFF_S` apart and more each time
+        (a NameServer answering slowly under load makes the client give up on a route that exists).
+        """
         handle = self._require()
         cmsg = _build(msg)
         try:
-            result = _CSendResult()
-            status = _SendMessageSync(handle, cmsg, ctypes.byref(result))
-            if status != _OK:
-                raise SendError(f"send to {msg.topic} failed: {_last_error() or 'no detail'}", status=status)
-            return _result(result)
+            attempt = 0
+            while True:
+                result = _CSendResult()
+                status = _SendMessageSync(handle, cmsg, ctypes.byref(result))
+                if status == _OK:
+                    return _result(result)
+                detail = _last_error() or "no detail"
+                attempt += 1
+                if _NO_ROUTE not in detail or attempt > NO_ROUTE_RETRIES:
+                    tries = f" (tried {attempt} times)" if attempt > 1 else ""
+                    raise SendError(f"send to {msg.topic} failed{tries}: {detail}", status=status)
+                _log.info("no route to %s yet (try %d of %d): trying again", msg.topic, attempt, NO_ROUTE_RETRIES + 1)
+                time.sleep(NO_ROUTE_BACKOFF_S * attempt)
         finally:
             _DestroyMessage(cmsg)
 

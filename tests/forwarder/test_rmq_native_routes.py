@@ -1,0 +1,81 @@
+"""The native producer's sync send when the client finds no route: tried again, then a clear error.
+
+The client gives up on a topic's route when the NameServer answers slowly (a loaded machine), and a
+send it refused so never left the process; anything else it reports is not retried here.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from forwarder import _rmq_native
+from forwarder._rmq_native import NO_ROUTE_BACKOFF_S, NO_ROUTE_RETRIES, LogLevel, NativeProducer
+from forwarder.errors import SendError
+from forwarder.rocketmq import OutgoingMessage
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_without_a_name_server_a_send_is_tried_again_then_fails_saying_so() -> None:
+    producer = NativeProducer("tw_no_route", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
+    producer.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(SendError) as info:
+            producer.send(OutgoingMessage("NOWHERE", b"x"))
+        took = time.monotonic() - start
+    finally:
+        producer.shutdown()
+    # the real client's words are the ones the retry looks for
+    assert f"tried {NO_ROUTE_RETRIES + 1} times" in str(info.value) and "No route info" in str(info.value)
+    assert info.value.retriable
+    assert took >= NO_ROUTE_BACKOFF_S * NO_ROUTE_RETRIES * (NO_ROUTE_RETRIES + 1) / 2
+
+
+@pytest.mark.parametrize("refusals, sent", [(1, True), (NO_ROUTE_RETRIES, True), (NO_ROUTE_RETRIES + 1, False)])
+def test_a_route_that_appears_within_the_retries_gets_the_message_sent(
+        monkeypatch: pytest.MonkeyPatch, refusals: int, sent: bool) -> None:
+    calls: list[int] = []
+
+    def send_sync(handle: int, msg: int, result: object) -> int:
+        calls.append(1)
+        return 0 if len(calls) > refusals else 1
+
+    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
+    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
+    monkeypatch.setattr(_rmq_native, "_result", lambda result: "stored")
+    monkeypatch.setattr(_rmq_native.time, "sleep", lambda s: None)
+    producer = NativeProducer("tw_route_later", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
+    try:
+        if sent:
+            assert producer.send(OutgoingMessage("T", b"x")) == "stored"
+        else:
+            with pytest.raises(SendError, match=f"tried {NO_ROUTE_RETRIES + 1} times"):
+                producer.send(OutgoingMessage("T", b"x"))
+    finally:
+        producer.shutdown()
+    assert len(calls) == min(refusals + 1, NO_ROUTE_RETRIES + 1)
+
+
+def test_other_refusals_are_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def send_sync(handle: int, msg: int, result: object) -> int:
+        calls.append(1)
+        return 1
+
+    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
+    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: wait response timeout,error:-1")
+    producer = NativeProducer("tw_timeout", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
+    try:
+        with pytest.raises(SendError) as info:
+            producer.send(OutgoingMessage("T", b"x"))
+    finally:
+        producer.shutdown()
+    assert len(calls) == 1 and "tried" not in str(info.value)
