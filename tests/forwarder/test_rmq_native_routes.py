@@ -50,7 +50,7 @@ def test_a_route_that_appears_within_the_retries_gets_the_message_sent(
     monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
     monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
     monkeypatch.setattr(_rmq_native, "_result", lambda result: "stored")
-    monkeypatch.setattr(_rmq_native.time, "sleep", lambda s: None)
+    monkeypatch.setattr(_rmq_native, "NO_ROUTE_BACKOFF_S", 0.0)
     producer = NativeProducer("tw_route_later", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
     try:
         if sent:
