@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import threading
+from collections.abc import Mapping
 from ctypes import POINTER, Structure, c_char, c_char_p, c_int, c_longlong, c_size_t, c_void_p
 from typing import Any, Protocol
 
@@ -331,6 +332,22 @@ def _build(msg: OutgoingMessage) -> int:
         for name, value in msg.properties.items():
             _check(_SetMessageProperty(handle, _property_text(name), _property_text(value)), "SetMessageProperty")
         _check(_SetByteMessageBody(handle, msg.body, len(msg.body)), "SetByteMessageBody")
+    except BaseException:
+        _DestroyMessage(handle)
+        raise
+    return handle
+
+
+def _build_unchecked(topic: str, body: bytes, properties: Mapping[bytes, bytes]) -> int:
+    """Create a native CMessage with property bytes exactly as given (`_build` refuses invalid text
+    and RocketMQ's separator bytes; this does not); the caller destroys it."""
+    handle = _CreateMessage(_text(topic, "topic"))
+    if not handle:
+        raise NativeClientError("CreateMessage returned NULL")
+    try:
+        for name, value in properties.items():
+            _check(_SetMessageProperty(handle, name, value), "SetMessageProperty")
+        _check(_SetByteMessageBody(handle, body, len(body)), "SetByteMessageBody")
     except BaseException:
         _DestroyMessage(handle)
         raise

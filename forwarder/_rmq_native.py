@@ -18,13 +18,13 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from ctypes import c_void_p
 from types import TracebackType
 
 from forwarder._rmq_library import (_CONSUME_SUCCESS, _OK, _ON_MESSAGE, _ON_SEND_EXCEPTION, _ON_SEND_SUCCESS,
-                                    _RECONSUME_LATER, LIBRARY_PATH, LogLevel, _AddMessage, _build, _check,
-                                    _CMQException, _CreateBatchMessage, _CreateProducer, _CreatePushConsumer,
+                                    _RECONSUME_LATER, LIBRARY_PATH, LogLevel, _AddMessage, _build, _build_unchecked,
+                                    _check, _CMQException, _CreateBatchMessage, _CreateProducer, _CreatePushConsumer,
                                     _CSendResult, _DestroyBatchMessage, _DestroyMessage, _DestroyPushConsumer,
                                     _last_error, _Model, _RegisterMessageCallback, _RegisterMessageCallbackOrderly,
                                     _result, _SendAsync, _SendBatchMessage, _SendMessageSync,
@@ -56,7 +56,8 @@ _log = logging.getLogger(__name__)
 # -- producer -------------------------------------------------------------------------------------
 
 
-#: a sync send refused for want of a route (never sent) is tried again this many times
+#: a sync send the client refused with "No route info" within the send timeout is tried again this many
+#: times (`NativeProducer.send` says why)
 NO_ROUTE_RETRIES = 3
 #: seconds before the first of those retries; each next one waits that much longer
 NO_ROUTE_BACKOFF_S = 0.5
@@ -87,6 +88,7 @@ class NativeProducer:
             raise NativeClientError("CreateProducer returned NULL")
         self._handle: int | None = handle
         self._started = False
+        self._send_timeout_s = send_timeout_ms / 1000
         _check(_SetProducerNameServerAddress(handle, _text(namesrv_addr, "namesrv_addr")), "set namesrv")
         _check(_SetProducerSendMsgTimeout(handle, send_timeout_ms), "set send timeout")
         # The client's own limit defaults to 128 KiB (the broker's is 4 MiB).
@@ -147,25 +149,39 @@ class NativeProducer:
     def send(self, msg: OutgoingMessage) -> SendResult:
         """Send one message and wait for the broker's answer (retried by the client, up to 5 times).
 
-        A send the client refused because it found no route to the topic never left this process:
-        it is tried again `NO_ROUTE_RETRIES` times, `NO_ROUTE_BACKOFF_S` apart and more each time
-        (a NameServer answering slowly under load makes the client give up on a route that exists).
+        The client reports "No route info" when it found no route to the topic, and also when each of
+        its own tries failed. An attempt that ended within the send timeout had no send time out (the
+        one way the broker may have stored a message it did not answer): it is tried again
+        `NO_ROUTE_RETRIES` times, `NO_ROUTE_BACKOFF_S` apart and more each time (a NameServer
+        answering slowly under load makes the client give up on a route that exists). A longer one
+        fails at once: trying it again could store the message twice.
         """
-        handle = self._require()
-        cmsg = _build(msg)
+        return self._send_built(_build(msg), msg.topic)
+
+    def send_unchecked(self, topic: str, body: bytes, properties: Mapping[bytes, bytes]) -> SendResult:
+        """`send` with property bytes exactly as given, without `send`'s checks (text, RocketMQ's
+        separator bytes): what a buggy or hostile producer can put on the wire, for testing what the
+        engine does with it. SendError if the client or the broker refuses it."""
+        return self._send_built(_build_unchecked(topic, body, properties), topic)
+
+    def _send_built(self, cmsg: int, topic: str) -> SendResult:
+        """Send a native message `send` built (refusals retried as it says), then destroy it."""
         try:
+            handle = self._require()
             attempt = 0
             while True:
                 result = _CSendResult()
+                started = time.monotonic()
                 status = _SendMessageSync(handle, cmsg, ctypes.byref(result))
                 if status == _OK:
                     return _result(result)
+                took = time.monotonic() - started
                 detail = _last_error() or "no detail"
                 attempt += 1
-                if _NO_ROUTE not in detail or attempt > NO_ROUTE_RETRIES:
+                if _NO_ROUTE not in detail or took >= self._send_timeout_s or attempt > NO_ROUTE_RETRIES:
                     tries = f" (tried {attempt} times)" if attempt > 1 else ""
-                    raise SendError(f"send to {msg.topic} failed{tries}: {detail}", status=status)
-                _log.info("no route to %s yet (try %d of %d): trying again", msg.topic, attempt, NO_ROUTE_RETRIES + 1)
+                    raise SendError(f"send to {topic} failed{tries} after {took:.1f} s: {detail}", status=status)
+                _log.info("no route to %s yet (try %d of %d): trying again", topic, attempt, NO_ROUTE_RETRIES + 1)
                 time.sleep(NO_ROUTE_BACKOFF_S * attempt)
         finally:
             _DestroyMessage(cmsg)

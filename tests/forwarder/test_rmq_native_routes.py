@@ -1,7 +1,8 @@
-"""The native producer's sync send when the client finds no route: tried again, then a clear error.
+"""The native producer's sync send when the client says "No route info": tried again, then a clear error.
 
-The client gives up on a topic's route when the NameServer answers slowly (a loaded machine), and a
-send it refused so never left the process; anything else it reports is not retried here.
+The client gives up on a topic's route when the NameServer answers slowly (a loaded machine). It says
+"No route info" also when each of its own tries failed: an attempt that took the send timeout may have
+been stored, and is not tried again; nor is anything else it reports.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from forwarder import _rmq_native
+from forwarder import _rmq_library, _rmq_native
 from forwarder._rmq_native import NO_ROUTE_BACKOFF_S, NO_ROUTE_RETRIES, LogLevel, NativeProducer
 from forwarder.errors import SendError
 from forwarder.rocketmq import OutgoingMessage
@@ -79,3 +80,56 @@ def test_other_refusals_are_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         producer.shutdown()
     assert len(calls) == 1 and "tried" not in str(info.value)
+
+
+def test_an_unchecked_send_puts_property_bytes_as_given_and_is_retried_like_send(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile = {b"TW_TARGET_TOPIC": b"T", b"note": b"\xff\xfe x\x02TW_TARGET_TOPIC\x01EVIL"}
+    given: list[tuple[bytes, bytes]] = []
+    real_set = _rmq_library._SetMessageProperty
+
+    def set_property(handle: int, name: bytes, value: bytes) -> int:
+        given.append((name, value))
+        return int(real_set(handle, name, value))
+
+    calls: list[int] = []
+
+    def send_sync(handle: int, msg: int, result: object) -> int:
+        calls.append(1)
+        return 0 if len(calls) > 1 else 1
+
+    monkeypatch.setattr(_rmq_library, "_SetMessageProperty", set_property)
+    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
+    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
+    monkeypatch.setattr(_rmq_native, "_result", lambda result: "stored")
+    monkeypatch.setattr(_rmq_native, "NO_ROUTE_BACKOFF_S", 0.0)
+    producer = NativeProducer("tw_unchecked", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
+    try:
+        with pytest.raises(ValueError, match="cannot carry"):  # the typed send refuses these bytes
+            producer.send(OutgoingMessage("T", b"x", None, None, {"note": "x\x02TW_TARGET_TOPIC\x01EVIL"}))
+        assert not calls
+        assert producer.send_unchecked("T", b"x", hostile) == "stored"
+    finally:
+        producer.shutdown()
+    assert given == list(hostile.items())
+    assert len(calls) == 2  # one "no route", then stored
+
+
+def test_a_no_route_answer_after_the_send_timeout_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def send_sync(handle: int, msg: int, result: object) -> int:
+        calls.append(1)
+        time.sleep(0.06)  # as long as a send that timed out: the broker may have stored it
+        return 1
+
+    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
+    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
+    producer = NativeProducer("tw_slow_refusal", f"127.0.0.1:{_closed_port()}", send_timeout_ms=50,
+                              log_level=LogLevel.ERROR)
+    try:
+        with pytest.raises(SendError) as info:
+            producer.send(OutgoingMessage("T", b"x"))
+    finally:
+        producer.shutdown()
+    assert len(calls) == 1 and "tried" not in str(info.value) and "No route info" in str(info.value)
