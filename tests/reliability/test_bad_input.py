@@ -84,7 +84,9 @@ def pipeline(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) 
     service = Service(Settings(engine=EngineConfig(tmp_path_factory.mktemp("bad"), max_delay_ms=2 * HOUR,
                                                    max_body_bytes=64 * 1024),
                                rocketmq=cfg, admin=AdminConfig(listen="127.0.0.1:0"))).start()
-    producer = NativeProducer(f"bad_producer_{run}", rocketmq.namesrv_addr)
+    # its own client instance: the clients of one instance share connections, and a hostile send the
+    # broker refuses stalled the consumer above for about 20 s
+    producer = NativeProducer(f"bad_producer_{run}", rocketmq.namesrv_addr, instance_name=f"bad_input_{run}")
     producer.start()
     yield cfg, target, evil, producer, got, lock, service
     producer.shutdown()
