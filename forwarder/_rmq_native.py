@@ -180,8 +180,10 @@ class NativeProducer:
                 attempt += 1
                 if _NO_ROUTE not in detail or took >= self._send_timeout_s or attempt > NO_ROUTE_RETRIES:
                     tries = f" (tried {attempt} times)" if attempt > 1 else ""
-                    raise SendError(f"send to {topic} failed{tries} after {took:.1f} s: {detail}", status=status)
-                _log.info("no route to %s yet (try %d of %d): trying again", topic, attempt, NO_ROUTE_RETRIES + 1)
+                    raise SendError(f"send to {topic} failed{tries}: {detail} (the last try took {took:.1f} s)",
+                                    status=status)
+                _log.info("send to %s refused in %.1f s, before the send timeout (%s; try %d of %d): trying again",
+                          topic, took, detail, attempt, NO_ROUTE_RETRIES + 1)
                 time.sleep(NO_ROUTE_BACKOFF_S * attempt)
         finally:
             _DestroyMessage(cmsg)
