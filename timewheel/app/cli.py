@@ -194,8 +194,9 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
         producer.start()
         res = producer.send(OutgoingMessage(delay_topic, body.encode(), tags, keys, props))
     except ForwarderError as e:
-        _fail(f"send failed: {e}; is a NameServer at {namesrv} (`timewheel broker` runs a local one) and does "
-              f"the delay topic {delay_topic} exist on its brokers?")
+        _fail(f"send failed: {e}; is a NameServer at {namesrv} (`timewheel broker` runs a local one), does "
+              f"the delay topic {delay_topic} exist on its brokers, and can this host reach them? (the client "
+              f"says \"No route info\" for each of these)")
     finally:
         producer.shutdown()
     typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
