@@ -260,6 +260,10 @@ class Harness:
         ha.restart_replica(standby, extra=armed(n, sig))
         victim = ha.replicas[standby]
         rnd.notes.append(f"{standby} {sig} after {n} sends")
+        # A replica contends only once it has read every queue to its end: stopped before then, the
+        # holder, started again, could contend first and take the lease back (on a loaded machine,
+        # 1 in 6 and 2 in 10 of these rounds did), and the armed one would never send.
+        wait_for(f"{standby} eligible for the lease", lambda: eligible(victim), 60, victim)
         # a graceful hand-over to the armed replica, and the other back as a standby at once: the
         # armed one may fire within the first moments of its lease (what came due meanwhile)
         ha.replicas[holder].stop()
@@ -403,3 +407,11 @@ def run(mq: LocalRocketMQ, zk: LocalZooKeeper, work: Path, faults: list[str], *,
 def report_json(report: Report, **config: Any) -> dict[str, Any]:
     """The report as one JSON document, with the run's configuration."""
     return {"config": config, "totals": report.totals, "rounds": report.rows, "failures": report.failures}
+
+
+def eligible(r: Replica) -> bool:
+    """It answers, and may contend for the lease (it has read every queue of its shard to the end)."""
+    try:
+        return r.replica(timeout=1).get("eligible") is True
+    except (OSError, ValueError):
+        return False
