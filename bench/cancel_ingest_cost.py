@@ -15,15 +15,16 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.test_cancel_bench import BATCH, NOW, _batches, _hold_tombstones, _NoSink
-from timewheel import Engine, EngineConfig, ManualClock
+from timewheel import Engine, EngineConfig, ManualClock, Message
 
 PER_ROUND = 20_000 // BATCH
 
 
-def _round(engine: Engine, source) -> float:
+def _round(engine: Engine, source: Iterator[list[Message]]) -> float:
     batches = [next(source) for _ in range(PER_ROUND)]
     t0 = time.perf_counter()
     for b in batches:
@@ -31,7 +32,7 @@ def _round(engine: Engine, source) -> float:
     return (time.perf_counter() - t0) / (PER_ROUND * BATCH)
 
 
-def _screen_share(engine: Engine, source, rounds: int) -> float:
+def _screen_share(engine: Engine, source: Iterator[list[Message]], rounds: int) -> float:
     """Seconds per message of the screen alone on the engine holding tombstones."""
     run = engine._run
     assert run is not None
@@ -61,7 +62,9 @@ def main() -> None:
         setup_s = time.perf_counter() - t0
         a, b = _batches("plain"), _batches("held")
         _round(plain, a), _round(held, b)  # warm both
-        without, with_, hidden = [], [], []
+        without: list[float] = []
+        with_: list[float] = []
+        hidden: list[float] = []
         tombstones = held._run.tombstones if held._run is not None else None
         assert tombstones is not None
         shown = (tombstones._ids, tombstones._keys)

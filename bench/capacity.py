@@ -27,6 +27,7 @@ import json
 import math
 import multiprocessing
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,7 +93,7 @@ def _fill_loaded(data_dir: str, n: int) -> None:
     """Child process: schedule `n` messages due 5-10 minutes from now (inside the loaded segments)."""
     from timewheel import Engine, Message
     now = time.time_ns() // 1_000_000
-    with Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()) as engine:  # type: ignore[arg-type]
+    with Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()) as engine:
         for start in range(0, n, 10_000):
             engine.schedule([Message("CAP", BODY, now + 300_000 + (start + i) % 300_000)
                              for i in range(min(10_000, n - start))])
@@ -103,7 +104,7 @@ def _open_loaded(data_dir: str, out: "multiprocessing.Queue[dict[str, float]]") 
     from timewheel import Engine
     import numpy  # noqa: F401  (imported before the baseline: its own memory is not the wheel's)
     rss0 = _rss_bytes()
-    engine = Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()).start()  # type: ignore[arg-type]
+    engine = Engine(EngineConfig(Path(data_dir), preload_seconds=900), _NullSink()).start()
     try:
         time.sleep(1.0)
         st = engine.stats()
@@ -148,12 +149,12 @@ class Profile:
     RATE = 250
 
     def __init__(self, pid: int, path: Path | None, *, gil: bool = False) -> None:
-        self.pid, self.path, self.gil, self.proc = pid, path, gil, None
+        self.pid, self.path, self.gil = pid, path, gil
+        self.proc: subprocess.Popen[bytes] | None = None
         self.seconds = 0.0
 
     def __enter__(self) -> "Profile":
         if self.path is not None:
-            import subprocess
             # the one installed beside this interpreter (the project's environment), else the PATH's
             beside = Path(sys.executable).with_name("py-spy")
             self.proc = subprocess.Popen([str(beside) if beside.exists() else "py-spy", "record", "--pid", str(self.pid),

@@ -15,7 +15,7 @@ ONE_MILLION = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def million_segment(tmp_path_factory) -> tuple[Path, int]:
+def million_segment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """A segment of 1M records with an equally long dispatch log, written as the engine would."""
     root = tmp_path_factory.mktemp("million")
     layout = SegmentLayout(root)

@@ -99,7 +99,9 @@ def evict(data_dir: Path) -> None:
 def cold(data_dir: Path, picks: Sequence[int], half: int) -> dict[str, object]:
     """Each look-up as a fresh `timewheel find` process meets it: the data directory's pages evicted,
     the meta store opened anew (its open timed apart); by id then by key."""
-    opens, by_id, by_key = [], [], []
+    opens: list[float] = []
+    by_id: list[float] = []
+    by_key: list[float] = []
     for i in picks:
         for how, times in (("id", by_id), ("key", by_key)):
             evict(data_dir)

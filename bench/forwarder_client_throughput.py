@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer, RecvMessage
 from rocketmq.exceptions import RocketMQException
@@ -298,7 +300,14 @@ def bench_wrapper_consume(ns: str, total: int, group: str) -> Row:
     return _consume_row("wrapper PushConsumer, defaults", counter, finished)
 
 
-def bench_native_consume(ns: str, total: int, group: str, label: str, **options: int) -> Row:
+class ConsumerOptions(TypedDict, total=False):
+    """The NativePushConsumer settings a consume case varies."""
+    thread_count: int
+    max_cache_per_queue: int
+    batch_max_size: int
+
+
+def bench_native_consume(ns: str, total: int, group: str, label: str, **options: Unpack[ConsumerOptions]) -> Row:
     """NativePushConsumer (full decode: binary body and all properties) with `options`."""
     counter = _Counter(total)
 
@@ -343,21 +352,21 @@ def main(argv: list[str] | None = None) -> None:
         with NativeProducer("bench_warmup", ns) as warmup:
             print("warm-up", bench_native_async(warmup, args.warmup, body, WARMUP_TOPIC))
         for n in (1, 4, 8):
-            rows.append(meter.measure(lambda n=n: bench_wrapper_send_sync(ns, args.messages, body, n)))
+            rows.append(meter.measure(partial(bench_wrapper_send_sync, ns, args.messages, body, n)))
         with NativeProducer("bench_native", ns) as producer:
             producer.send(OutgoingMessage(SEND_TOPIC, body))  # warm-up
             for n in (1, 4, 8):
-                rows.append(meter.measure(lambda n=n: bench_native_send(producer, args.messages, body, n)))
+                rows.append(meter.measure(partial(bench_native_send, producer, args.messages, body, n)))
             rows.append(meter.measure(lambda: bench_native_async(producer, args.messages, body)))
             for size in (32, 128):
-                rows.append(meter.measure(lambda size=size: bench_batch(producer, args.messages, body, size)))
+                rows.append(meter.measure(partial(bench_batch, producer, args.messages, body, size)))
             for size in (32, 128):
-                rows.append(meter.measure(lambda size=size: bench_wire_batch(ns, args.messages, body, size)))
+                rows.append(meter.measure(partial(bench_wire_batch, ns, args.messages, body, size)))
             print(check_wire_batch(mq))
             # Fill the consume topic (async: the fastest correct path of the bundled client).
             print("filled", bench_native_async(producer, args.consume, body, CONSUME_TOPIC))
         rows.append(meter.measure(lambda: bench_wrapper_consume(ns, args.consume, "bench_c_wrapper")))
-        native_cases: list[tuple[str, dict[str, int]]] = [
+        native_cases: list[tuple[str, ConsumerOptions]] = [
             ("native PushConsumer, defaults (threads = CPUs)", {}),
             ("native PushConsumer, 4 threads", {"thread_count": 4}),
             ("native PushConsumer, 8 threads, cache 2000/queue", {"thread_count": 8, "max_cache_per_queue": 2000}),
@@ -366,9 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (label, options) in enumerate(native_cases):
             rows.append(
                 meter.measure(
-                    lambda i=i, label=label, options=options: bench_native_consume(
-                        ns, args.consume, f"bench_c_native_{i}", label, **options
-                    )
+                    partial(bench_native_consume, ns, args.consume, f"bench_c_native_{i}", label, **options)
                 )
             )
 

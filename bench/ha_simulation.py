@@ -132,14 +132,14 @@ def _trial(p: Params, arrival: np.ndarray, due: np.ndarray, sent: np.ndarray, t_
     return out
 
 
-def simulate(p: Params, trials: int, seed: int) -> dict[str, dict[str, float]]:
+def simulate(p: Params, trials: int, seed: int) -> dict[str, dict[str, float | None]]:
     """Summaries over `trials` failure instants in the second hour."""
     rng = np.random.default_rng(seed)
     horizon = p.max_delay + 120
     arrival, due, sent = _schedule(p, rng, horizon)
     rows = [_trial(p, arrival, due, sent, float(rng.uniform(p.max_delay, p.max_delay + 60)), rng)
             for _ in range(trials)]
-    summary: dict[str, dict[str, float]] = {}
+    summary: dict[str, dict[str, float | None]] = {}  # no recovery time where some trial never recovered
     for design in rows[0]:
         col = {k: np.array([r[design][k] for r in rows]) for k in rows[0][design]}
         summary[design] = {

@@ -34,7 +34,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -177,7 +177,7 @@ def _cpu_s() -> float:
     return t.user + t.system
 
 
-def _wait(pred, timeout: float) -> bool:
+def _wait(pred: Callable[[], bool], timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():

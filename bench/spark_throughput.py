@@ -178,10 +178,10 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     now_ms = T0 + (args.hours + 1) * 3_600_000
     if args.audit_session is not None:
-        res = audit_session(args.audit_session / "data", args.master, now_ms, args.audits,
-                            args.audit_session / "audit-session", args.driver_memory)
-        print("RESULT " + json.dumps(res), flush=True)
-        return res
+        figures = audit_session(args.audit_session / "data", args.master, now_ms, args.audits,
+                                args.audit_session / "audit-session", args.driver_memory)
+        print("RESULT " + json.dumps(figures), flush=True)
+        return figures
     from spark.backfill import backfill, read_input
     from spark.session import get_session
     from storage import SegmentLayout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from forwarder.rocketmq.answers import answer_rows
 from storage import DELIVERED, dispatch_entries, encode_frame, no_answers
@@ -24,7 +25,7 @@ def _with_answers() -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["plain", "with_answers"])
-def test_a_send_batchs_dispatch_frame(benchmark, kind: str) -> None:
+def test_a_send_batchs_dispatch_frame(benchmark: BenchmarkFixture, kind: str) -> None:
     frame = benchmark(_with_answers if kind == "with_answers" else (lambda: encode_frame(ENTRIES, 1)))
     assert len(frame) == 24 * (1 + (2 if kind == "with_answers" else 1) * N)
     benchmark.extra_info["messages_per_round"] = N

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
+from collections.abc import Iterator
+from typing import TypedDict
 
 import numpy as np
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from forwarder.contract import ContractLimits, to_message, to_outgoing
 from forwarder.record_batches import cut_records
 from forwarder.record_encoding import delivered_ids, encode_records
 from forwarder.rocketmq import decode_messages, encode_message
 from forwarder.rocketmq._send_batch import Outcome, SendBatch, batch_header, cut_encoded
+from forwarder.rocketmq.errors import MessageRejectedError
 from forwarder.rocketmq.protocol import Response, decode_response, encode_request
-from storage import Record, ScheduleStore
+from storage import Record, RecordBytes, ScheduleStore
 from timewheel.message import Message
 
 NOW = 1_800_000_000_000
@@ -39,7 +42,7 @@ BODY = b"x" * 200
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory: pytest.TempPathFactory):
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ScheduleStore, np.ndarray]]:
     store = ScheduleStore(tmp_path_factory.mktemp("codec") / "data")
     recs = [Record(f"{i:032X}:0badf00d", "BENCH_OUT", BODY, NOW + 10 + i, tags="tag", keys=(f"order-{i}",))
             for i in range(BATCH)]
@@ -48,11 +51,12 @@ def stored(tmp_path_factory: pytest.TempPathFactory):
     store.close()
 
 
-def _per_message(benchmark, n: int) -> None:
+def _per_message(benchmark: BenchmarkFixture, n: int) -> None:
+    assert benchmark.stats is not None  # set once the benchmark has run
     benchmark.extra_info["us_per_message"] = round(benchmark.stats.stats.mean / n * 1e6, 2)
 
 
-def test_read_and_encode_objects(benchmark, stored) -> None:
+def test_read_and_encode_objects(benchmark: BenchmarkFixture, stored: tuple[ScheduleStore, np.ndarray]) -> None:
     """Before: an object per message at every step."""
     store, locs = stored
     segs, parts, offs, due = (locs["segment_ms"].tolist(), locs["part"].tolist(), locs["offset"].tolist(),
@@ -61,6 +65,7 @@ def test_read_and_encode_objects(benchmark, stored) -> None:
 
     def run() -> list[bytes]:
         recs = store.read_records(segs, parts, offs, due)
+        # the records were written just now, none is corrupt: no check in the measured loop
         return [encode_message(to_outgoing(Message.from_record(r, 1)), i)  # type: ignore[arg-type]
                 for r, i in zip(recs, ids)]
 
@@ -69,19 +74,19 @@ def test_read_and_encode_objects(benchmark, stored) -> None:
     _per_message(benchmark, BATCH)
 
 
-def test_read_and_encode_record_bytes(benchmark, stored) -> None:
+def test_read_and_encode_record_bytes(benchmark: BenchmarkFixture, stored: tuple[ScheduleStore, np.ndarray]) -> None:
     """After: checked record bytes, each message encoded from slices of its record."""
     store, locs = stored
     segs, parts = locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16)
     offs, due = locs["offset"].astype(np.uint32), locs["due_ms"].astype(np.int64)
     ids = [f"{i:032X}" for i in range(BATCH)]
 
-    def run() -> list:
+    def run() -> list[bytes | MessageRejectedError]:
         return encode_records(store.read_record_bytes(segs, parts, offs, due), ids)
 
     out = benchmark(run)
     recs = store.read_records(segs.tolist(), parts.tolist(), offs.tolist(), due.tolist())
-    assert out == [encode_message(to_outgoing(Message.from_record(r)), i)  # type: ignore[arg-type]
+    assert out == [encode_message(to_outgoing(Message.from_record(r)), i)  # type: ignore[arg-type]  # none corrupt
                    for r, i in zip(recs, ids)]
     _per_message(benchmark, BATCH)
 
@@ -99,7 +104,7 @@ def _stored_message(i: int) -> bytes:
     return struct.pack(">i", len(head) + len(rest)) + head[4:] + rest
 
 
-def test_decode_pull_and_check_contract(benchmark) -> None:
+def test_decode_pull_and_check_contract(benchmark: BenchmarkFixture) -> None:
     """A pull answer of 32 messages: decoded, then each checked against the producer contract."""
     body = b"".join(_stored_message(i) for i in range(32))
     limits = ContractLimits(max_delay_ms=2 * 365 * 86_400_000, max_body_bytes=4 << 20)
@@ -112,7 +117,7 @@ def test_decode_pull_and_check_contract(benchmark) -> None:
     _per_message(benchmark, 32)
 
 
-def _rows(stored, n: int):
+def _rows(stored: tuple[ScheduleStore, np.ndarray], n: int) -> RecordBytes:
     store, locs = stored
     locs = locs[:n]
     return store.read_record_bytes(locs["segment_ms"].astype(np.int64), locs["part"].astype(np.uint16),
@@ -123,10 +128,16 @@ def _fresh(n: int) -> list[str]:
     return ["F" * 32] * n
 
 
-_LIMITS = {"max_message": 4 << 20, "max_count": 256, "max_bytes": 4 << 20}
+class _Limits(TypedDict):
+    max_message: int
+    max_count: int
+    max_bytes: int
 
 
-def _general(raw) -> list[bytes]:
+_LIMITS: _Limits = {"max_message": 4 << 20, "max_count": 256, "max_bytes": 4 << 20}
+
+
+def _general(raw: RecordBytes) -> list[bytes]:
     """The general path: ids, messages and batches each in a pass of their own, then each batch joined."""
     ids = delivered_ids(raw, _fresh)
     topics = raw.topics()
@@ -137,7 +148,7 @@ def _general(raw) -> list[bytes]:
 
 
 @pytest.mark.parametrize("n", [1, BATCH])
-def test_send_body_general_path(benchmark, stored, n: int) -> None:
+def test_send_body_general_path(benchmark: BenchmarkFixture, stored: tuple[ScheduleStore, np.ndarray], n: int) -> None:
     """Before: the general path (kept as the reference)."""
     raw = _rows(stored, n)
     assert len(benchmark(_general, raw)) == 1
@@ -146,7 +157,8 @@ def test_send_body_general_path(benchmark, stored, n: int) -> None:
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-pass", "compiled-cut"])
 @pytest.mark.parametrize("n", [1, BATCH])
-def test_send_body_one_pass(benchmark, stored, n: int, compiled: bool, monkeypatch) -> None:
+def test_send_body_one_pass(benchmark: BenchmarkFixture, stored: tuple[ScheduleStore, np.ndarray], n: int,
+                            compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """After: `cut_records`, one pass over the rows (in Python, or the plain rows by the compiled
     loop), then each batch joined."""
     from forwarder import record_batches
@@ -183,7 +195,7 @@ def _send_header() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("impl", ["json", "orjson"])
-def test_header_encode(benchmark, impl: str) -> None:
+def test_header_encode(benchmark: BenchmarkFixture, impl: str) -> None:
     """A SEND_BATCH_MESSAGE request's header, encoded (empty body)."""
     ext = _send_header()
     encode = _old_encode_request if impl == "json" else encode_request
@@ -205,7 +217,7 @@ def _old_decode_response(frame: bytes, peer: str) -> Response | None:
 
 
 @pytest.mark.parametrize("impl", ["json", "orjson"])
-def test_header_decode(benchmark, impl: str) -> None:
+def test_header_decode(benchmark: BenchmarkFixture, impl: str) -> None:
     """A broker's answer to a send batch, decoded."""
     decode = _old_decode_response if impl == "json" else decode_response
     assert decode(_ANSWER_FRAME, "broker") == _old_decode_response(_ANSWER_FRAME, "broker")

@@ -6,9 +6,11 @@ Run: .venv/bin/python -m pytest bench/test_dispatch_bench.py --benchmark-only
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from storage import RecordBytes
 from timewheel import Engine, EngineConfig, ManualClock, Message
@@ -19,7 +21,7 @@ T0 = 1_800_000_000_000
 class _InstantRecordSink:
     """Takes stored records as they are and answers every one delivered."""
 
-    def send_batch(self, messages: list[Message]) -> list[bool]:
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         return [True] * len(messages)
 
     def send_records(self, records: RecordBytes) -> list[bool]:
@@ -27,7 +29,7 @@ class _InstantRecordSink:
 
 
 @pytest.mark.parametrize("per_send", [1, 20, 256])
-def test_dispatch_pass(benchmark, tmp_path: Path, per_send: int) -> None:
+def test_dispatch_pass(benchmark: BenchmarkFixture, tmp_path: Path, per_send: int) -> None:
     """One send step of `per_send` messages due now (the records already on disk and popped)."""
     clock = ManualClock(T0)
     engine = Engine(EngineConfig(data_dir=tmp_path / "data"), _InstantRecordSink(), clock, seed=1)

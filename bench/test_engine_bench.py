@@ -4,7 +4,10 @@ Run: .venv/bin/python -m pytest bench/test_engine_bench.py --benchmark-only
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from storage import ScheduleStore
 from timewheel.loader import SegmentLoader
@@ -13,7 +16,7 @@ from timewheel.wheel import TimeWheel
 from bench.conftest import HOUR, ONE_MILLION
 
 
-def test_load_segment_into_wheel_1m(benchmark, million_segment) -> None:
+def test_load_segment_into_wheel_1m(benchmark: BenchmarkFixture, million_segment: tuple[Path, int]) -> None:
     """Index sidecar + dispatch log (every record delivered) -> filtered -> wheel."""
     root, seg = million_segment
     store = ScheduleStore(root)
@@ -28,7 +31,8 @@ def test_load_segment_into_wheel_1m(benchmark, million_segment) -> None:
     store.close()
 
 
-def test_load_undispatched_segment_into_wheel_1m(benchmark, million_segment) -> None:
+def test_load_undispatched_segment_into_wheel_1m(benchmark: BenchmarkFixture,
+                                                 million_segment: tuple[Path, int]) -> None:
     root, seg = million_segment
     store = ScheduleStore(root)
     path = store.layout.dispatch_log(seg)
@@ -48,7 +52,7 @@ def test_load_undispatched_segment_into_wheel_1m(benchmark, million_segment) -> 
         store.close()
 
 
-def test_wheel_bytes_per_entry_after_load(million_segment) -> None:
+def test_wheel_bytes_per_entry_after_load(million_segment: tuple[Path, int]) -> None:
     root, seg = million_segment
     wheel = TimeWheel(500, 2 * 7200 + 10, seg)
     due = seg + np.random.default_rng(0).integers(0, HOUR, ONE_MILLION)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ _serial = itertools.count()
 
 
 class _Sink:
-    def send_batch(self, messages: list[Message]) -> list[bool]:
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         return [True] * len(messages)
 
 
@@ -58,7 +59,7 @@ def _answer() -> tuple[tuple[bytes], dict[str, Any]]:
 
 
 @pytest.fixture()
-def ingest(tmp_path) -> Iterator[DelayTopicIngest]:
+def ingest(tmp_path: Path) -> Iterator[DelayTopicIngest]:
     engine = Engine(EngineConfig(tmp_path / "data"), _Sink(), ManualClock(NOW)).start(background=False)
     ing = DelayTopicIngest(RocketMQConfig(namesrv="127.0.0.1:1"), LIMITS, engine.clock.now_ms, None)  # type: ignore[arg-type]
     ing._schedule, ing._cancel, ing._encoded = engine.schedule, engine.apply_cancels, engine

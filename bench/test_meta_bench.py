@@ -8,9 +8,11 @@ nearly all are new, so the look-up is a miss the filters should answer.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from storage.meta import MetaStore
 
@@ -23,7 +25,7 @@ def _ids(n: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def meta(tmp_path_factory: pytest.TempPathFactory):
+def meta(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetaStore]:
     m = MetaStore(Path(tmp_path_factory.mktemp("meta")) / "meta")
     for _ in range(HELD // COMMIT):
         ids = _ids(COMMIT)
@@ -32,14 +34,15 @@ def meta(tmp_path_factory: pytest.TempPathFactory):
     m.close()
 
 
-def test_look_up_new_ids(benchmark, meta: MetaStore) -> None:
+def test_look_up_new_ids(benchmark: BenchmarkFixture, meta: MetaStore) -> None:
     """One commit's dedup look-up: every id new."""
     fresh = iter(lambda: _ids(COMMIT), None)
     benchmark.pedantic(lambda ids: meta.known(ids), setup=lambda: ((next(fresh),), {}), rounds=400, warmup_rounds=20)
+    assert benchmark.stats is not None
     benchmark.extra_info["us_per_id"] = benchmark.stats.stats.median / COMMIT * 1e6
 
 
-def test_look_up_then_put(benchmark, meta: MetaStore) -> None:
+def test_look_up_then_put(benchmark: BenchmarkFixture, meta: MetaStore) -> None:
     """One commit's look-up, then the put of its ids' locations (as `ScheduleStore` commits)."""
     fresh = iter(lambda: _ids(COMMIT), None)
     offsets = list(range(COMMIT))
@@ -49,5 +52,6 @@ def test_look_up_then_put(benchmark, meta: MetaStore) -> None:
         meta.put_records(ids, [0] * COMMIT, [0] * COMMIT, offsets, [()] * COMMIT)
 
     benchmark.pedantic(commit, setup=lambda: ((next(fresh),), {}), rounds=400, warmup_rounds=20)
+    assert benchmark.stats is not None
     benchmark.extra_info["us_per_id"] = benchmark.stats.stats.median / COMMIT * 1e6
 

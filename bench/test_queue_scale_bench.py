@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from timewheel import ManualClock
 from timewheel._due import DueEntries
@@ -31,7 +32,7 @@ def _entries(n: int, first: int) -> DueEntries:
 
 
 @pytest.mark.parametrize("held", [0, 100_000, 1_000_000])
-def test_take_with_cancels_held(benchmark, held: int) -> None:
+def test_take_with_cancels_held(benchmark: BenchmarkFixture, held: int) -> None:
     """Push 60 due entries and take them (one send's batch at 10k/s)."""
     q = _queue(held)
     counter = iter(range(10**9))
@@ -46,7 +47,7 @@ def test_take_with_cancels_held(benchmark, held: int) -> None:
 
 
 @pytest.mark.parametrize("held", [0, 100_000, 1_000_000])
-def test_one_more_cancel(benchmark, held: int) -> None:
+def test_one_more_cancel(benchmark: BenchmarkFixture, held: int) -> None:
     """Cancel one more loaded message."""
     q = _queue(held)
     counter = iter(range(10**9))
@@ -54,7 +55,7 @@ def test_one_more_cancel(benchmark, held: int) -> None:
 
 
 @pytest.mark.parametrize("held", [100_000, 1_000_000])
-def test_wheel_removal(benchmark, held: int) -> None:
+def test_wheel_removal(benchmark: BenchmarkFixture, held: int) -> None:
     """One removal from a wheel holding `held` entries: it scans them all, so the timer applies
     cancels' removals in batches (at most once a second, or per 4,096) rather than pass by pass."""
     from timewheel.wheel import TimeWheel
@@ -66,7 +67,7 @@ def test_wheel_removal(benchmark, held: int) -> None:
 
 
 @pytest.mark.parametrize("waiting", [60_000, 600_000])
-def test_add_a_failed_batch(benchmark, waiting: int) -> None:
+def test_add_a_failed_batch(benchmark: BenchmarkFixture, waiting: int) -> None:
     """60 failed entries queued for retry while `waiting` already wait (a minute of a 10k/s
     outage is 600,000)."""
     q = DispatchQueue(ManualClock(T0), batch_size=256, catch_up_chunk=100_000)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from timewheel.wheel import TimeWheel
 
@@ -51,7 +52,7 @@ def loaded(hour: tuple[np.ndarray, np.ndarray]) -> TimeWheel:
     return wheel
 
 
-def test_bulk_add_1m(benchmark, hour) -> None:
+def test_bulk_add_1m(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """Bulk add of a segment's million into an empty wheel: bucketing by slot, no sort by due."""
 
     def setup():
@@ -62,7 +63,7 @@ def test_bulk_add_1m(benchmark, hour) -> None:
     benchmark.extra_info["bytes_per_entry"] = wheel.nbytes / len(wheel)
 
 
-def test_baseline_full_argsort_1m(benchmark, hour) -> None:
+def test_baseline_full_argsort_1m(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """The alternative bucketing replaces: a full comparison sort of the due times, then gathers."""
     due, refs = hour
 
@@ -73,7 +74,7 @@ def test_baseline_full_argsort_1m(benchmark, hour) -> None:
     benchmark.pedantic(full_sort, rounds=20)
 
 
-def test_baseline_stable_argsort_1m(benchmark, hour) -> None:
+def test_baseline_stable_argsort_1m(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """The same with ties kept in insertion order, which the wheel promises."""
     due, refs = hour
 
@@ -84,7 +85,7 @@ def test_baseline_stable_argsort_1m(benchmark, hour) -> None:
     benchmark.pedantic(stable_sort, rounds=5)
 
 
-def test_drain_hour_slot_by_slot(benchmark, hour) -> None:
+def test_drain_hour_slot_by_slot(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """pop_due at the last millisecond of each of the hour's 7200 slots."""
     stops = range(START + TICK - 1, START + HOUR_MS, TICK)
 
@@ -101,7 +102,7 @@ def test_drain_hour_slot_by_slot(benchmark, hour) -> None:
     benchmark.extra_info["slots"] = len(stops)
 
 
-def test_pop_due_every_millisecond(benchmark, hour) -> None:
+def test_pop_due_every_millisecond(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """A driver calling pop_due each millisecond for 10 s (about 2800 entries released)."""
     stops = range(START, START + 10_000)
 
@@ -116,7 +117,7 @@ def test_pop_due_every_millisecond(benchmark, hour) -> None:
     benchmark.extra_info["calls"] = len(stops)
 
 
-def test_add_32_into_loaded_wheel(benchmark, hour) -> None:
+def test_add_32_into_loaded_wheel(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """Late arrivals: batches of 32 into a wheel holding the hour (staging, runs and merges)."""
     wheel = loaded(hour)
     rng = np.random.default_rng(32)
@@ -135,14 +136,14 @@ def test_add_32_into_loaded_wheel(benchmark, hour) -> None:
     assert wheel.check() == []
 
 
-def test_next_due_ms_on_loaded_wheel(benchmark, hour) -> None:
+def test_next_due_ms_on_loaded_wheel(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """What a driver asks before sleeping; cached, so cheap to call every millisecond."""
     wheel = loaded(hour)
     wheel.pop_due(START + 250)
     benchmark(wheel.next_due_ms)
 
 
-def test_catch_up_whole_hour(benchmark, hour) -> None:
+def test_catch_up_whole_hour(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """After a pause: one pop_due across the entire loaded hour (a gather and a radix sort)."""
 
     def setup():
@@ -151,7 +152,7 @@ def test_catch_up_whole_hour(benchmark, hour) -> None:
     benchmark.pedantic(lambda w: w.pop_due(START + HOUR_MS), setup=setup, rounds=10)
 
 
-def test_remove_100_from_loaded_wheel(benchmark, hour) -> None:
+def test_remove_100_from_loaded_wheel(benchmark: BenchmarkFixture, hour: tuple[np.ndarray, np.ndarray]) -> None:
     """Cancels: 100 refs looked up across the held million (rare; np.isin per array)."""
     rng = np.random.default_rng(100)
 

@@ -34,21 +34,21 @@ from forwarder.config import RocketMQConfig
 from forwarder.delivery import RocketMQSink
 from forwarder.rocketmq import RemotingProducer
 from forwarder.trace import TraceWriter, TracingSink
-from storage import Record, ScheduleStore
+from storage import Record, RecordBytes, ScheduleStore
 from timewheel.message import Message
 
 T0 = 1_800_000_000_000
 SEND_BATCH = 128
 
 
-def _records(store: ScheduleStore, n: int, run: str) -> list[object]:
+def _records(store: ScheduleStore, n: int, run: str) -> list[RecordBytes]:
     """Store n records for ORDERS_<run>; their send batches as the dispatcher reads them."""
     recs = [Record(f"{i:032X}:0000abcd", f"ORDERS_{run}", bytes(100), T0 + i, tags="t",
                    keys=(f"order-{i}", "bench")) for i in range(n)]
     store.append(recs, T0 - 1000)
     seg = store.layout.segment_start(T0)
     ix = store.segment_index(seg)
-    out = []
+    out: list[RecordBytes] = []
     for s in range(0, len(ix), SEND_BATCH):
         e = slice(s, s + SEND_BATCH)
         out.append(store.read_record_bytes(np.full(len(ix.offset[e]), seg, np.int64), ix.part[e], ix.offset[e],
@@ -56,12 +56,12 @@ def _records(store: ScheduleStore, n: int, run: str) -> list[object]:
     return out
 
 
-def _deliver(sink: RocketMQSink, batches: list[object], trace: TraceWriter | None) -> float:
+def _deliver(sink: RocketMQSink, batches: list[RecordBytes], trace: TraceWriter | None) -> float:
     """CPU seconds to send every batch (and flush the trace)."""
     send = TracingSink(sink, trace, lambda: int(time.time() * 1000)) if trace is not None else sink
     cpu = time.process_time()
     for b in batches:
-        ok = send.send_records(b)  # type: ignore[arg-type]
+        ok = send.send_records(b)
         assert all(ok), "a send failed: the figures would not mean anything"
     if trace is not None:
         trace.stop()

@@ -167,9 +167,9 @@ def read_runs(out: Path, labels: dict[str, str]) -> list[tuple[str, Rows]]:
     for i, side in sorted(found, key=lambda k: (k[0], k[1] != "base")):
         rows: Rows = {}
         for bench, (_, read) in BENCHES.items():
-            path = next((p for p in run_files(out, bench, side, i) if p.is_file()), None)
-            if path is not None:
-                rows.update(read(json.loads(path.read_text())))
+            run_file = next((p for p in run_files(out, bench, side, i) if p.is_file()), None)
+            if run_file is not None:
+                rows.update(read(json.loads(run_file.read_text())))
         runs.append((f"{labels.get(side, side)}#{i}", rows))
     return runs
 

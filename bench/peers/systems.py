@@ -748,14 +748,15 @@ class Postgres(System):
         import psycopg
 
         with psycopg.connect(self.server.conninfo, autocommit=True) as conn:  # type: ignore[union-attr]
-            size = conn.execute("SELECT pg_total_relation_size('delayed')").fetchone()[0]  # type: ignore[index]
+            sized = conn.execute("SELECT pg_total_relation_size('delayed')").fetchone()
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
-            buffers = conn.execute(
+            held = conn.execute(
                 "SELECT count(*) * current_setting('block_size')::bigint FROM pg_buffercache b "
                 "WHERE b.reldatabase = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND b.relfilenode IN (SELECT pg_relation_filenode(c) FROM unnest(ARRAY['delayed', "
-                "'delayed_pkey', 'delayed_due']::regclass[]) c)").fetchone()[0]  # type: ignore[index]
-        return MemorySample(rss=self.server.rss(), disk=int(size), server=int(buffers))  # type: ignore[union-attr]
+                "'delayed_pkey', 'delayed_due']::regclass[]) c)").fetchone()
+        assert sized is not None and held is not None  # an aggregate query answers one row
+        return MemorySample(rss=self.server.rss(), disk=int(sized[0]), server=int(held[0]))  # type: ignore[union-attr]
 
     def memory_figures(self, before: MemorySample, loaded: MemorySample, restarted: MemorySample,
                        pending: int) -> dict[str, object]:

@@ -20,7 +20,7 @@ from forwarder.config import RocketMQConfig
 from forwarder.contract import delay_message_id
 from forwarder.java_client import JavaClient, JavaMessage
 from forwarder.local_rocketmq import LocalRocketMQ
-from forwarder.rocketmq import RemotingPullConsumer
+from forwarder.rocketmq import ReceivedMessage, RemotingPullConsumer
 from timewheel.app.service import Service
 from timewheel.app.settings import AdminConfig, Settings
 from timewheel.config import EngineConfig
@@ -79,9 +79,13 @@ def _consume(p: Pipeline, topic: str, count: int, timeout_s: float) -> list[Java
     if p.mq.version.startswith("5."):
         return p.java.consume(topic, count, group=group, timeout_s=timeout_s)
     got: list[JavaMessage] = []
-    reader = RemotingPullConsumer(p.mq.namesrv_addr, group, topic, lambda batch: got.extend(
-        JavaMessage(m.topic, m.body, m.tags or None, m.keys or None, dict(m.properties), m.msg_id,
-                    int(time.time() * 1000)) for m in batch) or True)
+
+    def take(batch: list[ReceivedMessage]) -> bool:
+        got.extend(JavaMessage(m.topic, m.body, m.tags or None, m.keys or None, dict(m.properties), m.msg_id,
+                               int(time.time() * 1000)) for m in batch)
+        return True
+
+    reader = RemotingPullConsumer(p.mq.namesrv_addr, group, topic, take)
     reader.start()
     try:
         wait_for(lambda: len(got) >= count, timeout=timeout_s)

@@ -81,8 +81,12 @@ def _progress_rows(out: str, topic: str) -> list[list[str]]:
 def _received(mq: LocalRocketMQ, topic: str, settle_s: float, expect: int) -> list[ReceivedMessage]:
     """Everything on `topic`, read by a fresh group from the first offset until nothing more comes."""
     got: list[ReceivedMessage] = []
-    reader = RemotingPullConsumer(mq.namesrv_addr, f"admin_reader_{uuid.uuid4().hex[:6]}", topic,
-                                  lambda batch: got.extend(batch) or True)
+
+    def take(batch: list[ReceivedMessage]) -> bool:
+        got.extend(batch)
+        return True
+
+    reader = RemotingPullConsumer(mq.namesrv_addr, f"admin_reader_{uuid.uuid4().hex[:6]}", topic, take)
     reader.start()
     try:
         wait_for(lambda: len(got) >= expect, timeout=60)

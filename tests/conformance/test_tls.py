@@ -58,7 +58,8 @@ def engine(tls_only: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) ->
         service.stop()
 
 
-def test_plain_connections_are_refused_and_tls_ones_answered(tls_only: LocalRocketMQ, trusted_tls: ClientSecurity) -> None:
+def test_plain_connections_are_refused_and_tls_ones_answered(tls_only: LocalRocketMQ,
+                                                             trusted_tls: ClientSecurity) -> None:
     asks = [(tls_only.namesrv_addr, GET_BROKER_CLUSTER_INFO, {}),
             (tls_only.broker_addr, GET_MIN_OFFSET, {"topic": "TBW102", "queueId": "0"})]
     for addr, code, ext in asks:
@@ -89,8 +90,13 @@ def test_the_engine_consumes_and_delivers_over_tls(tls_only: LocalRocketMQ, engi
     finally:
         producer.close()
     got: list[ReceivedMessage] = []
-    reader = RemotingPullConsumer(cfg.namesrv, f"tls_reader_{uuid.uuid4().hex[:6]}", target,
-                                  lambda batch: got.extend(batch) or True, security=trusted_tls)
+
+    def take(batch: list[ReceivedMessage]) -> bool:
+        got.extend(batch)
+        return True
+
+    reader = RemotingPullConsumer(cfg.namesrv, f"tls_reader_{uuid.uuid4().hex[:6]}", target, take,
+                                  security=trusted_tls)
     reader.start()
     try:
         assert wait_for(lambda: len(got) >= len(sent), timeout=60), f"{len(got)} of {len(sent)} delivered"
@@ -136,8 +142,13 @@ def test_replay_sends_over_tls_from_the_engines_config(tls_only: LocalRocketMQ,
     finally:
         plain.close()
     got: list[ReceivedMessage] = []
-    reader = RemotingPullConsumer(cfg.namesrv, f"tls_replay_reader_{uuid.uuid4().hex[:6]}", target,
-                                  lambda batch: got.extend(batch) or True, security=trusted_tls)
+
+    def take(batch: list[ReceivedMessage]) -> bool:
+        got.extend(batch)
+        return True
+
+    reader = RemotingPullConsumer(cfg.namesrv, f"tls_replay_reader_{uuid.uuid4().hex[:6]}", target, take,
+                                  security=trusted_tls)
     reader.start()
     try:
         assert wait_for(lambda: any(m.body == b"replayed over tls" for m in got), timeout=30)

@@ -47,7 +47,8 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         producer = RemotingProducer(self.cfg.namesrv, f"two_feeder_{uuid.uuid4().hex[:6]}", broker_backoff_s=0.5)
-        n, todo = 0, []
+        n = 0
+        todo: list[OutgoingMessage] = []
         try:
             while not self.stop.is_set():
                 while len(todo) < 5:

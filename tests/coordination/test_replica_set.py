@@ -258,7 +258,7 @@ def test_two_shards_split_the_queues_and_each_delivers_its_own_once(rocketmq: Lo
     consumer = NativePushConsumer(f"ha_consumer_{run}", rocketmq.namesrv_addr, on_delivery, log_level=LogLevel.ERROR)
     consumer.subscribe(target)
     consumer.start()
-    shards = []
+    shards: list[Replica] = []
     try:
         shards = [Replica(f"s{k}", tmp_path, env, TIMEWHEEL_HA_SHARD=str(k)).wait_ready() for k in range(2)]
         _wait("each shard has its holder", lambda: all(r.holds() for r in shards), 30)
@@ -276,8 +276,8 @@ def test_two_shards_split_the_queues_and_each_delivers_its_own_once(rocketmq: Lo
         stored = [r.status()["scheduled"] for r in shards]
         doc = shards[0].status()["ha"]
     finally:
-        for r in shards:
-            r.stop()
+        for replica in shards:
+            replica.stop()
         consumer.shutdown()
     print(f"\ntwo shards: stored {stored}, {sum(receipts.values())} deliveries of {len(receipts)} messages")
     assert set(receipts) == set(bodies) and set(receipts.values()) == {1}

@@ -15,7 +15,7 @@ from forwarder.delivery import RocketMQSink
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import RemotingProducer
 from storage import RecordBytes, ScheduleStore
-from timewheel.message import Message
+from timewheel.message import Message, SendResults
 
 pytestmark = pytest.mark.rocketmq
 
@@ -51,7 +51,7 @@ def test_what_the_sink_stored_is_found_where_it_is_and_the_rest_is_missing(rocke
     try:
         half = records.select(np.arange(0, 40, 2))
         results = sink.send_records(half)
-        assert all(results) and results.answers is not None
+        assert isinstance(results, SendResults) and all(results) and results.answers is not None
         check = finder.find_copies(records, sent_from, _now())
         assert check.found.tolist() == [i % 2 == 0 for i in range(40)]
         assert not check.unknown.any()
@@ -65,8 +65,9 @@ def test_what_the_sink_stored_is_found_where_it_is_and_the_rest_is_missing(rocke
         assert again.found.tolist() == check.found.tolist() and finder.counters["barriers"] == 1
         status = finder.status()
         assert status["warnings"] == []
-        assert all(s == {"messageIndexEnable": "true", "messageIndexSafe": "true"}
-                   for s in status["brokers"].values()), status  # type: ignore[union-attr]
+        brokers = status["brokers"]
+        assert isinstance(brokers, dict)
+        assert all(s == {"messageIndexEnable": "true", "messageIndexSafe": "true"} for s in brokers.values()), status
     finally:
         finder.close()
         sink.close()

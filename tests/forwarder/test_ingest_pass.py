@@ -8,7 +8,7 @@ import struct
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ _V1, _V2 = -626843481, -626843485
 
 
 class _Sink:
-    def send_batch(self, messages: list[Message]) -> list[bool]:
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         return [False] * len(messages)
 
 
@@ -80,7 +80,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Eng
 
 # ---- pull answers: mostly delay messages a producer would send, and every kind of unusual one -----
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+_text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=8)
 _name = st.one_of(st.sampled_from(["p", "Zoë", "名", "x-y", "__RMQ.TRANSIENT.t", "CLUSTER", "TW_DUE_MS",
                                    "TW_ORIGINAL_MSG_ID", "TW_DEAD_LETTER_REASON"]), _text.filter(bool))
 _value = st.one_of(_text, st.sampled_from(["", "\x00", "\ufffd", "a\x01b", "v" * 32_600, "v" * 31_000]))
@@ -105,7 +105,7 @@ def _due(draw: st.DrawFn, born: int) -> dict[str, str]:
     return out
 
 
-_clean = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\x01\x02\ufffd"), max_size=8)
+_clean = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00\x01\x02\ufffd"), max_size=8)
 
 
 _clean_ascii = st.text(st.characters(min_codepoint=3, max_codepoint=127), max_size=8)
@@ -260,7 +260,11 @@ def _files(engine: Engine) -> dict[str, bytes]:
 
 def _meta(engine: Engine) -> dict[bytes, bytes]:
     assert engine.store is not None
-    return dict(engine.store.meta._db.items())
+    out: dict[bytes, bytes] = {}
+    for k, v in engine.store.meta._db.items():
+        assert isinstance(k, bytes) and isinstance(v, bytes)  # the meta store is in raw mode
+        out[k] = v
+    return out
 
 
 def _letters(dlq: _Dlq) -> list[str]:

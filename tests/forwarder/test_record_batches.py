@@ -8,17 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from forwarder import record_batches
 from forwarder.record_batches import SCALAR_ROWS, cut_records
 from forwarder.record_encoding import delivered_ids, encode_records
-from forwarder.rocketmq import BROKER_MAX_MESSAGE_BYTES, RemotingError
+from forwarder.rocketmq import BROKER_MAX_MESSAGE_BYTES, OutgoingMessage, RemotingError
 from forwarder.rocketmq._send_batch import Outcome, cut_encoded
 from storage import Record, RecordBytes, ScheduleStore
 
 NOW = 1_800_000_000_000
-_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=10)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10)
 _RESERVED_NAMES = ("UNIQ_KEY", "TAGS", "KEYS", "WAIT", "TW_DUE_MS", "TW_ORIGINAL_MSG_ID", "TW_LEASE_EPOCH")
 _LONG = "k" * 33_000  # its properties exceed RocketMQ's 32767 bytes
 _ids = st.one_of(_text.filter(bool), st.sampled_from(["a\x01b", "a\x00", "ü-組:1"]))  # the store holds no empty id
@@ -29,6 +30,7 @@ _props = st.dictionaries(st.one_of(_text.filter(bool), st.sampled_from(_RESERVED
 _topics = st.sampled_from(["T", "Orders", "тема-組", "A%B"])
 _records = st.lists(st.tuples(_ids, _topics, st.integers(0, 600), _tags, _keys,
                               st.one_of(st.just({}), _props), st.integers(0, 10**6)), min_size=1, max_size=40)
+_Row = tuple[str, str, int, str, list[str], dict[str, str], int]  # id, topic, body size, tags, keys, properties, due
 
 
 def _fresh(n: int) -> list[str]:
@@ -104,8 +106,9 @@ def _assert_same_once(raw: RecordBytes, extra: dict[str, str] | None, max_messag
 @given(_records, st.sampled_from([None, {"TW_LEASE_EPOCH": "7"}, {"TW_LEASE_EPOCH": "9", "x%s": "%d%%ü"}]),
        st.integers(300, 1200),
        st.integers(1, 8), st.integers(1, 4000))
-def test_one_pass_bodies_are_the_general_paths_byte_for_byte(tmp_path_factory, rows, extra, max_message, max_count,
-                                                              max_bytes) -> None:
+def test_one_pass_bodies_are_the_general_paths_byte_for_byte(tmp_path_factory: pytest.TempPathFactory,
+                                                              rows: list[_Row], extra: dict[str, str] | None,
+                                                              max_message: int, max_count: int, max_bytes: int) -> None:
     """Empty and limit-sized bodies, unicode, reserved property names, separators, no id, long keys."""
     with ScheduleStore(tmp_path_factory.mktemp("d") / "data") as store:
         records = [Record(mid, topic, bytes([i % 251]) * n, NOW + due, tags=tags, keys=tuple(keys), properties=props)
@@ -132,12 +135,18 @@ def test_bodies_at_the_brokers_size_limit_and_both_paths(tmp_path: Path) -> None
             assert [i for i, _, _ in cut.rejected] == refused
 
 
-def test_records_with_properties_of_their_own_stay_on_the_one_pass(tmp_path: Path, monkeypatch) -> None:
+def test_records_with_properties_of_their_own_stay_on_the_one_pass(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Users' properties are common: such a row is not encoded message by message (the byte-equality
     test above cannot tell which way a row went); one named as a property delivery sets is."""
     general: list[int] = []
     real = record_batches.encode_message
-    monkeypatch.setattr(record_batches, "encode_message", lambda *a: general.append(1) or real(*a))
+
+    def encode_message(msg: OutgoingMessage, msg_id: str) -> bytes:
+        general.append(1)
+        return real(msg, msg_id)
+
+    monkeypatch.setattr(record_batches, "encode_message", encode_message)
     with ScheduleStore(tmp_path / "data") as store:
         raw = _read(store, [Record(f"id{i}", "T", b"x" * 10, NOW + 5, properties={"BENCH_ID": str(i), "k": "v"})
                             for i in range(SCALAR_ROWS + 8)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from forwarder.contract import to_outgoing
@@ -15,7 +16,7 @@ from storage import Record, RecordBytes, ScheduleStore
 from timewheel.message import Message
 
 NOW = 1_800_000_000_000
-_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 
 
 def _read(store: ScheduleStore, records: list[Record]) -> RecordBytes:
@@ -45,7 +46,9 @@ def _same(a: bytes | MessageRejectedError, b: bytes | MessageRejectedError) -> b
 @given(st.lists(st.tuples(_text, st.binary(max_size=40), st.lists(_text, max_size=3),
                           st.dictionaries(_text.filter(bool), _text, max_size=2), st.integers(0, 10**6)),
                 min_size=1, max_size=8))
-def test_every_record_encodes_as_the_general_path_does(tmp_path_factory, rows) -> None:
+def test_every_record_encodes_as_the_general_path_does(
+        tmp_path_factory: pytest.TempPathFactory,
+        rows: list[tuple[str, bytes, list[str], dict[str, str], int]]) -> None:
     """Tags, keys (none, one, several, empty), properties, separators and all."""
     with ScheduleStore(tmp_path_factory.mktemp("d") / "data") as store:
         records = [Record(f"id\x01{i}" if i == 3 else f"id-{i}", "TOPIC", body, NOW + due, tags=tags,

@@ -32,6 +32,11 @@ class _Inbox:
         with self._lock:
             self.messages.append(msg)
 
+    def take(self, msg: ReceivedMessage) -> bool:
+        """Keep one message, as a consume callback: consumed."""
+        self.add(msg)
+        return True
+
     def __len__(self) -> int:
         with self._lock:
             return len(self.messages)
@@ -69,7 +74,7 @@ def test_binary_body_and_every_property_round_trip(
     assert len(result.msg_id) == 32
 
     inbox = _Inbox()
-    consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
+    consumer = _consume(rocketmq, topic, inbox.take)
     try:
         assert wait_for(lambda: len(inbox) >= 1)
     finally:
@@ -151,7 +156,7 @@ def test_the_wrapper_silently_mangles_separator_bytes(rocketmq: LocalRocketMQ, t
     finally:
         wrapper_producer.shutdown()
     inbox = _Inbox()
-    consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
+    consumer = _consume(rocketmq, topic, inbox.take)
     try:
         assert wait_for(lambda: len(inbox) >= 1)
     finally:
@@ -182,7 +187,7 @@ def test_async_sends_report_every_outcome_once(
     assert len(ids) == 300
 
     inbox = _Inbox()
-    consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
+    consumer = _consume(rocketmq, topic, inbox.take)
     try:
         assert wait_for(lambda: len(inbox) >= 300)
     finally:
@@ -196,7 +201,7 @@ def test_batch_send_is_stored_as_one_message(rocketmq: LocalRocketMQ, producer: 
     result = producer._send_batch(batch)
     assert result.msg_id == ""
     inbox = _Inbox()
-    consumer = _consume(rocketmq, topic, lambda m: inbox.add(m) or True)
+    consumer = _consume(rocketmq, topic, inbox.take)
     try:
         assert wait_for(lambda: len(inbox) >= 1)
         time.sleep(1.0)  # would the other two show up?

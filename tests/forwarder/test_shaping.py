@@ -93,6 +93,13 @@ def world(tmp_path: Path) -> Iterator[Any]:
         w.engine.stop()
 
 
+def _rules_document(meta: MetaStore) -> Any:
+    """The shaping rules as persisted in a meta store (`RULES_DOCUMENT`)."""
+    doc = meta.get_document(RULES_DOCUMENT)
+    assert doc is not None, "no shaping rules persisted"
+    return doc
+
+
 def _close(measured: float, want: float, tolerance: float = 0.05) -> bool:
     return abs(measured - want) <= tolerance * want
 
@@ -317,6 +324,7 @@ def test_a_rule_change_through_the_config_file_applies_within_a_second(world: An
     clock = ManualClock(T0)
     control = ShapingControl({"topics": {"A": {"rate": 1000, "burst": 100}}}, config_path=path, now_ms=clock.now_ms)
     w: World = world(shaper=control.shaper, clock=clock)
+    assert w.engine.store is not None
     control.start(w.engine.store.meta, watch=False)
     w.schedule("A", 20_000)
     change = DUE + 4000
@@ -335,8 +343,7 @@ def test_a_rule_change_through_the_config_file_applies_within_a_second(world: An
     print(f"\nrule change at t: 1000/s -> 200/s: {first_second:.0f} in the first second (<= 200 + burst 20), "
           f"{after:.1f}/s after; -> 2000/s: {up:.1f}/s")
     assert first_second <= 200 + 20 and _close(after, 200) and _close(up, 2000)
-    assert w.engine.store.meta.get_document(RULES_DOCUMENT)["rules"] == {"topics": {"A": {"rate": 2000,
-                                                                                          "burst": 200}}}
+    assert _rules_document(w.engine.store.meta)["rules"] == {"topics": {"A": {"rate": 2000, "burst": 200}}}
     w.drain_and_check(raised + 12_000)
 
 
@@ -428,7 +435,7 @@ def test_rules_persist_and_the_file_wins_only_when_it_changed(tmp_path: Path) ->
     try:
         c = ShapingControl(file_rules).start(meta, watch=False)
         assert c.rules == file_rules and c.status()["source"] == "file"
-        assert meta.get_document(RULES_DOCUMENT)["rules"] == file_rules
+        assert _rules_document(meta)["rules"] == file_rules
         c.replace({"topics": {"A": {"rate": 300}}})
         c.stop()
         # restart, the file unchanged: the admin's rules stay in force
@@ -440,7 +447,7 @@ def test_rules_persist_and_the_file_wins_only_when_it_changed(tmp_path: Path) ->
         edited = {"topics": {"A": {"rate": 50}}}
         c = ShapingControl(edited).start(meta, watch=False)
         assert c.rules == edited and c.status()["source"] == "file"
-        assert meta.get_document(RULES_DOCUMENT)["rules"] == edited
+        assert _rules_document(meta)["rules"] == edited
         c.stop()
     finally:
         meta.close()
@@ -465,7 +472,7 @@ def test_the_watched_file_applies_new_rules_within_a_second(tmp_path: Path) -> N
         took = time.monotonic() - t0
         print(f"\nwatched file: new rules in force after {took * 1000:.0f} ms")
         assert c.rules == {"global_rate": 250, "topics": {"A": {"rate": 5}}} and took < 1.0
-        assert meta.get_document(RULES_DOCUMENT)["source"] == "file"
+        assert _rules_document(meta)["source"] == "file"
         # an invalid edit is refused whole, the rules in force stay
         path.write_text('[shaping]\nglobal_rate = 300\n[shaping.topics.A]\nrate = -5\n')
         t0 = time.monotonic()
@@ -486,7 +493,9 @@ def test_stats_are_json_and_name_the_rules() -> None:
     shaper.grant({"A": 3, "B": 20}, 5)
     st = shaper.stats()
     json.dumps(st)
-    assert st["global_rate"] == 10 and st["topics"]["A"]["rate_limit"] == 1 and st["waiting"] > 0
+    topics, waiting = st["topics"], st["waiting"]
+    assert isinstance(topics, dict) and isinstance(waiting, int)
+    assert st["global_rate"] == 10 and topics["A"]["rate_limit"] == 1 and waiting > 0
 
 
 def test_a_shaper_without_rules_lets_everything_pass_until_a_rule_or_a_failure_applies() -> None:

@@ -19,6 +19,7 @@ from forwarder.rocketmq import ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.shaping_control import RULES_DOCUMENT
 from forwarder.config import RocketMQConfig
+from storage.meta import MetaStore
 from timewheel.message import Message
 from timewheel.app.service import Service
 from timewheel.app.settings import load_settings
@@ -71,6 +72,13 @@ class World:
     def base(self) -> str:
         assert self.service.admin is not None
         return f"http://{self.service.admin.address}"
+
+
+def _rules_document(meta: MetaStore) -> Any:
+    """The shaping rules as persisted in a meta store (`RULES_DOCUMENT`)."""
+    doc = meta.get_document(RULES_DOCUMENT)
+    assert doc is not None, "no shaping rules persisted"
+    return doc
 
 
 def _config(path: Path, data_dir: Path, a: str, b: str) -> None:
@@ -146,8 +154,10 @@ def test_100k_due_in_one_second_go_out_at_their_limits_and_none_is_lost(world: W
         msgs = [Message(topic, f"{topic}-{i}".encode(), due + i % 1000) for i in range(n)]  # all in the same second
         batches += [msgs[i:i + 5000] for i in range(0, n, 5000)]
     def sent() -> tuple[int, int]:
-        topics = world.service.stats()["shaping"]["topics"]  # type: ignore[index]
-        return topics.get(a, {}).get("sent", 0), topics.get(b, {}).get("sent", 0)  # type: ignore[union-attr]
+        shaping = world.service.stats()["shaping"]
+        assert isinstance(shaping, dict)
+        topics = shaping["topics"]
+        return topics.get(a, {}).get("sent", 0), topics.get(b, {}).get("sent", 0)
 
     base_a, base_b = sent()  # the probe
     t0 = time.monotonic()
@@ -179,10 +189,11 @@ def test_100k_due_in_one_second_go_out_at_their_limits_and_none_is_lost(world: W
     arr = {t: sorted(world.arrivals.times[t]) for t in (a, b)}
     span = {t: (arr[t][-1] - arr[t][0]) / 1000 for t in (a, b)}
     st = world.service.stats()
-    shaping = st["shaping"]  # type: ignore[index]
+    shaping = st["shaping"]
+    assert isinstance(shaping, dict)
     print(f"sent at {rate_a:.0f}/s (limit {RATE_A}) and {rate_b:.0f}/s (limit {RATE_B}); received {got_a} + {got_b} "
           f"over {span[a]:.2f}s and {span[b]:.2f}s, duplicates {world.arrivals.duplicates}; "
-          f"held p/msg {shaping['held_ms_sum'] / max(1, shaping['held_count']):.0f} ms; "  # type: ignore[index]
+          f"held p/msg {shaping['held_ms_sum'] / max(1, shaping['held_count']):.0f} ms; "
           f"send failures {st['send_failures']}")
     assert (got_a, got_b) == (N_A, N_B), "every message arrives"
     assert abs(rate_a - RATE_A) <= 0.05 * RATE_A and abs(rate_b - RATE_B) <= 0.05 * RATE_B
@@ -215,7 +226,7 @@ def test_admin_api_reads_and_replaces_rules_which_persist(world: World) -> None:
     assert status == 200 and answer == new and call("GET")[1] == new
     engine = world.service.engine
     assert engine is not None and engine.store is not None
-    doc = engine.store.meta.get_document(RULES_DOCUMENT)
+    doc = _rules_document(engine.store.meta)
     assert doc["rules"] == new and doc["source"] == "admin"
     assert world.service.stats()["shaping"]["rules"]["source"] == "admin"  # type: ignore[index]
     # a topic's row appears with its first traffic (this test must not lean on the slow one's)
@@ -231,4 +242,4 @@ def test_admin_api_reads_and_replaces_rules_which_persist(world: World) -> None:
     assert wait_for(lambda: call("GET", token=None)[1]["topics"][b]["rate"] == 3000, 5)
     print(f"\nfile edit in force after {(time.monotonic() - t0) * 1000:.0f} ms")
     assert time.monotonic() - t0 < 1.0
-    assert engine.store.meta.get_document(RULES_DOCUMENT)["source"] == "file"
+    assert _rules_document(engine.store.meta)["source"] == "file"

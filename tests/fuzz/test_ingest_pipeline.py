@@ -21,7 +21,7 @@ import os
 import struct
 import tracemalloc
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import lz4.frame
 import numpy as np
@@ -55,7 +55,7 @@ _ID = "0" * 32
 class _Sink:
     """No sends: the fuzz reads stored records back and encodes them as the dispatcher would."""
 
-    def send_batch(self, messages: list[Message]) -> list[bool]:
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         return [False] * len(messages)
 
 
@@ -71,7 +71,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 # ---- what a broker may hand over --------------------------------------------------------------
 
-_any_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_any_text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
 _nasty = st.sampled_from(["", " ", "\t", "\x00", "\x01", "\x02", "\ufffd", "ü", "%DLQ%", " k ", "a b"])
 _sizes = st.sampled_from([0, 1, 100, 4_000, 31_700, 32_590, 32_650, 32_700, 32_760])
 _valid_topic = st.sampled_from(["ORDERS", "PAYMENTS_2", "t-1"])

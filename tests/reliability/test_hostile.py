@@ -48,6 +48,15 @@ class _Target:
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         raise AssertionError("a refused request must not reach the engine")
 
+    def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, object]:
+        return {"found": []}
+
+    def stats(self) -> dict[str, object]:
+        return {}
+
+    def status(self) -> dict[str, object]:
+        return {}
+
     def shaping_rules(self) -> dict[str, object]:
         return {}
 

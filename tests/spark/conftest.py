@@ -13,6 +13,8 @@ from storage import Record, ScheduleStore, dispatch_entries
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+MakeStore = Callable[..., ScheduleStore]  # the make_store fixture: ScheduleStore's keywords, a store under tmp_path
+
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z, on an hour boundary
 HOUR = 3_600_000
 
@@ -57,7 +59,7 @@ def records(n: int, *, prefix: str = "m", start: int = T0, step: int = 1000, top
 
 
 @pytest.fixture
-def make_store(tmp_path: Path) -> Callable[..., ScheduleStore]:
+def make_store(tmp_path: Path) -> Iterator[MakeStore]:
     """Open ScheduleStores under tmp_path (closed at teardown)."""
     stores: list[ScheduleStore] = []
 
@@ -67,7 +69,7 @@ def make_store(tmp_path: Path) -> Callable[..., ScheduleStore]:
         stores.append(s)
         return s
 
-    yield make  # type: ignore[misc]
+    yield make
     for s in stores:
         s.close()
 

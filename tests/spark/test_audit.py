@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -12,10 +13,13 @@ from typer.testing import CliRunner
 from spark import audit as A
 from spark._cells import lateness_bins
 from spark.schema import AUDIT_CELLS
-from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, REPLAYED, ScheduleStore, encode_frame, read_dispatch_log,
-                     read_index)
+from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, REPLAYED, ScheduleStore, SegmentIndex, encode_frame,
+                     read_dispatch_log, read_index)
 from storage.audit import STATUSES, record_status
-from tests.spark.conftest import HOUR, T0, deliver, records
+from tests.spark.conftest import HOUR, T0, MakeStore, deliver, records
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 NOW = T0 + 3 * HOUR
@@ -40,7 +44,7 @@ def _corrupt(store: ScheduleStore, seg: int, i: int) -> None:
 
 
 @pytest.fixture
-def faulty(make_store) -> tuple[Path, dict]:
+def faulty(make_store: MakeStore) -> tuple[Path, dict[str, Any]]:
     """Three segments; faults: one dispatch entry removed, one record delivered twice, one record
     corrupted; plus a replay (not a fault), a cancel, a dead letter, and future records."""
     s = make_store()
@@ -73,13 +77,15 @@ def faulty(make_store) -> tuple[Path, dict]:
     return s.layout.root, {"lateness": lateness, "seg_a": seg_a, "seg_b": seg_b}
 
 
-def A_entries(ix, i: int, outcome: int, dispatch_ms: int):  # noqa: N802 - reads as "entries of segment A"
+def A_entries(ix: SegmentIndex, i: int, outcome: int,  # noqa: N802 - reads as "entries of segment A"
+              dispatch_ms: int) -> np.ndarray:
     from storage import dispatch_entries
 
     return dispatch_entries(ix.part[i:i + 1], ix.offset[i:i + 1], ix.due_ms[i:i + 1], dispatch_ms, outcome, 1)
 
 
-def test_audit_reports_exactly_the_injected_faults(spark, faulty, tmp_path: Path) -> None:
+def test_audit_reports_exactly_the_injected_faults(spark: SparkSession, faulty: tuple[Path, dict[str, Any]],
+                                                   tmp_path: Path) -> None:
     data_dir, info = faulty
     rep = A.run_audit(spark, data_dir, now_ms=NOW, grace_ms=GRACE, out_dir=tmp_path / "out")
     found = sorted((f["kind"], f["msg_id"] or f"{f['segment']}/{f['part']}/{f['offset']}")
@@ -104,10 +110,11 @@ def test_audit_reports_exactly_the_injected_faults(spark, faulty, tmp_path: Path
     assert written["lost"] == 1 and written["ok"] is False
     assert spark.read.parquet(str(tmp_path / "out" / "findings")).count() == 3
     if A.write_chart([], tmp_path / "probe.png") is not None or rep.chart_path:
-        assert Path(rep.chart_path).read_bytes()[:4] == b"\x89PNG"
+        assert rep.chart_path is not None and Path(rep.chart_path).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_outcomes_from_the_source_equal_a_join_of_the_dispatch_logs(spark, faulty) -> None:
+def test_outcomes_from_the_source_equal_a_join_of_the_dispatch_logs(spark: SparkSession, faulty: tuple[Path, dict[str,
+                                                                    Any]]) -> None:
     data_dir, _ = faulty
     cols = "segment_ms long, part int, offset long, msg_id string, topic string, due_ms long, crc_ok boolean"
     base = spark.read.format("timewheel").schema(cols).load(str(data_dir))
@@ -118,7 +125,7 @@ def test_outcomes_from_the_source_equal_a_join_of_the_dispatch_logs(spark, fault
     assert direct.exceptAll(joined.select(*direct.columns)).count() == 0
 
 
-def test_audit_cli_json_and_exit_code(spark, faulty, tmp_path: Path) -> None:
+def test_audit_cli_json_and_exit_code(spark: SparkSession, faulty: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     from timewheel.app.cli_spark import register
 
     app = typer.Typer()
@@ -135,7 +142,7 @@ def test_audit_cli_json_and_exit_code(spark, faulty, tmp_path: Path) -> None:
     assert (report["lost"], report["duplicates"], report["corrupt"]) == (1, 1, 1)
 
 
-def test_a_clean_store_passes(spark, make_store, tmp_path: Path) -> None:
+def test_a_clean_store_passes(spark: SparkSession, make_store: MakeStore, tmp_path: Path) -> None:
     s = make_store()
     s.append(records(6, step=60_000), T0 - 1000)
     deliver(s, T0, slice(0, 6), DELIVERED, T0 + HOUR)
@@ -144,7 +151,7 @@ def test_a_clean_store_passes(spark, make_store, tmp_path: Path) -> None:
     assert not rep.failed and rep.dispatched == 6 and rep.sample_findings == []
 
 
-def test_status_precedence_is_storages_and_findings_without_io(spark) -> None:
+def test_status_precedence_is_storages_and_findings_without_io(spark: SparkSession) -> None:
     cols = ("segment_ms long, part int, offset long, msg_id string, topic string, due_ms long, crc_ok boolean, "
             "delivered int, dead_lettered int, cancelled int, marked_corrupt int, replayed int, "
             "first_delivered_ms long")
@@ -212,7 +219,7 @@ def test_lateness_bins_are_within_one_percent() -> None:
     assert np.all(np.abs(b) <= np.abs(ms)) and np.all(np.abs(ms - b) <= np.abs(ms) / 100)
 
 
-def test_cells_agree_with_the_per_record_statuses(spark, faulty) -> None:
+def test_cells_agree_with_the_per_record_statuses(spark: SparkSession, faulty: tuple[Path, dict[str, Any]]) -> None:
     """The audit source's numpy cells and the per-record path (the timewheel source, with_status)
     count the same statuses per segment and topic."""
     from pyspark.sql import functions as F

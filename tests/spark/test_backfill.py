@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
@@ -10,14 +11,17 @@ import pytest
 from spark.backfill import backfill, read_input
 from spark.schema import BACKFILL_PLAN
 from spark.source import STAGING_DIR, BackfillWriter, StagedParts
-from storage import SegmentLayout, decode, read_index, summarize
+from storage import Record, SegmentLayout, decode, read_index, summarize
 from tests.spark.conftest import HOUR, T0
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-def _stored(data_dir: Path) -> dict[str, object]:
+
+def _stored(data_dir: Path) -> dict[str, Record]:
     """msg_id -> Record of every record in a data directory, read with storage itself."""
     layout = SegmentLayout.open_existing(data_dir)
-    out = {}
+    out: dict[str, Record] = {}
     for seg in layout.list_segments():
         for part in layout.list_parts(seg):
             raw = layout.part_log(seg, part).read_bytes()
@@ -29,13 +33,13 @@ def _stored(data_dir: Path) -> dict[str, object]:
     return out
 
 
-def _jsonl(path: Path, rows: list[dict]) -> Path:
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 @pytest.mark.spark
-def test_backfill_twice_schedules_nothing_twice(spark, tmp_path: Path) -> None:
+def test_backfill_twice_schedules_nothing_twice(spark: SparkSession, tmp_path: Path) -> None:
     data = tmp_path / "data"
     SegmentLayout(data)
     rows = [{"topic": "ORDERS", "body": f"b{i}", "deliver_at_ms": T0 + i * 20 * 60_000, "keys": [f"k{i}"],
@@ -54,12 +58,13 @@ def test_backfill_twice_schedules_nothing_twice(spark, tmp_path: Path) -> None:
     again = backfill(spark, data, read_input(spark, [str(src)]), now_ms=T0 + 1000)
     assert (again.scheduled, again.already_scheduled, again.duplicates) == (0, 15, 0)
     assert _stored(data).keys() == stored.keys()
-    assert summarize(SegmentLayout.open_existing(data))["totals"]["records"] == 13
+    totals = summarize(SegmentLayout.open_existing(data))["totals"]
+    assert isinstance(totals, dict) and totals["records"] == 13
     assert not (data / STAGING_DIR).exists()
 
 
 @pytest.mark.spark
-def test_rows_breaking_the_contract_are_reported_with_their_reason(spark, tmp_path: Path) -> None:
+def test_rows_breaking_the_contract_are_reported_with_their_reason(spark: SparkSession, tmp_path: Path) -> None:
     data = tmp_path / "data"
     SegmentLayout(data)
     csv = tmp_path / "in.csv"
@@ -122,7 +127,7 @@ def test_writer_commit_publishes_and_abort_removes(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_backfill_and_export_commands(spark, tmp_path: Path) -> None:
+def test_backfill_and_export_commands(spark: SparkSession, tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
@@ -146,7 +151,7 @@ def test_backfill_and_export_commands(spark, tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_system_and_engine_topics_are_refused_with_the_ingest_check(spark, tmp_path: Path) -> None:
+def test_system_and_engine_topics_are_refused_with_the_ingest_check(spark: SparkSession, tmp_path: Path) -> None:
     data = tmp_path / "data"
     SegmentLayout(data)
     csv = tmp_path / "in.csv"

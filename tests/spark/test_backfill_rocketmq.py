@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,11 +23,15 @@ from timewheel import Engine
 from forwarder.config import RocketMQConfig
 from timewheel.config import EngineConfig
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 pytestmark = [pytest.mark.spark, pytest.mark.rocketmq]
 ROWS = 300
 
 
-def test_backfilled_rows_arrive_once_through_rocketmq(spark, rocketmq: LocalRocketMQ, tmp_path: Path) -> None:
+def test_backfilled_rows_arrive_once_through_rocketmq(spark: SparkSession, rocketmq: LocalRocketMQ,
+                                                      tmp_path: Path) -> None:
     run = uuid.uuid4().hex[:8]
     cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, dead_letter_topic=f"TW_DLQ_{run}",
                          producer_group=f"tw_delivery_{run}", send_timeout_ms=3000)

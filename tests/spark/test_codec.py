@@ -15,7 +15,7 @@ from storage import (DELIVERED, REPLAYED, Record, ScheduleStore, SegmentLayout, 
                      read_index, segment_name)
 from storage import check, check_records
 from storage.record import HEADER, crc32c
-from tests.spark.conftest import T0, deliver, records
+from tests.spark.conftest import T0, MakeStore, deliver, records
 
 
 def _part(store: ScheduleStore, seg: int, part: int = 0) -> PartFiles:
@@ -34,7 +34,7 @@ def _rows(pf: PartFiles, columns: list[str] | None = None, **kw: object) -> list
     return out
 
 
-text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)
 
 
 @settings(max_examples=40, deadline=None)
@@ -61,7 +61,7 @@ def test_bulk_decode_matches_storage_decode(tmp_path_factory: pytest.TempPathFac
         assert row["enqueue_ms"] == T0 and row["segment"] == segment_name(T0) and row["part"] == 0
 
 
-def test_corrupt_record_is_a_row_with_crc_ok_false(make_store) -> None:
+def test_corrupt_record_is_a_row_with_crc_ok_false(make_store: MakeStore) -> None:
     s = make_store()
     s.append(records(5, keys=("k",), properties={"a": "b"}), T0)
     pf = _part(s, T0)
@@ -96,7 +96,7 @@ def test_invalid_utf8_behind_a_valid_crc_is_corrupt(tmp_path: Path) -> None:
     assert rows == [{"msg_id": None, "topic": None, "crc_ok": False}, {"msg_id": "ok", "topic": "T", "crc_ok": True}]
 
 
-def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_store) -> None:
+def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_store: MakeStore) -> None:
     s = make_store()
     s.append(records(10), T0)
     pf = _part(s, T0)
@@ -109,7 +109,7 @@ def test_index_entries_past_the_log_are_skipped_and_time_range_filters(make_stor
     assert [r["msg_id"] for r in rows] == ["m2", "m3", "m4"]
 
 
-def test_an_index_that_stops_tiling_the_log_hides_no_record(make_store) -> None:
+def test_an_index_that_stops_tiling_the_log_hides_no_record(make_store: MakeStore) -> None:
     s = make_store()
     s.append(records(10), T0)
     pf = _part(s, T0)
@@ -120,7 +120,7 @@ def test_an_index_that_stops_tiling_the_log_hides_no_record(make_store) -> None:
     assert [(r["msg_id"], r["crc_ok"]) for r in rows] == [(f"m{i}", True) for i in range(10)]
 
 
-def test_outcome_columns_count_entries_per_record(make_store) -> None:
+def test_outcome_columns_count_entries_per_record(make_store: MakeStore) -> None:
     s = make_store()
     s.append(records(4), T0)
     deliver(s, T0, slice(0, 2), DELIVERED, T0 + 7)
@@ -139,7 +139,7 @@ def test_outcome_columns_count_entries_per_record(make_store) -> None:
     assert len(ix) == 4
 
 
-def test_spark_the_engine_and_check_give_one_verdict(make_store) -> None:
+def test_spark_the_engine_and_check_give_one_verdict(make_store: MakeStore) -> None:
     """One reader of the record layout: the rows Spark finds bad are those the engine refuses to
     serve and those `check()` reports, whichever columns are asked for."""
     s = make_store()

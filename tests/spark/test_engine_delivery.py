@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pytest
 
 from spark.backfill import backfill, read_input
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from tests.spark.conftest import HOUR, T0
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 
@@ -50,7 +53,7 @@ def _rows(prefix: str, dues: list[int]) -> list[dict]:
              "tags": "bf", "keys": [f"key-{i}"], "properties": {"origin": "backfill"}} for i, due in enumerate(dues)]
 
 
-def test_backfilled_parts_are_delivered_by_the_engine(spark, tmp_path: Path) -> None:
+def test_backfilled_parts_are_delivered_by_the_engine(spark: SparkSession, tmp_path: Path) -> None:
     clock = ManualClock(T0)
     sink = Recorder(clock)
     data = tmp_path / "data"

@@ -6,7 +6,9 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import typer
@@ -18,8 +20,12 @@ from spark.backfill import backfill
 from spark.export import export
 from spark.replay import ORIGINAL_ID_PROPERTY, REPLAY_PROPERTY, replay
 from storage import DELIVERED, REPLAYED, Record, SegmentLayout, read_dispatch_log
-from tests.spark.conftest import HOUR, T0, deliver, records
+from forwarder.local_rocketmq import LocalRocketMQ
+from tests.spark.conftest import HOUR, T0, MakeStore, deliver, records
 from tests.spark.test_backfill import _stored
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors need RecordingSender by value
@@ -32,7 +38,8 @@ class RecordingSender:
         self.path = Path(out_dir) / f"sent-{os.getpid()}-{id(self)}.jsonl"
         self.f = open(self.path, "a")
 
-    def send(self, topic, body, tags, keys, properties) -> None:  # noqa: ANN001 - the Sender protocol
+    def send(self, topic: str, body: bytes, tags: str | None, keys: Sequence[str],
+             properties: Mapping[str, str]) -> None:  # the Sender protocol
         self.f.write(json.dumps({"topic": topic, "body": base64.b64encode(body).decode(), "tags": tags,
                                  "keys": list(keys), "properties": dict(properties)}) + "\n")
 
@@ -40,7 +47,7 @@ class RecordingSender:
         self.f.close()
 
 
-def _store(make_store) -> Path:
+def _store(make_store: MakeStore) -> Path:
     s = make_store()
     s.append(records(6, prefix="a", step=10 * 60_000, tags="t", keys=("k1", "k2"), properties={"p": "v"})
              + records(3, prefix="b", start=T0 + 5_000, step=10 * 60_000, topic="PAYMENTS")
@@ -50,7 +57,7 @@ def _store(make_store) -> Path:
     return s.layout.root
 
 
-def test_dry_run_sends_nothing(spark, make_store, tmp_path: Path) -> None:
+def test_dry_run_sends_nothing(spark: SparkSession, make_store: MakeStore, tmp_path: Path) -> None:
     from timewheel.app.cli_spark import register
 
     data = _store(make_store)
@@ -76,7 +83,8 @@ def test_dry_run_sends_nothing(spark, make_store, tmp_path: Path) -> None:
     assert dry.matched == 10 and dry.by_topic == {"ORDERS": 7, "PAYMENTS": 3} and dry.sent == 0
 
 
-def test_replay_sends_what_delivery_carries_and_is_not_a_duplicate(spark, make_store, tmp_path: Path) -> None:
+def test_replay_sends_what_delivery_carries_and_is_not_a_duplicate(spark: SparkSession, make_store: MakeStore,
+                                                                   tmp_path: Path) -> None:
     data = _store(make_store)
     out = tmp_path / "sent"
     out.mkdir()
@@ -99,7 +107,7 @@ def test_replay_sends_what_delivery_carries_and_is_not_a_duplicate(spark, make_s
     assert rep.replayed == 7 and rep.duplicates == 0 and rep.lost == 1  # "bin" was never delivered
 
 
-def test_export_round_trips(spark, make_store, tmp_path: Path) -> None:
+def test_export_round_trips(spark: SparkSession, make_store: MakeStore, tmp_path: Path) -> None:
     data = _store(make_store)
     res = export(spark, data, tmp_path / "export")
     assert (res.records, res.dispatch_entries) == (10, 9)
@@ -126,7 +134,7 @@ def test_export_round_trips(spark, make_store, tmp_path: Path) -> None:
 
 
 @pytest.mark.rocketmq
-def test_replay_through_a_real_rocketmq(spark, rocketmq, make_store) -> None:
+def test_replay_through_a_real_rocketmq(spark: SparkSession, rocketmq: LocalRocketMQ, make_store: MakeStore) -> None:
     import threading
     import uuid
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import cast
 
-from storage import Record, ScheduleStore
+from storage import FlushPolicy, Record, ScheduleStore
 
 HOUR = 3_600_000
 
 
 def main() -> None:
-    data_dir, flush, round_no = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    data_dir, round_no = sys.argv[1], int(sys.argv[3])
+    flush = cast(FlushPolicy, sys.argv[2])  # test_crash passes "async" or "sync"
     now = 1_800_000_000_000 + round_no * 1000
     rng = random.Random(round_no)
     store = ScheduleStore(data_dir, flush=flush, checkpoint_bytes=256 << 10)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import ScheduleStore, check
+from storage import FlushPolicy, ScheduleStore, check
 
 WRITER = [sys.executable, "-m", "tests.storage._crash_writer"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def _run_and_kill(data_dir: Path, flush: str, round_no: int, rng: random.Random)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flush", ["async", "sync"])
-def test_sigkill_twenty_times_loses_no_acknowledged_record(tmp_path: Path, flush: str) -> None:
+def test_sigkill_twenty_times_loses_no_acknowledged_record(tmp_path: Path, flush: FlushPolicy) -> None:
     rng = random.Random(flush)
     data_dir = tmp_path / "data"
     acked: set[str] = set()

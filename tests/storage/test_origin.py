@@ -18,7 +18,8 @@ def _records(n: int, start: int = 0) -> list[Record]:
 
 
 def _origins_of(store: ScheduleStore, ids: list[str]) -> list[tuple[str, int] | None]:
-    locs = store.meta.locations(ids)
+    locs = [loc for loc in store.meta.locations(ids) if loc is not None]
+    assert len(locs) == len(ids)
     segs = np.array([loc.segment_ms for loc in locs], np.int64)
     parts = np.array([loc.part for loc in locs], np.int64)
     offs = np.array([loc.offset for loc in locs], np.int64)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import storage.layout
-from storage import DELIVERED, LOCATION_DTYPE, Record, ScheduleStore, SegmentLayout, dispatch_entries, encode
+from storage import (DELIVERED, LOCATION_DTYPE, FlushPolicy, Record, ScheduleStore, SegmentLayout, dispatch_entries,
+                     encode)
 from storage.ingest_log import IngestLog
 
 SEG = 1_800_000_000_000
@@ -70,12 +72,16 @@ class _Syncs:
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
 def test_checkpoint_makes_new_parts_and_segments_durable_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   flush: str) -> None:
-    s = ScheduleStore(tmp_path / "d", flush=flush)  # type: ignore[arg-type]
+                                                                   flush: FlushPolicy) -> None:
+    s = ScheduleStore(tmp_path / "d", flush=flush)
     syncs = _Syncs(monkeypatch)
     real_put = s.meta.put_document
-    monkeypatch.setattr(s.meta, "put_document",
-                        lambda name, doc: (syncs.events.append(("checkpoint", Path(name))), real_put(name, doc)))
+
+    def put_document(name: str, doc: Any) -> None:
+        syncs.events.append(("checkpoint", Path(name)))
+        real_put(name, doc)
+
+    monkeypatch.setattr(s.meta, "put_document", put_document)
     s.append([Record("m", "T", b"x", SEG + 1000)], SEG)
     s.checkpoint()  # the ingest log that held the record is let go: the part must be found without it
     s.close()

@@ -3,6 +3,7 @@ verdicts on damage as `read_records`, without an object per record."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ HOUR = 3_600_000
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path) -> Iterator[ScheduleStore]:
     s = ScheduleStore(tmp_path / "data")
     yield s
     s.close()

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,12 +27,12 @@ def crash(s: ScheduleStore) -> None:
     s.meta._db.close()
 
 
-def recs(n: int, prefix: str = "m", start: int = NOW, step: int = 1000, **kw: object) -> list[Record]:
+def recs(n: int, prefix: str = "m", start: int = NOW, step: int = 1000, **kw: Any) -> list[Record]:
     return [Record(f"{prefix}{i}", "ORDERS", f"body-{i}".encode(), start + i * step, **kw) for i in range(n)]
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path) -> Iterator[ScheduleStore]:
     s = ScheduleStore(tmp_path / "data")
     yield s
     s.close()
@@ -168,7 +170,8 @@ def test_flipped_byte_is_detected_and_never_served(tmp_path: Path) -> None:
     assert [f.kind for f in rep.findings] == ["corrupt_record"]
     fixed = check(s2.layout, fix=True, now_ms=NOW)
     assert fixed.fixed == 1
-    assert summarize(s2.layout)["totals"]["corrupt"] == 1
+    totals = summarize(s2.layout)["totals"]
+    assert isinstance(totals, dict) and totals["corrupt"] == 1
 
 
 def test_dispatch_log_round_trip_and_torn_tail(store: ScheduleStore) -> None:

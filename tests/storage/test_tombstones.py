@@ -28,7 +28,7 @@ def test_known_bytes(tombstones: list[Tombstone], hexed: str) -> None:
     assert crc == crc32c(frame[FRAME_HEADER.size:], crc32c(frame[16:24], crc32c(frame[:12])))
 
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
+_text = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=40)
 _tomb = st.builds(Tombstone, st.sampled_from([ID, KEY]), _text, st.integers(-(1 << 63), (1 << 63) - 1),
                   st.integers(-(1 << 63), (1 << 63) - 1))
 
@@ -143,7 +143,12 @@ def test_close_and_flush_fsync_in_every_mode(tmp_path: Path, monkeypatch: pytest
     log = TombstoneLog(tmp_path, sync=False)
     synced: list[int] = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     log.append([Tombstone(ID, "a", 1, 2)], T0)
     assert not synced  # async: not on every append
     log.flush()

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
 from timewheel import Engine, EngineConfig, ManualClock, Message
+from timewheel.message import Sink
 
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z, on an hour boundary
+
+MakeEngine = Callable[..., Engine]  # the make_engine fixture: EngineConfig's keywords, a started engine
 
 
 class RecordingSink:
@@ -64,12 +67,14 @@ def sink(clock: ManualClock) -> RecordingSink:
 
 
 @pytest.fixture
-def make_engine(tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> Iterator[Callable[..., Engine]]:
+def make_engine(tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> Iterator[MakeEngine]:
     engines: list[Engine] = []
+    recording = sink
 
-    def make(**kw: object) -> Engine:
-        cfg = EngineConfig(data_dir=kw.pop("data_dir", tmp_path / "data"), **kw)  # type: ignore[arg-type]
-        e = Engine(cfg, kw.pop("sink", sink) if "sink" in kw else sink, clock, seed=1).start(background=False)
+    def make(*, sink: Sink | None = None, data_dir: Path | None = None, **kw: Any) -> Engine:
+        # `sink` is taken out before the rest goes to EngineConfig, which has no such field
+        cfg = EngineConfig(data_dir=data_dir if data_dir is not None else tmp_path / "data", **kw)
+        e = Engine(cfg, sink if sink is not None else recording, clock, seed=1).start(background=False)
         engines.append(e)
         return e
 

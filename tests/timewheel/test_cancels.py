@@ -3,16 +3,18 @@ survive a restart, expire, and never grow past their bound."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import TombstoneLog
+from storage import AppendResult, Origin, Record, TombstoneLog
 from timewheel import ManualClock, Message
 from timewheel.cancels import CancelRequest, Tombstones
-from tests.timewheel.conftest import T0, RecordingSink, drive
+from tests.timewheel.conftest import T0, MakeEngine, RecordingSink, drive
 
 HOUR = 3_600_000
 
@@ -21,7 +23,8 @@ def _uniq(i: int) -> str:
     return f"{i:032X}"
 
 
-def test_cancel_by_id_before_the_message_arrives_wins(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_cancel_by_id_before_the_message_arrives_wins(make_engine: MakeEngine, clock: ManualClock,
+                                                      sink: RecordingSink) -> None:
     e = make_engine()
     assert e.apply_cancels([CancelRequest(_uniq(1), None, T0)]) == 0  # nothing stored yet
     e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(1)}:0badc0de"),
@@ -32,7 +35,7 @@ def test_cancel_by_id_before_the_message_arrives_wins(make_engine, clock: Manual
     assert (st_.counters.cancelled_on_arrival, st_.counters.cancel_requests, st_.tombstones) == (1, 1, 1)
 
 
-def test_cancel_by_full_original_id_names_that_message_only(make_engine, clock: ManualClock,
+def test_cancel_by_full_original_id_names_that_message_only(make_engine: MakeEngine, clock: ManualClock,
                                                              sink: RecordingSink) -> None:
     e = make_engine()
     e.apply_cancels([CancelRequest(f"{_uniq(1)}:00000001", None, T0)])
@@ -42,7 +45,8 @@ def test_cancel_by_full_original_id_names_that_message_only(make_engine, clock: 
     assert [m for m, _ in sink.sent] == [f"{_uniq(1)}:00000002"]
 
 
-def test_cancel_by_id_after_the_message_is_stored(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_cancel_by_id_after_the_message_is_stored(make_engine: MakeEngine, clock: ManualClock,
+                                                  sink: RecordingSink) -> None:
     e = make_engine()
     e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(1)}:00000001")])
     assert e.apply_cancels([CancelRequest(_uniq(1), None, T0)]) == 1
@@ -53,7 +57,7 @@ def test_cancel_by_id_after_the_message_is_stored(make_engine, clock: ManualCloc
     assert (c.cancelled, c.cancel_requests, c.cancels_applied, e.stats().tombstones) == (1, 2, 1, 1)
 
 
-def test_key_cancel_covers_stored_and_later_messages_of_that_key(make_engine, clock: ManualClock,
+def test_key_cancel_covers_stored_and_later_messages_of_that_key(make_engine: MakeEngine, clock: ManualClock,
                                                                    sink: RecordingSink) -> None:
     e = make_engine()
     e.schedule([Message("T", b"stored", T0 + 10_000, keys=("order-7",), msg_id="m0")])
@@ -66,7 +70,7 @@ def test_key_cancel_covers_stored_and_later_messages_of_that_key(make_engine, cl
     assert e.stats().counters.cancelled_on_arrival == 1
 
 
-def test_tombstones_survive_a_restart_and_expire(make_engine, clock: ManualClock, sink: RecordingSink,
+def test_tombstones_survive_a_restart_and_expire(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink,
                                                   tmp_path: Path) -> None:
     e = make_engine(tombstone_retention_hours=1.0)
     e.apply_cancels([CancelRequest(_uniq(1), None, T0), CancelRequest(None, "k", T0)])
@@ -83,25 +87,28 @@ def test_tombstones_survive_a_restart_and_expire(make_engine, clock: ManualClock
     assert e.stats().tombstones == 0
 
 
-def test_a_cancel_racing_a_store_still_wins(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_a_cancel_racing_a_store_still_wins(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     """The cancel's tombstone lands between the batch's screening and its store: the batch is
     checked again once stored."""
     e = make_engine()
     run = e._run
+    assert run is not None
     store_append = run.store.append
 
-    def append_then_cancel(records, now, origins=None):  # a cancel from another queue's thread, mid-store
-        out = store_append(records, now, origins)
+    def append_then_cancel(records: Sequence[Record], now_ms: int,
+                           origins: Sequence[Origin] | None = None) -> AppendResult:
+        # a cancel from another queue's thread, mid-store
+        out = store_append(records, now_ms, origins)
         t = threading.Thread(target=e.apply_cancels, args=([CancelRequest(_uniq(9), None, T0)],))
         t.start()
         t.join()
         return out
 
-    run.store.append = append_then_cancel
+    run.store.append = append_then_cancel  # type: ignore[method-assign]  # for this one schedule() only
     try:
         e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(9)}:1")])
     finally:
-        run.store.append = store_append
+        run.store.append = store_append  # type: ignore[method-assign]
     drive(e, clock, T0 + 20_000)
     assert sink.sent == []
     assert e.stats().counters.cancelled == 1
@@ -148,13 +155,14 @@ def test_a_repeated_cancel_is_applied_and_written_once_and_renewed_late(tmp_path
     t.close()
 
 
-def test_a_cancel_not_saved_before_a_crash_is_applied_again(make_engine, clock: ManualClock,
+def test_a_cancel_not_saved_before_a_crash_is_applied_again(make_engine: MakeEngine, clock: ManualClock,
                                                             sink: RecordingSink) -> None:
     """A crash between holding a tombstone and saving it: the cancel comes again (it was not
     acknowledged) and is applied whole, the stored message included."""
     e = make_engine()
     e.schedule([Message("T", b"a", T0 + 10_000, msg_id=f"{_uniq(3)}:1")])
     run = e._run
+    assert run is not None
     run.tombstones.add([CancelRequest(_uniq(3), None, T0)], T0)  # held, then the process dies
     run.tombstones._unsaved.clear()
     e.stop()
@@ -208,7 +216,7 @@ def test_compaction_keeps_a_cancel_still_being_applied_off_the_disk(tmp_path: Pa
     t.close()
 
 
-def test_evictions_are_counted_and_exported(make_engine, clock: ManualClock) -> None:
+def test_evictions_are_counted_and_exported(make_engine: MakeEngine, clock: ManualClock) -> None:
     from timewheel.app.metrics import EngineCollector
     e = make_engine(max_tombstones=10)
     e.apply_cancels([CancelRequest(f"nothing-{i}", None, T0) for i in range(25)])
@@ -217,9 +225,11 @@ def test_evictions_are_counted_and_exported(make_engine, clock: ManualClock) -> 
     assert names["timewheel_cancel_tombstones_evicted_total"] == 15
 
 
-def test_a_failing_checkpoint_is_kept_until_one_succeeds(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_checkpoint_is_kept_until_one_succeeds(make_engine: MakeEngine,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     e = make_engine()
     run = e._run
+    assert run is not None
     assert e.checkpoint_failure() is None
 
     def broken() -> None:
@@ -232,36 +242,51 @@ def test_a_failing_checkpoint_is_kept_until_one_succeeds(make_engine, monkeypatc
     assert e.checkpoint_failure() is None
 
 
-def test_a_checkpoint_fsyncs_the_tombstone_log_in_async_mode(make_engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_fsyncs_the_tombstone_log_in_async_mode(make_engine: MakeEngine,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     e = make_engine(flush="async")
     e.apply_cancels([CancelRequest("some-id", None, T0)])
+    run = e._run
+    assert run is not None
     flushed: list[bool] = []
-    real = e._run.tombstones._log.flush
-    monkeypatch.setattr(e._run.tombstones._log, "flush", lambda: (flushed.append(True), real())[1])
-    e._run.housekeeper.run_once()
+    real = run.tombstones._log.flush
+
+    def flush() -> None:
+        flushed.append(True)
+        real()
+
+    monkeypatch.setattr(run.tombstones._log, "flush", flush)
+    run.housekeeper.run_once()
     assert flushed == [True]
 
 
-def test_a_batch_of_cancels_is_recorded_in_one_dispatch_frame_per_segment(make_engine, clock: ManualClock,
+def test_a_batch_of_cancels_is_recorded_in_one_dispatch_frame_per_segment(make_engine: MakeEngine, clock: ManualClock,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     e = make_engine()
     ids = e.schedule([Message("T", b"b", T0 + 2 * HOUR + i, msg_id=f"{_uniq(i)}:0000000{i % 10}") for i in range(50)])
+    assert e.store is not None
     frames: list[int] = []
     real = e.store.record_dispatch
-    monkeypatch.setattr(e.store, "record_dispatch", lambda seg, entries, now: (frames.append(len(entries)),
-                                                                              real(seg, entries, now))[1])
+
+    def record_dispatch(seg: int, entries: np.ndarray, now: int) -> None:
+        frames.append(len(entries))
+        real(seg, entries, now)
+
+    monkeypatch.setattr(e.store, "record_dispatch", record_dispatch)
     assert e.apply_cancels([CancelRequest(i, None, T0) for i in ids]) == 50
     assert frames == [50]
     assert e.stats().counters.cancelled == 50
 
 
-def test_cancels_of_a_segment_are_let_go_with_it(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_cancels_of_a_segment_are_let_go_with_it(make_engine: MakeEngine, clock: ManualClock,
+                                                 sink: RecordingSink) -> None:
     """The queue remembers a cancel of a loaded segment until that segment is done, not forever:
     every send tests its batch against what it remembers."""
     e = make_engine()
     e.schedule([Message("T", b"x", T0 + 1000 + i, msg_id=f"{_uniq(i)}:1") for i in range(20)])
     drive(e, clock, T0 + 1)  # loaded into the wheel: a cancel now is remembered by the queue too
     e.apply_cancels([CancelRequest(_uniq(i), None, T0) for i in range(0, 20, 2)])
+    assert e._run is not None
     queue = e._run.queue
     assert queue.cancelled_held() == 10 and e.stats().cancels_held == 10
     drive(e, clock, T0 + 10_000)
@@ -274,7 +299,7 @@ def test_cancels_of_a_segment_are_let_go_with_it(make_engine, clock: ManualClock
     assert [m for m, _ in sink.sent][-1] == "next-hour"
 
 
-def test_a_cancelled_entry_due_before_its_removal_is_still_never_sent(make_engine, clock: ManualClock,
+def test_a_cancelled_entry_due_before_its_removal_is_still_never_sent(make_engine: MakeEngine, clock: ManualClock,
                                                                       sink: RecordingSink) -> None:
     """Cancelled entries leave the wheel in batches, up to a second later: one that comes due
     meanwhile reaches the dispatch queue, which drops it."""
@@ -290,7 +315,8 @@ def test_a_cancelled_entry_due_before_its_removal_is_still_never_sent(make_engin
     assert e.stats().wheel_entries == 0 and e.stats().counters.cancelled == 1
 
 
-def test_many_cancels_leave_the_wheel_at_the_next_pass(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_many_cancels_leave_the_wheel_at_the_next_pass(make_engine: MakeEngine, clock: ManualClock,
+                                                       sink: RecordingSink) -> None:
     e = make_engine()
     n = 5000  # past the removal batch: no waiting for the second to pass
     e.schedule([Message("T", b"x", T0 + 10_000, msg_id=f"{_uniq(i)}:1") for i in range(n)])

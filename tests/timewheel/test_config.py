@@ -28,5 +28,5 @@ def test_values_that_cannot_work_are_refused(tmp_path: Path, changes: dict[str, 
 
 
 def test_defaults_are_valid(tmp_path: Path) -> None:
-    cfg = EngineConfig(str(tmp_path))
+    cfg = EngineConfig(str(tmp_path))  # type: ignore[arg-type]  # a str is taken as a Path
     assert cfg.data_dir == tmp_path and cfg.max_attempts == 16

@@ -95,7 +95,11 @@ def test_a_send_does_not_wait_for_the_timer_and_its_outcomes_reach_the_timer_lat
     assert run.timer.loader.loaded[seg].outstanding == 3
     done = threading.Event()
     with run.timer._lock:  # as while the timer loads a segment
-        t = threading.Thread(target=lambda: (run.dispatcher.dispatch_pass(), done.set()))
+        def dispatch_pass() -> None:
+            run.dispatcher.dispatch_pass()
+            done.set()
+
+        t = threading.Thread(target=dispatch_pass)
         t.start()
         assert done.wait(10), "a dispatch pass waited for the timer's lock"
     t.join()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from storage import summarize
 from timewheel import Engine, EngineConfig, InvalidMessageError, ManualClock, Message
-from tests.timewheel.conftest import T0, RecordingSink, drive
+from tests.timewheel.conftest import T0, MakeEngine, RecordingSink, drive
 
 MIN = 60_000
 HOUR = 3_600_000
@@ -90,7 +90,7 @@ def test_engine_matches_heapq_reference(tmp_path_factory: pytest.TempPathFactory
     assert got == _reference(ops, 100)
 
 
-def test_crosses_hour_boundaries_with_preload(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_crosses_hour_boundaries_with_preload(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     e = make_engine(preload_seconds=60)
     dues = [T0 + HOUR - 1, T0 + HOUR, T0 + HOUR + 1, T0 + 2 * HOUR + 250, T0 + 5 * HOUR + 17]
     ids = e.schedule([Message("T", b"x", d) for d in dues])
@@ -102,7 +102,7 @@ def test_crosses_hour_boundaries_with_preload(make_engine, clock: ManualClock, s
     assert sink.sent == list(zip(ids, dues))
 
 
-def test_late_arrival_into_loaded_segment_and_already_due(make_engine, clock: ManualClock,
+def test_late_arrival_into_loaded_segment_and_already_due(make_engine: MakeEngine, clock: ManualClock,
                                                           sink: RecordingSink) -> None:
     e = make_engine()
     drive(e, clock, T0 + 1000)
@@ -144,11 +144,12 @@ def test_six_hour_downtime_catch_up_oldest_first(tmp_path: Path, clock: ManualCl
     drive(e, clock, T0 + 8 * HOUR)
     assert sorted(m for m, _ in sink.sent) == sorted(ids)
     e.stop()
-    totals = summarize(e.store.layout)["totals"]  # type: ignore[union-attr]
-    assert (totals["dispatched"], totals["pending"]) == (70, 0)
+    assert e.store is not None
+    totals = summarize(e.store.layout)["totals"]
+    assert isinstance(totals, dict) and (totals["dispatched"], totals["pending"]) == (70, 0)
 
 
-def test_cancel_by_id_and_key(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_cancel_by_id_and_key(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     e = make_engine()
     a, b, c = e.schedule([Message("T", b"a", T0 + 10_000, keys=("order-1",)),
                           Message("T", b"b", T0 + 2 * HOUR, keys=("order-1",)),
@@ -162,7 +163,7 @@ def test_cancel_by_id_and_key(make_engine, clock: ManualClock, sink: RecordingSi
     assert e.stats().counters.cancelled == 2
 
 
-def test_failed_sends_retry_then_dead_letter(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_failed_sends_retry_then_dead_letter(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     parked: list[tuple[str, str]] = []
 
     class DLQ:
@@ -182,7 +183,7 @@ def test_failed_sends_retry_then_dead_letter(make_engine, clock: ManualClock, si
     assert (st.delivered, st.dead_lettered, st.retries) == (1, 1, 3)
 
 
-def test_invalid_messages_are_refused_whole(make_engine) -> None:
+def test_invalid_messages_are_refused_whole(make_engine: MakeEngine) -> None:
     e = make_engine(max_delay_ms=HOUR, max_body_bytes=10)
     with pytest.raises(InvalidMessageError, match="maximum delay"):
         e.schedule([Message("T", b"x", T0 + 1), Message("T", b"x", T0 + 2 * HOUR)])
@@ -195,7 +196,7 @@ def test_invalid_messages_are_refused_whole(make_engine) -> None:
     assert e.stats().counters.scheduled == 0
 
 
-def test_duplicate_ids_are_scheduled_once(make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+def test_duplicate_ids_are_scheduled_once(make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     e = make_engine()
     e.schedule([Message("T", b"x", T0 + 100, msg_id="same")] * 3)
     e.schedule([Message("T", b"x", T0 + 100, msg_id="same")])
@@ -305,7 +306,7 @@ def test_a_sink_with_max_in_flight_gets_parallel_sends_each_message_once(tmp_pat
     assert len([t for t in threading.enumerate() if t.name.startswith("timewheel-dispatch")]) == 0, "threads stopped"
 
 
-def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine, clock: ManualClock,
+def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine: MakeEngine, clock: ManualClock,
                                                                sink: RecordingSink) -> None:
     e = make_engine()
     e.schedule([Message("T", b"x", T0 + 1000)])
@@ -318,13 +319,14 @@ def test_totals_outlive_a_stop_and_a_start_of_the_same_engine(make_engine, clock
 
 
 def test_an_index_entry_whose_due_disagrees_with_its_record_is_sent_at_the_records_due(
-        make_engine, clock: ManualClock, sink: RecordingSink) -> None:
+        make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink) -> None:
     import numpy as np
 
     from storage.index import INDEX_DTYPE
     e = make_engine()
     later = T0 + 3 * HOUR  # a segment not loaded yet: it comes from its index
     ids = e.schedule([Message("T", f"b{i}".encode(), later + 1000 + i) for i in range(3)])
+    assert e.store is not None
     loc = e.store.meta.locations([ids[1]])[0]
     assert loc is not None
     path = e.store.layout.part_index(loc.segment_ms, loc.part)

@@ -12,7 +12,7 @@ import pytest
 
 from forwarder.contract import to_dead_letter, to_outgoing
 from forwarder.rocketmq import MessageRejectedError, encode_message
-from storage import summarize
+from storage import Record, summarize
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from tests.timewheel.conftest import T0, RecordingSink, drive
 
@@ -90,8 +90,11 @@ def _refused_every_time(e: Engine, clock: ManualClock, sink: EncodingSink, dlq: 
     st = e.stats()
     assert (st.counters.delivered, st.counters.dead_lettered, st.retrying) == (1, 1, 0)
     # the segment is over and fully dispatched: marked done, not held open by a retry
+    assert e.store is not None
     assert T0 in e.store.meta.done_segments()
-    [seg] = [s for s in summarize(e.store.layout)["segments"] if s["start_ms"] == T0]
+    segments = summarize(e.store.layout)["segments"]
+    assert isinstance(segments, list)
+    [seg] = [s for s in segments if s["start_ms"] == T0]
     assert seg["pending"] == 0
 
 
@@ -117,6 +120,7 @@ def _saturates(e: Engine, clock: ManualClock, dead_letters: Any) -> None:
     assert run is not None
     # one retry away from int16's end: the next failure must not wrap the count around
     from timewheel._held import Batch
+    assert e.store is not None
     loc = e.store.meta.locations([mid])[0]
     assert loc is not None
     near_end = Batch([Message("T", b"x", T0 + 10, msg_id=mid)], np.array([T0 + 10]), np.array([1], np.uint64),
@@ -188,11 +192,12 @@ def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeyp
     e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
     try:
         svc = Service.__new__(Service)
-        svc.engine, svc._consuming, svc.replica = e, True, None  # type: ignore[assignment]
+        svc.engine, svc._consuming, svc.replica = e, True, None
         assert svc.ready() is True
 
         def full() -> None:
             raise OSError(28, "No space left on device")
+        assert e._run is not None
         monkeypatch.setattr(e._run.store, "checkpoint", full)
         e._run.housekeeper.run_once()
         assert svc.ready() is False
@@ -214,12 +219,13 @@ def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) ->
         e.schedule([Message("T", b"x", far, keys=("order-7",)) for _ in range(3)])
         reading, release = threading.Event(), threading.Event()
         store = e.store
+        assert store is not None
         original = store.read_record
 
-        def slow_read(*args: Any) -> Any:
+        def slow_read(segment_ms: int, part: int, offset: int) -> Record:
             reading.set()
             release.wait(10)  # a disk that stalls
-            return original(*args)
+            return original(segment_ms, part, offset)
 
         store.read_record = slow_read  # type: ignore[method-assign]
         canceller = threading.Thread(target=e.cancel, kwargs={"key": "order-7"})
@@ -254,6 +260,7 @@ def test_a_stored_message_too_large_to_deliver_is_dead_lettered_not_retried_for_
         assert sink.sent == [] and [(m.msg_id, r) for m, r in dlq.parked] == [(big, "not delivered after 3 attempts")]
         st = e.stats()
         assert (st.counters.dead_lettered, st.retrying) == (1, 0)
+        assert e.store is not None
         assert T0 in e.store.meta.done_segments()
 
 

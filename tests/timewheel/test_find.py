@@ -3,7 +3,7 @@ engine's own meta store and read-only beside it (an in-memory sink stands in for
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -27,7 +27,8 @@ class AnsweringSink:
         self.offset = 100
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
-        ok, errors = [], []
+        ok: list[bool] = []
+        errors: list[str | None] = []
         answers = np.zeros(len(messages), ANSWER_DTYPE)
         answers["queue_offset"] = -1
         for i, m in enumerate(messages):
@@ -49,7 +50,7 @@ class AnsweringSink:
 
 
 @pytest.fixture
-def engine(tmp_path: Path, clock: ManualClock) -> Engine:
+def engine(tmp_path: Path, clock: ManualClock) -> Iterator[Engine]:
     sink = AnsweringSink()
     sink.failures = {"retried": 1, "dead": 99}
     cfg = EngineConfig(data_dir=tmp_path / "data", max_attempts=3, retry_base_ms=100, retry_max_ms=200)

@@ -10,7 +10,7 @@ from typing import Mapping
 import pytest
 
 from storage import RecordBytes
-from tests.timewheel.conftest import T0, RecordingSink, drive
+from tests.timewheel.conftest import T0, MakeEngine, RecordingSink, drive
 from tests.timewheel.test_engine import (  # noqa: F401  (collected here again, with the record sink below)
     test_cancel_by_id_and_key, test_crosses_hour_boundaries_with_preload, test_duplicate_ids_are_scheduled_once,
     test_failed_sends_retry_then_dead_letter, test_late_arrival_into_loaded_segment_and_already_due,
@@ -37,11 +37,12 @@ def sink(clock: ManualClock) -> RecordingRecordSink:
     return RecordingRecordSink(clock)
 
 
-def test_the_records_come_as_bytes_and_a_corrupt_one_is_never_served(make_engine, clock: ManualClock,
+def test_the_records_come_as_bytes_and_a_corrupt_one_is_never_served(make_engine: MakeEngine, clock: ManualClock,
                                                                       sink: RecordingRecordSink) -> None:
     e = make_engine()
     ids = e.schedule([Message("T", f"body-{i}".encode(), T0 + 1000 + i, tags="t", keys=("k",),
                               properties={"p": "v"} if i == 0 else None) for i in range(3)])
+    assert e.store is not None
     loc = e.store.meta.locations([ids[1]])[0]
     assert loc is not None
     path = e.store.layout.part_log(loc.segment_ms, loc.part)

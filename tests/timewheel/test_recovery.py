@@ -72,7 +72,7 @@ class Finder:
 
 def _engine(path: Path, sink: StoringSink, clock: ManualClock, finder: Finder | None,
             gate: ScriptedGate | None = None) -> Engine:
-    return Engine(EngineConfig(path, send_batch_size=10), sink, clock, seed=1, gate=gate,  # type: ignore[arg-type]
+    return Engine(EngineConfig(path, send_batch_size=10), sink, clock, seed=1, gate=gate,
                   copy_finder=finder).start(background=False)
 
 

@@ -49,7 +49,7 @@ def assert_same_state(w: TimeWheel, ref: ReferenceWheel) -> None:
     assert w.nbytes <= 20 * len(w)
 
 
-def assert_same_release(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]):
+def assert_same_release(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
     """Same entries in the same order, with the documented dtypes."""
     assert got[0].dtype == np.int64 and got[1].dtype == np.uint64
     assert got[0].tolist() == want[0].tolist()
@@ -261,12 +261,12 @@ def test_other_arguments_are_validated():
     with pytest.raises(ValueError, match="slots"):
         TimeWheel(slots=0)
     with pytest.raises(TypeError, match="tick_ms"):
-        TimeWheel(tick_ms=0.5)
+        TimeWheel(tick_ms=0.5)  # type: ignore[arg-type]  # the wrong type on purpose
     with pytest.raises(ValueError, match="tick_ms \\* slots"):
         TimeWheel(tick_ms=2**40, slots=2**40)
     w = TimeWheel()
     with pytest.raises(TypeError, match="now_ms"):
-        w.pop_due(1.5)
+        w.pop_due(1.5)  # type: ignore[arg-type]  # the wrong type on purpose
     with pytest.raises(TypeError, match="now_ms"):
         w.pop_due(True)
     with pytest.raises(ValueError, match="now_ms"):
@@ -275,7 +275,7 @@ def test_other_arguments_are_validated():
         w.remove(np.array([1.0]))
     with pytest.raises(ValueError, match="one-dim"):
         w.remove(np.zeros((1, 1), np.uint64))
-    assert w.pop_due(np.int64(7))[0].tolist() == []  # numpy integers are fine
+    assert w.pop_due(np.int64(7))[0].tolist() == []  # type: ignore[arg-type]  # numpy integers are fine
     assert w.time_ms == 8
 
 

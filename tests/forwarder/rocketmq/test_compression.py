@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import lz4.frame
 import pytest
@@ -81,15 +82,15 @@ def test_checking_many_zstd_frames_reads_each_byte_a_bounded_number_of_times(mon
     real = zstandard.ZstdDecompressor
 
     class Counting:
-        def __init__(self, *a: object, **kw: object) -> None:
+        def __init__(self, *a: Any, **kw: Any) -> None:
             self._d = real(*a, **kw)
 
-        def stream_reader(self, source: object, **kw: object) -> object:
+        def stream_reader(self, source: Any, **kw: Any) -> object:
             if hasattr(source, "getbuffer"):
                 handed[0] += len(source.getbuffer())
             return self._d.stream_reader(source, **kw)
 
-        def decompressobj(self, *a: object, **kw: object) -> object:
+        def decompressobj(self, *a: Any, **kw: Any) -> object:
             inner = self._d.decompressobj(*a, **kw)
 
             class Obj:

@@ -81,8 +81,12 @@ def _send(mq: LocalRocketMQ, topic: str, bodies: list[str], queues: int = 4) -> 
 @pytest.mark.slow
 def test_a_group_shares_the_queues_commits_offsets_and_re_pulls_a_refused_batch(rocketmq: LocalRocketMQ) -> None:
     records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda r: records.append(f"{r.levelname} {r.getMessage()}")  # type: ignore[method-assign]
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.levelname} {record.getMessage()}")
+
+    handler = Recording()
     logging.getLogger("timewheel.pull").addHandler(handler)
     try:
         _group_scenario(rocketmq, records)
@@ -142,7 +146,8 @@ def test_a_queue_filter_keeps_a_member_to_its_shard_and_it_knows_when_it_read_al
     rocketmq.create_topics([topic], queues=4)
     _send(rocketmq, topic, [f"s{i}" for i in range(400)])
     sent_ms = time.time_ns() // 1_000_000
-    lock, seen = threading.Lock(), []
+    lock = threading.Lock()
+    seen: list[int] = []
 
     def collect(batch: list[ReceivedMessage]) -> bool:
         with lock:

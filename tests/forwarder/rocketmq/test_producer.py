@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ from forwarder.rocketmq import (
     TopicNotFoundError,
 )
 from forwarder.config import RocketMQConfig
-from timewheel.message import Message
+from timewheel.message import Message, SendResults
 
 # -- a scripted NameServer + broker on loopback ----------------------------------------------------
 
@@ -50,6 +51,11 @@ class Request:
 Reply = tuple[int, dict[str, str], bytes] | None  # (code, extFields, body); None: no answer
 
 
+def _store_all(reqs: list[Request]) -> list[tuple[Request, Reply]]:
+    """Every batch stored, in the queue its request names."""
+    return [(r, (0, {"queueId": r.ext["e"], "queueOffset": "0"}, b"")) for r in reqs]
+
+
 @dataclass
 class FakeServer:
     """Answers GET_ROUTEINFO_BY_TOPIC from `routes` and SEND_BATCH_MESSAGE through `on_batch`.
@@ -59,8 +65,7 @@ class FakeServer:
     """
 
     routes: dict[str, int] = field(default_factory=dict)  # topic -> write queues
-    on_batch: Callable[[list[Request]], list[tuple[Request, Reply]]] = field(
-        default=lambda reqs: [(r, (0, {"queueId": r.ext["e"], "queueOffset": "0"}, b"")) for r in reqs])
+    on_batch: Callable[[list[Request]], list[tuple[Request, Reply]]] = field(default=_store_all)
     requests: list[Request] = field(default_factory=list)
     connections: int = 0
 
@@ -208,7 +213,8 @@ def test_a_refused_batch_fails_only_its_own_messages(server: FakeServer) -> None
         results = p.send(_msgs("T", 2) + _msgs("U", 2))
     assert [type(r) for r in results] == [Receipt, Receipt, BrokerBusyError, BrokerBusyError]
     assert results[0].status == SendStatus.FLUSH_DISK_TIMEOUT  # type: ignore[union-attr]  # stored, not flushed
-    assert results[2] is results[3] and results[2].retriable and "remark 2" in str(results[2])
+    busy = results[2]
+    assert busy is results[3] and isinstance(busy, BrokerBusyError) and busy.retriable and "remark 2" in str(busy)
 
 
 def test_a_topic_without_route_fails_as_not_retriable_when_brokers_cannot_create_it(server: FakeServer) -> None:
@@ -494,7 +500,7 @@ def test_sink_sends_several_topics_in_one_call(rocketmq: LocalRocketMQ) -> None:
 
 
 @pytest.mark.rocketmq
-def test_sink_sends_stored_records_in_batches_built_from_their_bytes(rocketmq: LocalRocketMQ, tmp_path) -> None:
+def test_sink_sends_stored_records_in_batches_built_from_their_bytes(rocketmq: LocalRocketMQ, tmp_path: Path) -> None:
     """`send_records`: one call of many rows (the column path) over two topics, and one of two rows
     (the scalar path); the broker stores each under the id derived from its record, with its answer."""
     import numpy as np
@@ -517,7 +523,9 @@ def test_sink_sends_stored_records_in_batches_built_from_their_bytes(rocketmq: L
             few = sink.send_records(raw.select(np.arange(78, 80)), {"TW_LEASE_EPOCH": "3"})
     finally:
         sink.close()
+    assert isinstance(many, SendResults) and isinstance(few, SendResults)
     assert list(many) == [True] * 78 and list(few) == [True] * 2
+    assert many.answers is not None and few.answers is not None
     assert (many.answers["queue_offset"] >= 0).all() and (few.answers["queue_offset"] >= 0).all()
     # each topic's rows, as the cut grouped them, for the shaper's counts: every row once
     assert many.by_topic == {t: list(range(k, 78, 2)) for k, t in enumerate(topics)}
@@ -607,7 +615,12 @@ def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) 
         ids = p.new_ids(3)
         encoded = [encode_message(m, i) for m, i in zip(_msgs("T", 3), ids)]
         asked: list[int] = []
-        out = p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: bool(asked.append(1)))  # False
+
+        def closed() -> bool:
+            asked.append(1)
+            return False
+
+        out = p.send_encoded(["T"] * 3, encoded, ids, fence=closed)
         assert asked and all(isinstance(o, FencedError) for o in out)
         assert server.batches() == [], "nothing reached the broker"
         assert p.send_encoded(["T"] * 3, encoded, ids, fence=lambda: True) == [None] * 3
@@ -615,7 +628,7 @@ def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) 
 
 
 def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_row(server: FakeServer,
-                                                                                   tmp_path) -> None:
+                                                                                   tmp_path: Path) -> None:
     """`RocketMQSink.send_records` on the one-pass batches: a closed fence sends nothing, an open one
     sends each row under its derived id; a row too large fails alone, a row for a topic that is no
     target is refused the general path's way."""
@@ -634,10 +647,10 @@ def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_
                                           locs["offset"].astype(np.uint32))
         rows = raw.select(np.arange(4))
         held = sink.send_records(rows, fence=lambda: False)
-        assert list(held) == [False] * 4 and server.batches() == []
+        assert isinstance(held, SendResults) and list(held) == [False] * 4 and server.batches() == []
         assert held.errors is not None and "FencedError" in str(held.errors[0]) and "MessageRejected" in str(held.errors[1])
         sent = sink.send_records(rows, fence=lambda: True)
-        assert list(sent) == [True, False, True, True]
+        assert isinstance(sent, SendResults) and list(sent) == [True, False, True, True]
         assert sent.by_topic == {"T": [0, 2, 3, 1]}  # the row too large too: the cut's batches, then its refused
         [req] = server.batches()
         assert [p["UNIQ_KEY"] for _, p in decode_batch(req.body)] == [delivered_id(r.msg_id, r.due_ms)

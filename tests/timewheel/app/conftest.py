@@ -31,6 +31,13 @@ class Running:
         return self.producer.send(OutgoingMessage(self.cfg.delay_topic, body, None, keys, props)).msg_id
 
 
+def _delivered(service: Service) -> int:
+    """The engine's delivered counter."""
+    n = service.stats().get("delivered", 0)
+    assert isinstance(n, int)
+    return n
+
+
 @pytest.fixture(scope="module")
 def running(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """An engine serving its own delay topic, with one probe already delivered end to end."""
@@ -52,7 +59,7 @@ def running(rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory) -
     r = Running(service, service.admin.address, cfg, producer, target)
     try:
         r.send({"TW_TARGET_TOPIC": target, "TW_DELAY_MS": "0"})
-        assert wait_for(lambda: int(service.stats().get("delivered", 0)) >= 1, 90), "the probe was never delivered"
+        assert wait_for(lambda: _delivered(service) >= 1, 90), "the probe was never delivered"
         yield r
     finally:
         producer.shutdown()

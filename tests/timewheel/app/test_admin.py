@@ -48,6 +48,9 @@ class _Target:
     def status(self) -> dict[str, Any]:
         return {}
 
+    def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        return {"found": []}
+
 
 def _rss() -> int:
     with open("/proc/self/status") as f:
@@ -192,8 +195,13 @@ def test_a_cancel_that_did_not_reach_every_queue_answers_503(admin: tuple[AdminS
 def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Target],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     server, target = admin
-    calls = []
-    monkeypatch.setattr(target, "status", lambda: calls.append(1) or {"n": len(calls)})
+    calls: list[int] = []
+
+    def status() -> dict[str, Any]:
+        calls.append(1)
+        return {"n": len(calls)}
+
+    monkeypatch.setattr(target, "status", status)
     monkeypatch.setattr("timewheel.app.admin.STATUS_CACHE_S", 3600.0)
     answers = [_request(server, "GET", "/status")[:2] for _ in range(20)]
     assert all(a == (200, b'{"n": 1}\n') for a in answers) and len(calls) == 1

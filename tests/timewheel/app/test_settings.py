@@ -141,7 +141,8 @@ def test_a_clock_offset_for_fault_drills_skews_the_service_clock_and_nothing_els
     assert isinstance(clock, SystemClock) and clock.offset_ms == -3000
     assert abs(clock.now_ms() - (time.time_ns() // 1_000_000 - 3000)) < 200
     assert 0.5 < seconds_until(clock, clock.now_ms() + 1000, 5.0) <= 1.0  # waits are read on the skewed clock
-    assert Service(load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path)}), admin=False).clock.offset_ms == 0
+    unskewed = Service(load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path)}), admin=False).clock
+    assert isinstance(unskewed, SystemClock) and unskewed.offset_ms == 0
     with pytest.raises(ConfigError, match="engine.clock_offset_ms"):
         load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path),
                                  "TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS": str(2 * 86_400_000)})
