@@ -42,6 +42,7 @@ from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, Receipt, ReceivedMessage, RemotingProducer
 from tests.coordination.cluster import Replica, now_ms as _now_ms, wait_for as _wait
+from tests.forwarder.dedupe_checker import TopicReader
 from tests.reliability.kill_loop import serve_env
 from timewheel.app.cli import app
 
@@ -157,7 +158,9 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
             _wait("every acknowledged message delivered", lambda: acked <= set(receipts),
                   max(90.0, (last_due - _now_ms()) / 1000 + 90), b)
         except AssertionError as timed_out:
-            raise AssertionError(_missing(acked - set(receipts), len(acked), due_of, past_due, failed_ms)
+            missing = acked - set(receipts)
+            raise AssertionError(_missing(missing, len(acked), due_of, past_due, failed_ms)
+                                 + _on_broker(rocketmq.namesrv_addr, target, missing, failed_ms)
                                  + f"\n{timed_out}") from None
         time.sleep(2.0)  # a late duplicate shows up before counting
         after = b.replica()
@@ -227,6 +230,16 @@ def _missing(missing: set[bytes], acked: int, due_of: dict[bytes, int], past_due
         shown.append(f"{body.decode()} due {due_of[body] - failed_ms:+d} ms{sent}")
     return (f"{len(missing)} of {acked} acknowledged messages not delivered (times from the failure): "
             + "; ".join(shown))
+
+
+def _on_broker(namesrv: str, topic: str, missing: set[bytes], failed_ms: int) -> str:
+    """Whether the messages the consumer never got are on the target topic all the same (then the
+    engine delivered them and the test's consumer missed them) or not (then they were lost)."""
+    stored = {c.body: c for c in TopicReader(namesrv, topic).read() if c.body in missing}
+    shown = [f"{b.decode()} stored {c.store_ms - failed_ms:+d} ms, epoch {c.epoch}, at {c.where}"
+             for b, c in sorted(stored.items())[:12]]
+    return (f"\nof those, {len(stored)} are on the broker's {topic} (the consumer missed them)"
+            + (": " + "; ".join(shown) if shown else "") + f" and {len(missing) - len(stored)} are not (lost)")
 
 
 def test_a_standby_takes_over_from_a_killed_replica(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper,
