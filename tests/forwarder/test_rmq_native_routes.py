@@ -39,19 +39,31 @@ def test_without_a_name_server_a_send_is_tried_again_then_fails_saying_so() -> N
     assert took >= NO_ROUTE_BACKOFF_S * NO_ROUTE_RETRIES * (NO_ROUTE_RETRIES + 1) / 2
 
 
-@pytest.mark.parametrize("refusals, sent", [(1, True), (NO_ROUTE_RETRIES, True), (NO_ROUTE_RETRIES + 1, False)])
-def test_a_route_that_appears_within_the_retries_gets_the_message_sent(
-        monkeypatch: pytest.MonkeyPatch, refusals: int, sent: bool) -> None:
+_NO_ROUTE_DETAIL = "msg: No route info of this topic: T,error:-1"
+
+
+def _client_refusing(monkeypatch: pytest.MonkeyPatch, refusals: int, detail: str = _NO_ROUTE_DETAIL,
+                     each_s: float = 0.0) -> list[int]:
+    """The client's sync send refuses `refusals` times with `detail`, each after `each_s`, then stores
+    ("stored"); the retry does not wait. Returns the list that grows by one a call."""
     calls: list[int] = []
 
     def send_sync(handle: int, msg: int, result: object) -> int:
         calls.append(1)
+        time.sleep(each_s)
         return 0 if len(calls) > refusals else 1
 
     monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
-    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
+    monkeypatch.setattr(_rmq_native, "_last_error", lambda: detail)
     monkeypatch.setattr(_rmq_native, "_result", lambda result: "stored")
     monkeypatch.setattr(_rmq_native, "NO_ROUTE_BACKOFF_S", 0.0)
+    return calls
+
+
+@pytest.mark.parametrize("refusals, sent", [(1, True), (NO_ROUTE_RETRIES, True), (NO_ROUTE_RETRIES + 1, False)])
+def test_a_route_that_appears_within_the_retries_gets_the_message_sent(
+        monkeypatch: pytest.MonkeyPatch, refusals: int, sent: bool) -> None:
+    calls = _client_refusing(monkeypatch, refusals)
     producer = NativeProducer("tw_route_later", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
     try:
         if sent:
@@ -65,14 +77,7 @@ def test_a_route_that_appears_within_the_retries_gets_the_message_sent(
 
 
 def test_other_refusals_are_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-
-    def send_sync(handle: int, msg: int, result: object) -> int:
-        calls.append(1)
-        return 1
-
-    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
-    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: wait response timeout,error:-1")
+    calls = _client_refusing(monkeypatch, 99, "msg: wait response timeout,error:-1")
     producer = NativeProducer("tw_timeout", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
     try:
         with pytest.raises(SendError) as info:
@@ -92,17 +97,8 @@ def test_an_unchecked_send_puts_property_bytes_as_given_and_is_retried_like_send
         given.append((name, value))
         return int(real_set(handle, name, value))
 
-    calls: list[int] = []
-
-    def send_sync(handle: int, msg: int, result: object) -> int:
-        calls.append(1)
-        return 0 if len(calls) > 1 else 1
-
     monkeypatch.setattr(_rmq_library, "_SetMessageProperty", set_property)
-    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
-    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
-    monkeypatch.setattr(_rmq_native, "_result", lambda result: "stored")
-    monkeypatch.setattr(_rmq_native, "NO_ROUTE_BACKOFF_S", 0.0)
+    calls = _client_refusing(monkeypatch, 1)
     producer = NativeProducer("tw_unchecked", f"127.0.0.1:{_closed_port()}", log_level=LogLevel.ERROR)
     try:
         with pytest.raises(ValueError, match="cannot carry"):  # the typed send refuses these bytes
@@ -116,15 +112,8 @@ def test_an_unchecked_send_puts_property_bytes_as_given_and_is_retried_like_send
 
 
 def test_a_no_route_answer_after_the_send_timeout_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-
-    def send_sync(handle: int, msg: int, result: object) -> int:
-        calls.append(1)
-        time.sleep(0.06)  # as long as a send that timed out: the broker may have stored it
-        return 1
-
-    monkeypatch.setattr(_rmq_native, "_SendMessageSync", send_sync)
-    monkeypatch.setattr(_rmq_native, "_last_error", lambda: "msg: No route info of this topic: T,error:-1")
+    # each try as long as a send that timed out: the broker may have stored it
+    calls = _client_refusing(monkeypatch, 99, each_s=0.06)
     producer = NativeProducer("tw_slow_refusal", f"127.0.0.1:{_closed_port()}", send_timeout_ms=50,
                               log_level=LogLevel.ERROR)
     try:
