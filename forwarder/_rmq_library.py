@@ -321,30 +321,22 @@ def read_message(msg: int | _HasHandle) -> ReceivedMessage:
 
 def _build(msg: OutgoingMessage) -> int:
     """Create a native CMessage for `msg`; the caller destroys it."""
-    handle = _CreateMessage(_text(msg.topic, "topic"))
-    if not handle:
-        raise NativeClientError("CreateMessage returned NULL")
-    try:
-        if msg.tags:
-            _check(_SetMessageTags(handle, _text(msg.tags, "tags")), "SetMessageTags")
-        if msg.keys:
-            _check(_SetMessageKeys(handle, _text(msg.keys, "keys")), "SetMessageKeys")
-        for name, value in msg.properties.items():
-            _check(_SetMessageProperty(handle, _property_text(name), _property_text(value)), "SetMessageProperty")
-        _check(_SetByteMessageBody(handle, msg.body, len(msg.body)), "SetByteMessageBody")
-    except BaseException:
-        _DestroyMessage(handle)
-        raise
-    return handle
+    properties = {_property_text(name): _property_text(value) for name, value in msg.properties.items()}
+    return _build_unchecked(msg.topic, msg.body, properties, tags=msg.tags, keys=msg.keys)
 
 
-def _build_unchecked(topic: str, body: bytes, properties: Mapping[bytes, bytes]) -> int:
+def _build_unchecked(topic: str, body: bytes, properties: Mapping[bytes, bytes], *, tags: str | None = None,
+                     keys: str | None = None) -> int:
     """Create a native CMessage with property bytes exactly as given (`_build` refuses invalid text
-    and RocketMQ's separator bytes; this does not); the caller destroys it."""
+    and RocketMQ's separator bytes first); the caller destroys it."""
     handle = _CreateMessage(_text(topic, "topic"))
     if not handle:
         raise NativeClientError("CreateMessage returned NULL")
     try:
+        if tags:
+            _check(_SetMessageTags(handle, _text(tags, "tags")), "SetMessageTags")
+        if keys:
+            _check(_SetMessageKeys(handle, _text(keys, "keys")), "SetMessageKeys")
         for name, value in properties.items():
             _check(_SetMessageProperty(handle, name, value), "SetMessageProperty")
         _check(_SetByteMessageBody(handle, body, len(body)), "SetByteMessageBody")
