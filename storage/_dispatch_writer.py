@@ -1,8 +1,9 @@
-"""Appending to segments' dispatch logs: one open descriptor per segment, one write per frame."""
+"""Appending to segments' dispatch logs: one open descriptor per segment recently written, one write per frame."""
 from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,10 @@ from storage import dispatch as _dispatch
 from storage._files import fsync_path, write_all
 from storage.errors import StorageWriteError
 from storage.layout import SegmentLayout
+
+#: dispatch logs kept open at most (the least recently written closes first): a data directory that
+#: keeps every segment would otherwise hold a descriptor per segment it ever delivered from
+MAX_OPEN_LOGS = 16
 
 
 class DispatchWriter:
@@ -21,7 +26,7 @@ class DispatchWriter:
         self.layout = layout
         self.sync = sync
         self.lock = threading.Lock()
-        self._fds: dict[int, int] = {}
+        self._fds: OrderedDict[int, int] = OrderedDict()
         self._dirty: set[int] = set()
         self._new_dirs: set[Path] = set()
 
@@ -36,6 +41,10 @@ class DispatchWriter:
             fd = self._fds.get(segment_ms)
             if fd is None:
                 fd = self._fds[segment_ms] = self._open(segment_ms)
+                if len(self._fds) > MAX_OPEN_LOGS:  # a log written since the checkpoint is fsynced by path
+                    os.close(self._fds.popitem(last=False)[1])
+            else:
+                self._fds.move_to_end(segment_ms)
             view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
             try:
                 while written < len(frame):  # O_APPEND: at the end
@@ -73,14 +82,15 @@ class DispatchWriter:
                 self._new_dirs.update(dirs)
         return fd
 
-    def take_unsynced(self) -> tuple[list[int], list[Path]]:
-        """Duplicated descriptors of the logs written, and directories that gained a log, since the
-        last call (for a checkpoint to fsync)."""
+    def take_unsynced(self) -> tuple[list[int], list[Path], list[Path]]:
+        """What was written since the last call, for a checkpoint to fsync: duplicated descriptors
+        of the logs still open, the paths of those closed since, and directories that gained a log."""
         with self.lock:
             fds = [os.dup(self._fds[seg]) for seg in self._dirty if seg in self._fds]
+            paths = [self.layout.dispatch_log(seg) for seg in self._dirty if seg not in self._fds]
             dirs = sorted(self._new_dirs, key=lambda d: len(d.parts), reverse=True)  # children first
             self._dirty, self._new_dirs = set(), set()
-        return fds, dirs
+        return fds, paths, dirs
 
     def forget(self, segment_ms: int) -> None:
         """Close a segment's log (the segment is being retired)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_ROW_SIZE
 
 log = logging.getLogger("timewheel.storage")
+#: parts whose three descriptors stay open at most (the least recently written closes first); a
+#: sealed or retired segment's close at once: a deleted file held open keeps its disk space
 _MAX_OPEN_FDS = 128
 #: from this many records a batch is placed with array operations (fewer: a loop costs less)
 _ARRAY_PLACE_MIN = 32
@@ -216,9 +219,24 @@ class PartWriter:
         return Unsynced(fds, paths, dirs)
 
     def seal(self, before_ms: int) -> None:
-        """Stop appending to live parts of segments that end at or before `before_ms`."""
+        """Stop appending to live parts of segments that end at or before `before_ms`, and close
+        the descriptors of those segments' parts (one written again opens them again; one written
+        since the last checkpoint is fsynced by its path)."""
         for seg in [s for s in self.live if s + self.layout.segment_ms <= before_ms]:
             del self.live[seg]
+        self._close_where(lambda seg: seg + self.layout.segment_ms <= before_ms)
+
+    def forget(self, segment_ms: int) -> None:
+        """Close a segment's descriptors and forget its unsynced parts: it is being retired."""
+        self.live.pop(segment_ms, None)
+        self._close_where(lambda seg: seg == segment_ms)
+        self.dirty = {(seg, part) for seg, part in self.dirty if seg != segment_ms}
+
+    def _close_where(self, of_segment: Callable[[int], bool]) -> None:
+        """Close the descriptors of every part of the segments `of_segment` picks."""
+        for key in [k for k in self._fds if of_segment(k[0])]:
+            for fd in self._fds.pop(key):
+                os.close(fd)
 
     def close(self) -> None:
         """Close every descriptor."""

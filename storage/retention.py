@@ -33,8 +33,7 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         if summarize_segment(layout, seg).pending:
             continue
         forget_segment_records(store, seg)
-        store.release_segment(seg)
-        store.dispatch_writer.forget(seg)
+        store.close_segment_files(seg)
         src = layout.segment_dir(seg)
         if archive:
             layout.archive_dir.mkdir(parents=True, exist_ok=True)

@@ -287,10 +287,10 @@ class ScheduleStore:
     def _rotate_locked(self) -> _Snapshot:
         """Under the write lock: take what is unsynced and roll the ingest log to a new file."""
         parts = self.writer.take_unsynced()
-        dispatch_fds, dispatch_dirs = self.dispatch_writer.take_unsynced()
+        dispatch_fds, dispatch_paths, dispatch_dirs = self.dispatch_writer.take_unsynced()
         new_seq = max([self._wal.seq, *self._wal.sequences()], default=-1) + 1
         self._wal.open_new(new_seq)
-        return new_seq, parts.fds + dispatch_fds, parts.paths, [*dispatch_dirs, *parts.dirs]
+        return new_seq, parts.fds + dispatch_fds, parts.paths + dispatch_paths, [*dispatch_dirs, *parts.dirs]
 
     def _finish_checkpoint(self, snapshot: _Snapshot) -> None:
         """fsync what the rotation took, then move the checkpoint to the new ingest log file."""
@@ -363,6 +363,14 @@ class ScheduleStore:
         """Drop the read maps of a segment no longer in memory."""
         self.reader.release(segment_ms)
         self.origins.forget(segment_ms)
+
+    def close_segment_files(self, segment_ms: int) -> None:
+        """Close every descriptor of a segment being retired: its parts' and its dispatch log's (a
+        deleted file held open would keep its disk space)."""
+        self.release_segment(segment_ms)
+        with self._write_lock:
+            self.writer.forget(segment_ms)
+        self.dispatch_writer.forget(segment_ms)
 
     # ---- retention and lifecycle ----------------------------------------------------------------
 

@@ -85,3 +85,38 @@ def test_a_frame_of_one_entry_reads_back_as_a_frame_of_several_does(n: int, note
         read = read_dispatch_log(path)
     assert read.corrupt_frames == 0 and read.entries.tobytes() == entries.tobytes()
     assert read.answers is not None and read.answers.tobytes() == answers.tobytes()
+
+
+def _open_logs(root: Path) -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(root))
+        except OSError:
+            continue
+    return n
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
+def test_only_the_logs_written_last_stay_open_and_a_checkpoint_syncs_the_others_by_path(tmp_path: Path) -> None:
+    """A data directory that keeps every segment must not hold a descriptor per segment it ever
+    delivered from: past `MAX_OPEN_LOGS` the least recently written log is closed."""
+    layout = SegmentLayout(tmp_path)
+    writer = _dispatch_writer.DispatchWriter(layout, sync=False)
+    hour = 3_600_000
+    segments = [SEG + k * hour for k in range(_dispatch_writer.MAX_OPEN_LOGS + 4)]
+    try:
+        for seg in segments:
+            writer.append(seg, _entries(2), NOW)
+        assert _open_logs(tmp_path) == _dispatch_writer.MAX_OPEN_LOGS
+        fds, paths, _ = writer.take_unsynced()
+        for fd in fds:
+            os.close(fd)
+        assert len(fds) == _dispatch_writer.MAX_OPEN_LOGS
+        assert sorted(paths) == sorted(layout.dispatch_log(seg) for seg in segments[:4])
+        writer.append(segments[0], _entries(3, first=2), NOW + 1)  # closed, opened again: appended after
+        frames = read_dispatch_log(layout.dispatch_log(segments[0]))
+        assert frames.torn_bytes == 0 and len(frames.entries) == 5
+        assert _open_logs(tmp_path) == _dispatch_writer.MAX_OPEN_LOGS
+    finally:
+        writer.close()

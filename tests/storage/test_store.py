@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+import storage.store as store_module
+
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
                      ScheduleStore, SegmentLayout, StorageError, check, dispatch_entries, read_dispatch_log,
                      summarize)
@@ -359,6 +361,71 @@ def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_st
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def _open_files_under(root: Path) -> list[str]:
+    """What this process's descriptors point at under `root` (a deleted file ends in " (deleted)")."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor of the listing itself, closed meanwhile
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
+def test_a_retired_segment_leaves_no_descriptor_open_on_its_files(tmp_path: Path) -> None:
+    """A deleted file held open keeps its disk space: after retention the retired segment's parts
+    and dispatch log are closed, as well as deleted."""
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        s.append(recs(3) + recs(2, prefix="later", start=NOW + 2 * HOUR), NOW)
+        seg = s.layout.segment_start(NOW)
+        ix = s.segment_index(seg)
+        s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+        seg_dir = s.layout.segment_dir(seg)
+        assert _open_files_under(seg_dir), "the segment's dispatch log is open while it is written"
+        s.seal_live_parts(NOW + HOUR)
+        assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
+        assert not seg_dir.exists()
+        assert _open_files_under(seg_dir) == []
+        assert not [f for f in _open_files_under(tmp_path) if f.endswith("(deleted)")]
+        s.append(recs(1, prefix="again", start=NOW + 2 * HOUR + 5), NOW + 2 * HOUR)  # the young segment goes on
+        assert [r.msg_id for r in s.read_records(*_locations_of(s, NOW + 2 * HOUR))] == ["later0", "later1", "again0"]
+    finally:
+        s.close()
+
+
+def _locations_of(s: ScheduleStore, seg: int) -> tuple[list[int], list[int], list[int]]:
+    ix = s.segment_index(seg)
+    return [seg] * len(ix), ix.part.tolist(), ix.offset.tolist()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
+def test_sealing_closes_the_sealed_parts_and_the_checkpoint_still_syncs_what_they_were_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        s.append(recs(3) + recs(1, prefix="next", start=NOW + HOUR), NOW)
+        seg = s.layout.segment_start(NOW)
+        assert len(_open_files_under(s.layout.segment_dir(seg))) == 3  # log, index, origins
+        s.seal_live_parts(seg + HOUR)
+        assert _open_files_under(s.layout.segment_dir(seg)) == []
+        assert len(_open_files_under(s.layout.segment_dir(seg + HOUR))) == 3  # still live
+        synced: list[Path] = []
+        real = store_module.fsync_path
+        monkeypatch.setattr(store_module, "fsync_path", lambda path: (synced.append(Path(path)), real(path))[1])
+        s.checkpoint()
+        part = int(s.segment_index(seg).part[0])
+        assert {s.layout.part_log(seg, part), s.layout.part_index(seg, part), s.layout.part_origin(seg, part)} <= \
+            set(synced)
+        s.append(recs(1, prefix="late", start=NOW + 10), NOW + HOUR)  # a sealed segment written again opens again
+        assert [r.msg_id for r in s.read_records(*_locations_of(s, seg))] == ["m0", "m1", "m2", "late0"]
+    finally:
+        s.close()
 
 
 def _failing_fsync(fd: object) -> None:
