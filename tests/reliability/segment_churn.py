@@ -1,0 +1,235 @@
+"""Segment churn: what a process that runs for months goes through every hour, sixty times faster.
+
+`timewheel serve` runs on a real local RocketMQ with one-minute segments and a retention of 36 s,
+under steady load (messages due 1 s to `--max-delay-s` ahead, so every segment fills, comes due,
+is delivered, sealed, unloaded and retired in turn). The harness samples the process from /proc
+every few seconds and reads what its consumer really received:
+
+- every message acknowledged to the producer is delivered, once;
+- no descriptor or memory map of the process holds a deleted file of the data directory (a
+  deleted file held open keeps its disk space: retention would free nothing), and none points into
+  a retired segment;
+- descriptors under `schedule/`, threads and resident memory are reported per sample, to see that
+  they stay flat while segments come and go.
+
+    python -m bench.soak --minutes 30 [--rate 200] [--max-delay-s 90]   # the long form
+
+The CI form (about 2.5 minutes) is tests/reliability/test_segment_churn.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from tests.reliability.kill_loop import serve_env, start_serve
+
+#: the engine's settings that make an hour a minute: segments, their preload, retention (36 s), and
+#: checkpoints (retention runs with them) every 2 s
+CHURN_SETTINGS = {"TIMEWHEEL_ENGINE_SEGMENT_MINUTES": "1", "TIMEWHEEL_ENGINE_PRELOAD_SECONDS": "10",
+                  "TIMEWHEEL_ENGINE_RETENTION_HOURS": "0.01", "TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2"}
+_DELETED = " (deleted)"
+
+
+@dataclass
+class Sample:
+    """One look at the serve process."""
+
+    t: float  # seconds since the load began
+    rss_mb: float
+    threads: int
+    fds: int
+    schedule_fds: int  # descriptors on files under schedule/
+    deleted_held: int  # descriptors and maps on deleted files of the data directory
+    on_retired: int  # descriptors and maps on files of segments retired by then
+    segments: int  # segment directories on disk
+    retired: int  # segments retired so far
+
+
+@dataclass
+class ChurnResult:
+    """What the run saw; `problems` is empty when every check held."""
+
+    seconds: float
+    acknowledged: int
+    delivered: int
+    lost: int
+    duplicates: int
+    segments_retired: int
+    samples: list[Sample] = field(default_factory=list)
+    held_deleted: list[str] = field(default_factory=list)  # the first few such files, to name them
+    problems: list[str] = field(default_factory=list)
+
+
+def _targets(pid: int, root: Path) -> list[str]:
+    """Files under `root` the process holds: its descriptors' targets and its file-backed maps."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    with open(f"/proc/{pid}/maps") as maps:
+        out += {line.split(None, 5)[5].rstrip("\n") for line in maps if len(line.split(None, 5)) == 6}
+    return [t for t in out if t.startswith(str(root))]
+
+
+def _sample(pid: int, data: Path, t0: float, seen: set[str]) -> tuple[Sample, list[str]]:
+    schedule = data / "schedule"
+    present = {p.name for p in schedule.iterdir()} if schedule.exists() else set()
+    seen |= present
+    retired = seen - present
+    held = _targets(pid, data)
+    deleted = [t for t in held if t.endswith(_DELETED)]
+    on_retired = [t for t in held if Path(t.removesuffix(_DELETED)).parent.name in retired]
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return Sample(round(time.monotonic() - t0, 1), round(int(status["VmRSS"].split()[0]) / 1024, 1),
+                  int(status["Threads"]), len(os.listdir(f"/proc/{pid}/fd")),
+                  sum(1 for t in held if t.startswith(str(schedule)) and not t.endswith(_DELETED)),
+                  len(deleted), len(on_retired), len(present), len(retired)), deleted
+
+
+def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200, max_delay_s: float = 90.0,
+              sample_every_s: float = 5.0, drain_timeout: float = 180.0) -> ChurnResult:
+    """Run the load for `seconds` against a started RocketMQ, then drain; returns what was seen."""
+    run = uuid.uuid4().hex[:8]
+    delay_topic, target = f"TW_DELAY_{run}", f"CHURN_{run}"
+    mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
+    data = work / "data"
+    proc = start_serve(data, serve_env(mq, run, **CHURN_SETTINGS), work / "serve.log")
+    receipts: dict[bytes, int] = {}
+    acked: set[bytes] = set()
+    lock = threading.Lock()
+
+    def on_message(m: ReceivedMessage) -> bool:
+        with lock:
+            receipts[m.body] = receipts.get(m.body, 0) + 1
+        return True
+
+    consumer = NativePushConsumer(f"churn_consumer_{run}", mq.namesrv_addr, on_message, log_level=LogLevel.ERROR)
+    consumer.subscribe(target)
+    consumer.start()
+    producer = NativeProducer(f"churn_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
+    producer.start()
+    stop = threading.Event()
+    spread_ms = max(1, int((max_delay_s - 1) * 1000))
+
+    def produce() -> None:
+        i = 0
+        start = time.monotonic()
+        while not stop.is_set():
+            body = f"{run}-{i}".encode()
+            due = time.time_ns() // 1_000_000 + 1000 + (i * 7919) % spread_ms
+            try:
+                producer.send(OutgoingMessage(delay_topic, body, None, None,
+                                              {"TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(due)}))
+                with lock:
+                    acked.add(body)
+            except Exception:
+                pass  # not acknowledged: only acknowledged messages are promised
+            i += 1
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+
+    result = ChurnResult(0.0, 0, 0, 0, 0, 0)
+    seen: set[str] = set()
+    t0 = time.monotonic()
+
+    def look() -> None:
+        sample, deleted = _sample(proc.pid, data, t0, seen)
+        result.samples.append(sample)
+        result.held_deleted += [d for d in deleted if d not in result.held_deleted][:10 - len(result.held_deleted)]
+
+    producer_thread = threading.Thread(target=produce, name="churn-producer", daemon=True)
+    producer_thread.start()
+    try:
+        while time.monotonic() - t0 < seconds:
+            time.sleep(sample_every_s)
+            look()
+        stop.set()
+        producer_thread.join()
+        deadline = time.monotonic() + max_delay_s + drain_timeout
+        while time.monotonic() < deadline:
+            with lock:
+                if acked <= receipts.keys():
+                    break
+            time.sleep(1.0)
+        time.sleep(1.0)  # a duplicate would arrive within this
+        look()
+    finally:
+        stop.set()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        producer.shutdown()
+        consumer.shutdown()
+    with lock:
+        result.acknowledged = len(acked)
+        result.delivered = len(acked & receipts.keys())
+        result.duplicates = sum(c - 1 for b, c in receipts.items() if b in acked)
+    result.lost = result.acknowledged - result.delivered
+    result.seconds = round(time.monotonic() - t0, 1)
+    result.segments_retired = max((s.retired for s in result.samples), default=0)
+    result.problems = _problems(result)
+    return result
+
+
+def _problems(r: ChurnResult) -> list[str]:
+    """What the checks found wrong (none: the run passed)."""
+    out = []
+    if r.lost:
+        out.append(f"{r.lost} of {r.acknowledged} acknowledged messages not delivered")
+    if r.duplicates:
+        out.append(f"{r.duplicates} duplicate deliveries")
+    if not r.segments_retired:
+        out.append("no segment was retired: the run proves nothing about retention")
+    if held := max((s.deleted_held for s in r.samples), default=0):
+        out.append(f"up to {held} descriptors or maps held deleted files, e.g. {r.held_deleted[:3]}")
+    if on := max((s.on_retired for s in r.samples), default=0):
+        out.append(f"up to {on} descriptors or maps pointed into retired segments")
+    return out
+
+
+def table(r: ChurnResult) -> str:
+    """The samples as a Markdown table, then the tally."""
+    rows = ["| t s | RSS MB | threads | fds | schedule/ fds | deleted held | on retired | segments | retired |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | {s.deleted_held} | "
+             f"{s.on_retired} | {s.segments} | {s.retired} |" for s in r.samples]
+    rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
+                f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s")
+    rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The long form: its own local RocketMQ; prints the table, writes the JSON with --out."""
+    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long the load runs (then it drains)")
+    ap.add_argument("--rate", type=int, default=200, help="producer messages per second")
+    ap.add_argument("--max-delay-s", type=float, default=90.0, help="messages are due 1 s to this far ahead")
+    ap.add_argument("--sample-every-s", type=float, default=15.0, help="seconds between looks at the process")
+    ap.add_argument("--out", type=Path, help="also write the result as JSON here")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tw-soak-"))
+    with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
+        result = run_churn(mq, args.minutes * 60, work, rate=args.rate, max_delay_s=args.max_delay_s,
+                           sample_every_s=args.sample_every_s)
+    print(table(result))
+    if args.out:
+        args.out.write_text(json.dumps(asdict(result), indent=1))
+    return 1 if result.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
