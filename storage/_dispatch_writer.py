@@ -27,6 +27,8 @@ class DispatchWriter:
         self.sync = sync
         self.lock = threading.Lock()
         self._fds: OrderedDict[int, int] = OrderedDict()
+        #: logs this writer closed whole (past `MAX_OPEN_LOGS`): opened again without reading them for a torn tail
+        self._closed_whole: set[int] = set()
         self._dirty: set[int] = set()
         self._new_dirs: set[Path] = set()
 
@@ -42,7 +44,9 @@ class DispatchWriter:
             if fd is None:
                 fd = self._fds[segment_ms] = self._open(segment_ms)
                 if len(self._fds) > MAX_OPEN_LOGS:  # a log written since the checkpoint is fsynced by path
-                    os.close(self._fds.popitem(last=False)[1])
+                    oldest, old_fd = self._fds.popitem(last=False)
+                    os.close(old_fd)
+                    self._closed_whole.add(oldest)
             else:
                 self._fds.move_to_end(segment_ms)
             view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
@@ -52,8 +56,10 @@ class DispatchWriter:
                 if self.sync:
                     os.fdatasync(fd)
             except OSError as e:
-                # a torn frame would stand between the frames before and after it
-                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                try:  # a torn frame would stand between the frames before and after it
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                finally:  # the next frame opens it again and reads its tail, as after a crash
+                    os.close(self._fds.pop(segment_ms))
                 raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
                                         f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
             if not self.sync:
@@ -65,9 +71,12 @@ class DispatchWriter:
         seg_dir_new = not path.parent.exists()
         log_new = seg_dir_new or not path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
-        read = _dispatch.read_dispatch_log(path)
-        if read.torn_bytes:  # appended after, a torn frame would cost a resync on every read
-            os.truncate(path, read.valid_bytes)
+        if segment_ms in self._closed_whole:  # every frame of it whole: this writer wrote and closed it
+            self._closed_whole.discard(segment_ms)
+        else:
+            read = _dispatch.read_dispatch_log(path)
+            if read.torn_bytes:  # appended after, a torn frame would cost a resync on every read
+                os.truncate(path, read.valid_bytes)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if log_new:
             dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]
@@ -99,6 +108,7 @@ class DispatchWriter:
             if fd is not None:
                 os.close(fd)
             self._dirty.discard(segment_ms)
+            self._closed_whole.discard(segment_ms)
 
     def close(self) -> None:
         """Close every log."""

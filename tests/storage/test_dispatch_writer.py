@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from storage import DELIVERED, StorageWriteError, dispatch_entries, no_answers
 from storage import _dispatch_writer
-from storage.dispatch import encode_frame, read_dispatch_log
+from storage.dispatch import DispatchLogRead, encode_frame, read_dispatch_log
 from storage.layout import SegmentLayout
 
 SEG = 1_800_000_000_000 - 1_800_000_000_000 % 3_600_000
@@ -98,9 +98,19 @@ def _open_logs(root: Path) -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
-def test_only_the_logs_written_last_stay_open_and_a_checkpoint_syncs_the_others_by_path(tmp_path: Path) -> None:
+def test_only_the_logs_written_last_stay_open_and_a_checkpoint_syncs_the_others_by_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A data directory that keeps every segment must not hold a descriptor per segment it ever
-    delivered from: past `MAX_OPEN_LOGS` the least recently written log is closed."""
+    delivered from: past `MAX_OPEN_LOGS` the least recently written log is closed, and opened again
+    without reading it whole for a torn tail (it has none: this writer closed it)."""
+    tail_reads: list[Path] = []
+    real_read = _dispatch_writer._dispatch.read_dispatch_log
+
+    def counted_read(path: Path) -> DispatchLogRead:
+        tail_reads.append(Path(path))
+        return real_read(path)
+
+    monkeypatch.setattr(_dispatch_writer._dispatch, "read_dispatch_log", counted_read)
     layout = SegmentLayout(tmp_path)
     writer = _dispatch_writer.DispatchWriter(layout, sync=False)
     hour = 3_600_000
@@ -114,7 +124,9 @@ def test_only_the_logs_written_last_stay_open_and_a_checkpoint_syncs_the_others_
             os.close(fd)
         assert len(fds) == _dispatch_writer.MAX_OPEN_LOGS
         assert sorted(paths) == sorted(layout.dispatch_log(seg) for seg in segments[:4])
+        tail_reads.clear()
         writer.append(segments[0], _entries(3, first=2), NOW + 1)  # closed, opened again: appended after
+        assert tail_reads == []
         frames = read_dispatch_log(layout.dispatch_log(segments[0]))
         assert frames.torn_bytes == 0 and len(frames.entries) == 5
         assert _open_logs(tmp_path) == _dispatch_writer.MAX_OPEN_LOGS
