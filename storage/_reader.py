@@ -82,9 +82,7 @@ class RecordReader:
                 key = (seg, part)
                 try:
                     if key != last_key:
-                        reader = self._readers.get(key)
-                        if reader is None:
-                            reader = self._readers[key] = PartReader(self.layout.part_log(seg, part))
+                        reader = self._reader_locked(seg, part)
                         last_key = key
                     assert reader is not None
                     view = reader.view(off + HEADER_SIZE)
@@ -99,7 +97,20 @@ class RecordReader:
                                              record_due_ms=e.record_due_ms if isinstance(e, CorruptRecordError) else None)
                     err.__cause__ = e
                     out.append(err)
+            self._trim_locked()
         return out
+
+    def _reader_locked(self, seg: int, part: int) -> PartReader:
+        """The part's reader, opened if it is not (under the lock)."""
+        reader = self._readers.get((seg, part))
+        if reader is None:
+            reader = self._readers[(seg, part)] = PartReader(self.layout.part_log(seg, part))
+        return reader
+
+    def _trim_locked(self) -> None:
+        """Past `_MAX_READERS`, close the readers opened first (under the lock, no view of them held)."""
+        while len(self._readers) > _MAX_READERS:
+            self._readers.pop(next(iter(self._readers))).close()
 
     def read_bytes(self, segment_ms: np.ndarray, parts: np.ndarray, offsets: np.ndarray,
                    due_ms: np.ndarray | None = None) -> RecordBytes:
@@ -124,9 +135,7 @@ class RecordReader:
                 seg, part = divmod(pair, 65536)
                 offs = offsets[rows]
                 try:
-                    reader = self._readers.get((seg, part))
-                    if reader is None:
-                        reader = self._readers[(seg, part)] = PartReader(self.layout.part_log(seg, part))
+                    reader = self._reader_locked(seg, part)
                     # records past its end are found corrupt row by row; the others still serve
                     buffers.append((memoryview(reader.covering(offs)), rows, offs))
                 except (CorruptRecordError, OSError) as e:
@@ -141,6 +150,7 @@ class RecordReader:
                 for mv, _, _ in buffers:
                     mv.release()
                 buffers.clear()
+                self._trim_locked()
             for r, found in list(got.errors.items()):  # name the part, as `read` does
                 seg, part = divmod(int(combined[r]), 65536)
                 got.errors[r] = CorruptRecordError(found.reason, offset=found.offset,
@@ -213,6 +223,10 @@ class RecordReader:
 
 #: up to this many rows, of one part, are read one by one (`RecordReader._read_few`)
 _FEW_ROWS = 4
+#: parts mapped for reading at most; past it the first opened is closed (and opened again if read
+#: again). A segment's maps go when it leaves memory: these bound the rest, parts read without
+#: their segment being loaded (a cancel's look-up of a message already delivered, a catch-up)
+_MAX_READERS = 256
 #: up to this many rows a check of every one is a Python list's, not an array's (no array work)
 _SCALAR_ROWS = 16
 #: where the record's length is in `check_record`'s header fields

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+import storage._reader as reader_module
 import storage.store as store_module
 
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
@@ -404,6 +406,29 @@ def _ids_in(s: ScheduleStore, seg: int) -> list[str]:
     ix = s.segment_index(seg)
     read = s.read_records([seg] * len(ix), ix.part.tolist(), ix.offset.tolist())
     return [r.msg_id if isinstance(r, Record) else repr(r) for r in read]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
+def test_parts_read_without_their_segment_loaded_keep_a_bounded_number_of_maps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing releases the map of a part read outside the engine's loaded segments (a cancel's
+    look-up of a message already delivered) until retention: at most `_MAX_READERS` stay open."""
+    monkeypatch.setattr(reader_module, "_MAX_READERS", 3)
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        s.append([r for h in range(6) for r in recs(2, prefix=f"h{h}-", start=NOW + h * HOUR)], NOW)
+        s.seal_live_parts(NOW + 6 * HOUR)
+        segs = s.layout.list_segments()
+        for k, seg in enumerate(segs):
+            assert _ids_in(s, seg) == [f"h{k}-0", f"h{k}-1"]
+            ix = s.segment_index(seg)
+            raw = s.read_record_bytes(np.full(len(ix), seg, np.int64), ix.part.astype(np.int64),
+                                      ix.offset.astype(np.int64))
+            assert bool(raw.ok.all()) and len(raw) == 2
+        assert len(_open_files_under(s.layout.schedule_dir)) == 2 * 3  # a reader: its file and its map's copy
+        assert _ids_in(s, segs[0]) == ["h0-0", "h0-1"]  # closed, opened again
+    finally:
+        s.close()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
