@@ -16,16 +16,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
-from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.polling import admin_ready, wait_for
+from tests.reliability.steady_load import SteadyLoad
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,42 +86,11 @@ def run_kill_loop(mq: LocalRocketMQ, cycles: int, work: Path, *, rate: int = 300
     delay_topic, target = f"TW_DELAY_{run}", f"KILL_{run}"
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
     env = serve_env(mq, run, TIMEWHEEL_ENGINE_RETRY_BASE_MS="200", TIMEWHEEL_ENGINE_MAX_ATTEMPTS="1000")
-    receipts: dict[bytes, int] = {}
-    acked: set[bytes] = set()
-    lock = threading.Lock()
-
-    def on_message(m: ReceivedMessage) -> bool:
-        with lock:
-            receipts[m.body] = receipts.get(m.body, 0) + 1
-        return True
-
-    consumer = NativePushConsumer(f"kill_consumer_{run}", mq.namesrv_addr, on_message, log_level=LogLevel.ERROR)
-    consumer.subscribe(target)
-    consumer.start()
-    producer = NativeProducer(f"kill_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
-    producer.start()
-    stop = threading.Event()
-
-    def produce() -> None:
-        i = 0
-        start = time.monotonic()
-        while not stop.is_set():
-            body = f"{run}-{i}".encode()
-            now = time.time_ns() // 1_000_000
-            try:
-                producer.send(OutgoingMessage(delay_topic, body, None, None, {
-                    "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(now + 200 + (i * 7919) % 2800)}))
-                with lock:
-                    acked.add(body)
-            except Exception:
-                pass  # not acknowledged: the producer would retry it; we only promise the acked ones
-            i += 1
-            time.sleep(max(0.0, start + i / rate - time.monotonic()))
-
+    load = SteadyLoad(mq, run, delay_topic, target, rate=rate, due_in_ms=lambda i: 200 + (i * 7919) % 2800,
+                      name="kill")
     data_dir, log = work / "data", work / "serve.log"
     t0 = time.monotonic()
-    producer_thread = threading.Thread(target=produce, daemon=True)
-    producer_thread.start()
+    load.start()
     try:
         for _ in range(cycles):
             proc = start_serve(data_dir, env, log)
@@ -132,26 +99,15 @@ def run_kill_loop(mq: LocalRocketMQ, cycles: int, work: Path, *, rate: int = 300
             proc.wait()
         proc = start_serve(data_dir, env, log)
         time.sleep(1.0)
-        stop.set()
-        producer_thread.join()
-        deadline = time.monotonic() + drain_timeout
-        while time.monotonic() < deadline:
-            with lock:
-                if acked <= receipts.keys():
-                    break
-            time.sleep(0.25)
+        load.stop_producing()
+        load.wait_delivered(drain_timeout)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     finally:
-        stop.set()
-        producer.shutdown()
-        consumer.shutdown()
-    with lock:
-        delivered = len(acked & receipts.keys())
-        dups = sum(c - 1 for b, c in receipts.items() if b in acked)
-        return KillLoopResult(cycles, len(acked), delivered, len(acked) - delivered, dups,
-                              round(time.monotonic() - t0, 1))
+        load.close()
+    t = load.tally()
+    return KillLoopResult(cycles, t.acknowledged, t.delivered, t.lost, t.duplicates, round(time.monotonic() - t0, 1))
 
 
 def main() -> None:

@@ -24,16 +24,14 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.local_rocketmq import LocalRocketMQ
-from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from tests.reliability.kill_loop import serve_env, start_serve
+from tests.reliability.steady_load import SteadyLoad
 
 #: the engine's settings that make an hour a minute: segments, their preload, retention (36 s), and
 #: checkpoints (retention runs with them) every 2 s
@@ -108,39 +106,9 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
     data = work / "data"
     proc = start_serve(data, serve_env(mq, run, **CHURN_SETTINGS), work / "serve.log")
-    receipts: dict[bytes, int] = {}
-    acked: set[bytes] = set()
-    lock = threading.Lock()
-
-    def on_message(m: ReceivedMessage) -> bool:
-        with lock:
-            receipts[m.body] = receipts.get(m.body, 0) + 1
-        return True
-
-    consumer = NativePushConsumer(f"churn_consumer_{run}", mq.namesrv_addr, on_message, log_level=LogLevel.ERROR)
-    consumer.subscribe(target)
-    consumer.start()
-    producer = NativeProducer(f"churn_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
-    producer.start()
-    stop = threading.Event()
     spread_ms = max(1, int((max_delay_s - 1) * 1000))
-
-    def produce() -> None:
-        i = 0
-        start = time.monotonic()
-        while not stop.is_set():
-            body = f"{run}-{i}".encode()
-            due = time.time_ns() // 1_000_000 + 1000 + (i * 7919) % spread_ms
-            try:
-                producer.send(OutgoingMessage(delay_topic, body, None, None,
-                                              {"TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(due)}))
-                with lock:
-                    acked.add(body)
-            except Exception:
-                pass  # not acknowledged: only acknowledged messages are promised
-            i += 1
-            time.sleep(max(0.0, start + i / rate - time.monotonic()))
-
+    load = SteadyLoad(mq, run, delay_topic, target, rate=rate, due_in_ms=lambda i: 1000 + (i * 7919) % spread_ms,
+                      name="churn")
     result = ChurnResult(0.0, 0, 0, 0, 0, 0)
     seen: set[str] = set()
     t0 = time.monotonic()
@@ -150,33 +118,22 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
         result.samples.append(sample)
         result.held_deleted += [d for d in deleted if d not in result.held_deleted][:10 - len(result.held_deleted)]
 
-    producer_thread = threading.Thread(target=produce, name="churn-producer", daemon=True)
-    producer_thread.start()
     try:
+        load.start()
         while time.monotonic() - t0 < seconds:
             time.sleep(sample_every_s)
             look()
-        stop.set()
-        producer_thread.join()
-        deadline = time.monotonic() + max_delay_s + drain_timeout
-        while time.monotonic() < deadline:
-            with lock:
-                if acked <= receipts.keys():
-                    break
-            time.sleep(1.0)
+        load.stop_producing()
+        load.wait_delivered(max_delay_s + drain_timeout, poll_s=1.0)
         time.sleep(1.0)  # a duplicate would arrive within this
         look()
     finally:
-        stop.set()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-        producer.shutdown()
-        consumer.shutdown()
-    with lock:
-        result.acknowledged = len(acked)
-        result.delivered = len(acked & receipts.keys())
-        result.duplicates = sum(c - 1 for b, c in receipts.items() if b in acked)
-    result.lost = result.acknowledged - result.delivered
+        load.close()
+    tally = load.tally()
+    result.acknowledged, result.delivered, result.lost, result.duplicates = \
+        tally.acknowledged, tally.delivered, tally.lost, tally.duplicates
     result.seconds = round(time.monotonic() - t0, 1)
     result.segments_retired = max((s.retired for s in result.samples), default=0)
     result.problems = _problems(result)

@@ -1,0 +1,99 @@
+"""Steady load for the fault harnesses: a producer sending delay messages at a fixed rate, and a
+consumer counting every delivery on the target topic, so a checker can compare what was
+acknowledged with what really arrived."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Acknowledged = accepted by the broker for the delay topic; the rest counts those only."""
+
+    acknowledged: int
+    delivered: int
+    lost: int
+    duplicates: int
+
+
+class SteadyLoad:
+    """Sends `rate` delay messages a second to `delay_topic` (message i due `due_in_ms(i)` after it
+    is sent, bodies "<run>-<i>") and counts what `target` receives; `start`, `stop_producing`,
+    `wait_delivered`, `tally`, then `close`."""
+
+    def __init__(self, mq: LocalRocketMQ, run: str, delay_topic: str, target: str, *, rate: int,
+                 due_in_ms: Callable[[int], int], name: str) -> None:
+        self._run, self._delay_topic, self._target = run, delay_topic, target
+        self._rate, self._due_in_ms = rate, due_in_ms
+        self._receipts: dict[bytes, int] = {}
+        self._acked: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = NativePushConsumer(f"{name}_consumer_{run}", mq.namesrv_addr, self._on_message,
+                                            log_level=LogLevel.ERROR)
+        self._consumer.subscribe(target)
+        self._producer = NativeProducer(f"{name}_producer_{run}", mq.namesrv_addr, log_level=LogLevel.ERROR)
+        self._thread = threading.Thread(target=self._produce, name=f"{name}-producer", daemon=True)
+
+    def start(self) -> None:
+        """Start the consumer, the producer and the sending."""
+        self._consumer.start()
+        self._producer.start()
+        self._thread.start()
+
+    def _on_message(self, m: ReceivedMessage) -> bool:
+        with self._lock:
+            self._receipts[m.body] = self._receipts.get(m.body, 0) + 1
+        return True
+
+    def _produce(self) -> None:
+        i = 0
+        start = time.monotonic()
+        while not self._stop.is_set():
+            body = f"{self._run}-{i}".encode()
+            due = time.time_ns() // 1_000_000 + self._due_in_ms(i)
+            try:
+                self._producer.send(OutgoingMessage(self._delay_topic, body, None, None,
+                                                    {"TW_TARGET_TOPIC": self._target, "TW_DELIVER_AT_MS": str(due)}))
+                with self._lock:
+                    self._acked.add(body)
+            except Exception:
+                pass  # not acknowledged: its producer would send it again; only acknowledged ones are promised
+            i += 1
+            time.sleep(max(0.0, start + i / self._rate - time.monotonic()))
+
+    def stop_producing(self) -> None:
+        """Stop sending (returns once the last send is answered)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def wait_delivered(self, timeout: float, poll_s: float = 0.25) -> bool:
+        """Wait until every acknowledged message arrived at least once (False: not within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._acked <= self._receipts.keys():
+                    return True
+            time.sleep(poll_s)
+        return False
+
+    def tally(self) -> Tally:
+        """What arrived of what was acknowledged."""
+        with self._lock:
+            delivered = len(self._acked & self._receipts.keys())
+            duplicates = sum(c - 1 for b, c in self._receipts.items() if b in self._acked)
+            return Tally(len(self._acked), delivered, len(self._acked) - delivered, duplicates)
+
+    def close(self) -> None:
+        """Stop sending and shut the producer and the consumer down."""
+        self.stop_producing()
+        self._producer.shutdown()
+        self._consumer.shutdown()
