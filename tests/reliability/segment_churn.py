@@ -9,8 +9,8 @@ every few seconds and reads what its consumer really received:
 - no descriptor or memory map of the process holds a deleted file of the data directory (a
   deleted file held open keeps its disk space: retention would free nothing), and none points into
   a retired segment;
-- descriptors under `schedule/`, threads and resident memory are reported per sample, to see that
-  they stay flat while segments come and go.
+- descriptors under `schedule/`, threads, resident memory and the data directory's bytes are
+  reported per sample, to see that they stay flat while segments come and go.
 
     python -m bench.soak --minutes 30 [--rate 200] [--max-delay-s 90]   # the long form
 
@@ -53,6 +53,7 @@ class Sample:
     on_retired: int  # descriptors and maps on files of segments retired by then
     segments: int  # segment directories on disk
     retired: int  # segments retired so far
+    data_mb: float  # bytes of the files in the data directory
 
 
 @dataclass
@@ -95,7 +96,18 @@ def _sample(pid: int, data: Path, t0: float, seen: set[str]) -> tuple[Sample, li
     return Sample(round(time.monotonic() - t0, 1), round(int(status["VmRSS"].split()[0]) / 1024, 1),
                   int(status["Threads"]), len(os.listdir(f"/proc/{pid}/fd")),
                   sum(1 for t in held if t.startswith(str(schedule)) and not t.endswith(_DELETED)),
-                  len(deleted), len(on_retired), len(present), len(retired)), deleted
+                  len(deleted), len(on_retired), len(present), len(retired), round(_bytes_under(data) / 2**20, 1)), deleted
+
+
+def _bytes_under(root: Path) -> int:
+    """Bytes of the files under `root` (those removed while it is walked are skipped)."""
+    total = 0
+    for path in root.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:
+            continue
+    return total
 
 
 def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200, max_delay_s: float = 90.0,
@@ -158,10 +170,10 @@ def _problems(r: ChurnResult) -> list[str]:
 
 def table(r: ChurnResult) -> str:
     """The samples as a Markdown table, then the tally."""
-    rows = ["| t s | RSS MB | threads | fds | schedule/ fds | deleted held | on retired | segments | retired |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| t s | RSS MB | threads | fds | schedule/ fds | deleted held | on retired | segments | retired | data MB |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | {s.deleted_held} | "
-             f"{s.on_retired} | {s.segments} | {s.retired} |" for s in r.samples]
+             f"{s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} |" for s in r.samples]
     rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
                 f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s")
     rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))
