@@ -45,16 +45,22 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
     return retired
 
 
-_FORGET_CHUNK = 65_536  # records read and forgotten per write batch
+_FORGET_CHUNK = 65_536  # records read and forgotten per write batch at most
+#: and record bytes read per batch at most (one larger record goes alone): a batch is decoded whole,
+#: bodies and all, so a count alone would hold gigabytes of a segment of large messages at once
+_FORGET_BYTES = 16 << 20
 
 
 def forget_segment_records(store: "ScheduleStore", segment_ms: int) -> int:
     """Drop the meta store's entries of a segment's records (those whose location is this segment);
     returns how many ids were forgotten. Records that cannot be read are left (nothing names them)."""
     ix = store.segment_index(segment_ms)
+    ends = np.cumsum(ix.length, dtype=np.int64)
     forgotten = 0
-    for start in range(0, len(ix), _FORGET_CHUNK):
-        stop = min(start + _FORGET_CHUNK, len(ix))
+    start = 0
+    while start < len(ix):
+        budget = (int(ends[start - 1]) if start else 0) + _FORGET_BYTES
+        stop = min(max(int(np.searchsorted(ends, budget, side="right")), start + 1), start + _FORGET_CHUNK, len(ix))
         read = store.reader.read(np.full(stop - start, segment_ms, np.int64).tolist(), ix.part[start:stop].tolist(),
                                  ix.offset[start:stop].tolist())
         records = [r for r in read if isinstance(r, Record)]
@@ -62,4 +68,6 @@ def forget_segment_records(store: "ScheduleStore", segment_ms: int) -> int:
                 if loc is not None and loc.segment_ms == segment_ms]
         store.meta.forget_records([r.msg_id for r in here], [r.keys for r in here])
         forgotten += len(here)
+        del read, records, here
+        start = stop
     return forgotten

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import storage._reader as reader_module
+import storage.retention as retention_module
 import storage.store as store_module
 
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
@@ -359,6 +361,33 @@ def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_st
     assert s.meta.locations(["old0", "young"])[0] is None and s.meta.locations(["young"])[0] is not None
     assert s.meta.cancelled_at("old0") is None
     s.close()
+
+
+def test_retiring_a_segment_of_large_messages_holds_a_bounded_number_of_bytes_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention reads a segment's records to forget their ids and keys: by a count alone, a segment
+    of large messages was decoded gigabytes at a time."""
+    monkeypatch.setattr(retention_module, "_FORGET_BYTES", 1 << 20)
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        big = [Record(f"big{i}", "T", bytes([i]) * (256 << 10), NOW + i, keys=(f"k{i}",)) for i in range(40)]
+        s.append(big, NOW)  # 10 MiB in one segment
+        seg = s.layout.segment_start(NOW)
+        s.seal_live_parts(NOW + HOUR)
+        ix = s.segment_index(seg)
+        s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+        del big
+        tracemalloc.start()
+        try:
+            assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 << 20, f"retention held {peak / 2**20:.1f} MiB at once"
+        assert s.meta.locations([f"big{i}" for i in range(40)]) == [None] * 40
+        assert s.meta.ids_for_key("k7") == []
+    finally:
+        s.close()
 
 
 def _open_fds() -> int:
