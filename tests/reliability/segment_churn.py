@@ -14,7 +14,7 @@ every few seconds and reads what its consumer really received:
 
     python -m bench.soak --minutes 30 [--rate 200] [--max-delay-s 90]   # the long form
 
-The CI form (about 2.5 minutes) is tests/reliability/test_segment_churn.py.
+The CI form (about 2 minutes) is tests/reliability/test_segment_churn.py.
 """
 from __future__ import annotations
 
