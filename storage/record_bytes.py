@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from storage.errors import CorruptRecordError
-from storage.record import Record, decode
+from storage.record import Record, decode, decode_keys
 from storage.record_reader import HEADER_DTYPE, check_records, field_starts
 
 __all__ = ["HEADER_DTYPE", "RecordBytes", "gather_records"]
@@ -52,6 +52,15 @@ class RecordBytes:
                 t = known[b] = b.decode("utf-8", "replace")
             out.append(t)
         return out
+
+    def ids_and_keys(self) -> tuple[list[str], list[tuple[str, ...]]]:
+        """Each row's id and business keys (good rows only), without decoding the rest of it."""
+        ids_at, _, _, keys_at, *_ = self.field_starts()
+        mv = memoryview(self.data)
+        ids = [str(mv[a:a + n], "utf-8") for a, n in zip(ids_at.tolist(), self.header["id_len"].tolist())]
+        keys = [decode_keys(mv[a:a + n], a) if n else () for a, n in
+                zip(keys_at.tolist(), self.header["keys_len"].tolist())]
+        return ids, keys
 
     def record(self, i: int) -> Record:
         """Row `i` decoded (a good row only)."""

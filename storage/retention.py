@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from storage.audit import summarize_segment
-from storage.record import Record
 
 if TYPE_CHECKING:
     from storage.store import ScheduleStore
@@ -61,13 +60,12 @@ def forget_segment_records(store: "ScheduleStore", segment_ms: int) -> int:
     while start < len(ix):
         budget = (int(ends[start - 1]) if start else 0) + _FORGET_BYTES
         stop = min(max(int(np.searchsorted(ends, budget, side="right")), start + 1), start + _FORGET_CHUNK, len(ix))
-        read = store.reader.read(np.full(stop - start, segment_ms, np.int64).tolist(), ix.part[start:stop].tolist(),
-                                 ix.offset[start:stop].tolist())
-        records = [r for r in read if isinstance(r, Record)]
-        here = [r for r, loc in zip(records, store.meta.locations([r.msg_id for r in records]))
-                if loc is not None and loc.segment_ms == segment_ms]
-        store.meta.forget_records([r.msg_id for r in here], [r.keys for r in here])
+        raw = store.read_record_bytes(np.full(stop - start, segment_ms, np.int64), ix.part[start:stop].astype(np.int64),
+                                      ix.offset[start:stop].astype(np.int64))
+        ids, keys = raw.select(np.flatnonzero(raw.ok)).ids_and_keys()  # no object made of a body
+        here = [k for k, loc in enumerate(store.meta.locations(ids)) if loc is not None and loc.segment_ms == segment_ms]
+        store.meta.forget_records([ids[k] for k in here], [keys[k] for k in here])
         forgotten += len(here)
-        del read, records, here
+        del raw, ids, keys
         start = stop
     return forgotten

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import CorruptRecordError, Record, RecordBytes, ScheduleStore, _reader
@@ -51,6 +51,7 @@ def test_the_same_records_as_decoding_each(store: ScheduleStore) -> None:
     want = store.read_records(segs[order].tolist(), parts[order].tolist(), offs[order].tolist())
     assert [got.record(i) for i in range(len(got))] == want
     assert got.topics() == [r.topic for r in want]  # type: ignore[union-attr]
+    assert got.ids_and_keys() == ([r.msg_id for r in want], [r.keys for r in want])  # type: ignore[union-attr]
     assert got.header["due_ms"].tolist() == due[order].tolist()
     sub = got.select(np.array([5, 1]))
     assert [sub.record(0), sub.record(1)] == [want[5], want[1]]
@@ -195,3 +196,20 @@ def test_good_rows_of_one_part_in_one_compiled_call_are_the_general_paths_bytes(
         assert general.ok.all() == (not (misdate and with_due))
     finally:
         store.close()
+
+
+_text = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(_text, st.lists(_text, max_size=3)), min_size=1, max_size=8, unique_by=lambda t: t[0]))
+def test_ids_and_keys_are_what_decoding_each_record_gives(tmp_path_factory: pytest.TempPathFactory,
+                                                          rows: list[tuple[str, list[str]]]) -> None:
+    s = ScheduleStore(tmp_path_factory.mktemp("ids"))
+    try:
+        recs = [Record(msg_id, "T", b"body " * k, NOW + 10 + k, keys=tuple(keys)) for k, (msg_id, keys) in enumerate(rows)]
+        segs, parts, offs, due = _stored(s, recs)
+        got = s.read_record_bytes(segs, parts, offs, due)
+        assert got.ids_and_keys() == ([r.msg_id for r in recs], [r.keys for r in recs])
+    finally:
+        s.close()
