@@ -33,6 +33,11 @@ class Location:
     offset: int
 
 
+#: RocksDB's properties behind `MetaStore.memory_bytes`
+_MEMORY_PROPERTIES = {"block_cache": "rocksdb.block-cache-usage", "memtables": "rocksdb.cur-size-all-mem-tables",
+                      "table_readers": "rocksdb.estimate-table-readers-mem"}
+
+
 class MetaStore:
     """Key lookups for ingest dedup, business keys, cancellations, segment states and documents."""
 
@@ -64,6 +69,16 @@ class MetaStore:
         # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
         self._unlogged = rocksdict.WriteOptions()
         self._unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What the meta store holds in memory, by kind: its block cache (up to RocksDB's default
+        capacity, filled by look-ups), its memtables (emptied at each checkpoint's flush) and its
+        table readers (indexes and filters of the files on disk)."""
+        out = {}
+        for kind, prop in _MEMORY_PROPERTIES.items():
+            value = self._db.property_int_value(prop)
+            out[kind] = int(value) if value is not None else 0
+        return out
 
     def locations(self, msg_ids: Sequence[str]) -> list[Location | None]:
         """Locations of ids (None where unknown), in one multi-get."""

@@ -46,6 +46,7 @@ class EngineStats:
     lateness_ms: LatenessSummary = field(default_factory=LatenessSummary)
     tombstones: int = 0  # cancels held for messages that may still arrive
     cancels_held: int = 0  # cancels of loaded segments the dispatch queue remembers until the segment is done
+    meta_store_bytes: Mapping[str, int] = field(default_factory=dict)  # the meta store's memory, by kind
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key

@@ -103,6 +103,8 @@ def test_sigterm_under_load_exits_zero_and_loses_nothing(rocketmq: LocalRocketMQ
         frozen = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("timewheel_gc_frozen_objects ")]
         assert frozen and frozen[0] > 1000, "serve freezes what its start made out of the collector's full passes"
         assert 'timewheel_gc_pauses_total{generation="0"}' in metrics
+        assert all(f'timewheel_meta_store_memory_bytes{{kind="{kind}"}}' in metrics
+                   for kind in ("block_cache", "memtables", "table_readers")), "the meta store's memory is exported"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             with lock:

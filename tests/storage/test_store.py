@@ -390,6 +390,20 @@ def test_retiring_a_segment_of_large_messages_holds_a_bounded_number_of_bytes_at
         s.close()
 
 
+def test_the_meta_stores_memory_is_reported_by_kind_and_look_ups_fill_its_block_cache(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        s.append(recs(2000), NOW)
+        s.checkpoint()  # flushed: look-ups now read the files on disk, through the block cache
+        before = s.meta.memory_bytes()
+        assert set(before) == {"block_cache", "memtables", "table_readers"}
+        assert all(isinstance(v, int) and v >= 0 for v in before.values())
+        assert all(loc is not None for loc in s.meta.locations([f"m{i}" for i in range(2000)]))
+        assert s.meta.memory_bytes()["block_cache"] > before["block_cache"]
+    finally:
+        s.close()
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

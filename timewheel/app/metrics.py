@@ -70,6 +70,11 @@ class EngineCollector(Collector):
         if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",
                                     value=float(bool(ep["circuit_open"])))
+        meta = GaugeMetricFamily("timewheel_meta_store_memory_bytes", "The meta store's memory by kind: block cache "
+                                 "(bounded by RocksDB's default capacity), memtables, table readers.", labels=["kind"])
+        for kind, n in st.meta_store_bytes.items():
+            meta.add_metric([kind], float(n))
+        yield meta
         pending = GaugeMetricFamily("timewheel_pending", "Outstanding messages of each loaded segment.",
                                     labels=["segment"])
         for seg, n in st.loaded_segments.items():
