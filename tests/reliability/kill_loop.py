@@ -40,7 +40,8 @@ class KillLoopResult:
     seconds: float
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -59,9 +60,10 @@ def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_serve(data_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start `timewheel serve` on `data_dir` (admin on a free loopback port) and wait until it is ready."""
-    port = _free_port()
+def start_serve(data_dir: Path, env: dict[str, str], log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
+    """Start `timewheel serve` on `data_dir` (admin on `port`, else a free loopback port) and wait
+    until it is ready."""
+    port = port or free_port()
     with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
                                  "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=ROOT, env=env,

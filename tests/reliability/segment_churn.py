@@ -9,8 +9,9 @@ every few seconds and reads what its consumer really received:
 - no descriptor or memory map of the process holds a deleted file of the data directory (a
   deleted file held open keeps its disk space: retention would free nothing), and none points into
   a retired segment;
-- descriptors under `schedule/`, threads, resident memory and the data directory's bytes are
-  reported per sample, to see that they stay flat while segments come and go.
+- descriptors under `schedule/`, threads, resident memory (and the meta store's block cache, from
+  `/metrics`) and the data directory's bytes are reported per sample, to see that they stay flat
+  while segments come and go.
 
     python -m bench.soak --minutes 30 [--rate 200] [--max-delay-s 90]   # the long form
 
@@ -25,12 +26,13 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.reliability.kill_loop import serve_env, start_serve
+from tests.reliability.kill_loop import free_port, serve_env, start_serve
 from tests.reliability.steady_load import SteadyLoad
 
 #: the engine's settings that make an hour a minute: segments, their preload, retention (36 s), and
@@ -54,6 +56,7 @@ class Sample:
     segments: int  # segment directories on disk
     retired: int  # segments retired so far
     data_mb: float  # bytes of the files in the data directory
+    meta_cache_mb: float  # the meta store's block cache, from /metrics (-1: not read)
 
 
 @dataclass
@@ -84,7 +87,20 @@ def _targets(pid: int, root: Path) -> list[str]:
     return [t for t in out if t.startswith(str(root))]
 
 
-def _sample(pid: int, data: Path, t0: float, seen: set[str]) -> tuple[Sample, list[str]]:
+def _meta_cache_mb(admin_port: int) -> float:
+    """The engine's `timewheel_meta_store_memory_bytes{kind="block_cache"}` in MB (-1 if unread)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return -1.0
+    for line in text.splitlines():
+        if line.startswith('timewheel_meta_store_memory_bytes{kind="block_cache"}'):
+            return round(float(line.split()[-1]) / 2**20, 1)
+    return -1.0
+
+
+def _sample(pid: int, admin_port: int, data: Path, t0: float, seen: set[str]) -> tuple[Sample, list[str]]:
     schedule = data / "schedule"
     present = {p.name for p in schedule.iterdir()} if schedule.exists() else set()
     seen |= present
@@ -96,7 +112,8 @@ def _sample(pid: int, data: Path, t0: float, seen: set[str]) -> tuple[Sample, li
     return Sample(round(time.monotonic() - t0, 1), round(int(status["VmRSS"].split()[0]) / 1024, 1),
                   int(status["Threads"]), len(os.listdir(f"/proc/{pid}/fd")),
                   sum(1 for t in held if t.startswith(str(schedule)) and not t.endswith(_DELETED)),
-                  len(deleted), len(on_retired), len(present), len(retired), round(_bytes_under(data) / 2**20, 1)), deleted
+                  len(deleted), len(on_retired), len(present), len(retired), round(_bytes_under(data) / 2**20, 1),
+                  _meta_cache_mb(admin_port)), deleted
 
 
 def _bytes_under(root: Path) -> int:
@@ -117,7 +134,8 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
     delay_topic, target = f"TW_DELAY_{run}", f"CHURN_{run}"
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
     data = work / "data"
-    proc = start_serve(data, serve_env(mq, run, **CHURN_SETTINGS), work / "serve.log")
+    admin_port = free_port()
+    proc = start_serve(data, serve_env(mq, run, **CHURN_SETTINGS), work / "serve.log", admin_port)
     spread_ms = max(1, int((max_delay_s - 1) * 1000))
     load = SteadyLoad(mq, run, delay_topic, target, rate=rate, due_in_ms=lambda i: 1000 + (i * 7919) % spread_ms,
                       name="churn")
@@ -126,7 +144,7 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
     t0 = time.monotonic()
 
     def look() -> None:
-        sample, deleted = _sample(proc.pid, data, t0, seen)
+        sample, deleted = _sample(proc.pid, admin_port, data, t0, seen)
         result.samples.append(sample)
         result.held_deleted += [d for d in deleted if d not in result.held_deleted][:10 - len(result.held_deleted)]
 
@@ -170,10 +188,10 @@ def _problems(r: ChurnResult) -> list[str]:
 
 def table(r: ChurnResult) -> str:
     """The samples as a Markdown table, then the tally."""
-    rows = ["| t s | RSS MB | threads | fds | schedule/ fds | deleted held | on retired | segments | retired | data MB |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | {s.deleted_held} | "
-             f"{s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} |" for s in r.samples]
+    rows = ["| t s | RSS MB | meta cache MB | threads | fds | schedule/ fds | deleted held | on retired | segments | "
+            "retired | data MB |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.meta_cache_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | "
+             f"{s.deleted_held} | {s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} |" for s in r.samples]
     rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
                 f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s")
     rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))
