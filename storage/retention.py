@@ -45,8 +45,8 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
 
 
 _FORGET_CHUNK = 65_536  # records read and forgotten per write batch at most
-#: and record bytes read per batch at most (one larger record goes alone): a batch is decoded whole,
-#: bodies and all, so a count alone would hold gigabytes of a segment of large messages at once
+#: and record bytes read per batch at most (one larger record goes alone): a batch's records are
+#: copied whole into one buffer, so a count alone would hold gigabytes of a segment of large messages
 _FORGET_BYTES = 16 << 20
 
 
