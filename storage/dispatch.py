@@ -216,6 +216,8 @@ def read_dispatch_entries_of(path: str | os.PathLike[str], parts: np.ndarray,
     except (FileNotFoundError, ValueError):  # no log, or an empty one (which cannot be mapped)
         return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), 0, 0, 0)
     n_rows = len(raw) // ROW_SIZE
+    if not n_rows:  # read while its first frame is being appended (a strided view would not fit)
+        return DispatchLogRead(np.empty(0, DISPATCH_DTYPE), 0, 0, len(raw))
     # bytes 16..24 of every row as one uint64: offset, part, then outcome and attempts, masked off
     where = np.ndarray((n_rows,), "<u8", raw, _KEY_AT, (ROW_SIZE,)) & np.uint64(_KEY_MASK)
     wanted = (np.asarray(parts, np.uint64) << np.uint64(32)) | np.asarray(offsets, np.uint64)
