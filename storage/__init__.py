@@ -11,7 +11,7 @@ from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, D
                               encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.encoded import EncodedRecords
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
-                            StorageWriteError, StoreClosedError)
+                            SnapshotMovedError, StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
@@ -36,7 +36,7 @@ __all__ = [
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "NO_QUEUE",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
-    "SegmentLayout", "SegmentSummary", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
+    "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
     "decode_properties", "dispatch_entries",
     "encode", "encode_fields", "encode_frame", "encode_keys", "encode_properties", "MAX_FIELD", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",

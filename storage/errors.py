@@ -46,5 +46,10 @@ class StoreClosedError(StorageError):
     """The store was used after `close()`."""
 
 
+class SnapshotMovedError(StorageError):
+    """A reader beside a running engine read files the engine has since moved on from (a checkpoint
+    removed an ingest log file it was about to read): read again from a fresh view."""
+
+
 class StorageWriteError(StorageError, OSError):
     """A write failed (disk full, I/O error); what the call wrote was cut back, nothing half-kept."""

@@ -30,6 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from storage._files import fsync_path
+from storage.errors import SnapshotMovedError
 from storage.record import crc32c
 
 FRAME_MAGIC = 0x32495754  # "TWI2": the CRC covers the header too
@@ -204,8 +205,16 @@ def records_holding(directory: str | os.PathLike[str], from_seq: int, from_pos: 
     if not Path(directory).is_dir():
         return []
     log = IngestLog(directory, create=False)
+    try:
+        return _holding(log.frames(from_seq, from_pos), needles)
+    except FileNotFoundError as e:  # a checkpoint flushed those frames and removed their file meanwhile
+        raise SnapshotMovedError(f"the engine checkpointed while its ingest log was read ({e.filename} was "
+                                 "removed): its records are in the meta store now") from e
+
+
+def _holding(frames: Iterator[IngestFrame], needles: Sequence[bytes]) -> list[tuple[np.void, bytes]]:
     found: list[tuple[np.void, bytes]] = []
-    for frame in log.frames(from_seq, from_pos):
+    for frame in frames:
         data = bytes(frame.records)
         if not any(n in data for n in needles):
             continue

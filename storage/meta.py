@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence, cast
 
@@ -22,6 +23,9 @@ from storage.errors import StorageError
 LOCATION = struct.Struct("<qHI")
 _I64 = struct.Struct("<q")
 _BE64 = struct.Struct(">q")
+#: read-only opens tried while the engine's compactions keep removing the files just listed
+_READ_ONLY_OPENS = 10
+_MISSING = "No such file or directory"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +59,27 @@ class MetaStore:
         opts.set_memtable_whole_key_filtering(True)
         opts.set_memtable_prefix_bloom_ratio(0.02)
         self.read_only = read_only
-        try:
-            if read_only:
-                self._db = rocksdict.Rdict(str(path), opts, access_type=rocksdict.AccessType.read_only(False))
-            else:
-                self._db = rocksdict.Rdict(str(path), opts)
-        except Exception as e:  # rocksdict raises plain Exception
-            if "lock" in str(e).lower():
-                raise StorageError(f"{path} is in use by another engine (its meta store is locked); "
-                                   "stop it or use another data directory") from e
-            raise StorageError(f"cannot open the meta store at {path}: {e}") from e
+        if read_only:
+            # every table file opened at once: one the engine compacts away later stays readable
+            # through its descriptor, where a file opened on first read would be gone
+            opts.set_max_open_files(-1)
+        for attempt in range(_READ_ONLY_OPENS):
+            try:
+                if read_only:
+                    self._db = rocksdict.Rdict(str(path), opts, access_type=rocksdict.AccessType.read_only(False))
+                else:
+                    self._db = rocksdict.Rdict(str(path), opts)
+                break
+            except Exception as e:  # rocksdict raises plain Exception
+                if "lock" in str(e).lower():
+                    raise StorageError(f"{path} is in use by another engine (its meta store is locked); "
+                                       "stop it or use another data directory") from e
+                # beside a running engine: a table file named by the manifest just read was compacted
+                # away before it was opened; the next read of the manifest no longer names it
+                if read_only and _MISSING in str(e) and attempt + 1 < _READ_ONLY_OPENS:
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                raise StorageError(f"cannot open the meta store at {path}: {e}") from e
         # Record locations are replayed from the ingest log after a crash, and a checkpoint flushes
         # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
         self._unlogged = rocksdict.WriteOptions()

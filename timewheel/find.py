@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TERMINAL, TOMBSTONE_ID,
-                     CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, StorageError, Tombstone,
+                     CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError, StorageError,
+                     Tombstone,
                      broker_message_id, decode, decode_tombstones, read_dispatch_entries_of, records_holding,
                      segment_name, tombstone_log)
 
@@ -35,6 +36,7 @@ __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Found", "MessageFinder", "Step", "Trai
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000  # messages one look-up answers at most (a key shared by millions stays cheap to ask about)
+_LOOKS = 5  # views of the meta store one look-up beside a running engine tries while checkpoints move it on
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +132,37 @@ class MessageFinder:
 
     def by_id(self, msg_id: str, now_ms: int, limit: int = DEFAULT_LIMIT) -> Found:
         """Messages stored under `msg_id`: the engine's id, or the UNIQ_KEY its producer got back."""
-        limit = _bounded(limit)
+        return self._again(lambda: self._by_id(msg_id, now_ms, _bounded(limit)))
+
+    def by_key(self, key: str, now_ms: int, limit: int = DEFAULT_LIMIT) -> Found:
+        """Messages stored under the business key `key` (RocketMQ keys)."""
+        return self._again(lambda: self._by_key(key, now_ms, _bounded(limit)))
+
+    # ---- how ------------------------------------------------------------------------------------
+
+    def _again(self, look: Callable[[], Found]) -> Found:
+        """`look`, from a fresh view of the meta store each time the engine beside it moved on
+        during the look-up (its checkpoint flushed what this view showed only in the ingest log)."""
+        for attempt in range(_LOOKS):
+            try:
+                return look()
+            except SnapshotMovedError:
+                if not self._owns_meta or attempt + 1 == _LOOKS:
+                    raise
+                self.meta.close()
+                self.meta = MetaStore(self.layout.meta_dir, read_only=True)
+        raise AssertionError("unreachable")
+
+    def _by_id(self, msg_id: str, now_ms: int, limit: int) -> Found:
         ids = [msg_id] if self.meta.known([msg_id])[0] else []
         ids += [i for i in self.meta.ids_with_prefix(msg_id + ":", limit + 1) if i != msg_id]
         extra = self._unflushed(msg_id.encode(), lambda r: r.msg_id == msg_id or r.msg_id.startswith(msg_id + ":"))
         return self._found({"id": msg_id}, ids, extra, now_ms, limit)
 
-    def by_key(self, key: str, now_ms: int, limit: int = DEFAULT_LIMIT) -> Found:
-        """Messages stored under the business key `key` (RocketMQ keys)."""
-        limit = _bounded(limit)
+    def _by_key(self, key: str, now_ms: int, limit: int) -> Found:
         ids = self.meta.ids_for_key(key, limit + 1)
         extra = self._unflushed(key.encode(), lambda r: key in r.keys)
         return self._found({"key": key}, ids, extra, now_ms, limit)
-
-    # ---- how ------------------------------------------------------------------------------------
 
     def _unflushed(self, needle: bytes, matches: Any) -> dict[str, tuple[int, int, int]]:
         """Ids and locations of records in the ingest log since the checkpoint that `matches` accepts."""
