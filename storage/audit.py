@@ -1,11 +1,16 @@
 """Self-audit of a data directory: per-segment counters (`summarize`) and findings (`check`).
 
 Both read files only (index sidecars, part logs, dispatch logs), never the meta store, so they
-run beside a live engine. `check(fix=True)` applies the repairs recovery would.
+run beside a live engine. There a part or dispatch log being appended can be read between two
+writes: a tail that does not agree is reported only if the file then stands still for
+`SETTLE_SECONDS` (else it is counted in `tails_in_flight`), and a segment's dispatch log is read
+before its parts, so every entry names a record already indexed. `check(fix=True)` applies the
+repairs recovery would; it is for a data directory no engine runs on.
 """
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +26,9 @@ from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFI
 from storage.origin import ORIGIN_SUFFIX
 from storage.part import repair_part, trusted_index
 from storage.record_reader import check_records
+
+#: how long a file whose tail disagrees is watched for a write in flight before the tail is reported
+SETTLE_SECONDS = 0.5
 
 
 @dataclass(slots=True)
@@ -177,6 +185,7 @@ class CheckReport:
     corrupt_records: int = 0
     dispatch_entries: int = 0
     fixed: int = 0
+    tails_in_flight: int = 0  # files whose tail was being written while read (beside a running engine)
 
     @property
     def ok(self) -> bool:
@@ -211,29 +220,23 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
                     rep.findings.append(Finding("orphan_index", e.path, "origin sidecar without its part"))
                 continue
             rep.findings.append(Finding("unknown_file", e.path, "not a part, index or dispatch log"))
+        # the dispatch log before the parts: every entry in it names a record indexed before it was
+        # dispatched, so the parts read after it know them all, even as a running engine writes both
+        dl = layout.dispatch_log(start)
+        dl_size = size_of(dl)
+        read = _dispatch.read_dispatch_log(dl)
         existing_keys = []
         corrupt_here = []
         for part in sorted(parts):
             rep.parts += 1
             log, idx_path = layout.part_log(start, part), layout.part_index(start, part)
-            if not idx_path.exists():
-                rep.findings.append(Finding("missing_index", str(idx_path), "part has no index sidecar"))
-            elif size_of(idx_path) % INDEX_ENTRY_SIZE:
-                rep.findings.append(Finding("torn_index", str(idx_path), "index ends in a partial entry"))
-            tail = repair_part(log, idx_path, fix=fix)
-            if tail.bad_index:
-                rep.findings.append(Finding(
-                    "bad_index", str(idx_path),
-                    f"{tail.bad_index}; {tail.index_dropped} entries from there on "
-                    + ("were rebuilt from the log" if fix else "are to be rebuilt from the log (fix=True)")))
-                rep.fixed += int(fix)
-            elif tail.changed:
-                rep.findings.append(Finding(
-                    "tail_mismatch", str(log),
-                    f"index entries past the log: {tail.index_dropped}; unindexed whole records: "
-                    f"{tail.index_added}; torn/corrupt tail bytes: {tail.log_bytes_cut}"
-                    + (f" ({tail.reason})" if tail.reason else "")))
-                rep.fixed += int(fix)
+            sizes = (size_of(log), size_of(idx_path))
+            tail = _part_tail_findings(log, idx_path, fix)
+            if tail and not fix and _moving([log, idx_path], sizes):
+                rep.tails_in_flight += 1  # a running engine is writing this part: its tail is not settled
+            else:
+                rep.findings += tail
+                rep.fixed += int(fix) * sum(f.kind in ("bad_index", "tail_mismatch") for f in tail)
             idx = read_index(idx_path)
             data = log.read_bytes() if log.exists() else b""
             # entries past the end of the log were reported as a tail mismatch above
@@ -246,13 +249,13 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
                 corrupt_here.append((part, off, due))
                 rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {err.reason}"))
             existing_keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
-        dl = layout.dispatch_log(start)
-        read = _dispatch.read_dispatch_log(dl)
         rep.dispatch_entries += len(read.entries)
         if read.corrupt_frames:
             rep.findings.append(Finding("corrupt_dispatch_frame", str(dl),
                                         f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
-        if read.torn_bytes:
+        if read.torn_bytes and not fix and _moving([dl], (dl_size,)):
+            rep.tails_in_flight += 1  # a frame being appended
+        elif read.torn_bytes:
             rep.findings.append(Finding("torn_dispatch_log", str(dl), f"{read.torn_bytes} bytes after the last whole frame"))
             if fix:
                 os.truncate(dl, read.valid_bytes)
@@ -273,6 +276,40 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
                 append_dispatch(layout, start, entries, now_ms)
                 rep.fixed += len(todo)
     return rep
+
+
+def _part_tail_findings(log: Path, idx_path: Path, fix: bool) -> list[Finding]:
+    """What does not agree at the end of a part: its index against its log (repaired with `fix`)."""
+    out = []
+    if not idx_path.exists():
+        out.append(Finding("missing_index", str(idx_path), "part has no index sidecar"))
+    elif size_of(idx_path) % INDEX_ENTRY_SIZE:
+        out.append(Finding("torn_index", str(idx_path), "index ends in a partial entry"))
+    tail = repair_part(log, idx_path, fix=fix)
+    if tail.bad_index:
+        out.append(Finding(
+            "bad_index", str(idx_path),
+            f"{tail.bad_index}; {tail.index_dropped} entries from there on "
+            + ("were rebuilt from the log" if fix else "are to be rebuilt from the log (fix=True)")))
+    elif tail.changed:
+        out.append(Finding(
+            "tail_mismatch", str(log),
+            f"index entries past the log: {tail.index_dropped}; unindexed whole records: "
+            f"{tail.index_added}; torn/corrupt tail bytes: {tail.log_bytes_cut}"
+            + (f" ({tail.reason})" if tail.reason else "")))
+    return out
+
+
+def _moving(paths: Sequence[Path], sizes: Sequence[int]) -> bool:
+    """Whether any of `paths` changed size from `sizes` within `SETTLE_SECONDS`: a running engine is
+    writing it, so a tail that does not agree is a write in flight, not damage."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        if [size_of(p) for p in paths] != list(sizes):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def data_dir_bytes(path: Path) -> int:

@@ -585,3 +585,30 @@ def test_a_dispatch_log_whose_directory_cannot_be_synced_is_not_left_open(tmp_pa
         assert len(s.dispatch_log(seg).entries) == 1
     finally:
         s.close()
+
+
+def test_check_reports_a_torn_tail_that_stands_still_and_not_one_being_written(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(5), NOW)
+    s.close()
+    seg = s.layout.segment_start(NOW)
+    log, dl = s.layout.part_log(seg, 0), s.layout.dispatch_log(seg)
+    with open(log, "ab") as f:
+        f.write(b"\x00" * 11)  # half a record, and nothing writes after it: damage
+    dl.write_bytes(b"\x01" * 7)
+    kinds = sorted(f.kind for f in check(s.layout).findings)
+    assert kinds == ["tail_mismatch", "torn_dispatch_log"]
+
+    def append_meanwhile() -> None:  # a running engine finishing its writes while check watches
+        for _ in range(10):
+            threading.Event().wait(0.05)
+            with open(log, "ab") as f:
+                f.write(b"\x00")
+            with open(dl, "ab") as f:
+                f.write(b"\x00")
+
+    writer = threading.Thread(target=append_meanwhile)
+    writer.start()
+    rep = check(s.layout)
+    writer.join()
+    assert rep.findings == [] and rep.tails_in_flight == 2

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from storage import ANSWER_DTYPE
+from storage import ANSWER_DTYPE, SegmentLayout, check, summarize
 from timewheel import Engine, EngineConfig, Message, SystemClock
 from timewheel.find import MessageFinder
 from timewheel.message import SendResults
@@ -76,8 +76,24 @@ def test_look_ups_racing_the_engines_writes_never_fail_and_find_every_acknowledg
             errors.append(e)
             stop.set()
 
+    inspections: list[int] = []
+
+    def inspect() -> None:  # what `timewheel inspect --verify` reads, beside the engine
+        try:
+            while not stop.is_set():
+                assert engine.store is not None
+                layout = SegmentLayout.open_existing(tmp_path / "data")
+                report = summarize(layout)
+                assert not report["totals"]["corrupt"], report  # type: ignore[index]
+                findings = check(layout).findings
+                assert not findings, findings
+                inspections.append(1)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+            stop.set()
+
     threads = [threading.Thread(target=produce), threading.Thread(target=look, args=(False,)),
-               threading.Thread(target=look, args=(True,))]
+               threading.Thread(target=look, args=(True,)), threading.Thread(target=inspect)]
     try:
         for t in threads:
             t.start()
@@ -90,5 +106,6 @@ def test_look_ups_racing_the_engines_writes_never_fail_and_find_every_acknowledg
         assert not errors, "".join(traceback.format_exception(errors[0]))
         assert wait_for(lambda: len(sink.sent) == len(set(acked)), 30), (len(sink.sent), len(set(acked)))
         assert seen.get("pending", 0) > 0 and seen.get("delivered", 0) > 0, seen
+        assert len(inspections) >= 3, inspections
     finally:
         engine.stop()
