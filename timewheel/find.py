@@ -187,7 +187,10 @@ class MessageFinder:
                 where[mid] = (loc.segment_ms, loc.part, loc.offset)
         for mid, loc3 in sorted(extra.items()):
             where.setdefault(mid, loc3)
-        chosen = sorted(where.items(), key=lambda kv: (kv[1], kv[0]))
+        # retention forgets a segment's ids before it removes the segment, but a view of the meta
+        # store taken before that forget reaches the disk still names them: they are gone, not corrupt
+        present = {seg: self.layout.segment_dir(seg).is_dir() for seg in {loc[0] for loc in where.values()}}
+        chosen = sorted(((m, loc) for m, loc in where.items() if present[loc[0]]), key=lambda kv: (kv[1], kv[0]))
         truncated = len(chosen) > limit
         return Found(query, self._trails(chosen[:limit], now_ms), truncated)
 
@@ -207,6 +210,8 @@ class MessageFinder:
         out = []
         for (mid, (seg, part, offset)), rec in zip(chosen, read):
             record = rec if isinstance(rec, Record) else None
+            if record is None and not self.layout.segment_dir(seg).is_dir():
+                continue  # retired while it was being read
             steps = _stored_step(mid, record, seg, part, offset, rec)
             steps += _cancel_steps(mid, record, tombstones)
             log = logs[seg]

@@ -9,6 +9,9 @@ every few seconds and reads what its consumer really received:
 - no descriptor or memory map of the process holds a deleted file of the data directory (a
   deleted file held open keeps its disk space: retention would free nothing), and none points into
   a retired segment;
+- at every sample, messages sent recently, a while ago and long ago (perhaps retired) are looked
+  up by key through the admin endpoint and read-only beside the engine (`timewheel find`): no
+  look-up fails, and none calls a message anything but pending or delivered (or not found);
 - descriptors under `schedule/`, threads, resident memory (and the meta store's block cache, from
   `/metrics`) and the data directory's bytes are reported per sample, to see that they stay flat
   while segments come and go.
@@ -71,6 +74,9 @@ class ChurnResult:
     segments_retired: int
     samples: list[Sample] = field(default_factory=list)
     held_deleted: list[str] = field(default_factory=list)  # the first few such files, to name them
+    lookups: int = 0  # look-ups by key made during the run (admin endpoint and beside the engine)
+    found_states: dict[str, int] = field(default_factory=dict)  # what the look-ups answered, "none" for not found
+    lookup_failures: list[str] = field(default_factory=list)  # the first few that failed or said something wrong
     problems: list[str] = field(default_factory=list)
 
 
@@ -116,6 +122,39 @@ def _sample(pid: int, admin_port: int, data: Path, t0: float, seen: set[str]) ->
                   _meta_cache_mb(admin_port)), deleted
 
 
+#: where in what was acknowledged so far the keys looked up at each sample are taken from
+_PICKS = (0.0, 0.3, 0.7, 0.99, 1.0)
+_TOKEN = "churn-token"
+
+
+def _look_up(admin_port: int, data: Path, keys: list[str], states_seen: dict[str, int]) -> tuple[int, list[str]]:
+    """Each key looked up by the admin endpoint and by a finder beside the engine; what was wrong
+    (what each answered is counted into `states_seen`)."""
+    from timewheel.find import MessageFinder
+
+    wrong = []
+    now = time.time_ns() // 1_000_000
+    for key in keys:
+        req = urllib.request.Request(f"http://127.0.0.1:{admin_port}/messages?key={key}",
+                                     headers={"Authorization": f"Bearer {_TOKEN}"})
+        answers = []
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                answers.append(("admin", json.loads(resp.read())))
+            with MessageFinder.beside_engine(data) as finder:
+                answers.append(("beside", finder.by_key(key, now).to_dict()))
+        except Exception as e:  # noqa: BLE001 - the checker reports it
+            wrong.append(f"{key}: {type(e).__name__}: {e}")
+            continue
+        for how, found in answers:
+            states = [m["state"] for m in found["messages"]]
+            for state in states or ["none"]:
+                states_seen[state] = states_seen.get(state, 0) + 1
+            if found["count"] > 1 or not set(states) <= {"pending", "delivered"}:
+                wrong.append(f"{key} ({how}): {states}")
+    return len(keys) * 2, wrong
+
+
 def _bytes_under(root: Path) -> int:
     """Bytes of the files under `root` (those removed while it is walked are skipped)."""
     total = 0
@@ -135,7 +174,8 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
     data = work / "data"
     admin_port = free_port()
-    proc = start_serve(data, serve_env(mq, run, **CHURN_SETTINGS), work / "serve.log", admin_port)
+    proc = start_serve(data, serve_env(mq, run, TIMEWHEEL_ADMIN_TOKEN=_TOKEN, **CHURN_SETTINGS), work / "serve.log",
+                       admin_port)
     spread_ms = max(1, int((max_delay_s - 1) * 1000))
     load = SteadyLoad(mq, run, delay_topic, target, rate=rate, due_in_ms=lambda i: 1000 + (i * 7919) % spread_ms,
                       name="churn")
@@ -147,6 +187,9 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
         sample, deleted = _sample(proc.pid, admin_port, data, t0, seen)
         result.samples.append(sample)
         result.held_deleted += [d for d in deleted if d not in result.held_deleted][:10 - len(result.held_deleted)]
+        n, wrong = _look_up(admin_port, data, load.acknowledged_keys(_PICKS), result.found_states)
+        result.lookups += n
+        result.lookup_failures += wrong[:10 - len(result.lookup_failures)]
 
     try:
         load.start()
@@ -183,6 +226,10 @@ def _problems(r: ChurnResult) -> list[str]:
         out.append(f"up to {held} descriptors or maps held deleted files, e.g. {r.held_deleted[:3]}")
     if on := max((s.on_retired for s in r.samples), default=0):
         out.append(f"up to {on} descriptors or maps pointed into retired segments")
+    if r.lookup_failures:
+        out.append(f"look-ups by key failed or were wrong: {r.lookup_failures[:3]}")
+    if not {"pending", "delivered"} <= r.found_states.keys():
+        out.append(f"the look-ups never found both a pending and a delivered message: {r.found_states}")
     return out
 
 
@@ -193,7 +240,8 @@ def table(r: ChurnResult) -> str:
     rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.meta_cache_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | "
              f"{s.deleted_held} | {s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} |" for s in r.samples]
     rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
-                f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s")
+                f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s; {r.lookups} look-ups by key "
+                f"({r.found_states}), {len(r.lookup_failures)} wrong")
     rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))
     return "\n".join(rows)
 

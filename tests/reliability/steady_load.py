@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
@@ -34,6 +34,7 @@ class SteadyLoad:
         self._rate, self._due_in_ms = rate, due_in_ms
         self._receipts: dict[bytes, int] = {}
         self._acked: set[bytes] = set()
+        self._order: list[bytes] = []  # acknowledged bodies, in the order sent
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = NativePushConsumer(f"{name}_consumer_{run}", mq.namesrv_addr, self._on_message,
@@ -60,14 +61,22 @@ class SteadyLoad:
             body = f"{self._run}-{i}".encode()
             due = time.time_ns() // 1_000_000 + self._due_in_ms(i)
             try:
-                self._producer.send(OutgoingMessage(self._delay_topic, body, None, None,
+                # the body is the business key too: a checker can look a message up by it
+                self._producer.send(OutgoingMessage(self._delay_topic, body, None, body.decode(),
                                                     {"TW_TARGET_TOPIC": self._target, "TW_DELIVER_AT_MS": str(due)}))
                 with self._lock:
                     self._acked.add(body)
+                    self._order.append(body)
             except Exception:
                 pass  # not acknowledged: its producer would send it again; only acknowledged ones are promised
             i += 1
             time.sleep(max(0.0, start + i / self._rate - time.monotonic()))
+
+    def acknowledged_keys(self, picks: Sequence[float]) -> list[str]:
+        """Keys of acknowledged messages at fractions `picks` (0 the first sent, 1 the last) of those so far."""
+        with self._lock:
+            n = len(self._order)
+            return [self._order[min(n - 1, int(f * n))].decode() for f in picks] if n else []
 
     def stop_producing(self) -> None:
         """Stop sending (returns once the last send is answered)."""

@@ -156,3 +156,21 @@ def test_a_standby_shows_what_the_lease_holder_delivered(tmp_path: Path, clock: 
         assert (m["state"], _whats(m)) == ("delivered", ["stored", "delivered_by_lease_holder"])
     finally:
         e.stop()
+
+
+def test_a_message_retired_after_the_view_was_taken_is_not_found_rather_than_corrupt(tmp_path: Path,
+                                                                                 clock: ManualClock) -> None:
+    e = Engine(EngineConfig(data_dir=tmp_path / "data"), AnsweringSink(), clock, seed=1).start(background=False)
+    try:
+        e.schedule([Message("ORDERS", b"x", T0 + 5000, keys=("order-old",), msg_id=f"{UNIQ['delivered']}:00000001")])
+        drive(e, clock, T0 + 3 * 3_600_000)  # delivered, and its segment left behind
+        assert e.store is not None
+        e.store.checkpoint()  # its location flushed: a read-only view sees it
+        with MessageFinder.beside_engine(tmp_path / "data") as finder:  # a view taken before retention ran
+            assert e.store.retire(clock.now_ms(), 3_600_000) == [e.store.layout.segment_start(T0)]
+            assert finder.meta.locations([f"{UNIQ['delivered']}:00000001"]) != [None]  # the view still names it
+            assert finder.by_key("order-old", clock.now_ms()).to_dict()["count"] == 0
+            assert finder.by_id(UNIQ["delivered"], clock.now_ms()).to_dict()["count"] == 0
+        assert MessageFinder(e.store.layout, e.store.meta).by_key("order-old", clock.now_ms()).trails == []
+    finally:
+        e.stop()
