@@ -4,11 +4,16 @@ The meta store's entries of a retired segment's records go first (ids' locations
 cancel marks), so the id and key indexes hold only what the data directory holds: they stay bounded
 by retention, and a look-up never points at files that are gone. An id stored again in a later
 segment (its location is there) keeps its entries.
+
+An old segment still pending (a record retrying for days, say) is read again only once one of its
+files has changed since it was last found pending, not at every checkpoint: its index and dispatch
+log can be gigabytes.
 """
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,8 +34,13 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             break
         if store.is_live(seg):
             continue
+        files = _files(layout.segment_dir(seg))
+        if store.pending_old.get(seg) == files:
+            continue  # pending when last read, and not written since: no outcome can have changed
         if summarize_segment(layout, seg).pending:
+            store.pending_old[seg] = files
             continue
+        store.pending_old.pop(seg, None)
         forget_segment_records(store, seg)
         store.close_segment_files(seg)
         src = layout.segment_dir(seg)
@@ -42,6 +52,15 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         store.meta.forget_segment(seg)
         retired.append(seg)
     return retired
+
+
+def _files(seg_dir: Path) -> tuple[tuple[str, int], ...]:
+    """A segment's files and their sizes: what changes when anything is written to it (each file is
+    only ever appended to, or cut by a repair)."""
+    try:
+        return tuple(sorted((e.name, e.stat().st_size) for e in os.scandir(seg_dir) if e.is_file()))
+    except FileNotFoundError:
+        return ()
 
 
 _FORGET_CHUNK = 65_536  # records read and forgotten per write batch at most

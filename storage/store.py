@@ -108,6 +108,8 @@ class ScheduleStore:
         #: order; a listener must be quick and must not call back into the store's writers
         self.commit_listeners: list[Callable[[np.ndarray], None]] = []
         self._due_checkpoint: _Snapshot | None = None
+        #: old segments retention found pending, with their files' sizes then (`storage.retention`)
+        self.pending_old: dict[int, tuple[tuple[str, int], ...]] = {}
         try:
             self.recovery: RecoveryReport = recover(self)
             self._checkpoint_locked()

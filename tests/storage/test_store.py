@@ -612,3 +612,23 @@ def test_check_reports_a_torn_tail_that_stands_still_and_not_one_being_written(t
     rep = check(s.layout)
     writer.join()
     assert rep.findings == [] and rep.tails_in_flight == 2
+
+
+def test_an_old_segment_still_pending_is_read_again_only_once_it_was_written(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(3, step=1000), NOW)
+    seg = s.layout.segment_start(NOW)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    reads: list[int] = []
+    real = retention_module.summarize_segment
+    monkeypatch.setattr(retention_module, "summarize_segment", lambda layout, st: reads.append(st) or real(layout, st))
+    s.record_dispatch(seg, dispatch_entries(ix.part[:2], ix.offset[:2], ix.due_ms[:2], NOW, DELIVERED), NOW)
+    for _ in range(5):  # checkpoints while one record still retries
+        assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR) == []
+    assert reads == [seg]
+    s.record_dispatch(seg, dispatch_entries(ix.part[2:], ix.offset[2:], ix.due_ms[2:], NOW, DELIVERED), NOW)
+    assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR) == [seg]  # its last outcome: read again, and retired
+    assert reads == [seg, seg] and s.pending_old == {}
+    s.close()
