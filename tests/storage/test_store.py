@@ -623,7 +623,12 @@ def test_an_old_segment_still_pending_is_read_again_only_once_it_was_written(tmp
     ix = s.segment_index(seg)
     reads: list[int] = []
     real = retention_module.summarize_segment
-    monkeypatch.setattr(retention_module, "summarize_segment", lambda layout, st: reads.append(st) or real(layout, st))
+
+    def counted(layout: SegmentLayout, st: int) -> Any:
+        reads.append(st)
+        return real(layout, st)
+
+    monkeypatch.setattr(retention_module, "summarize_segment", counted)
     s.record_dispatch(seg, dispatch_entries(ix.part[:2], ix.offset[:2], ix.due_ms[:2], NOW, DELIVERED), NOW)
     for _ in range(5):  # checkpoints while one record still retries
         assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR) == []
