@@ -80,7 +80,8 @@ class ScheduleStore:
 
     def __init__(self, data_dir: str | os.PathLike[str], *, segment_minutes: int = 60,
                  flush: FlushPolicy = "async", max_delay_ms: int = TWO_YEARS_MS,
-                 max_part_bytes: int = 1 << 30, checkpoint_bytes: int = 64 << 20) -> None:
+                 max_part_bytes: int = 1 << 30, checkpoint_bytes: int = 64 << 20,
+                 meta_cache_bytes: int | None = None) -> None:
         if flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {flush!r}")
         if not 0 < max_part_bytes <= MAX_PART_BYTES:
@@ -90,7 +91,7 @@ class ScheduleStore:
         self.max_delay_ms = max_delay_ms
         self.max_part_bytes = max_part_bytes
         self.checkpoint_bytes = checkpoint_bytes
-        self.meta = MetaStore(self.layout.meta_dir)
+        self.meta = MetaStore(self.layout.meta_dir, block_cache_bytes=meta_cache_bytes)
         #: the delay topic's queues named in origin sidecars, and a reader of those sidecars
         self.queues = QueueTable(self.meta)
         self.origins = OriginReader(self.layout)

@@ -41,6 +41,8 @@ class EngineConfig:
     # retention plus producer retries: a message cannot arrive later than that)
     tombstone_retention_hours: float = 168.0
     max_tombstones: int = 1_000_000
+    # the meta store's block cache (ids, keys, locations read from its files), in MiB
+    meta_cache_mb: int = 32
     # fault drills only: the service reads the time as the machine's clock plus this (a skewed host)
     clock_offset_ms: int = 0
 
@@ -74,6 +76,7 @@ class EngineConfig:
             ("tombstone_retention_hours", 0 < self.tombstone_retention_hours <= 24 * 365 * 10,
              "positive, at most 87600 (ten years)"),
             ("clock_offset_ms", abs(self.clock_offset_ms) <= 86_400_000, "between -86400000 and 86400000 (a day)"),
+            ("meta_cache_mb", 1 <= self.meta_cache_mb <= 1 << 20, "between 1 and 1048576 (1 TiB)"),
             ("max_tombstones", 1 <= self.max_tombstones <= MAX_TOMBSTONES,
              f"at least 1 and at most {MAX_TOMBSTONES} (held in memory)"),
         ]

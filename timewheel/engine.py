@@ -143,7 +143,7 @@ class Engine:
             raise EngineStateError("the engine is already started")
         cfg = self.config
         store = ScheduleStore(cfg.data_dir, segment_minutes=cfg.segment_minutes, flush=cfg.flush,
-                              max_delay_ms=cfg.max_delay_ms)
+                              max_delay_ms=cfg.max_delay_ms, meta_cache_bytes=cfg.meta_cache_mb << 20)
         try:  # the store holds descriptors nothing else would close if the rest fails to start
             for f in store.recovery.findings:
                 log.warning("recovery: %s", f)

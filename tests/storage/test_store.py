@@ -637,3 +637,17 @@ def test_an_old_segment_still_pending_is_read_again_only_once_it_was_written(tmp
     assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR) == [seg]  # its last outcome: read again, and retired
     assert reads == [seg, seg] and s.pending_old == {}
     s.close()
+
+
+def test_the_meta_stores_block_cache_stays_within_the_size_it_is_given(tmp_path: Path) -> None:
+    used = {}
+    for name, size in (("small", 256 << 10), ("default", None)):
+        s = ScheduleStore(tmp_path / name, meta_cache_bytes=size)
+        try:
+            s.append(recs(40_000, step=50), NOW)
+            s.checkpoint()  # flushed: look-ups read the files on disk, through the block cache
+            s.meta.locations([f"m{i}" for i in range(40_000)])
+            used[name] = s.meta.memory_bytes()["block_cache"]
+        finally:
+            s.close()
+    assert used["small"] <= 256 << 10 < used["default"], used

@@ -74,6 +74,7 @@ def test_the_ha_section_comes_from_the_file_the_environment_and_shows_in_print_c
                  id="unbounded-tombstones"),
     pytest.param("engine", ["max_body_bytes = 4194304"], "engine.max_body_bytes", "delivery",
                  id="bodies-delivery-cannot-send"),
+    pytest.param("engine", ["meta_cache_mb = 0"], "engine.meta_cache_mb", "between 1", id="no-meta-cache"),
 ])
 def test_settings_that_cannot_work_are_refused_with_the_key_and_why(tmp_path: Path, section: str, lines: list[str],
                                                                      key: str, why: str) -> None:
