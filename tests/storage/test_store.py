@@ -363,14 +363,15 @@ def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_st
     s.close()
 
 
+@pytest.mark.parametrize("body_kib, n", [(256, 40), (1536, 7)], ids=["many-per-batch", "each-over-the-budget"])
 def test_retiring_a_segment_of_large_messages_holds_a_bounded_number_of_bytes_at_a_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body_kib: int, n: int) -> None:
     """Retention reads a segment's records to forget their ids and keys: by a count alone, a segment
-    of large messages was decoded gigabytes at a time."""
+    of large messages was decoded gigabytes at a time. A record larger than the budget goes alone."""
     monkeypatch.setattr(retention_module, "_FORGET_BYTES", 1 << 20)
     s = ScheduleStore(tmp_path / "d")
     try:
-        big = [Record(f"big{i}", "T", bytes([i]) * (256 << 10), NOW + i, keys=(f"k{i}",)) for i in range(40)]
+        big = [Record(f"big{i}", "T", bytes([i]) * (body_kib << 10), NOW + i, keys=(f"k{i}",)) for i in range(n)]
         s.append(big, NOW)  # 10 MiB in one segment
         seg = s.layout.segment_start(NOW)
         s.seal_live_parts(NOW + HOUR)
@@ -384,8 +385,8 @@ def test_retiring_a_segment_of_large_messages_holds_a_bounded_number_of_bytes_at
         finally:
             tracemalloc.stop()
         assert peak < 4 << 20, f"retention held {peak / 2**20:.1f} MiB at once"
-        assert s.meta.locations([f"big{i}" for i in range(40)]) == [None] * 40
-        assert s.meta.ids_for_key("k7") == []
+        assert s.meta.locations([f"big{i}" for i in range(n)]) == [None] * n
+        assert s.meta.ids_for_key("k6") == []
     finally:
         s.close()
 
