@@ -9,6 +9,8 @@
       ingest/<seq>.wal               ingest log: one frame per group commit
       meta/                          rocksdict meta store
       archive/                       retired segments, when retention archives instead of deleting
+      retiring/<YYYYMMDDHHMM>/       a segment being deleted by retention (moved here whole first;
+                                     what a crash leaves here is deleted at the next open)
 """
 from __future__ import annotations
 
@@ -91,6 +93,7 @@ class SegmentLayout:
         self.ingest_dir = self.root / "ingest"
         self.meta_dir = self.root / "meta"
         self.archive_dir = self.root / "archive"
+        self.retiring_dir = self.root / "retiring"
         self._check_format(create)
 
     def _check_format(self, create: bool) -> None:

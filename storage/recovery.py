@@ -19,6 +19,7 @@ from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_ROW_SIZE
 from storage.part import repair_part
 from storage.record import decode
+from storage.retention import finish_removals
 
 if TYPE_CHECKING:
     from storage.store import ScheduleStore
@@ -43,6 +44,8 @@ class RecoveryReport:
 def recover(store: "ScheduleStore") -> RecoveryReport:
     """Bring parts, indexes and the meta store back to what was acknowledged."""
     rep = RecoveryReport()
+    for name in finish_removals(store):
+        rep.findings.append(f"retiring/{name}: a retirement a crash interrupted; its deletion was finished")
     cp = store.meta.get_document("checkpoint") or {"seq": 0, "pos": 0}
     wal = store._wal
     by_part: dict[tuple[int, int], list[tuple[np.ndarray, memoryview]]] = defaultdict(list)

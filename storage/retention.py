@@ -5,6 +5,9 @@ cancel marks), so the id and key indexes hold only what the data directory holds
 by retention, and a look-up never points at files that are gone. An id stored again in a later
 segment (its location is there) keeps its entries.
 
+A deleted segment is first moved whole to retiring/, then its files go: a crash midway never
+leaves part of a segment behind in schedule/ (the next open finishes the deletion).
+
 An old segment still pending (a record retrying for days, say) is read again only once one of its
 files has changed since it was last found pending, not at every checkpoint: its index and dispatch
 log can be gigabytes.
@@ -18,7 +21,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from storage._files import fsync_path
 from storage.audit import summarize_segment
+from storage.layout import SegmentLayout, parse_segment_name
 
 if TYPE_CHECKING:
     from storage.store import ScheduleStore
@@ -48,10 +53,38 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             layout.archive_dir.mkdir(parents=True, exist_ok=True)
             os.replace(src, layout.archive_dir / src.name)
         else:
-            shutil.rmtree(src)
+            _remove(layout, src)
         store.meta.forget_segment(seg)
         retired.append(seg)
     return retired
+
+
+def _remove(layout: SegmentLayout, src: Path) -> None:
+    """Delete a segment directory as one step: moved out of schedule/ whole (durably) before its files
+    go one by one, so a crash midway leaves either the whole segment or none of it in schedule/ (a
+    segment left without its dispatch log, say, would read as pending for ever)."""
+    layout.retiring_dir.mkdir(exist_ok=True)
+    dst = layout.retiring_dir / src.name
+    if dst.exists():  # the same segment's leftover (it was stored to again after a crashed retirement)
+        shutil.rmtree(dst)
+    os.replace(src, dst)
+    fsync_path(layout.schedule_dir)
+    shutil.rmtree(dst)
+
+
+def finish_removals(store: "ScheduleStore") -> list[str]:
+    """Delete what a retirement interrupted by a crash left in retiring/ (at open); returns their names."""
+    retiring = store.layout.retiring_dir
+    if not retiring.is_dir():
+        return []
+    names = sorted(e.name for e in os.scandir(retiring))
+    for name in names:
+        path = retiring / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        seg = parse_segment_name(name)
+        if seg is not None:
+            store.meta.forget_segment(seg)
+    return names
 
 
 def _files(seg_dir: Path) -> tuple[tuple[str, int], ...]:

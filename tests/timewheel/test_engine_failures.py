@@ -333,3 +333,43 @@ def test_a_failed_timer_pass_stops_the_timer_and_a_restart_delivers_what_it_held
         assert [m.msg_id for m in sink.sent] == ids and again.dead_threads() == []
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize("first_removed", ["dispatch.log", "00000.idx"])
+def test_a_crash_midway_through_retiring_a_segment_sends_none_of_its_messages_again(
+        tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, first_removed: str) -> None:
+    """Retiring removes a segment's files one by one: a crash between them once left a segment whose
+    dispatch log was gone and whose records were still there, and the next start sent them all again."""
+    import storage.retention as retention
+
+    sink = RecordingSink(clock)
+    data = tmp_path / "data"
+    e = Engine(EngineConfig(data_dir=data), sink, clock, seed=1).start(background=False)
+    e.schedule([Message("ORDERS", b"x", T0 + 1000 + i, msg_id=f"{i:032X}:00000001") for i in range(5)])
+    drive(e, clock, T0 + 3 * 3_600_000)
+    assert len(sink.sent) == 5
+    assert e.store is not None
+    seg = e.store.layout.segment_start(T0)
+
+    def crash_midway(path: Any, *args: Any, **kw: Any) -> None:
+        for victim in Path(path).rglob(first_removed):
+            victim.unlink()
+        raise SystemExit("killed while removing the segment's files")
+
+    monkeypatch.setattr(retention.shutil, "rmtree", crash_midway)
+    with pytest.raises(SystemExit):
+        e.store.retire(clock.now_ms(), 3_600_000)
+    e.stop()
+    monkeypatch.undo()
+
+    again = RecordingSink(clock)
+    e2 = Engine(EngineConfig(data_dir=data, retention_hours=1.0), again, clock, seed=1).start(background=False)
+    try:
+        drive(e2, clock, clock.now_ms() + 60_000)
+        assert again.sent == []
+        assert e2.store is not None and seg not in e2.store.layout.list_segments()
+        assert not any(e2.store.layout.retiring_dir.iterdir())
+        assert any("retiring/" in f for f in e2.store.recovery.findings), e2.store.recovery.findings
+        assert summarize(e2.store.layout)["totals"]["pending"] == 0  # type: ignore[index]
+    finally:
+        e2.stop()
