@@ -17,6 +17,7 @@ every few seconds and reads what its consumer really received:
   while segments come and go.
 
     python -m bench.soak --minutes 30 [--rate 200] [--max-delay-s 90]   # the long form
+    python -m bench.soak --minutes 20 --kill-every-s 20                   # with SIGKILLs and restarts
 
 The CI form (about 2 minutes) is tests/reliability/test_segment_churn.py.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -60,6 +62,7 @@ class Sample:
     retired: int  # segments retired so far
     data_mb: float  # bytes of the files in the data directory
     meta_cache_mb: float  # the meta store's block cache, from /metrics (-1: not read)
+    kills: int = 0  # SIGKILLs of the engine so far (with `kill_every_s`)
 
 
 @dataclass
@@ -74,6 +77,7 @@ class ChurnResult:
     segments_retired: int
     samples: list[Sample] = field(default_factory=list)
     held_deleted: list[str] = field(default_factory=list)  # the first few such files, to name them
+    kills: int = 0  # SIGKILLs of the engine (each followed by a start)
     lookups: int = 0  # look-ups by key made during the run (admin endpoint and beside the engine)
     found_states: dict[str, int] = field(default_factory=dict)  # what the look-ups answered, "none" for not found
     lookup_failures: list[str] = field(default_factory=list)  # the first few that failed or said something wrong
@@ -167,15 +171,22 @@ def _bytes_under(root: Path) -> int:
 
 
 def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200, max_delay_s: float = 90.0,
-              sample_every_s: float = 5.0, drain_timeout: float = 180.0) -> ChurnResult:
-    """Run the load for `seconds` against a started RocketMQ, then drain; returns what was seen."""
+              sample_every_s: float = 5.0, drain_timeout: float = 180.0, kill_every_s: float = 0.0,
+              seed: int = 0) -> ChurnResult:
+    """Run the load for `seconds` against a started RocketMQ, then drain; returns what was seen.
+
+    With `kill_every_s`, the engine is also killed (SIGKILL) at random moments, on average that often
+    while the load runs (so in the middle of sealing, loading, checkpoints and retirements too), and
+    started again at once: nothing may be lost, and with the engine's look-ups (`dedupe`, on by
+    default) nothing delivered twice either."""
     run = uuid.uuid4().hex[:8]
     delay_topic, target = f"TW_DELAY_{run}", f"CHURN_{run}"
     mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=4)
     data = work / "data"
+    env = serve_env(mq, run, TIMEWHEEL_ADMIN_TOKEN=_TOKEN, **CHURN_SETTINGS)
     admin_port = free_port()
-    proc = start_serve(data, serve_env(mq, run, TIMEWHEEL_ADMIN_TOKEN=_TOKEN, **CHURN_SETTINGS), work / "serve.log",
-                       admin_port)
+    proc = start_serve(data, env, work / "serve.log", admin_port)
+    rng = random.Random(seed)
     spread_ms = max(1, int((max_delay_s - 1) * 1000))
     load = SteadyLoad(mq, run, delay_topic, target, rate=rate, due_in_ms=lambda i: 1000 + (i * 7919) % spread_ms,
                       name="churn")
@@ -185,6 +196,7 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
 
     def look() -> None:
         sample, deleted = _sample(proc.pid, admin_port, data, t0, seen)
+        sample.kills = result.kills
         result.samples.append(sample)
         result.held_deleted += [d for d in deleted if d not in result.held_deleted][:10 - len(result.held_deleted)]
         n, wrong = _look_up(admin_port, data, load.acknowledged_keys(_PICKS), result.found_states)
@@ -193,9 +205,20 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
 
     try:
         load.start()
+        next_look = t0 + sample_every_s
+        next_kill = t0 + rng.uniform(0.5, 1.5) * kill_every_s if kill_every_s else float("inf")
         while time.monotonic() - t0 < seconds:
-            time.sleep(sample_every_s)
-            look()
+            time.sleep(max(0.0, min(next_look, next_kill) - time.monotonic()))
+            if time.monotonic() >= next_kill:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                result.kills += 1
+                admin_port = free_port()
+                proc = start_serve(data, env, work / "serve.log", admin_port)
+                next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * kill_every_s
+            if time.monotonic() >= next_look:
+                look()
+                next_look += sample_every_s
         load.stop_producing()
         load.wait_delivered(max_delay_s + drain_timeout, poll_s=1.0)
         time.sleep(1.0)  # a duplicate would arrive within this
@@ -236,11 +259,13 @@ def _problems(r: ChurnResult) -> list[str]:
 def table(r: ChurnResult) -> str:
     """The samples as a Markdown table, then the tally."""
     rows = ["| t s | RSS MB | meta cache MB | threads | fds | schedule/ fds | deleted held | on retired | segments | "
-            "retired | data MB |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "retired | data MB | kills |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows += [f"| {s.t:.0f} | {s.rss_mb:.1f} | {s.meta_cache_mb:.1f} | {s.threads} | {s.fds} | {s.schedule_fds} | "
-             f"{s.deleted_held} | {s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} |" for s in r.samples]
+             f"{s.deleted_held} | {s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} | {s.kills} |"
+             for s in r.samples]
     rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
-                f"duplicates; {r.segments_retired} segments retired in {r.seconds:.0f} s; {r.lookups} look-ups by key "
+                f"duplicates; {r.segments_retired} segments retired and {r.kills} kills in {r.seconds:.0f} s; "
+                f"{r.lookups} look-ups by key "
                 f"({r.found_states}), {len(r.lookup_failures)} wrong")
     rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))
     return "\n".join(rows)
@@ -254,12 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=200, help="producer messages per second")
     ap.add_argument("--max-delay-s", type=float, default=90.0, help="messages are due 1 s to this far ahead")
     ap.add_argument("--sample-every-s", type=float, default=15.0, help="seconds between looks at the process")
+    ap.add_argument("--kill-every-s", type=float, default=0.0,
+                    help="also SIGKILL the engine at random moments about this often (0: never), restarting it")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tw-soak-"))
     with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
         result = run_churn(mq, args.minutes * 60, work, rate=args.rate, max_delay_s=args.max_delay_s,
-                           sample_every_s=args.sample_every_s)
+                           sample_every_s=args.sample_every_s, kill_every_s=args.kill_every_s, seed=args.seed)
     print(table(result))
     if args.out:
         args.out.write_text(json.dumps(asdict(result), indent=1))
