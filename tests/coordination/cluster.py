@@ -26,6 +26,7 @@ from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from tests.polling import admin_ready
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,14 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def now_ms() -> int:
     """The wall clock in epoch milliseconds."""
     return time.time_ns() // 1_000_000
-
-
-def free_port() -> int:
-    """A free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Replica:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,19 +17,14 @@ from forwarder._rmq_native import NativeProducer, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.polling import admin_ready, wait_for
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(data_dir: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {**env, "TIMEWHEEL_ADMIN_LISTEN": f"127.0.0.1:{port}"}
     with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),

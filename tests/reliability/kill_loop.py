@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.polling import admin_ready, wait_for
+from tests.ports import free_port
 from tests.reliability.steady_load import SteadyLoad
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,13 +38,6 @@ class KillLoopResult:
     lost: int
     duplicates: int
     seconds: float
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:

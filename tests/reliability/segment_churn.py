@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from forwarder.local_rocketmq import LocalRocketMQ
-from tests.reliability.kill_loop import free_port, serve_env, start_serve
+from tests.ports import free_port
+from tests.reliability.kill_loop import serve_env, start_serve
 from tests.reliability.steady_load import SteadyLoad
 
 #: the engine's settings that make an hour a minute: segments, their preload, retention (36 s), and
