@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -27,6 +27,8 @@ from storage.origin import ORIGIN_SUFFIX
 from storage.part import repair_part, trusted_index
 from storage.record_reader import check_records
 
+#: told (segments done, segments in all) as a long audit goes
+SegmentProgress = Callable[[int, int], None]
 #: how long a file whose tail disagrees is watched for a write in flight before the tail is reported
 SETTLE_SECONDS = 0.5
 
@@ -157,9 +159,15 @@ def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
     return s
 
 
-def summarize(layout: SegmentLayout) -> dict[str, object]:
-    """Per-segment counters and their totals: {"segments": [...], "totals": {...}}."""
-    segs = [summarize_segment(layout, st) for st in layout.list_segments()]
+def summarize(layout: SegmentLayout, *, progress: SegmentProgress | None = None) -> dict[str, object]:
+    """Per-segment counters and their totals: {"segments": [...], "totals": {...}}; `progress` is
+    told (done, of) after each segment."""
+    starts = layout.list_segments()
+    segs = []
+    for st in starts:
+        segs.append(summarize_segment(layout, st))
+        if progress is not None:
+            progress(len(segs), len(starts))
     totals = {k: sum(getattr(s, k) for s in segs) for k in _COUNTED}
     totals["segments"] = len(segs)
     return {"segments": [s.as_dict() for s in segs], "totals": totals}
@@ -193,11 +201,12 @@ class CheckReport:
         return not self.findings
 
 
-def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> CheckReport:
+def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
+          progress: SegmentProgress | None = None) -> CheckReport:
     """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch logs.
 
     With fix=True: repairs index/log tails, and marks corrupt records CORRUPT in the dispatch log
-    so they are never served.
+    so they are never served. `progress` is told (done, of) after each segment.
     """
     rep = CheckReport()
     root = layout.schedule_dir
@@ -205,7 +214,8 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
         for e in os.scandir(root):
             if not e.is_dir() or parse_segment_name(e.name) is None:
                 rep.findings.append(Finding("unknown_file", e.path, "not a segment directory"))
-    for start in layout.list_segments():
+    starts = layout.list_segments()
+    for start in starts:
         rep.segments += 1
         seg_dir = layout.segment_dir(start)
         parts = set(layout.list_parts(start))
@@ -275,6 +285,8 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0) -> Check
                 entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
                 append_dispatch(layout, start, entries, now_ms)
                 rep.fixed += len(todo)
+        if progress is not None:
+            progress(rep.segments, len(starts))
     return rep
 
 

@@ -652,3 +652,13 @@ def test_the_meta_stores_block_cache_stays_within_the_size_it_is_given(tmp_path:
         finally:
             s.close()
     assert used["small"] <= 256 << 10 < used["default"], used
+
+
+def test_a_long_audit_tells_its_progress_segment_by_segment(tmp_path: Path) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(3, step=HOUR), NOW)
+    s.close()
+    seen: dict[str, list[tuple[int, int]]] = {"summarize": [], "check": []}
+    summarize(s.layout, progress=lambda done, of: seen["summarize"].append((done, of)))
+    check(s.layout, progress=lambda done, of: seen["check"].append((done, of)))
+    assert seen == {"summarize": [(1, 3), (2, 3), (3, 3)], "check": [(1, 3), (2, 3), (3, 3)]}

@@ -58,16 +58,19 @@ def inspect(data_dir: DataDir,
     """
     from storage import check, summarize
     from timewheel.app.datadir import DataDirError, open_data_dir
+    from timewheel.app.progress import segment_progress
 
     try:
         layout = open_data_dir(data_dir)
     except DataDirError as e:
         _fail(str(e))
-    report = summarize(layout)
+    with segment_progress("reading segments") as progress:
+        report = summarize(layout, progress=progress)
     findings = []
     in_flight = 0
     if verify:
-        rep = check(layout)
+        with segment_progress("checking every record") as progress:
+            rep = check(layout, progress=progress)
         findings = [{"kind": f.kind, "path": f.path, "detail": f.detail} for f in rep.findings]
         report["findings"] = findings
         report["tails_in_flight"] = in_flight = rep.tails_in_flight
