@@ -6,7 +6,10 @@ by retention, and a look-up never points at files that are gone. An id stored ag
 segment (its location is there) keeps its entries.
 
 A deleted segment is first moved whole to retiring/, then its files go: a crash midway never
-leaves part of a segment behind in schedule/ (the next open finishes the deletion).
+leaves part of a segment behind in schedule/ (the next open finishes the deletion). The move is
+made under the store's write lock, and only if no file of the segment changed since retention read
+it: a message that arrives long past due is stored in the old segment of its due time, and must not
+be deleted with the records retention found done.
 
 An old segment still pending (a record retrying for days, say) is read again only once one of its
 files has changed since it was last found pending, not at every checkpoint: its index and dispatch
@@ -23,7 +26,7 @@ import numpy as np
 
 from storage._files import fsync_path
 from storage.audit import summarize_segment
-from storage.layout import SegmentLayout, parse_segment_name
+from storage.layout import PART_LOG_SUFFIX, parse_segment_name, part_name
 
 if TYPE_CHECKING:
     from storage.store import ScheduleStore
@@ -39,37 +42,29 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             break
         if store.is_live(seg):
             continue
-        files = _files(layout.segment_dir(seg))
+        seg_dir = layout.segment_dir(seg)
+        files = _files(seg_dir)  # before it is read: what the decision below is about
         if store.pending_old.get(seg) == files:
             continue  # pending when last read, and not written since: no outcome can have changed
         if summarize_segment(layout, seg).pending:
             store.pending_old[seg] = files
             continue
         store.pending_old.pop(seg, None)
-        forget_segment_records(store, seg)
-        store.close_segment_files(seg)
-        src = layout.segment_dir(seg)
-        if archive:
-            layout.archive_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(src, layout.archive_dir / src.name)
-        else:
-            _remove(layout, src)
+        forget_segment_records(store, seg, dict(files))
+        # a message long past due is stored in the old segment of its due time: if one came in since
+        # `files` was taken, the segment stays (decided again at the next checkpoint)
+        holder = layout.archive_dir if archive else layout.retiring_dir
+        holder.mkdir(parents=True, exist_ok=True)
+        dst = holder / seg_dir.name
+        if not archive and dst.exists():  # the same segment's leftover (stored to again since)
+            shutil.rmtree(dst)
+        if not store.take_out_segment(seg, lambda: _files(seg_dir) == files, dst):
+            continue
+        if not archive:
+            shutil.rmtree(dst)
         store.meta.forget_segment(seg)
         retired.append(seg)
     return retired
-
-
-def _remove(layout: SegmentLayout, src: Path) -> None:
-    """Delete a segment directory as one step: moved out of schedule/ whole (durably) before its files
-    go one by one, so a crash midway leaves either the whole segment or none of it in schedule/ (a
-    segment left without its dispatch log, say, would read as pending for ever)."""
-    layout.retiring_dir.mkdir(exist_ok=True)
-    dst = layout.retiring_dir / src.name
-    if dst.exists():  # the same segment's leftover (it was stored to again after a crashed retirement)
-        shutil.rmtree(dst)
-    os.replace(src, dst)
-    fsync_path(layout.schedule_dir)
-    shutil.rmtree(dst)
 
 
 def finish_removals(store: "ScheduleStore") -> list[str]:
@@ -102,18 +97,25 @@ _FORGET_CHUNK = 65_536  # records read and forgotten per write batch at most
 _FORGET_BYTES = 16 << 20
 
 
-def forget_segment_records(store: "ScheduleStore", segment_ms: int) -> int:
+def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[str, int] | None = None) -> int:
     """Drop the meta store's entries of a segment's records (those whose location is this segment);
-    returns how many ids were forgotten. Records that cannot be read are left (nothing names them)."""
+    returns how many ids were forgotten. Records that cannot be read are left (nothing names them).
+    With `sizes` (file name -> bytes, as the caller found them), only the records those bytes held:
+    one stored since is not forgotten."""
     ix = store.segment_index(segment_ms)
-    ends = np.cumsum(ix.length, dtype=np.int64)
+    part, offset, length = ix.part.astype(np.int64), ix.offset.astype(np.int64), ix.length.astype(np.int64)
+    if sizes is not None:  # per part: the log's size then (parts are append-only; a new part had none)
+        held = np.array([sizes.get(part_name(p) + PART_LOG_SUFFIX, 0) for p in range(int(part.max(initial=-1)) + 1)],
+                        np.int64)
+        keep = offset + length <= held[part] if len(part) else np.ones(0, bool)
+        part, offset, length = part[keep], offset[keep], length[keep]
+    ends = np.cumsum(length, dtype=np.int64)
     forgotten = 0
     start = 0
-    while start < len(ix):
+    while start < len(part):
         budget = (int(ends[start - 1]) if start else 0) + _FORGET_BYTES
-        stop = min(max(int(np.searchsorted(ends, budget, side="right")), start + 1), start + _FORGET_CHUNK, len(ix))
-        raw = store.read_record_bytes(np.full(stop - start, segment_ms, np.int64), ix.part[start:stop].astype(np.int64),
-                                      ix.offset[start:stop].astype(np.int64))
+        stop = min(max(int(np.searchsorted(ends, budget, side="right")), start + 1), start + _FORGET_CHUNK, len(part))
+        raw = store.read_record_bytes(np.full(stop - start, segment_ms, np.int64), part[start:stop], offset[start:stop])
         ids, keys = raw.select(np.flatnonzero(raw.ok)).ids_and_keys()  # no object made of a body
         here = [k for k, loc in enumerate(store.meta.locations(ids)) if loc is not None and loc.segment_ms == segment_ms]
         store.meta.forget_records([ids[k] for k in here], [keys[k] for k in here])

@@ -367,13 +367,19 @@ class ScheduleStore:
         self.reader.release(segment_ms)
         self.origins.forget(segment_ms)
 
-    def close_segment_files(self, segment_ms: int) -> None:
-        """Close every descriptor of a segment being retired: its parts' and its dispatch log's (a
-        deleted file held open would keep its disk space)."""
+    def take_out_segment(self, segment_ms: int, unchanged: Callable[[], bool], dst: Path) -> bool:
+        """Move a segment's directory to `dst`, its descriptors closed (one held open would keep a
+        deleted file's space), if no part of it is live and `unchanged()` holds, with no append in
+        between: retention decided it was done, and a record stored since must not go with it."""
         self.release_segment(segment_ms)
         with self._write_lock:
+            if segment_ms in self.writer.live or not unchanged():
+                return False
             self.writer.forget(segment_ms)
-        self.dispatch_writer.forget(segment_ms)
+            self.dispatch_writer.forget(segment_ms)
+            os.replace(self.layout.segment_dir(segment_ms), dst)
+        fsync_path(self.layout.schedule_dir)  # out of schedule/ for good before its files go
+        return True
 
     # ---- retention and lifecycle ----------------------------------------------------------------
 

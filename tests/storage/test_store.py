@@ -20,7 +20,7 @@ import storage.store as store_module
 
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
                      ScheduleStore, SegmentLayout, StorageError, check, dispatch_entries, read_dispatch_log,
-                     summarize)
+                     summarize, summarize_segment)
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 HOUR = 3_600_000
@@ -662,3 +662,32 @@ def test_a_long_audit_tells_its_progress_segment_by_segment(tmp_path: Path) -> N
     summarize(s.layout, progress=lambda done, of: seen["summarize"].append((done, of)))
     check(s.layout, progress=lambda done, of: seen["check"].append((done, of)))
     assert seen == {"summarize": [(1, 3), (2, 3), (3, 3)], "check": [(1, 3), (2, 3), (3, 3)]}
+
+
+def test_a_record_stored_in_a_segment_while_retention_decides_on_it_is_not_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message that arrives long past due is stored in the old segment of its due time: retention
+    once decided a segment was done, then deleted it with that newcomer in it (acknowledged, lost)."""
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(2), NOW)
+    seg = s.layout.segment_start(NOW)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    real = retention_module.summarize_segment
+    late = Record("late", "T", b"arrived long past due", NOW + 500)
+
+    def then_a_late_arrival(layout: SegmentLayout, st: int) -> Any:
+        summary = real(layout, st)  # done: nothing pending
+        s.append([late], NOW + 5 * HOUR)  # meanwhile, ingest stores a record into this segment
+        return summary
+
+    monkeypatch.setattr(retention_module, "summarize_segment", then_a_late_arrival)
+    s.retire(NOW + 5 * HOUR, min_age_ms=HOUR)
+    monkeypatch.undo()
+    loc = s.meta.locations(["late"])[0]
+    assert loc is not None and loc.segment_ms == seg
+    assert s.read_record(seg, loc.part, loc.offset).body == late.body
+    assert summarize_segment(s.layout, seg).pending == 1
+    assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == []  # not while it waits
+    s.close()
