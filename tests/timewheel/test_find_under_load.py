@@ -2,6 +2,7 @@
 loads never fail and never call a whole record unreadable (an in-memory sink stands in for the broker)."""
 from __future__ import annotations
 
+import random
 import threading
 import time
 import traceback
@@ -41,11 +42,11 @@ def test_look_ups_racing_the_engines_writes_never_fail_and_find_every_acknowledg
     acked: list[str] = []
     errors: list[BaseException] = []
     seen: dict[str, int] = {}
-    stop = threading.Event()
+    stop, stop_producing = threading.Event(), threading.Event()
 
     def produce() -> None:
         n = 0
-        while not stop.is_set():
+        while not stop_producing.is_set() and not stop.is_set():
             now = clock.now_ms()
             batch = [Message("ORDERS", b"x" * (i % 300), now + (i * 37) % 400, keys=(f"k{n + i}",),
                              msg_id=f"{n + i:032X}:0000abcd") for i in range(50)]
@@ -55,11 +56,14 @@ def test_look_ups_racing_the_engines_writes_never_fail_and_find_every_acknowledg
             time.sleep(0.005)
 
     def look(beside: bool) -> None:
+        rng = random.Random(beside)
         try:
             while not stop.is_set():
                 if len(acked) < 10:
                     continue
-                wanted = acked[-1 - (len(acked) * 7919) % min(len(acked), 20_000)]
+                # recent ones (pending) while the producer runs, any of them (delivered) after it
+                recent = 400 if not stop_producing.is_set() and rng.random() < 0.5 else len(acked)
+                wanted = acked[-1 - rng.randrange(min(len(acked), recent))]
                 uniq = wanted.partition(":")[0]
                 assert engine.store is not None
                 finder = (MessageFinder.beside_engine(tmp_path / "data") if beside
@@ -97,7 +101,9 @@ def test_look_ups_racing_the_engines_writes_never_fail_and_find_every_acknowledg
     try:
         for t in threads:
             t.start()
-        time.sleep(8)
+        time.sleep(6)
+        stop_producing.set()  # the look-ups go on while what was stored comes due and is delivered
+        time.sleep(3)
     finally:
         stop.set()
         for t in threads:
