@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import storage._reader as reader_module
+import storage.meta as meta_module
 import storage.retention as retention_module
 import storage.store as store_module
 
@@ -691,3 +692,18 @@ def test_a_record_stored_in_a_segment_while_retention_decides_on_it_is_not_delet
     assert summarize_segment(s.layout, seg).pending == 1
     assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == []  # not while it waits
     s.close()
+
+
+def test_the_meta_stores_own_log_stays_bounded_across_restarts_and_checkpoints(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """RocksDB's info log once grew by every checkpoint's flush and kept one more file each restart."""
+    monkeypatch.setattr(meta_module, "INFO_LOG_BYTES", 64 << 10)
+    for restart in range(8):
+        s = ScheduleStore(tmp_path / "d")
+        for i in range(40):
+            s.append(recs(5, prefix=f"r{restart}-{i}-"), NOW)
+            s.checkpoint()  # a flush, logged
+        s.close()
+    logs = [p for p in (tmp_path / "d" / "meta").iterdir() if p.name.startswith("LOG")]
+    assert len(logs) <= meta_module.INFO_LOG_FILES, sorted(p.name for p in logs)
+    assert all(p.stat().st_size <= 2 * (64 << 10) for p in logs), [(p.name, p.stat().st_size) for p in logs]
