@@ -56,8 +56,12 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         holder = layout.archive_dir if archive else layout.retiring_dir
         holder.mkdir(parents=True, exist_ok=True)
         dst = holder / seg_dir.name
-        if not archive and dst.exists():  # the same segment's leftover (stored to again since)
+        if dst.exists() and not archive:  # the same segment's leftover (stored to again since)
             shutil.rmtree(dst)
+        n = 0
+        while dst.exists():  # archived before, then stored to again: both kept, side by side
+            n += 1
+            dst = holder / f"{seg_dir.name}.{n}"
         if not store.take_out_segment(seg, lambda: _files(seg_dir) == files, dst):
             continue
         if not archive:
@@ -75,7 +79,10 @@ def finish_removals(store: "ScheduleStore") -> list[str]:
     names = sorted(e.name for e in os.scandir(retiring))
     for name in names:
         path = retiring / name
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
         seg = parse_segment_name(name)
         if seg is not None:
             store.meta.forget_segment(seg)

@@ -707,3 +707,19 @@ def test_the_meta_stores_own_log_stays_bounded_across_restarts_and_checkpoints(t
     logs = [p for p in (tmp_path / "d" / "meta").iterdir() if p.name.startswith("LOG")]
     assert len(logs) <= meta_module.INFO_LOG_FILES, sorted(p.name for p in logs)
     assert all(p.stat().st_size <= 2 * (64 << 10) for p in logs), [(p.name, p.stat().st_size) for p in logs]
+
+
+def test_a_segment_archived_twice_keeps_both_copies(tmp_path: Path) -> None:
+    """Archived, then stored to again by a message long past due, then archived again: the second
+    move once failed on the first copy's name (and every checkpoint after it with it)."""
+    s = ScheduleStore(tmp_path / "d")
+    seg = s.layout.segment_start(NOW)
+    for round_ in range(2):
+        s.append([Record(f"r{round_}", "T", b"x", NOW + round_)], NOW + round_ * 10 * HOUR)
+        s.seal_live_parts(NOW + 20 * HOUR)
+        ix = s.segment_index(seg)
+        s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+        assert s.retire(NOW + 20 * HOUR, min_age_ms=HOUR, archive=True) == [seg]
+    name = s.layout.segment_dir(seg).name
+    assert sorted(p.name for p in s.layout.archive_dir.iterdir()) == [name, f"{name}.1"]
+    s.close()
