@@ -27,10 +27,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TERMINAL, TOMBSTONE_ID,
-                     CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError, StorageError,
-                     Tombstone,
-                     broker_message_id, decode, decode_tombstones, read_dispatch_entries_of, records_holding,
-                     segment_name, tombstone_log)
+                     CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError,
+                     StorageError, Tombstone, broker_message_id, decode, decode_tombstones, read_dispatch_entries_of,
+                     records_holding, segment_name, tombstone_log)
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Found", "MessageFinder", "Step", "Trail"]
 
