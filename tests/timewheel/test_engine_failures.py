@@ -339,7 +339,9 @@ def test_a_failed_timer_pass_stops_the_timer_and_a_restart_delivers_what_it_held
 def test_a_crash_midway_through_retiring_a_segment_sends_none_of_its_messages_again(
         tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, first_removed: str) -> None:
     """Retiring removes a segment's files one by one: a crash between them once left a segment whose
-    dispatch log was gone and whose records were still there, and the next start sent them all again."""
+    dispatch log (or an index) was gone and whose records were still there. Nothing was sent again
+    (its "done" mark outlived the crash), but its records read as pending for ever: retention never
+    retired it, and `inspect` counted them."""
     import storage.retention as retention
 
     sink = RecordingSink(clock)
