@@ -59,6 +59,10 @@ class PartWriter:
         self._fds: OrderedDict[tuple[int, int], tuple[int, int, int]] = OrderedDict()
         #: parts written since the last checkpoint
         self.dirty: set[tuple[int, int]] = set()
+        #: the ingest log file written with these parts now (the store sets it), and per segment the
+        #: one its last write went with: what a crash would replay into it
+        self.log_seq = 0
+        self.log_seq_of: dict[int, int] = {}
         #: directories that gained a name since the last checkpoint (new parts, new segments)
         self.new_dirs: set[Path] = set()
 
@@ -177,6 +181,7 @@ class PartWriter:
         write_all(org_fd, origins)
         write_all(idx_fd, index)
         self.dirty.add((segment_ms, part))
+        self.log_seq_of[segment_ms] = self.log_seq
 
     def undo_point(self) -> UndoPoint:
         """Where every live part ends now, to return to if a commit fails."""
@@ -229,6 +234,7 @@ class PartWriter:
     def forget(self, segment_ms: int) -> None:
         """Close a segment's descriptors and forget its unsynced parts: it is being retired."""
         self.live.pop(segment_ms, None)
+        self.log_seq_of.pop(segment_ms, None)
         self._close_where(lambda seg: seg == segment_ms)
         self.dirty = {(seg, part) for seg, part in self.dirty if seg != segment_ms}
 

@@ -8,7 +8,10 @@ row costs no object beyond its own fields, and a batch is cut or joined by list 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from storage.record import Record
 
 __all__ = ["EncodedRecords"]
 
@@ -45,6 +48,18 @@ class EncodedRecords:
         """Add rows [start, stop) of `other` at the end."""
         for f in _COLUMNS:
             getattr(self, f).extend(getattr(other, f)[start:stop])
+
+    def extend_unencoded(self, records: Sequence["Record"], origins: Sequence[tuple[str, int] | None] | None) -> None:
+        """Add records not yet encoded: each `Record` stands in `blobs` where its bytes will (the store
+        encodes only those it keeps: a duplicate never is); `origins` as `ScheduleStore.append` takes them."""
+        self.blobs.extend(records)  # type: ignore[arg-type]
+        self.msg_ids.extend([r.msg_id for r in records])
+        self.due_ms.extend([r.due_ms for r in records])
+        self.body_lengths.extend([len(r.body) for r in records])
+        self.keys.extend([r.keys for r in records])
+        ori = origins if origins is not None else [None] * len(records)
+        self.queues.extend([o[0] if o is not None else None for o in ori])
+        self.offsets.extend([o[1] if o is not None else 0 for o in ori])
 
     def take(self, rows: Sequence[int]) -> "EncodedRecords":
         """A new batch of the given rows, in that order."""

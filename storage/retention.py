@@ -9,7 +9,9 @@ A deleted segment is first moved whole to retiring/, then its files go: a crash 
 leaves part of a segment behind in schedule/ (the next open finishes the deletion). The move is
 made under the store's write lock, and only if no file of the segment changed since retention read
 it: a message that arrives long past due is stored in the old segment of its due time, and must not
-be deleted with the records retention found done.
+be deleted with the records retention found done. Nor is a segment retired while one of its records
+is still in the ingest log past the last checkpoint: a crash would replay it into a new copy of the
+segment, pending, and it would be sent again.
 
 An old segment still pending (a record retrying for days, say) is read again only once one of its
 files has changed since it was last found pending, not at every checkpoint: its index and dispatch
@@ -46,6 +48,8 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         files = _files(seg_dir)  # before it is read: what the decision below is about
         if store.pending_old.get(seg) == files:
             continue  # pending when last read, and not written since: no outcome can have changed
+        if not store.checkpointed(seg):
+            continue  # a crash would replay a record into it from the ingest log: decided next time
         if summarize_segment(layout, seg).pending:
             store.pending_old[seg] = files
             continue

@@ -111,6 +111,7 @@ class ScheduleStore:
         self._due_checkpoint: _Snapshot | None = None
         #: old segments retention found pending, with their files' sizes then (`storage.retention`)
         self.pending_old: dict[int, tuple[tuple[str, int], ...]] = {}
+        self._durable_seq = -1  # the ingest log file the last finished checkpoint starts replay at
         try:
             self.recovery: RecoveryReport = recover(self)
             self._checkpoint_locked()
@@ -293,6 +294,7 @@ class ScheduleStore:
         dispatch_fds, dispatch_paths, dispatch_dirs = self.dispatch_writer.take_unsynced()
         new_seq = max([self._wal.seq, *self._wal.sequences()], default=-1) + 1
         self._wal.open_new(new_seq)
+        self.writer.log_seq = new_seq
         return new_seq, parts.fds + dispatch_fds, parts.paths + dispatch_paths, [*dispatch_dirs, *parts.dirs]
 
     def _finish_checkpoint(self, snapshot: _Snapshot) -> None:
@@ -316,6 +318,7 @@ class ScheduleStore:
                 self.meta.put_document("checkpoint", {"seq": new_seq, "pos": 0})
                 self.meta.flush()
                 self._wal.remove_before(new_seq)
+            self._durable_seq = max(self._durable_seq, new_seq)
 
     # ---- dispatch log ---------------------------------------------------------------------------
 
@@ -373,7 +376,7 @@ class ScheduleStore:
         between: retention decided it was done, and a record stored since must not go with it."""
         self.release_segment(segment_ms)
         with self._write_lock:
-            if segment_ms in self.writer.live or not unchanged():
+            if segment_ms in self.writer.live or not self.checkpointed(segment_ms) or not unchanged():
                 return False
             self.writer.forget(segment_ms)
             self.dispatch_writer.forget(segment_ms)
@@ -382,6 +385,11 @@ class ScheduleStore:
         return True
 
     # ---- retention and lifecycle ----------------------------------------------------------------
+
+    def checkpointed(self, segment_ms: int) -> bool:
+        """Whether every record stored in the segment is past the last checkpoint: a crash replays
+        none of them from the ingest log (retired before that, a record would come back, pending)."""
+        return self.writer.log_seq_of.get(segment_ms, -1) < self._durable_seq
 
     def retire(self, now_ms: int, min_age_ms: int, *, archive: bool = False) -> list[int]:
         """Remove (or archive) old segments whose every record is done (`storage.retention.retire`)."""
@@ -434,16 +442,8 @@ def _columns(batch: list[_Pending]) -> EncodedRecords:
         return batch[0].rows
     out = EncodedRecords()
     for req in batch:
-        rows = req.rows
-        if isinstance(rows, EncodedRecords):
-            out.extend(rows)
-            continue
-        origins = req.origins if req.origins is not None else [None] * len(rows)
-        out.blobs.extend(rows)  # type: ignore[arg-type]
-        out.msg_ids.extend([r.msg_id for r in rows])
-        out.due_ms.extend([r.due_ms for r in rows])
-        out.body_lengths.extend([len(r.body) for r in rows])
-        out.keys.extend([r.keys for r in rows])
-        out.queues.extend([o[0] if o is not None else None for o in origins])
-        out.offsets.extend([o[1] if o is not None else 0 for o in origins])
+        if isinstance(req.rows, EncodedRecords):
+            out.extend(req.rows)
+        else:
+            out.extend_unencoded(req.rows, req.origins)
     return out

@@ -273,6 +273,7 @@ def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:
     for seg in segs[:2]:
         ix = s.segment_index(seg)
         s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    s.checkpoint()  # as the engine does before retention: none of them is replayed after a crash
     assert s.retire(NOW + 2 * HOUR, min_age_ms=HOUR) == [segs[0]]  # seg 1 is too young
     assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR, archive=True) == [segs[1]]  # 2, 3 pending
     assert s.layout.list_segments() == segs[2:]
@@ -357,6 +358,7 @@ def test_retention_takes_the_ids_and_keys_of_retired_segments_out_of_the_meta_st
     ix = s.segment_index(seg)
     s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
     assert sorted(s.meta.ids_for_key("k-old")) == ["old0", "old1", "old2", "young"]
+    s.checkpoint()
     assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
     assert s.meta.ids_for_key("k-old") == ["young"] and s.meta.ids_for_key("k1") == []
     assert s.meta.locations(["old0", "young"])[0] is None and s.meta.locations(["young"])[0] is not None
@@ -379,6 +381,7 @@ def test_retiring_a_segment_of_large_messages_holds_a_bounded_number_of_bytes_at
         ix = s.segment_index(seg)
         s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
         del big
+        s.checkpoint()
         tracemalloc.start()
         try:
             assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
@@ -436,6 +439,7 @@ def test_a_retired_segment_leaves_no_descriptor_open_on_its_files(tmp_path: Path
         seg_dir = s.layout.segment_dir(seg)
         assert _open_files_under(seg_dir), "the segment's dispatch log is open while it is written"
         s.seal_live_parts(NOW + HOUR)
+        s.checkpoint()
         assert s.retire(NOW + 3 * HOUR, min_age_ms=HOUR) == [seg]
         assert not seg_dir.exists()
         assert _open_files_under(seg_dir) == []
@@ -622,6 +626,7 @@ def test_an_old_segment_still_pending_is_read_again_only_once_it_was_written(tmp
     s.append(recs(3, step=1000), NOW)
     seg = s.layout.segment_start(NOW)
     s.seal_live_parts(NOW + 10 * HOUR)
+    s.checkpoint()
     ix = s.segment_index(seg)
     reads: list[int] = []
     real = retention_module.summarize_segment
@@ -684,6 +689,7 @@ def test_a_record_stored_in_a_segment_while_retention_decides_on_it_is_not_delet
         return summary
 
     monkeypatch.setattr(retention_module, "summarize_segment", then_a_late_arrival)
+    s.checkpoint()
     s.retire(NOW + 5 * HOUR, min_age_ms=HOUR)
     monkeypatch.undo()
     loc = s.meta.locations(["late"])[0]
@@ -719,7 +725,31 @@ def test_a_segment_archived_twice_keeps_both_copies(tmp_path: Path) -> None:
         s.seal_live_parts(NOW + 20 * HOUR)
         ix = s.segment_index(seg)
         s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+        s.checkpoint()
         assert s.retire(NOW + 20 * HOUR, min_age_ms=HOUR, archive=True) == [seg]
     name = s.layout.segment_dir(seg).name
     assert sorted(p.name for p in s.layout.archive_dir.iterdir()) == [name, f"{name}.1"]
+    s.close()
+
+
+def test_a_segment_is_not_retired_while_a_crash_would_replay_a_record_into_it(tmp_path: Path) -> None:
+    """A message long past due, stored into an old segment and delivered before the next checkpoint:
+    retention once retired the segment at once, and a crash then replayed the record from the ingest
+    log into a new copy of it, pending, to be sent a second time."""
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(2), NOW)
+    seg = s.layout.segment_start(NOW)
+    s.checkpoint()
+    s.append([Record("late", "T", b"arrived long past due", NOW + 500)], NOW + 5 * HOUR)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    assert summarize_segment(s.layout, seg).pending == 0
+    retired = s.retire(NOW + 5 * HOUR, min_age_ms=HOUR)
+    crash(s)
+    s = ScheduleStore(tmp_path / "d")
+    assert s.recovery.replayed_records == 1
+    assert summarize_segment(s.layout, seg).pending == 0  # nothing to send again (the old code: 1)
+    assert retired == []  # "late" was past the last checkpoint
+    assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == [seg]  # the open checkpointed
     s.close()
