@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Sequence
 import numpy as np
 
 from storage import dispatch as _dispatch
+from storage._checkpoints import Checkpoints, Rotation
 from storage._dispatch_writer import DispatchWriter
 from storage._files import fsync_path
 from storage._reader import RecordReader, SegmentIndex, segment_index
@@ -42,8 +43,6 @@ from storage.recovery import RecoveryReport, recover
 log = logging.getLogger("timewheel.storage")
 FlushPolicy = Literal["async", "sync"]
 TWO_YEARS_MS = 17_568 * 3_600_000
-#: what a checkpoint fsyncs: new ingest-log file number, descriptors, files by path, directories
-_Snapshot = tuple[int, list[int], list[Path], list[Path]]
 
 __all__ = ["AppendResult", "FlushPolicy", "Origin", "RecoveryReport", "ScheduleStore", "SegmentIndex", "TWO_YEARS_MS"]
 
@@ -100,7 +99,6 @@ class ScheduleStore:
         self.reader = RecordReader(self.layout)
         self.dispatch_writer = DispatchWriter(self.layout, sync=flush == "sync")
         self._write_lock = threading.Lock()
-        self._checkpoint_lock = threading.Lock()
         self._cv = threading.Condition()
         self._queue: list[_Pending] = []
         self._committing = False
@@ -108,10 +106,10 @@ class ScheduleStore:
         #: called under the write lock with each commit's new records (LOCATION_DTYPE), in commit
         #: order; a listener must be quick and must not call back into the store's writers
         self.commit_listeners: list[Callable[[np.ndarray], None]] = []
-        self._due_checkpoint: _Snapshot | None = None
+        self._due_checkpoint: Rotation | None = None
+        self._checkpoints = Checkpoints(self.layout, self.meta, self._wal, self.writer, self.dispatch_writer)
         #: old segments retention found pending, with their files' sizes then (`storage.retention`)
         self.pending_old: dict[int, tuple[tuple[str, int], ...]] = {}
-        self._durable_seq = -1  # the ingest log file the last finished checkpoint starts replay at
         try:
             self.recovery: RecoveryReport = recover(self)
             self._checkpoint_locked()
@@ -181,9 +179,9 @@ class ScheduleStore:
         try:
             with self._write_lock:
                 self._commit_locked(batch, now_ms)
-                snapshot, self._due_checkpoint = self._due_checkpoint, None
-            if snapshot is not None:  # the fsyncs run outside the write lock
-                self._finish_checkpoint(snapshot)
+                rotation, self._due_checkpoint = self._due_checkpoint, None
+            if rotation is not None:  # the fsyncs run outside the write lock
+                self._checkpoints.finish(rotation)
         except BaseException as e:  # every waiter learns of the failure
             for req in batch:
                 if not req.done:
@@ -249,7 +247,7 @@ class ScheduleStore:
             req.done = True
             start = end
         if self._wal.position >= self.checkpoint_bytes:
-            self._due_checkpoint = self._rotate_locked()
+            self._due_checkpoint = self._checkpoints.rotate()
 
     def _origin_rows(self, queues: list[str | None], offsets: list[int]) -> np.ndarray:
         if not any(queues):
@@ -282,43 +280,17 @@ class ScheduleStore:
         duplicated descriptors, so appends and dispatch records go on meanwhile.
         """
         with self._write_lock:
-            snapshot = self._rotate_locked()
-        self._finish_checkpoint(snapshot)
+            rotation = self._checkpoints.rotate()
+        self._checkpoints.finish(rotation)
 
     def _checkpoint_locked(self) -> None:
-        self._finish_checkpoint(self._rotate_locked())
+        self._checkpoints.finish(self._checkpoints.rotate())
 
-    def _rotate_locked(self) -> _Snapshot:
-        """Under the write lock: take what is unsynced and roll the ingest log to a new file."""
-        parts = self.writer.take_unsynced()
-        dispatch_fds, dispatch_paths, dispatch_dirs = self.dispatch_writer.take_unsynced()
-        new_seq = max([self._wal.seq, *self._wal.sequences()], default=-1) + 1
-        self._wal.open_new(new_seq)
-        self.writer.log_seq = new_seq
-        return new_seq, parts.fds + dispatch_fds, parts.paths + dispatch_paths, [*dispatch_dirs, *parts.dirs]
-
-    def _finish_checkpoint(self, snapshot: _Snapshot) -> None:
-        """fsync what the rotation took, then move the checkpoint to the new ingest log file."""
-        new_seq, fds, paths, dirs = snapshot
-        with self._checkpoint_lock:
-            try:
-                for fd in fds:
-                    os.fsync(fd)
-            finally:  # every duplicate, also those after one whose fsync failed
-                for fd in fds:
-                    os.close(fd)
-            for path in paths:
-                fsync_path(path)
-            for d in dirs:  # a new part's or dispatch log's name: lost with its directory otherwise
-                fsync_path(d)
-            self.meta.flush()
-            fsync_path(self.layout.ingest_dir)
-            current = self.meta.get_document("checkpoint")
-            if current is None or current["seq"] < new_seq:
-                self.meta.put_document("checkpoint", {"seq": new_seq, "pos": 0})
-                self.meta.flush()
-                self._wal.remove_before(new_seq)
-            self._durable_seq = max(self._durable_seq, new_seq)
+    @property
+    def checkpoints_stopped(self) -> str | None:
+        """The failed fsync that stopped checkpoints for the rest of this process (`storage._checkpoints`),
+        if one did: a restart replays the ingest log since the last checkpoint."""
+        return self._checkpoints.broken
 
     # ---- dispatch log ---------------------------------------------------------------------------
 
@@ -389,7 +361,7 @@ class ScheduleStore:
     def checkpointed(self, segment_ms: int) -> bool:
         """Whether every record stored in the segment is past the last checkpoint: a crash replays
         none of them from the ingest log (retired before that, a record would come back, pending)."""
-        return self.writer.log_seq_of.get(segment_ms, -1) < self._durable_seq
+        return self.writer.log_seq_of.get(segment_ms, -1) < self._checkpoints.durable_seq
 
     def retire(self, now_ms: int, min_age_ms: int, *, archive: bool = False) -> list[int]:
         """Remove (or archive) old segments whose every record is done (`storage.retention.retire`)."""

@@ -187,11 +187,13 @@ class Engine:
             run.timer.stop()
             run.dispatcher.join()
             run.housekeeper.stop()
-        run.store.close()
-        run.tombstones.close()
-        self._catch_up_segments_before += run.timer.catch_up_segments
-        self._evicted_before += run.tombstones.evicted
-        self._run = None
+        try:
+            run.store.close()  # a failed last checkpoint is raised: its ingest log is replayed at the next start
+        finally:
+            run.tombstones.close()
+            self._catch_up_segments_before += run.timer.catch_up_segments
+            self._evicted_before += run.tombstones.evicted
+            self._run = None
 
     def __enter__(self) -> "Engine":
         return self.start()

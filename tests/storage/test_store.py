@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+import storage._checkpoints as checkpoints_module
 import storage._reader as reader_module
 import storage.meta as meta_module
 import storage.retention as retention_module
-import storage.store as store_module
 
 from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
-                     ScheduleStore, SegmentLayout, StorageError, check, dispatch_entries, read_dispatch_log,
+                     ScheduleStore, SegmentLayout, StorageError, StorageWriteError, check, dispatch_entries, read_dispatch_log,
                      summarize, summarize_segment)
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -492,13 +492,13 @@ def test_sealing_closes_the_sealed_parts_and_the_checkpoint_still_syncs_what_the
         assert _open_files_under(s.layout.segment_dir(seg)) == []
         assert len(_open_files_under(s.layout.segment_dir(seg + HOUR))) == 3  # still live
         synced: list[Path] = []
-        real = store_module.fsync_path
+        real = checkpoints_module.fsync_path
 
         def recording_fsync(path: Path) -> None:
             synced.append(Path(path))
             real(path)
 
-        monkeypatch.setattr(store_module, "fsync_path", recording_fsync)
+        monkeypatch.setattr(checkpoints_module, "fsync_path", recording_fsync)
         s.checkpoint()
         part = int(s.segment_index(seg).part[0])
         assert {s.layout.part_log(seg, part), s.layout.part_index(seg, part), s.layout.part_origin(seg, part)} <= \
@@ -528,7 +528,8 @@ def test_a_failed_checkpoint_closes_every_descriptor_it_duplicated(tmp_path: Pat
                 s.checkpoint()
         assert _open_fds() == before  # the ingest log rolled to a new file: one closed, one opened
     finally:
-        s.close()
+        with pytest.raises(StorageWriteError, match="checkpoints are stopped"):
+            s.close()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")
@@ -558,12 +559,10 @@ def test_a_close_whose_checkpoint_fails_still_closes_every_file(tmp_path: Path,
 def test_a_store_that_fails_to_open_leaves_no_file_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first checkpoint fails (the disk went away): the caller gets an error and no store, so the
     meta store and the new ingest log file are closed before it is raised."""
-    from storage import store as store_module
-
     ScheduleStore(tmp_path / "warm").close()
     before = _open_fds()
     with monkeypatch.context() as m:
-        m.setattr(store_module, "fsync_path", _failing_fsync)  # the checkpoint's, after the new log file
+        m.setattr(checkpoints_module, "fsync_path", _failing_fsync)  # the checkpoint's, after the new log file
         with pytest.raises(OSError):
             ScheduleStore(tmp_path / "data")
     assert _open_fds() == before
@@ -753,3 +752,58 @@ def test_a_segment_is_not_retired_while_a_crash_would_replay_a_record_into_it(tm
     assert retired == []  # "late" was past the last checkpoint
     assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == [seg]  # the open checkpointed
     s.close()
+
+
+def test_checkpoints_finish_in_the_order_they_rotated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two checkpoints in flight (housekeeping's, and a commit's whose ingest log file filled): the
+    later one finishing first once moved the checkpoint, and let the ingest log go, before the
+    earlier one's parts were fsynced."""
+    s = ScheduleStore(tmp_path / "d")
+    events: list[str] = []
+    real_fsync, real_put = os.fsync, s.meta.put_document
+    s.append(recs(3), NOW)
+    with s._write_lock:
+        first = s._checkpoints.rotate()
+    s.append(recs(3, prefix="n", start=NOW + HOUR), NOW)
+    with s._write_lock:
+        second = s._checkpoints.rotate()
+    names = {fd: f"first {fd}" for fd in first.fds} | {fd: f"second {fd}" for fd in second.fds}
+
+    def fsync(fd: int) -> None:
+        events.append(names.pop(fd, "other"))  # a number closed is used again
+        real_fsync(fd)
+
+    def put_document(name: str, doc: Any) -> None:
+        events.append(f"{name} {doc['seq']}")
+        real_put(name, doc)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(s.meta, "put_document", put_document)
+    s._checkpoints.finish(second)
+    s._checkpoints.finish(first)  # nothing left to do
+    assert first.fds and second.fds
+    marks = [e.split()[0] for e in events if e != "other"]
+    assert marks == ["first"] * len(first.fds) + ["second"] * len(second.fds) + ["checkpoint"], events
+    assert events[-1] == f"checkpoint {second.seq}"
+    s.close()
+
+
+def test_a_failed_fsync_stops_checkpoints_and_keeps_the_ingest_log(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an fsync fails the kernel may have dropped the pages and marked them clean: the next
+    checkpoint once succeeded, moved past them and deleted the ingest log that held them. Now every
+    later checkpoint fails with the first error, and a restart replays the log."""
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(3), NOW)
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", _failing_fsync)
+        with pytest.raises(StorageWriteError, match="Input/output error"):
+            s.checkpoint()
+    s.append(recs(2, prefix="after"), NOW)
+    with pytest.raises(StorageWriteError, match="checkpoints are stopped: an fsync .* failed"):
+        s.checkpoint()  # the disk answers again: too late for the pages it dropped
+    crash(s)
+    again = ScheduleStore(tmp_path / "d")
+    assert again.recovery.replayed_records == 5  # the old code: 0 (the log was gone, the parts never fsynced)
+    assert len(again.segment_index(again.layout.segment_start(NOW))) == 5
+    again.close()

@@ -206,6 +206,41 @@ def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeyp
         e.stop()
 
 
+def test_a_failed_fsync_keeps_the_service_unready_until_a_restart_replays_what_it_held(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an fsync fails the store stops checkpointing for good (the kernel may have dropped the
+    pages): the service stays unready even once the disk answers again, the engine's stop raises the
+    error with every file closed, and the next start replays and delivers what was acknowledged."""
+    from storage import StorageWriteError
+    from timewheel.app.service import Service
+
+    clock = ManualClock(T0)
+    data = tmp_path / "data"
+    e = Engine(EngineConfig(data), RecordingSink(clock), clock).start(background=False)
+    ids = [f"{i:032X}:00000001" for i in range(4)]
+    e.schedule([Message("ORDERS", b"x", T0 + 60_000, msg_id=mid) for mid in ids])
+    svc = Service.__new__(Service)
+    svc.engine, svc._consuming, svc.replica = e, True, None
+    assert e._run is not None and e.store is not None
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+        e._run.housekeeper.run_once()
+    assert "Input/output error" in (e.store.checkpoints_stopped or "")
+    e._run.housekeeper.run_once()  # the disk answers again
+    assert svc.ready() is False and "checkpoints are stopped" in (e.checkpoint_failure() or "")
+    with pytest.raises(StorageWriteError, match="checkpoints are stopped"):
+        e.stop()
+    assert e._run is None
+    sink = RecordingSink(clock)
+    again = Engine(EngineConfig(data), sink, clock).start(background=False)
+    try:
+        assert again.store is not None and again.store.recovery.replayed_records == 4
+        drive(again, clock, T0 + 120_000)
+        assert sorted(mid for mid, _ in sink.sent) == ids
+    finally:
+        again.stop()
+
+
 def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) -> None:
     """cancel(key=...) reads each record from disk; while it does, the timer, the dispatchers and a
     stats scrape must not wait for it (the reads once ran under the lock they all need)."""

@@ -217,8 +217,12 @@ class Service:
             self.replica = None
         if self._endpoints is not None:
             self._endpoints.source.stop()
+        failure: Exception | None = None
         if self.engine is not None:
-            self.engine.stop()
+            try:
+                self.engine.stop()
+            except Exception as e:  # raised once everything else is closed too
+                failure = e
             self.engine = None
         if self.copy_finder is not None:
             self.copy_finder.close()
@@ -233,6 +237,8 @@ class Service:
             self.admin.stop()
             self.admin = None
         self.gc_pauses.remove()
+        if failure is not None:
+            raise failure
 
     # ---- what the admin endpoint drives ----------------------------------------------------------
 
@@ -405,8 +411,20 @@ class Service:
                                  "a supervisor restarts the engine", ", ".join(dead))
                     failed = True
                     break
+                store = self.engine.store if self.engine is not None else None
+                stopped = store.checkpoints_stopped if store is not None else None
+                if stopped:
+                    log.critical("%s; stopping with exit code 3 so that a supervisor restarts the engine, which "
+                                 "replays the ingest log since the last checkpoint", stopped)
+                    failed = True
+                    break
         finally:
-            self.stop()
+            try:
+                self.stop()
+            except Exception:
+                log.critical("the engine's last checkpoint failed (what it did not make durable is replayed from "
+                             "the ingest log at the next start)", exc_info=True)
+                failed = True
         # Everything is stored, recorded and closed. Leave without running the RocketMQ client
         # library's static destructors, which can abort while its threads wind down.
         logging.shutdown()
