@@ -241,6 +241,57 @@ def test_a_failed_fsync_keeps_the_service_unready_until_a_restart_replays_what_i
         again.stop()
 
 
+def test_a_look_up_racing_the_stop_finishes_before_the_meta_store_closes_or_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`GET /messages` while the service stops: the stop once closed the meta store under a look-up
+    (an HTTP 500). Now the stop waits for a look-up under way, and one asked after the stop began is
+    refused with a typed error (503)."""
+    import threading
+
+    from timewheel.app.service import Service
+    from timewheel.app.settings import Settings
+    from timewheel.errors import EngineStateError
+    from timewheel.find import MessageFinder
+
+    clock = ManualClock(T0)
+    config = EngineConfig(tmp_path / "data")
+    e = Engine(config, RecordingSink(clock), clock).start(background=False)
+    mid = f"{7:032X}:00000001"
+    e.schedule([Message("ORDERS", b"x", T0 + 60_000, msg_id=mid)])
+    svc = Service(Settings(config), clock, admin=False)
+    svc.engine = e
+    inside, go_on = threading.Event(), threading.Event()
+    real = MessageFinder.by_id
+
+    def slow_by_id(self: MessageFinder, *args: Any, **kw: Any) -> Any:
+        inside.set()
+        go_on.wait(10)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(MessageFinder, "by_id", slow_by_id)
+    answers: list[Any] = []
+
+    def look_up() -> None:
+        try:
+            answers.append(svc.find_messages(mid, None, 20)["count"])
+        except Exception as ex:
+            answers.append(ex)
+
+    finder = threading.Thread(target=look_up)
+    finder.start()
+    assert inside.wait(10)
+    stopper = threading.Thread(target=svc.stop)
+    stopper.start()
+    stopper.join(0.5)
+    assert stopper.is_alive(), "the stop did not wait for the look-up under way"
+    go_on.set()
+    finder.join(10)
+    stopper.join(30)
+    assert answers == [1]
+    with pytest.raises(EngineStateError, match="stopping"):
+        svc.find_messages(mid, None, 20)
+
+
 def test_a_cancel_reading_records_does_not_hold_up_the_engine(tmp_path: Path) -> None:
     """cancel(key=...) reads each record from disk; while it does, the timer, the dispatchers and a
     stats scrape must not wait for it (the reads once ran under the lock they all need)."""

@@ -1,6 +1,7 @@
-"""Admin-API writes (cancels, traffic rules) against a service that may be stopping: many run at once,
-none starts once the stop has begun, and the stop waits for those under way before it closes what
-they use (the engine's store, the producer that puts a cancel on the delay topic)."""
+"""Admin-API requests that use the engine (cancels, traffic rules, look-ups) against a service that may
+be stopping: many run at once, none starts once the stop has begun, and the stop waits for those
+under way before it closes what they use (the engine's store and meta store, the producer that puts
+a cancel on the delay topic)."""
 from __future__ import annotations
 
 import contextlib

@@ -190,7 +190,7 @@ class AdminServer:
             return _json(400, {"error": f"limit must be one whole number from 1 to {MAX_LIMIT}"})
         try:
             return _json(200, self.target.find_messages(ids[0] if ids else None, keys[0] if keys else None, limit))
-        except ConfigError as e:
+        except (ConfigError, EngineStateError) as e:  # not running, or stopping
             return _json(503, {"error": str(e)})
 
     def _cancel(self, req: Request) -> Response:

@@ -98,8 +98,9 @@ class Service:
         self.lateness_window: LatenessWindow | None = None
         self._window_lock = threading.Lock()  # the sampler thread writes what status requests read
         self._consuming = False
-        # admin-API writes: none once `stop()` has begun, and it waits for those under way, so that
-        # none meets an engine or a producer being closed halfway
+        # admin-API requests that use the engine (cancels, traffic rules, look-ups): none once `stop()`
+        # has begun, and it waits for those under way, so that none meets an engine or a producer
+        # being closed halfway
         self._writes = WriteGate()
         self._want_admin = admin
         self.trace: TraceWriter | None = None
@@ -278,12 +279,15 @@ class Service:
         """Stored messages with an id or a business key and their timelines (`timewheel.find`)."""
         from timewheel.find import MessageFinder
 
-        engine = self.engine
-        if engine is None or engine.store is None:
-            raise ConfigError("the service is not running: there is no data directory to look in")
-        with MessageFinder(engine.store.layout, engine.store.meta) as finder:
-            now = self.clock.now_ms()
-            found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)
+        # through the gate: a stop waits for a look-up under way before it closes the meta store it reads
+        with self._writes.enter("the service is stopping: look the message up again once it runs, or with "
+                                "`timewheel find --data-dir` beside it"):
+            engine = self.engine
+            if engine is None or engine.store is None:
+                raise ConfigError("the service is not running: there is no data directory to look in")
+            with MessageFinder(engine.store.layout, engine.store.meta) as finder:
+                now = self.clock.now_ms()
+                found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)
         return found.to_dict()
 
     def shaping_rules(self) -> dict[str, Any]:

@@ -12,15 +12,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from timewheel.app.admin import AdminServer
-from timewheel.errors import ConfigError
+from timewheel.errors import ConfigError, EngineStateError
 
 
 class _Finder:
     def __init__(self) -> None:
         self.asked: list[tuple[str | None, str | None, int]] = []
         self.running = True
+        self.stopping = False
 
     def find_messages(self, msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        if self.stopping:
+            raise EngineStateError("the service is stopping: look the message up again once it runs")
         if not self.running:
             raise ConfigError("the service is not running: there is no data directory to look in")
         self.asked.append((msg_id, key, limit))
@@ -70,3 +73,10 @@ def test_a_stopped_service_answers_503(served: tuple[AdminServer, _Finder]) -> N
     server, target = served
     target.running = False
     assert _get(server, "key=k", "t0ken")[0] == 503
+
+
+def test_a_stopping_service_answers_503_saying_so(served: tuple[AdminServer, _Finder]) -> None:
+    server, target = served
+    target.stopping = True
+    status, body = _get(server, "key=k", "t0ken")
+    assert status == 503 and "stopping" in body["error"]
