@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark._codec import OUTCOME_COLUMNS, PartFiles, read_part
+from spark._codec import OUTCOME_COLUMNS, PartFiles, read_part, segment_identity
 from storage import read_dispatch_log
 from storage.audit import CORRUPT_STATUS, NO_TIME, PENDING, STATUSES, known_keys, outcomes_of, record_status
 
@@ -124,10 +124,13 @@ def unknown_entry_cells(dispatch_log: str, parts: Sequence[tuple[int, str, str]]
     the end of a part's log count as naming nothing, as readers skip those records)."""
     import os
 
+    segment = segment_identity(dispatch_log)
     entries = read_dispatch_log(dispatch_log).entries if os.path.exists(dispatch_log) else None
     if entries is None or not len(entries):
         return {}
     known = known_keys(parts)
+    if segment is None or segment_identity(dispatch_log) != segment:
+        return {}  # retired meanwhile: its parts may have gone after its dispatch log was read
     stray = entries[~outcomes_of(known, entries).entry_hit]
     m = len(stray)
     if not m:

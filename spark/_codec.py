@@ -204,6 +204,21 @@ def decode_batch(buf: np.ndarray, mv: memoryview, idx: np.ndarray, pf: PartFiles
     return out
 
 
+def segment_identity(path: str) -> tuple[int, int] | None:
+    """The identity (device, inode) of the segment directory holding `path`; None when it is gone.
+
+    A job beside a running engine reads a segment's part and its dispatch log one after the other;
+    retention may move the segment away in between (it is done). Reads that must agree compare this
+    before and after: a changed identity means the segment was retired meanwhile, not that its
+    records are pending or its dispatch entries name nothing.
+    """
+    try:
+        st = os.stat(os.path.dirname(path))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = None, until_ms: int | None = None,
               verify: bool = True, batch_bytes: int = 32 << 20,
               max_rows: int = 1 << 16) -> Iterator[dict[str, pa.Array]]:
@@ -211,8 +226,10 @@ def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = N
 
     The index is taken as far as it agrees with the log (`storage.trusted_index`), as the engine
     takes it: entries past the end of the log (a torn write not yet repaired) are skipped, and
-    where entries stop tiling the log the records are found by a scan.
+    where entries stop tiling the log the records are found by a scan. A segment retired while it
+    is read (`segment_identity`) yields nothing: its records were done.
     """
+    segment = segment_identity(pf.log)
     try:
         f = open(pf.log, "rb")
     except FileNotFoundError:
@@ -232,6 +249,8 @@ def read_part(pf: PartFiles, columns: Sequence[str], *, since_ms: int | None = N
             return
         wanted = [c for c in columns if c in OUTCOME_COLUMNS or c == "first_delivered_ms"]
         outcomes = record_outcomes(pf.dispatch, pf.part, idx["offset"].astype(np.int64), wanted) if wanted else {}
+        if wanted and (segment is None or segment_identity(pf.log) != segment):
+            return  # retired meanwhile: its dispatch log may have gone before it was read
         mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         try:
             buf = np.frombuffer(mm, np.uint8)

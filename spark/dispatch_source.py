@@ -64,9 +64,10 @@ class DispatchReader(DataSourceReader):
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from spark._codec import arrow_batch
+        from spark._codec import arrow_batch, segment_identity
         from storage import OUTCOME_NAMES, read_dispatch_log
 
+        segment = segment_identity(partition.path)
         entries = read_dispatch_log(partition.path).entries
         if self.since_ms is not None:
             entries = entries[entries["due_ms"] >= self.since_ms]
@@ -75,6 +76,8 @@ class DispatchReader(DataSourceReader):
         pa_schema = to_arrow_schema(self.schema, timezone="UTC")
         names = pa.array([OUTCOME_NAMES.get(i, f"unknown_{i}") for i in range(256)], pa.string())
         exists = _record_exists(partition.parts, entries) if "record_exists" in self.columns else None
+        if exists is not None and (segment is None or segment_identity(partition.path) != segment):
+            return iter(())  # retired meanwhile: its parts may have gone after its dispatch log was read
 
         def batches() -> Iterator[pa.RecordBatch]:
             """The entries in batches of a million rows."""

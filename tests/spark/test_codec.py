@@ -2,14 +2,18 @@
 corrupt and torn records, outcome columns."""
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import spark._cells as cells_module
+import spark._codec as codec_module
 from spark._codec import RECORD_COLUMNS, PartFiles, read_part
 from storage import (DELIVERED, REPLAYED, Record, ScheduleStore, SegmentLayout, decode, dispatch_entries, encode,
                      read_index, segment_name)
@@ -161,3 +165,62 @@ def test_spark_the_engine_and_check_give_one_verdict(make_store: MakeStore) -> N
     found = [f.detail for f in check(s.layout).findings if f.kind == "corrupt_record"]
     assert found == [f"offset {int(idx['offset'][1])}: {got.errors[1].reason}",
                      f"offset {int(idx['offset'][3])}: {got.errors[3].reason}"]
+
+
+def _retire_meanwhile(store: ScheduleStore, seg: int, then: Any) -> Any:
+    """`then`, after moving the segment away as retention does (one rename to retiring/)."""
+    def moved(*args: Any, **kw: Any) -> Any:
+        store.layout.retiring_dir.mkdir(exist_ok=True)
+        seg_dir = store.layout.segment_dir(seg)
+        if seg_dir.exists():
+            os.replace(seg_dir, store.layout.retiring_dir / seg_dir.name)
+        return then(*args, **kw)
+    return moved
+
+
+def test_a_segment_retired_while_its_part_is_read_yields_no_pending_record(
+        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job beside the engine: retention moved the segment away after its part was opened and
+    before its dispatch log was read, and every delivered record read as pending (the audit's
+    "lost"). A segment retired meanwhile yields nothing now: its records were done."""
+    s = make_store()
+    s.append(records(4), T0)
+    seg = s.layout.segment_start(T0)
+    deliver(s, seg, slice(None), DELIVERED, T0 + 10)
+    pf = _part(s, seg)
+    assert [r["delivered"] for r in _rows(pf, ["msg_id", "delivered"])] == [1] * 4
+    monkeypatch.setattr(codec_module, "record_outcomes", _retire_meanwhile(s, seg, codec_module.record_outcomes))
+    assert _rows(pf, ["msg_id", "delivered"]) == []  # the old code: four rows, delivered 0
+
+
+def test_a_segment_retired_while_its_dispatch_log_is_read_names_no_unknown_entry(
+        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit reads a segment's dispatch log, then its parts' indexes: retired in between, every
+    entry once named no record ("unknown dispatch entries")."""
+    s = make_store()
+    s.append(records(4), T0)
+    seg = s.layout.segment_start(T0)
+    deliver(s, seg, slice(None), DELIVERED, T0 + 10)
+    lay = s.layout
+    parts = [(p, str(lay.part_log(seg, p)), str(lay.part_index(seg, p))) for p in lay.list_parts(seg)]
+    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), parts) == {}
+    monkeypatch.setattr(cells_module, "known_keys", _retire_meanwhile(s, seg, cells_module.known_keys))
+    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), parts) == {}  # the old code: 4 cells
+
+
+def test_a_segment_retired_while_the_dispatch_source_reads_it_yields_no_row(
+        make_store: MakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`record_exists` read after the dispatch log: retired in between, every entry once said False."""
+    import spark.dispatch_source as dispatch_source_module
+    from spark.schema import DISPATCH
+
+    s = make_store()
+    s.append(records(3), T0)
+    seg = s.layout.segment_start(T0)
+    deliver(s, seg, slice(None), DELIVERED, T0 + 10)
+    reader = dispatch_source_module.DispatchReader(str(s.layout.root), DISPATCH, {})
+    (partition,) = reader.partitions()
+    assert [b.num_rows for b in reader.read(partition)] == [3]
+    monkeypatch.setattr(dispatch_source_module, "_record_exists",
+                        _retire_meanwhile(s, seg, dispatch_source_module._record_exists))
+    assert list(reader.read(partition)) == []  # the old code: 3 rows, record_exists False
