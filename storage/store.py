@@ -232,14 +232,16 @@ class ScheduleStore:
             try:
                 self._wal.append(written, blobs, now_ms, sync=self.flush == "sync")
                 self.writer.write(written, blobs, self._origin_rows(new_of(rows.queues), new_of(rows.offsets)))
-            except OSError as e:
+                # the meta store last, and inside: a batch it refuses (a full disk stops RocksDB's
+                # writes) is cut too, or its retry would store and send every record a second time
+                self.meta.put_records(new_of(ids), written["segment_ms"].tolist(), written["part"].tolist(),
+                                      written["offset"].tolist(), new_of(rows.keys))
+            except Exception as e:  # OSError from the files; the meta store's own error type
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
             for listener in self.commit_listeners:
                 listener(written)
-            self.meta.put_records(new_of(ids), written["segment_ms"].tolist(), written["part"].tolist(),
-                                  written["offset"].tolist(), new_of(rows.keys))
         start = 0
         for req in batch:
             end = start + len(req.rows)

@@ -807,3 +807,29 @@ def test_a_failed_fsync_stops_checkpoints_and_keeps_the_ingest_log(tmp_path: Pat
     assert again.recovery.replayed_records == 5  # the old code: 0 (the log was gone, the parts never fsynced)
     assert len(again.segment_index(again.layout.segment_start(NOW))) == 5
     again.close()
+
+
+def test_a_batch_the_meta_store_refuses_is_cut_so_its_retry_stores_it_once(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk stops RocksDB's writes after the parts took a batch: the batch once stayed in the
+    parts, and was handed to the timer, while its ids were not recorded, so the producer's retry
+    stored and scheduled every record a second time (two deliveries each)."""
+    s = ScheduleStore(tmp_path / "d")
+    handed: list[int] = []
+    s.commit_listeners.append(lambda written: handed.append(len(written)))
+    batch = recs(3)
+
+    def refused(*args: Any, **kw: Any) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")  # rocksdict's own type
+
+    with monkeypatch.context() as m:
+        m.setattr(s.meta, "put_records", refused)
+        with pytest.raises(StorageWriteError, match="No space left on device.*nothing of this batch was kept"):
+            s.append(batch, NOW)
+    assert handed == [] and len(s.segment_index(s.layout.segment_start(NOW))) == 0
+    assert s.append(batch, NOW).new.all()  # the retry, once the disk has room
+    assert handed == [3] and len(s.segment_index(s.layout.segment_start(NOW))) == 3  # the old code: 6
+    crash(s)
+    again = ScheduleStore(tmp_path / "d")
+    assert len(again.segment_index(again.layout.segment_start(NOW))) == 3  # nothing of it replayed
+    again.close()
