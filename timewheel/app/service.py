@@ -189,8 +189,16 @@ class Service:
             schedule = traced_schedule(schedule, self.trace, self.clock.now_ms)
         # without a trace, pull answers are read in one pass and stored as record bytes (a trace
         # records each message as scheduled, so it takes them as messages)
-        self._endpoints.source.start(schedule, self.engine.apply_cancels,
-                                     encoded=self.engine if self.trace is None else None)
+        from forwarder import RemotingError
+
+        try:
+            self._endpoints.source.start(schedule, self.engine.apply_cancels,
+                                         encoded=self.engine if self.trace is None else None)
+        except RemotingError as e:  # no NameServer, no route, refused: the command says why in one line
+            self.stop()
+            raise StartError(f"cannot start consuming {rmq.delay_topic} through the NameServer at {rmq.namesrv}: {e}. "
+                             "Start RocketMQ (`timewheel broker` runs a local one) or fix rocketmq.namesrv; the "
+                             "engine stopped cleanly and consumed nothing") from e
         self._consuming = True
         self._start_sampling(self.engine)
         if self._want_admin:

@@ -130,6 +130,26 @@ def test_serve_with_zookeeper_unreachable_says_so_without_a_traceback(tmp_path: 
     assert "Traceback" not in out.stderr
 
 
+def test_serve_with_no_nameserver_says_so_in_one_line_and_closes_its_store(tmp_path: Path) -> None:
+    """It once died with a fifty-line traceback from inside the consumer's first rebalance."""
+    import socket
+    import subprocess
+    import sys
+
+    from storage import ScheduleStore
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(tmp_path / "data"),
+                          "--namesrv", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0"], capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"cannot start consuming TW_DELAY through the NameServer at 127.0.0.1:{port}" in out.stderr
+    assert "Connection refused" in out.stderr and "Traceback" not in out.stderr
+    ScheduleStore(tmp_path / "data").close()  # closed cleanly: nothing holds its lock
+
+
 def test_a_clock_offset_for_fault_drills_skews_the_service_clock_and_nothing_else(tmp_path: Path) -> None:
     import time
 
