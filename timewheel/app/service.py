@@ -26,6 +26,7 @@ from timewheel.app.runtime import log_hot_paths, name_os_threads
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
+from storage import StorageError
 from timewheel.errors import ConfigError, EngineStateError, TimewheelError
 from timewheel.app.metrics import EngineCollector, GcPausesCollector
 from timewheel.app.settings import Settings
@@ -162,8 +163,13 @@ class Service:
 
             self.copy_finder = BrokerCopyFinder(rmq, self.clock.now_ms)
         # the shaper grants nothing until the rules in force are settled from the meta store
-        self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
-                             gate=self.replica, copy_finder=self.copy_finder).start()
+        try:
+            self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
+                                 gate=self.replica, copy_finder=self.copy_finder).start()
+        except (StorageError, OSError) as e:  # in use by another engine, another format, unreadable: one line
+            self.stop()
+            raise StartError(str(e) if isinstance(e, StorageError) else
+                             f"cannot open the data directory {cfg.data_dir}: {e}") from e
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
             from coordination import ReplicaIdTaken

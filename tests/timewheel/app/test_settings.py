@@ -150,6 +150,26 @@ def test_serve_with_no_nameserver_says_so_in_one_line_and_closes_its_store(tmp_p
     ScheduleStore(tmp_path / "data").close()  # closed cleanly: nothing holds its lock
 
 
+def test_serve_on_a_data_directory_another_engine_holds_says_so_in_one_line(tmp_path: Path) -> None:
+    """The meta store's lock refused the open: the reason came after a traceback."""
+    import subprocess
+    import sys
+
+    from storage import ScheduleStore
+
+    held = ScheduleStore(tmp_path / "data")
+    try:
+        out = subprocess.run([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(tmp_path / "data"),
+                              "--namesrv", "127.0.0.1:9", "--admin", "127.0.0.1:0"], capture_output=True, text=True,
+                             timeout=120,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
+    finally:
+        held.close()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "is in use by another engine (its meta store is locked)" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_a_clock_offset_for_fault_drills_skews_the_service_clock_and_nothing_else(tmp_path: Path) -> None:
     import time
 
