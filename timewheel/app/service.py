@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from storage import StorageError
 from timewheel.app._write_gate import WriteGate
 from timewheel.app.admin import AdminServer
 from timewheel.app.gc_pauses import GcPauses, freeze_started_heap
@@ -26,7 +27,6 @@ from timewheel.app.runtime import log_hot_paths, name_os_threads
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
-from storage import StorageError
 from timewheel.errors import ConfigError, EngineStateError, TimewheelError
 from timewheel.app.metrics import EngineCollector, GcPausesCollector
 from timewheel.app.settings import Settings
@@ -440,8 +440,8 @@ class Service:
             try:
                 self.stop()
             except Exception:
-                log.critical("the engine's last checkpoint failed (what it did not make durable is replayed from "
-                             "the ingest log at the next start)", exc_info=True)
+                log.critical("the stop did not finish cleanly (the error follows); what the last checkpoint did not "
+                             "make durable is replayed from the ingest log at the next start", exc_info=True)
                 failed = True
         # Everything is stored, recorded and closed. Leave without running the RocketMQ client
         # library's static destructors, which can abort while its threads wind down.
