@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from storage import dispatch as _dispatch
-from storage._files import fsync_path, write_all
+from storage._files import fsync_path, size_of, write_all
 from storage.errors import StorageWriteError
 from storage.layout import SegmentLayout
 
 #: dispatch logs kept open at most (the least recently written closes first): a data directory that
 #: keeps every segment would otherwise hold a descriptor per segment it ever delivered from
 MAX_OPEN_LOGS = 16
+#: how long a torn tail is watched before it is cut: another writer's frame may be on its way
+TORN_SETTLE_S = 0.1
 
 
 class DispatchWriter:
@@ -76,7 +79,12 @@ class DispatchWriter:
         else:
             read = _dispatch.read_dispatch_log(path)
             if read.torn_bytes:  # appended after, a torn frame would cost a resync on every read
-                os.truncate(path, read.valid_bytes)
+                # ...unless it is another writer's frame on its way (replay's and `check`'s appends,
+                # one O_APPEND write each, can be read half copied): only a tail that stands still is cut
+                time.sleep(TORN_SETTLE_S)
+                read = _dispatch.read_dispatch_log(path)
+                if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
+                    os.truncate(path, read.valid_bytes)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if log_new:
             dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]

@@ -132,3 +132,45 @@ def test_only_the_logs_written_last_stay_open_and_a_checkpoint_syncs_the_others_
         assert _open_logs(tmp_path) == _dispatch_writer.MAX_OPEN_LOGS
     finally:
         writer.close()
+
+
+def test_the_engine_does_not_cut_another_writers_frame_on_its_way(tmp_path: Path) -> None:
+    """Replay appends REPLAYED frames to a dispatch log the engine also writes. The engine opening
+    the log read a replay frame half copied, took it for a crash's torn tail and cut it: the rest of
+    it then landed as garbage, and the replay's record was lost."""
+    import threading
+
+    layout = SegmentLayout(tmp_path)
+    path = layout.dispatch_log(SEG)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode_frame(_entries(2), NOW))
+    replayed = encode_frame(_entries(3, first=10), NOW + 5)
+    with open(path, "ab") as f:
+        f.write(replayed[:40])  # the replay's write, half copied when the engine reads
+
+    def the_rest() -> None:
+        with open(path, "ab") as f:
+            f.write(replayed[40:])
+
+    finisher = threading.Timer(_dispatch_writer.TORN_SETTLE_S / 4, the_rest)
+    finisher.start()
+    writer = _dispatch_writer.DispatchWriter(layout, sync=False)
+    writer.append(SEG, _entries(1, first=20), NOW + 9)
+    finisher.join()
+    writer.close()
+    read = read_dispatch_log(path)
+    assert read.torn_bytes == 0 and read.corrupt_frames == 0
+    assert read.entries["offset"].tolist() == [0, 100, 1000, 1100, 1200, 2000]  # the old code: the replay's gone
+
+
+def test_a_torn_tail_that_stands_still_is_still_cut(tmp_path: Path) -> None:
+    layout = SegmentLayout(tmp_path)
+    path = layout.dispatch_log(SEG)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode_frame(_entries(2), NOW) + encode_frame(_entries(3, first=10), NOW)[:40])
+    writer = _dispatch_writer.DispatchWriter(layout, sync=False)
+    writer.append(SEG, _entries(1, first=20), NOW + 9)
+    writer.close()
+    read = read_dispatch_log(path)
+    assert read.torn_bytes == 0 and read.corrupt_frames == 0
+    assert read.entries["offset"].tolist() == [0, 100, 2000]
