@@ -200,7 +200,10 @@ def decode_frame(frame: bytes, peer: str) -> tuple[int, dict[str, Any], bytes]:
         raise ProtocolError(f"{peer} sent a header that is not JSON: {e}") from e
     if not isinstance(header, dict):
         raise ProtocolError(f"{peer} sent a header that is not a JSON object: {header!r:.100}")
-    return int(header.get("flag", 0)), header, frame[end:]
+    flag = header.get("flag", 0)
+    if type(flag) is not int:
+        raise ProtocolError(f"{peer} sent a header whose flag is not an integer: {flag!r:.40}")
+    return flag, header, frame[end:]
 
 
 def decode_request(frame: bytes, peer: str) -> Request | None:
@@ -208,9 +211,8 @@ def decode_request(frame: bytes, peer: str) -> Request | None:
     flag, header, body = decode_frame(frame, peer)
     if flag & _RESPONSE_FLAG:
         return None
-    ext = header.get("extFields") or {}
-    return Request(int(header.get("code", -1)), int(header.get("opaque", -1)), bool(flag & _ONEWAY_FLAG),
-                   {str(k): str(v) for k, v in ext.items()}, body)
+    code, opaque, _, ext = _fields(header, -1, peer)
+    return Request(code, opaque, bool(flag & _ONEWAY_FLAG), {str(k): str(v) for k, v in ext.items()}, body)
 
 
 def decode_response(frame: bytes, peer: str) -> Response | None:
@@ -218,6 +220,20 @@ def decode_response(frame: bytes, peer: str) -> Response | None:
     flag, header, body = decode_frame(frame, peer)
     if not flag & _RESPONSE_FLAG:
         return None
+    return Response(*_fields(header, SYSTEM_ERROR, peer), body)
+
+
+def _fields(header: dict[str, Any], no_code: int, peer: str) -> tuple[int, int, str | None, dict[str, Any]]:
+    """A header's code, opaque, remark and extFields, each of the type the protocol gives it; a
+    ProtocolError names the first that is not (the connection is then made again, as for any
+    malformed frame, where a ValueError would have ended the thread reading it)."""
+    code, opaque, remark = header.get("code", no_code), header.get("opaque", -1), header.get("remark")
     ext = header.get("extFields") or {}
-    return Response(int(header.get("code", SYSTEM_ERROR)), int(header.get("opaque", -1)), header.get("remark"), ext,
-                    body)
+    if type(code) is not int or type(opaque) is not int:
+        raise ProtocolError(f"{peer} sent a header whose code or opaque is not an integer: "
+                            f"code {code!r:.40}, opaque {opaque!r:.40}")
+    if remark is not None and type(remark) is not str:
+        raise ProtocolError(f"{peer} sent a header whose remark is not a string: {remark!r:.40}")
+    if type(ext) is not dict:
+        raise ProtocolError(f"{peer} sent a header whose extFields is not an object: {ext!r:.40}")
+    return code, opaque, remark, ext

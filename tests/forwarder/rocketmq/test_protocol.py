@@ -6,11 +6,13 @@ import struct
 from types import MappingProxyType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from forwarder.rocketmq import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError,
                                 MessageRejectedError, ProtocolError, RemotingError, RequestTimeoutError,
                                 TopicNotFoundError, error_for_code)
-from forwarder.rocketmq.protocol import decode_response, encode_request, take_frame
+from forwarder.rocketmq.protocol import decode_request, decode_response, encode_request, take_frame
 
 
 def test_a_request_frame_is_length_header_info_json_header_body() -> None:
@@ -98,3 +100,32 @@ def test_a_response_as_a_rocketmq_5_broker_writes_it_decodes() -> None:
 def test_a_header_that_is_not_a_json_object_is_a_protocol_error(header: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_response(struct.pack(">i", len(header)) + header, "peer")
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=8), lambda kids: st.lists(kids, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), kids, max_size=3), max_leaves=6)
+
+
+@given(st.dictionaries(st.sampled_from(["code", "opaque", "flag", "remark", "extFields", "language"]), _JSON))
+def test_any_json_object_header_decodes_or_is_a_protocol_error(header: dict[str, object]) -> None:
+    """A peer's header fields of any JSON type: a Request, a Response, or a ProtocolError (which the
+    connection's readers handle), never a ValueError or TypeError that ends the thread reading it."""
+    raw = json.dumps(header).encode()
+    frame = struct.pack(">i", len(raw)) + raw
+    for decode in (decode_response, decode_request):
+        try:
+            got = decode(frame, "peer")
+        except ProtocolError:
+            continue
+        if got is not None:
+            assert type(got.code) is int and type(got.opaque) is int and isinstance(got.ext, dict)
+
+
+@pytest.mark.parametrize("header", [{"code": "0", "flag": 1}, {"code": 0, "flag": "1"}, {"code": 0, "flag": 1, "opaque": None},
+                                    {"code": 0, "flag": 1, "extFields": [1]}, {"code": 0, "flag": 1, "remark": 7}],
+                         ids=["code", "flag", "opaque", "ext", "remark"])
+def test_a_header_field_of_the_wrong_type_is_a_protocol_error(header: dict[str, object]) -> None:
+    raw = json.dumps(header).encode()
+    with pytest.raises(ProtocolError, match="peer sent a header whose"):
+        decode_response(struct.pack(">i", len(raw)) + raw, "peer")
