@@ -96,6 +96,8 @@ class MetaStore:
         # the memtables before it lets that log go, so rocksdb's own log would only write them twice.
         self._unlogged = rocksdict.WriteOptions()
         self._unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
+        self._synced = rocksdict.WriteOptions()
+        self._synced.sync = True
 
     def memory_bytes(self) -> dict[str, int]:
         """What the meta store holds in memory, by kind: its block cache (up to RocksDB's default
@@ -150,8 +152,11 @@ class MetaStore:
             out.append(k[len(prefix):].decode())
         return out
 
-    def forget_records(self, msg_ids: Sequence[str], keys: Sequence[Sequence[str]]) -> None:
-        """Drop ids' locations and their business keys (their segment was retired), in one write batch."""
+    def forget_records(self, msg_ids: Sequence[str], keys: Sequence[Sequence[str]]) -> list[int | None]:
+        """Drop ids' locations, business keys and cancel marks (their segment is being retired), in one
+        write batch; returns the cancel times dropped (None where there was none), for `restore_records`."""
+        cancelled = [None if v is None else int(_I64.unpack(v)[0])
+                     for v in cast("list[bytes | None]", self._db.get([b"c" + m.encode() for m in msg_ids]))]
         wb = rocksdict.WriteBatch(raw_mode=True)
         for mid, ks in zip(msg_ids, keys):
             mb = mid.encode()
@@ -160,6 +165,22 @@ class MetaStore:
             for k in ks:
                 wb.delete(b"k" + k.encode() + b"\x00" + mb)
         self._db.write(wb)
+        return cancelled
+
+    def restore_records(self, msg_ids: Sequence[str], segment_ms: int, parts: Sequence[int], offsets: Sequence[int],
+                        keys: Sequence[Sequence[str]], cancelled: Sequence[int | None]) -> None:
+        """Put back what `forget_records` dropped of ids whose segment stayed, in one write batch."""
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for mid, part, off, ks, at in zip(msg_ids, parts, offsets, keys, cancelled):
+            mb = mid.encode()
+            wb.put(b"i" + mb, LOCATION.pack(segment_ms, part, off))
+            if at is not None:
+                wb.put(b"c" + mb, _I64.pack(at))
+            for k in ks:
+                wb.put(b"k" + k.encode() + b"\x00" + mb, b"")
+        # synced: the forget before it may already be on disk (a memtable flush), and no ingest-log
+        # replay brings these back, as it does the unlogged locations of new records
+        self._db.write(wb, self._synced)
 
     def ids_with_prefix(self, prefix: str, limit: int = 1000) -> list[str]:
         """Stored message ids that start with `prefix`."""

@@ -3,7 +3,9 @@
 The meta store's entries of a retired segment's records go first (ids' locations, business keys,
 cancel marks), so the id and key indexes hold only what the data directory holds: they stay bounded
 by retention, and a look-up never points at files that are gone. An id stored again in a later
-segment (its location is there) keeps its entries.
+segment (its location is there) keeps its entries. When the move is then refused (below), the
+segment stays and so do its records: what was forgotten is given back, read again from the
+segment, or a look-up by id or key would not find them until a later retirement.
 
 A deleted segment is first moved whole to retiring/, then its files go: a crash midway never
 leaves part of a segment behind in schedule/ (the next open finishes the deletion). The move is
@@ -21,8 +23,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -54,7 +57,7 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             store.pending_old[seg] = files
             continue
         store.pending_old.pop(seg, None)
-        forget_segment_records(store, seg, dict(files))
+        forgotten = forget_segment_records(store, seg, dict(files))
         # a message long past due is stored in the old segment of its due time: if one came in since
         # `files` was taken, the segment stays (decided again at the next checkpoint)
         holder = layout.archive_dir if archive else layout.retiring_dir
@@ -67,6 +70,8 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             n += 1
             dst = holder / f"{seg_dir.name}.{n}"
         if not store.take_out_segment(seg, lambda: _files(seg_dir) == files, dst):
+            # the segment stays, and its records with it: a look-up must go on finding them
+            put_back_segment_records(store, seg, forgotten)
             continue
         if not archive:
             shutil.rmtree(dst)
@@ -108,11 +113,26 @@ _FORGET_CHUNK = 65_536  # records read and forgotten per write batch at most
 _FORGET_BYTES = 16 << 20
 
 
-def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[str, int] | None = None) -> int:
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What `forget_segment_records` dropped: the index rows of the records whose entries went, and
+    their cancel marks (`cancel_at` where `cancelled`)."""
+
+    part: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    cancelled: np.ndarray
+    cancel_at: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+
+def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[str, int] | None = None) -> Forgotten:
     """Drop the meta store's entries of a segment's records (those whose location is this segment);
-    returns how many ids were forgotten. Records that cannot be read are left (nothing names them).
-    With `sizes` (file name -> bytes, as the caller found them), only the records those bytes held:
-    one stored since is not forgotten."""
+    returns what was forgotten, to put back with `put_back_segment_records` if the segment stays.
+    Records that cannot be read are left (nothing names them). With `sizes` (file name -> bytes, as
+    the caller found them), only the records those bytes held: one stored since is not forgotten."""
     ix = store.segment_index(segment_ms)
     part, offset, length = ix.part.astype(np.int64), ix.offset.astype(np.int64), ix.length.astype(np.int64)
     if sizes is not None:  # per part: the log's size then (parts are append-only; a new part had none)
@@ -120,17 +140,41 @@ def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[
                         np.int64)
         keep = offset + length <= held[part] if len(part) else np.ones(0, bool)
         part, offset, length = part[keep], offset[keep], length[keep]
+    rows, cancelled, cancel_at = [np.zeros(0, np.int64)], [np.zeros(0, bool)], [np.zeros(0, np.int64)]
+    for at, ids, keys in _readable(store, segment_ms, part, offset, length):
+        here = [k for k, loc in enumerate(store.meta.locations(ids)) if loc is not None and loc.segment_ms == segment_ms]
+        dropped = store.meta.forget_records([ids[k] for k in here], [keys[k] for k in here])
+        rows.append(at[here])
+        cancelled.append(np.array([t is not None for t in dropped], bool))
+        cancel_at.append(np.array([t or 0 for t in dropped], np.int64))
+    took = np.concatenate(rows)
+    return Forgotten(part[took], offset[took], length[took], np.concatenate(cancelled), np.concatenate(cancel_at))
+
+
+def put_back_segment_records(store: "ScheduleStore", segment_ms: int, forgotten: Forgotten) -> int:
+    """Give back the meta store's entries that `forget_segment_records` dropped of a segment that
+    stays; an id stored again since keeps its new entries. Returns how many were given back."""
+    back = 0
+    for at, ids, keys in _readable(store, segment_ms, forgotten.part, forgotten.offset, forgotten.length):
+        cancelled = [int(t) if c else None for c, t in zip(forgotten.cancelled[at].tolist(),
+                                                           forgotten.cancel_at[at].tolist())]
+        back += store.put_back_records(segment_ms, ids, forgotten.part[at].tolist(), forgotten.offset[at].tolist(),
+                                       keys, cancelled)
+    return back
+
+
+def _readable(store: "ScheduleStore", segment_ms: int, part: np.ndarray, offset: np.ndarray,
+              length: np.ndarray) -> Iterator[tuple[np.ndarray, list[str], list[tuple[str, ...]]]]:
+    """The readable ones of a segment's records (rows of the arrays given), batch by batch: their
+    rows, ids and business keys."""
     ends = np.cumsum(length, dtype=np.int64)
-    forgotten = 0
     start = 0
     while start < len(part):
         budget = (int(ends[start - 1]) if start else 0) + _FORGET_BYTES
         stop = min(max(int(np.searchsorted(ends, budget, side="right")), start + 1), start + _FORGET_CHUNK, len(part))
         raw = store.read_record_bytes(np.full(stop - start, segment_ms, np.int64), part[start:stop], offset[start:stop])
-        ids, keys = raw.select(np.flatnonzero(raw.ok)).ids_and_keys()  # no object made of a body
-        here = [k for k, loc in enumerate(store.meta.locations(ids)) if loc is not None and loc.segment_ms == segment_ms]
-        store.meta.forget_records([ids[k] for k in here], [keys[k] for k in here])
-        forgotten += len(here)
-        del raw, ids, keys
+        good = np.flatnonzero(raw.ok)
+        ids, keys = raw.select(good).ids_and_keys()  # no object made of a body
+        del raw
+        yield start + good, ids, keys
         start = stop
-    return forgotten

@@ -358,6 +358,16 @@ class ScheduleStore:
         fsync_path(self.layout.schedule_dir)  # out of schedule/ for good before its files go
         return True
 
+    def put_back_records(self, segment_ms: int, msg_ids: Sequence[str], parts: Sequence[int], offsets: Sequence[int],
+                         keys: Sequence[Sequence[str]], cancelled: Sequence[int | None]) -> int:
+        """Give the meta store back the entries retention forgot of a segment it then could not move
+        (`storage.retention`); an id stored again since keeps its new entries. Returns how many."""
+        with self._write_lock:  # no commit between the look-up and the write: a new copy is never overwritten
+            gone = [k for k, loc in enumerate(self.meta.locations(msg_ids)) if loc is None]
+            self.meta.restore_records([msg_ids[k] for k in gone], segment_ms, [parts[k] for k in gone],
+                                      [offsets[k] for k in gone], [keys[k] for k in gone], [cancelled[k] for k in gone])
+        return len(gone)
+
     # ---- retention and lifecycle ----------------------------------------------------------------
 
     def checkpointed(self, segment_ms: int) -> bool:

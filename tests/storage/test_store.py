@@ -699,6 +699,82 @@ def test_a_record_stored_in_a_segment_while_retention_decides_on_it_is_not_delet
     s.close()
 
 
+@pytest.mark.parametrize("meanwhile", ["a late arrival", "an outcome recorded again"])
+def test_a_segment_whose_retirement_is_refused_keeps_its_ids_and_keys_in_the_meta_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: str) -> None:
+    """Retention forgets a done segment's ids and keys, then moves it out under the write lock; a
+    write into the segment in between refuses the move. The ids once stayed forgotten while their
+    records stayed on disk: a look-up by id or key found nothing until a later retirement."""
+    s = ScheduleStore(tmp_path / "d")
+    s.append([Record(f"old{i}", "T", b"x", NOW + i, keys=("k-old", f"k{i}")) for i in range(3)], NOW)
+    s.meta.mark_cancelled(["old0"], NOW - 1)
+    seg = s.layout.segment_start(NOW)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    s.checkpoint()
+    before = s.meta.locations([f"old{i}" for i in range(3)])
+    real = retention_module.forget_segment_records
+
+    def then_a_write(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)  # the ids are forgotten: the segment is about to go
+        if meanwhile == "a late arrival":
+            s.append([Record("late", "T", b"arrived long past due", NOW + 500)], NOW + 5 * HOUR)
+        else:
+            s.record_dispatch(seg, dispatch_entries(ix.part[:1], ix.offset[:1], ix.due_ms[:1], NOW, DELIVERED), NOW)
+        return out
+
+    monkeypatch.setattr(retention_module, "forget_segment_records", then_a_write)
+    assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == []  # refused: the segment stays
+    monkeypatch.undo()
+    assert s.layout.list_segments() == [seg]
+    assert s.meta.locations([f"old{i}" for i in range(3)]) == before, "a done record of a kept segment is not found by id"
+    assert sorted(s.meta.ids_for_key("k-old")) == ["old0", "old1", "old2"] and s.meta.ids_for_key("k1") == ["old1"]
+    assert s.meta.cancelled_at("old0") == NOW - 1
+    if meanwhile == "a late arrival":  # done too now: the segment goes, and its ids with it
+        late = s.meta.locations(["late"])[0]
+        assert late is not None and late.segment_ms == seg
+        s.record_dispatch(seg, dispatch_entries(np.array([late.part]), np.array([late.offset]), np.array([NOW + 500]),
+                                                NOW, DELIVERED), NOW)
+        s.seal_live_parts(NOW + 10 * HOUR)
+        s.checkpoint()
+    assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == [seg]
+    assert s.meta.locations(["old0", "old1", "old2", "late"]) == [None] * 4 and s.meta.ids_for_key("k-old") == []
+    assert s.meta.cancelled_at("old0") is None
+    s.close()
+
+
+def test_a_copy_stored_while_its_id_was_forgotten_keeps_its_own_entries_when_the_segment_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a refused retirement gives back never overwrites an id stored again meanwhile, and it
+    is still there after a crash."""
+    s = ScheduleStore(tmp_path / "d")
+    s.append([Record(f"old{i}", "T", b"x", NOW + i, keys=(f"k{i}",)) for i in range(2)], NOW)
+    seg = s.layout.segment_start(NOW)
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    s.checkpoint()
+    first = s.meta.locations(["old0", "old1"])
+    real = retention_module.forget_segment_records
+
+    def then_a_copy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        assert s.append([Record("old1", "T", b"again", NOW + 1, keys=("k-again",))], NOW + 5 * HOUR).new.all()
+        return out
+
+    monkeypatch.setattr(retention_module, "forget_segment_records", then_a_copy)
+    assert s.retire(NOW + 5 * HOUR, min_age_ms=HOUR) == []
+    monkeypatch.undo()
+    copy = s.meta.locations(["old1"])[0]
+    assert copy is not None and copy != first[1] and s.meta.ids_for_key("k-again") == ["old1"]
+    crash(s)
+    s = ScheduleStore(tmp_path / "d")
+    assert s.meta.locations(["old0", "old1"]) == [first[0], copy]
+    assert s.meta.ids_for_key("k0") == ["old0"] and s.meta.ids_for_key("k-again") == ["old1"]
+    s.close()
+
+
 def test_the_meta_stores_own_log_stays_bounded_across_restarts_and_checkpoints(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """RocksDB's info log once grew by every checkpoint's flush and kept one more file each restart."""
