@@ -7,7 +7,9 @@ Run: .venv/bin/python -m pytest bench/test_ingest_bench.py --benchmark-only
 - general: `decode_messages` → `DelayTopicIngest._store_batch` (`to_message` per message, then
   `Engine.schedule`: validation, `to_record`, `ScheduleStore.append` encoding each record);
 - one pass: `OnePass.read` (`forwarder._ingest_pass`) → `DelayTopicIngest._store_answers`
-  (`Engine.schedule_encoded`, `ScheduleStore.append_encoded` of the record bytes it wrote).
+  (`Engine.schedule_encoded`, `ScheduleStore.append_encoded` of the record bytes it wrote);
+- one pass, 8 answers a commit: what a busy topic's tick hands over (the pull thread stores every
+  answer read together in one commit); against one answer a commit it shows the commit's fixed cost.
 
 Every round stores fresh ids (a new answer is made before it, untimed), so each is a real commit.
 """
@@ -83,6 +85,7 @@ def test_ingest_general_path(benchmark: Any, ingest: DelayTopicIngest) -> None:
     _per_message(benchmark)
 
 
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["python-walk", "compiled-walk"])
 def test_ingest_one_pass(benchmark: Any, ingest: DelayTopicIngest, compiled: bool) -> None:
     """After: the answer walked once into record bytes and the columns the store files them by
@@ -95,3 +98,21 @@ def test_ingest_one_pass(benchmark: Any, ingest: DelayTopicIngest, compiled: boo
     benchmark.pedantic(run, setup=_answer, rounds=ROUNDS, warmup_rounds=5)
     assert ingest.counters["ingested"] == (ROUNDS + 5) * BATCH
     _per_message(benchmark)
+
+
+MERGED = 8
+
+
+def test_ingest_one_pass_answers_merged(benchmark: Any, ingest: DelayTopicIngest) -> None:
+    """The compiled one pass with MERGED answers stored in one commit."""
+    one = OnePass(LIMITS, ingest.now_ms, compiled=True)
+
+    def answers() -> tuple[tuple[list[bytes]], dict[str, Any]]:
+        return ([_answer()[0][0] for _ in range(MERGED)],), {}
+
+    def run(bodies: list[bytes]) -> bool:
+        return ingest._store_answers([one.read(b, LIMITS.max_body_bytes, "b") for b in bodies])
+
+    benchmark.pedantic(run, setup=answers, rounds=ROUNDS // 4, warmup_rounds=2)
+    assert ingest.counters["ingested"] == (ROUNDS // 4 + 2) * BATCH * MERGED
+    benchmark.extra_info["us_per_message"] = round(benchmark.stats.stats.mean / (BATCH * MERGED) * 1e6, 2)
