@@ -106,6 +106,7 @@ class ScheduleStore:
         #: called under the write lock with each commit's new records (LOCATION_DTYPE), in commit
         #: order; a listener must be quick and must not call back into the store's writers
         self.commit_listeners: list[Callable[[np.ndarray], None]] = []
+        self._listener_failure: str | None = None
         self._due_checkpoint: Rotation | None = None
         self._checkpoints = Checkpoints(self.layout, self.meta, self._wal, self.writer, self.dispatch_writer)
         #: old segments retention found pending, with their files' sizes then (`storage.retention`)
@@ -240,8 +241,7 @@ class ScheduleStore:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
-            for listener in self.commit_listeners:
-                listener(written)
+            self._tell_listeners(written)
         start = 0
         for req in batch:
             end = start + len(req.rows)
@@ -250,6 +250,23 @@ class ScheduleStore:
             start = end
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._checkpoints.rotate()
+
+    def _tell_listeners(self, written: np.ndarray) -> None:
+        """Hand a commit's new records to every listener. They are stored by now: a listener's error
+        raised as the commit's would have the caller retry, find every id stored and hand nothing
+        on, so it is kept instead (`commit_listener_failure`) for the engine to stop on."""
+        for listener in self.commit_listeners:
+            try:
+                listener(written)
+            except Exception as e:
+                log.critical("a commit listener failed on %d stored records", len(written), exc_info=True)
+                self._listener_failure = self._listener_failure or (
+                    f"{len(written)} stored records were not handed on by a commit listener ({type(e).__name__}: {e})")
+
+    @property
+    def commit_listener_failure(self) -> str | None:
+        """Why a commit listener failed since the store was opened (what it missed is stored, not handed on)."""
+        return self._listener_failure
 
     def _origin_rows(self, queues: list[str | None], offsets: list[int]) -> np.ndarray:
         if not any(queues):

@@ -227,6 +227,10 @@ class TimerDriver:
             self._wake.set()
 
     def _pass(self, now: int) -> None:
+        if (missed := self.store.commit_listener_failure) is not None:
+            # records this driver was never told of: a pass would go on without them (and could mark
+            # their segment done), so the timer stops; the next start loads them from the store
+            raise RuntimeError(f"the timer stops: {missed}; a restart loads them from the store")
         loader, wheel, queue = self.loader, self.wheel, self.queue
         loader.note_done(queue.take_done())
         seg_ms = self.config.segment_ms

@@ -833,3 +833,26 @@ def test_a_batch_the_meta_store_refuses_is_cut_so_its_retry_stores_it_once(tmp_p
     again = ScheduleStore(tmp_path / "d")
     assert len(again.segment_index(again.layout.segment_start(NOW))) == 3  # nothing of it replayed
     again.close()
+
+
+def test_a_commit_listener_that_fails_does_not_turn_a_stored_batch_into_a_failed_one(tmp_path: Path) -> None:
+    """The records are in the ingest log, the parts and the meta store before the listeners hear of
+    them. A listener's error was once raised as the commit's: the caller retried, the retry found
+    every id stored and handed nothing on, so the timer never heard of the records. Now the commit
+    stands, every listener is called, and the failure is kept for the engine to stop on."""
+    s = ScheduleStore(tmp_path / "d")
+    handed: list[int] = []
+    assert getattr(s, "commit_listener_failure", None) is None
+
+    def failing(written: np.ndarray) -> None:
+        raise MemoryError("the listener could not keep the records")
+
+    s.commit_listeners.extend([failing, lambda written: handed.append(len(written))])
+    result = s.append(recs(3), NOW)  # the old code: MemoryError, with the 3 records stored
+    assert result.new.all() and handed == [3]
+    assert "MemoryError: the listener could not keep the records" in (s.commit_listener_failure or "")
+    assert len(s.segment_index(s.layout.segment_start(NOW))) == 3
+    s.commit_listeners.remove(failing)
+    assert s.append(recs(2, prefix="later"), NOW).new.all() and handed == [3, 2]
+    assert s.commit_listener_failure is not None  # kept: what the failed listener missed is still missing
+    s.close()

@@ -462,3 +462,57 @@ def test_a_crash_midway_through_retiring_a_segment_sends_none_of_its_messages_ag
         assert summarize(e2.store.layout)["totals"]["pending"] == 0  # type: ignore[index]
     finally:
         e2.stop()
+
+
+def test_records_the_timer_was_not_told_of_stop_the_timer_and_a_restart_delivers_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's commit listener (the timer's `_on_commit`) fails once, after the records were
+    stored. The error once went back to ingest as a failed store: the batch was pulled again, every
+    id was found stored (dedupe) and nothing was handed to the wheel, so a record of a part already
+    loaded was never sent while the engine looked healthy. Now the append stands, the timer stops
+    with the error (the engine not ready; the service exits), and the next start sends it."""
+    import time
+
+    from timewheel import SystemClock
+    from timewheel.timer import TimerDriver
+
+    real = TimerDriver._on_commit
+    calls: list[int] = []
+
+    def failing(self: TimerDriver, locations: np.ndarray) -> None:
+        calls.append(len(locations))
+        if len(calls) == 2:  # the second commit: its part is loaded already
+            raise MemoryError("could not keep the new records")
+        real(self, locations)
+
+    def wait_for(done: Any) -> None:
+        deadline = time.monotonic() + 3
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(TimerDriver, "_on_commit", failing)
+    sink = EncodingSink()
+    e = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock()).start()
+    try:
+        [first] = e.schedule([Message("T", b"x", int(time.time() * 1000) + 300, msg_id=f"{1:032X}:00000001")])
+        wait_for(lambda: sink.sent)
+        assert [m.msg_id for m in sink.sent] == [first]
+        msgs = [Message("T", b"y", int(time.time() * 1000) + 300, msg_id=f"{2:032X}:00000001")]
+        try:
+            ids = e.schedule(msgs)
+        except MemoryError:  # as ingest does with a batch it could not store: pull it again
+            ids = e.schedule(msgs)
+        wait_for(lambda: len(sink.sent) > 1 or e.dead_threads())
+        assert len(calls) == 2
+        assert e.dead_threads() == ["timewheel-timer"], (
+            f"stranded: sent {[m.msg_id for m in sink.sent]}, dead threads {e.dead_threads()}, {e.stats().counters}")
+        assert [m.msg_id for m in sink.sent] == [first]
+    finally:
+        e.stop()
+    monkeypatch.setattr(TimerDriver, "_on_commit", real)
+    again = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock()).start()
+    try:
+        wait_for(lambda: len(sink.sent) > 1)
+        assert [m.msg_id for m in sink.sent] == [first, *ids] and again.dead_threads() == []
+    finally:
+        again.stop()
