@@ -5,6 +5,7 @@ Keys (bytes):
     k<key>\\x00<msg_id>        -> b""  (business key -> ids, by prefix scan)
     c<msg_id>                 -> cancel time, int64
     s<segment_ms big-endian>  -> segment state: b"done" when every record is dispatched or cancelled
+                                 (cleared when a late record is stored in it)
     m<name>                   -> JSON documents: checkpoints, traffic rules
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence, cast
@@ -98,6 +100,10 @@ class MetaStore:
         self._unlogged.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
         self._synced = rocksdict.WriteOptions()
         self._synced.sync = True
+        # the segments marked done, for `put_records` to see without a read; replaced whole under
+        # the lock, so that a reader on another thread never iterates a set that changes
+        self._done_lock = threading.Lock()
+        self._done: frozenset[int] = frozenset(self.done_segments())
 
     def memory_bytes(self) -> dict[str, int]:
         """What the meta store holds in memory, by kind: its block cache (up to RocksDB's default
@@ -140,7 +146,17 @@ class MetaStore:
             put(b"i" + mb, pack(seg, part, off))
             for k in ks:
                 put(b"k" + k.encode() + b"\x00" + mb, b"")
+        done = self._done
+        # A record stored in a segment marked done (one that arrived late) makes it pending again, in
+        # the same batch: a start never loads a done segment, and the record would never be sent.
+        # Unlogged like the ids: a crash loses both, and the replay of the ingest log writes both again.
+        again = done.intersection(segment_ms) if done and min(segment_ms, default=0) <= max(done) else ()
+        for seg in again:
+            wb.delete(b"s" + _BE64.pack(seg))
         self._db.write(wb, self._unlogged)
+        if again:
+            with self._done_lock:
+                self._done = self._done.difference(again)
 
     def ids_for_key(self, key: str, limit: int | None = None) -> list[str]:
         """Message ids stored under a business key (the first `limit`, in id order, when given)."""
@@ -209,8 +225,10 @@ class MetaStore:
         return None if raw is None else int(_I64.unpack(raw)[0])
 
     def mark_segment_done(self, segment_ms: int) -> None:
-        """Remember that a segment has nothing left to dispatch."""
+        """Remember that a segment has nothing left to dispatch (until `put_records` stores one in it)."""
         self._db.put(b"s" + _BE64.pack(segment_ms), b"done")
+        with self._done_lock:
+            self._done = self._done.union((segment_ms,))
 
     def done_segments(self) -> set[int]:
         """Segments known to have nothing left to dispatch."""
@@ -224,6 +242,8 @@ class MetaStore:
     def forget_segment(self, segment_ms: int) -> None:
         """Drop a retired segment's state."""
         self._db.delete(b"s" + _BE64.pack(segment_ms))
+        with self._done_lock:
+            self._done = self._done.difference((segment_ms,))
 
     def get_document(self, name: str) -> Any | None:
         """A JSON document stored under `name`, or None."""

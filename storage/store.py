@@ -27,6 +27,7 @@ from storage import dispatch as _dispatch
 from storage._checkpoints import Checkpoints, Rotation
 from storage._dispatch_writer import DispatchWriter
 from storage._files import fsync_path
+from storage._listeners import CommitListeners
 from storage._reader import RecordReader, SegmentIndex, segment_index
 from storage.record_bytes import RecordBytes
 from storage._writer import PartWriter, UndoPoint
@@ -103,9 +104,9 @@ class ScheduleStore:
         self._queue: list[_Pending] = []
         self._committing = False
         self._closed = False
-        #: called under the write lock with each commit's new records (LOCATION_DTYPE), in commit
-        #: order; a listener must be quick and must not call back into the store's writers
-        self.commit_listeners: list[Callable[[np.ndarray], None]] = []
+        self._listeners = CommitListeners()
+        #: told of each commit's new records under the write lock (`storage._listeners`)
+        self.commit_listeners = self._listeners.listeners
         self._due_checkpoint: Rotation | None = None
         self._checkpoints = Checkpoints(self.layout, self.meta, self._wal, self.writer, self.dispatch_writer)
         #: old segments retention found pending, with their files' sizes then (`storage.retention`)
@@ -240,8 +241,7 @@ class ScheduleStore:
                 self._roll_back(undo)
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
-            for listener in self.commit_listeners:
-                listener(written)
+            self._listeners.tell(written)
         start = 0
         for req in batch:
             end = start + len(req.rows)
@@ -250,6 +250,11 @@ class ScheduleStore:
             start = end
         if self._wal.position >= self.checkpoint_bytes:
             self._due_checkpoint = self._checkpoints.rotate()
+
+    @property
+    def commit_listener_failure(self) -> str | None:
+        """Why a commit listener failed since the store was opened (what it missed is stored, not handed on)."""
+        return self._listeners.failure
 
     def _origin_rows(self, queues: list[str | None], offsets: list[int]) -> np.ndarray:
         if not any(queues):
@@ -384,6 +389,15 @@ class ScheduleStore:
     def is_live(self, segment_ms: int) -> bool:
         """Whether the store is appending to a part of this segment."""
         return segment_ms in self.writer.live
+
+    def mark_segment_done(self, segment_ms: int, nothing_waits: Callable[[], bool]) -> bool:
+        """Mark a segment done if `nothing_waits()` (no record stored in it waits for its listener's
+        owner) and no listener failed, with no commit in between: one after it clears the mark."""
+        with self._write_lock:
+            if self._listeners.failure is not None or not nothing_waits():
+                return False
+            self.meta.mark_segment_done(segment_ms)
+            return True
 
     def seal_live_parts(self, before_ms: int) -> None:
         """Stop appending to live parts of segments that end at or before `before_ms`."""

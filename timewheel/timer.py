@@ -227,6 +227,10 @@ class TimerDriver:
             self._wake.set()
 
     def _pass(self, now: int) -> None:
+        if (missed := self.store.commit_listener_failure) is not None:
+            # records this driver was never told of: a pass would go on without them (and could mark
+            # their segment done), so the timer stops; the next start loads them from the store
+            raise RuntimeError(f"the timer stops: {missed}; a restart loads them from the store")
         loader, wheel, queue = self.loader, self.wheel, self.queue
         loader.note_done(queue.take_done())
         seg_ms = self.config.segment_ms
@@ -324,13 +328,21 @@ class TimerDriver:
             # standby replica holds it for as long as another replica holds the lease)
             if (seg < current and state.outstanding <= 0 and not self._deferred.size
                     and (self.queue.earliest_due() or current) >= current):
-                self.store.meta.mark_segment_done(seg)
+                # not while a record stored in it since this pass began (late) waits in the inbound
+                # list: a start never loads a done segment, and it would not be sent
+                if not self.store.mark_segment_done(seg, functools.partial(self._none_inbound, seg)):
+                    continue
                 # none of its entries can reach the queue again: its cancels need not be remembered
                 self.queue.forget(functools.partial(self.loader.in_segment, segment_ms=seg))
                 self.loader.unload(seg)
         if current != self._sealed_before:  # once per segment: it takes the store's write lock
             self._sealed_before = current
             self.store.seal_live_parts(current)
+
+    def _none_inbound(self, segment_ms: int) -> bool:
+        """Whether no record of this segment waits in the inbound list."""
+        with self._inbound_lock:
+            return not any((locs["segment_ms"] == segment_ms).any() for locs in self._inbound)
 
     def _next_wakeup(self, now: int) -> int:
         seg_ms = self.config.segment_ms

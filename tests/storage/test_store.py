@@ -909,3 +909,63 @@ def test_a_batch_the_meta_store_refuses_is_cut_so_its_retry_stores_it_once(tmp_p
     again = ScheduleStore(tmp_path / "d")
     assert len(again.segment_index(again.layout.segment_start(NOW))) == 3  # nothing of it replayed
     again.close()
+
+
+def test_a_commit_listener_that_fails_does_not_turn_a_stored_batch_into_a_failed_one(tmp_path: Path) -> None:
+    """The records are in the ingest log, the parts and the meta store before the listeners hear of
+    them. A listener's error was once raised as the commit's: the caller retried, the retry found
+    every id stored and handed nothing on, so the timer never heard of the records. Now the commit
+    stands, every listener is called, and the failure is kept for the engine to stop on."""
+    s = ScheduleStore(tmp_path / "d")
+    handed: list[int] = []
+    assert getattr(s, "commit_listener_failure", None) is None
+
+    def failing(written: np.ndarray) -> None:
+        raise MemoryError("the listener could not keep the records")
+
+    s.commit_listeners.extend([failing, lambda written: handed.append(len(written))])
+    result = s.append(recs(3), NOW)  # the old code: MemoryError, with the 3 records stored
+    assert result.new.all() and handed == [3]
+    assert "MemoryError: the listener could not keep the records" in (s.commit_listener_failure or "")
+    assert len(s.segment_index(s.layout.segment_start(NOW))) == 3
+    s.commit_listeners.remove(failing)
+    assert s.append(recs(2, prefix="later"), NOW).new.all() and handed == [3, 2]
+    assert s.commit_listener_failure is not None  # kept: what the failed listener missed is still missing
+    s.close()
+
+
+def test_a_record_stored_in_a_segment_marked_done_makes_it_pending_again_even_across_a_crash(
+        tmp_path: Path) -> None:
+    """A start never loads a segment marked done: a record that arrives in one later (late) once
+    stayed on disk unsent after a restart. Its commit clears the mark; a crash loses that write with
+    the record's id (both unlogged), and the replay of the ingest log writes both again."""
+    s = ScheduleStore(tmp_path / "d")
+    seg = s.layout.segment_start(NOW)
+    s.append(recs(1), NOW)
+    s.checkpoint()
+    s.meta.mark_segment_done(seg)
+    s.meta.mark_segment_done(seg - HOUR)
+    assert s.append(recs(1, prefix="late", start=NOW + 5), NOW + 2 * HOUR).new.all()
+    assert s.meta.done_segments() == {seg - HOUR}  # the old code: the segment stayed done
+    crash(s)
+    again = ScheduleStore(tmp_path / "d")
+    assert again.recovery.replayed_records == 1 and again.meta.done_segments() == {seg - HOUR}
+    again.meta.mark_segment_done(seg)
+    again.meta.forget_segment(seg - HOUR)
+    assert again.meta.done_segments() == {seg}
+    again.close()
+
+
+def test_no_segment_is_marked_done_once_a_commit_listener_failed(tmp_path: Path) -> None:
+    """What the failed listener missed is in no inbound list: nothing tells its segment is not done."""
+    s = ScheduleStore(tmp_path / "d")
+    seg = s.layout.segment_start(NOW)
+    assert s.mark_segment_done(seg - HOUR, lambda: True) and not s.mark_segment_done(seg - 2 * HOUR, lambda: False)
+
+    def failing(written: np.ndarray) -> None:
+        raise MemoryError("the listener could not keep the records")
+
+    s.commit_listeners.append(failing)
+    s.append(recs(1), NOW)
+    assert not s.mark_segment_done(seg, lambda: True) and s.meta.done_segments() == {seg - HOUR}
+    s.close()

@@ -462,3 +462,111 @@ def test_a_crash_midway_through_retiring_a_segment_sends_none_of_its_messages_ag
         assert summarize(e2.store.layout)["totals"]["pending"] == 0  # type: ignore[index]
     finally:
         e2.stop()
+
+
+def test_records_the_timer_was_not_told_of_stop_the_timer_and_a_restart_delivers_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's commit listener (the timer's `_on_commit`) fails once, after the records were
+    stored. The error once went back to ingest as a failed store: the batch was pulled again, every
+    id was found stored (dedupe) and nothing was handed to the wheel, so a record of a part already
+    loaded was never sent while the engine looked healthy. Now the append stands, the timer stops
+    with the error (the engine not ready; the service exits), and the next start sends it."""
+    import time
+
+    from timewheel import SystemClock
+    from timewheel.timer import TimerDriver
+
+    real = TimerDriver._on_commit
+    calls: list[int] = []
+
+    def failing(self: TimerDriver, locations: np.ndarray) -> None:
+        calls.append(len(locations))
+        if len(calls) == 2:  # the second commit: its part is loaded already
+            raise MemoryError("could not keep the new records")
+        real(self, locations)
+
+    def wait_for(done: Any) -> None:
+        deadline = time.monotonic() + 3
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(TimerDriver, "_on_commit", failing)
+    sink = EncodingSink()
+    e = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock()).start()
+    try:
+        [first] = e.schedule([Message("T", b"x", int(time.time() * 1000) + 300, msg_id=f"{1:032X}:00000001")])
+        wait_for(lambda: sink.sent)
+        assert [m.msg_id for m in sink.sent] == [first]
+        msgs = [Message("T", b"y", int(time.time() * 1000) + 300, msg_id=f"{2:032X}:00000001")]
+        try:
+            ids = e.schedule(msgs)
+        except MemoryError:  # as ingest does with a batch it could not store: pull it again
+            ids = e.schedule(msgs)
+        wait_for(lambda: len(sink.sent) > 1 or e.dead_threads())
+        assert len(calls) == 2
+        assert e.dead_threads() == ["timewheel-timer"], (
+            f"stranded: sent {[m.msg_id for m in sink.sent]}, dead threads {e.dead_threads()}, {e.stats().counters}")
+        assert [m.msg_id for m in sink.sent] == [first]
+    finally:
+        e.stop()
+    monkeypatch.setattr(TimerDriver, "_on_commit", real)
+    again = Engine(EngineConfig(tmp_path / "data"), sink, SystemClock()).start()
+    try:
+        wait_for(lambda: len(sink.sent) > 1)
+        assert [m.msg_id for m in sink.sent] == [first, *ids] and again.dead_threads() == []
+    finally:
+        again.stop()
+
+
+def test_a_late_message_stored_in_a_segment_marked_done_is_sent_after_a_restart(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """A message due in a segment already marked done (it arrived late: ingest lag, a producer's
+    clock) is stored there and sent from memory. With the broker down it waits for a retry, and a
+    stop then once lost it for good: a start never loads a done segment, so it stayed on disk
+    unsent. Now storing it makes the segment pending again."""
+    sink = RecordingSink(clock)
+    data = tmp_path / "data"
+    e = Engine(EngineConfig(data), sink, clock).start(background=False)
+    try:
+        e.schedule([Message("T", b"a", T0 + 1000, msg_id=f"{1:032X}:00000001")])
+        drive(e, clock, T0 + 2 * 3_600_000)
+        assert e.store is not None and T0 in e.store.meta.done_segments()
+        sink.busy = True  # the broker is down
+        [late] = e.schedule([Message("T", b"late", T0 + 5000, msg_id=f"{2:032X}:00000001")])
+        drive(e, clock, clock.now_ms() + 10_000)
+        assert e.stats().retrying == 1
+    finally:
+        e.stop()
+    again = RecordingSink(clock)
+    e2 = Engine(EngineConfig(data), again, clock).start(background=False)
+    try:
+        drive(e2, clock, clock.now_ms() + 60_000)
+        assert [mid for mid, _ in again.sent] == [late]
+        drive(e2, clock, clock.now_ms() + 3_600_000)
+        assert e2.store is not None and T0 in e2.store.meta.done_segments()  # done again once it was sent
+    finally:
+        e2.stop()
+
+
+def test_a_segment_is_not_marked_done_while_a_record_stored_in_it_waits_for_the_timer(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """The timer decides a past segment is done from what it has taken; a record stored in it since
+    (late) waits in its inbound list. Marked done then, the segment would not be loaded by a start
+    that came before the record was sent."""
+    sink = RecordingSink(clock)
+    e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
+    try:
+        e.schedule([Message("T", b"a", T0 + 1000, msg_id=f"{1:032X}:00000001")])
+        drive(e, clock, T0 + 2 * 3_600_000)
+        run = e._run
+        assert run is not None and e.store is not None and T0 not in run.timer.loader.loaded
+        # the segment as the pass that finds it done sees it: loaded, nothing outstanding, not marked yet
+        e.store.meta.forget_segment(T0)
+        run.timer.loader.load(T0)
+        [late] = e.schedule([Message("T", b"late", T0 + 5000, msg_id=f"{2:032X}:00000001")])
+        run.timer._finish_segments(clock.now_ms())  # the late record waits in the inbound list
+        assert T0 not in e.store.meta.done_segments()
+        drive(e, clock, clock.now_ms() + 1000)
+        assert [mid for mid, _ in sink.sent][1:] == [late] and T0 in e.store.meta.done_segments()
+    finally:
+        e.stop()
