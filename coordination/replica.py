@@ -393,7 +393,7 @@ class ShardReplica:
 
         The offsets are read first: every message below them was in the engine when the watermark
         was computed, so the watermark speaks for each of them. The watermark is never ahead of this
-        replica's own clock.
+        replica's own clock. A frozen mark (`DeliveredMark.frozen`) is not published.
         """
         if self._watermark_source is None:
             return
@@ -401,6 +401,10 @@ class ShardReplica:
         now = self._now_ms()
         got = self._watermark_source()
         done = got if isinstance(got, DeliveredMark) else DeliveredMark(got)
+        if done.frozen:
+            # the engine failed on its delivery path and stops: the mark already published stays,
+            # with the offsets it was computed for (with newer ones it could cover unsent messages)
+            return
         w = min(done.up_to, now)
         mark = Watermark(self._epoch, w, self.cfg.replica_id, now, offsets,
                          tuple(e for e in done.exceptions[:MAX_EXCEPTIONS] if e[2] <= w))

@@ -61,3 +61,11 @@ def by_note(notes: list[str]) -> list[tuple[str, np.ndarray]]:
     for i, note in enumerate(notes):
         rows.setdefault(note, []).append(i)
     return [(note, np.asarray(idx, np.int64)) for note, idx in rows.items()]
+
+
+def rows_by_topic(topics: list[str]) -> dict[str, list[int]]:
+    """Each topic's rows, from every row's topic."""
+    rows: dict[str, list[int]] = {}
+    for i, topic in enumerate(topics):
+        rows.setdefault(topic, []).append(i)
+    return rows

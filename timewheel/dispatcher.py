@@ -34,7 +34,7 @@ from typing import Mapping, cast
 import numpy as np
 
 from storage import CANCELLED, CORRUPT, DELIVERED, ScheduleStore, StorageWriteError
-from timewheel._arrays import all_true
+from timewheel._arrays import all_true, rows_by_topic
 from timewheel._due import DueEntries
 from timewheel._held import Batch, HeldQueues
 from timewheel._outcomes import DispatchCounters, Outcomes
@@ -208,29 +208,34 @@ class Dispatcher:
     def dispatch_pass(self) -> int:
         """Send one batch: ready first, then retries that are due, then catch-up backlog; or, with
         nothing to read, what the shaper grants. Returns how many entries it handled."""
+        back: DueEntries | None = None
         try:
             held_full, _ = self._held_state(self.clock.now_ms())
             taken = None if held_full else self.queue.take(self.config.send_batch_size)
             if taken is None:
                 return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
             back, n = taken
-            try:
-                self._record_withdrawn()
-                entries = back if self.gate is None else self._through_gate(self.gate, back)
-                if len(entries.due):
-                    self._send(entries)
-            except BaseException:
-                # Fail-stop: what was taken goes back (so the watermark stays before it and a restart or
-                # the next holder sends it: duplicates at worst, never a loss), and the error ends the
-                # thread, which the engine reports (not ready; the service exits for its supervisor).
-                self.queue.retry(np.full(len(back.due), self.clock.now_ms() + 1000, np.int64), back)
-                self.failed = True
-                log.critical("a dispatch pass failed with %d entries taken; they are back in the queue and this "
-                             "engine stops dispatching", len(back.due), exc_info=True)
-                raise
+            self._record_withdrawn()
+            entries = back if self.gate is None else self._through_gate(self.gate, back)
+            if len(entries.due):
+                self._send(entries)
             return n
+        except BaseException:
+            # Fail-stop: what was taken goes back (the watermark stays before it; a restart or the next
+            # holder sends it: duplicates at worst, never a loss), `failed` freezes the watermark, and the
+            # error ends the thread, which the engine reports (not ready; the service exits for its supervisor).
+            if back is not None:
+                self._put_back(back)
+            self.failed = True
+            log.critical("a dispatch pass failed; what it took is back in the queue and this engine stops "
+                         "dispatching", exc_info=True)
+            raise
         finally:
             self.queue.clear_in_hand()
+
+    def _put_back(self, e: DueEntries) -> None:
+        """Queue entries a failed pass had in hand again (before `clear_in_hand`: always in sight)."""
+        self.queue.retry(np.full(len(e.due), self.clock.now_ms() + 1000, np.int64), e)
 
     def _record_withdrawn(self) -> None:
         """Record as cancelled the entries withdrawn after they came due that this thread dropped."""
@@ -344,7 +349,11 @@ class Dispatcher:
                         shaper.release(topic, n - taken.get(topic, 0))
             if batch is None:
                 return sent
-            self._deliver(batch, held_since)
+            try:
+                self._deliver(batch, held_since)
+            except BaseException:
+                self._put_back(batch.entries())  # granted maybe passes ago: held nowhere else now
+                raise
             sent += len(batch)
 
     def _deliver(self, b: Batch, held_since: np.ndarray | None = None) -> None:
@@ -373,7 +382,7 @@ class Dispatcher:
         sent_at = self.clock.now_ms()
         all_ok = all_true(delivered)
         if self.shaper is not None:
-            for topic, idx in (by_topic if by_topic is not None else _rows_by_topic(b.topic_list())).items():
+            for topic, idx in (by_topic if by_topic is not None else rows_by_topic(b.topic_list())).items():
                 ok = len(idx) if all_ok else int(delivered[idx].sum())
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
                 self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
@@ -438,11 +447,3 @@ class Dispatcher:
                 by_topic = None  # not every row once: the batch's own topics answer instead
             return np.asarray(results, bool), answers, errors, held, by_topic
         return np.asarray(results, bool), None, None, None, None
-
-
-def _rows_by_topic(topics: list[str]) -> dict[str, list[int]]:
-    """Each topic's rows, from every row's topic."""
-    rows: dict[str, list[int]] = {}
-    for i, topic in enumerate(topics):
-        rows.setdefault(topic, []).append(i)
-    return rows

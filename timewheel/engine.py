@@ -59,7 +59,7 @@ from timewheel._recovery import Recovery
 from timewheel.message import CopyFinder, DeadLetterSink, Message, Shaper, Sink
 from timewheel.stats import EngineCounters, EngineStats
 from timewheel.timer import TimerDriver
-from timewheel.watermark import delivered_up_to, delivered_up_to_except
+from timewheel.watermark import Watermarks
 
 log = logging.getLogger("timewheel.engine")
 
@@ -75,6 +75,7 @@ class _Running:
     housekeeper: Housekeeper
     background: bool
     tombstones: Tombstones
+    watermarks: Watermarks
 
 
 class Engine:
@@ -165,7 +166,7 @@ class Engine:
             raise
         self.store = store
         self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock, tombstones),
-                             background, tombstones)
+                             background, tombstones, Watermarks(timer, queue, dispatcher, store))
         if background:
             # Releasing at the due millisecond needs the timer thread to get the GIL within a
             # millisecond; Python's default switch interval (5 ms) would make it wait behind the
@@ -406,11 +407,11 @@ class Engine:
         """Every message due at or before this (epoch ms) has its outcome recorded: the watermark a
         replica holding the shard's lease publishes (-1 before the first timer pass)."""
         run = self._require_started()
-        return delivered_up_to(run.timer, run.queue, run.dispatcher)
+        return run.watermarks.up_to()
 
     def delivered_up_to_except(self, limit: int) -> DeliveredMark:
         """`delivered_up_to` passing up to `limit` entries waiting for a retry, listed by origin: what
-        a replica holding the shard's lease publishes (`timewheel.watermark`)."""
+        a replica holding the shard's lease publishes (`timewheel.watermark`; `frozen` once delivery failed)."""
         run = self._require_started()
 
         def origins_of(entries: DueEntries) -> list[tuple[str, int] | None]:
@@ -419,7 +420,7 @@ class Engine:
             return [(names[q], int(o)) if 0 <= q < len(names) else None
                     for q, o in zip(rows["queue"].tolist(), rows["offset"].tolist())]
 
-        return delivered_up_to_except(run.timer, run.queue, run.dispatcher, limit, origins_of)
+        return run.watermarks.up_to_except(limit, origins_of)
 
     # ---- driving by hand ------------------------------------------------------------------------
 

@@ -32,10 +32,13 @@ PendingEntry = tuple[str, int, int]
 class DeliveredMark(NamedTuple):
     """A holder's delivered-up-to watermark with its exceptions: every entry due at or before
     `up_to` has its outcome recorded, except the few listed by origin (queue `broker:id`, offset,
-    due ms), which are still being retried."""
+    due ms), which are still being retried. `frozen`: computed after a failure on the delivery path,
+    it is the last mark from before (publish nothing new: paired with offsets read since, it could
+    cover a message stored after the failure that nobody sent)."""
 
     up_to: int
     exceptions: tuple[PendingEntry, ...] = ()
+    frozen: bool = False
 
 
 class DeliveryGate(Protocol):

@@ -24,7 +24,8 @@ thread with the error: the engine reports it dead and the service exits for its 
 is not retried in place, because it is not all or nothing: a load is (`SegmentLoader.load` marks a
 segment loaded only once it was read), but records taken from the store's commits or off the wheel
 are no longer anywhere in memory if the pass fails after taking them, and a segment wrongly found
-fully dispatched would be marked done. Everything due is in the store, and a start reads it again.
+fully dispatched would be marked done. Everything due is in the store, and a start reads it again;
+until then `failed` freezes the delivered-up-to watermark (`timewheel.watermark.Watermarks`).
 
 The timer thread runs a pass, sends what it popped itself when the queue gives it the turn at once
 (`send_now`: a small batch at a low rate, no dispatch thread sending; `DispatchQueue.turn_now`) or
@@ -99,6 +100,9 @@ class TimerDriver:
         self._next_rescan = 0
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
+        # a pass failed: what it took off the inbound list or the wheel may be in no list the
+        # watermark reads, so the watermark freezes (`timewheel.watermark.Watermarks`)
+        self.failed = False
         now = clock.now_ms()
         seg_ms = config.segment_ms
         slots = -(-(2 * seg_ms + config.preload_seconds * 1000) // config.tick_ms) + 2
@@ -227,6 +231,13 @@ class TimerDriver:
             self._wake.set()
 
     def _pass(self, now: int) -> None:
+        try:
+            self._pass_once(now)
+        except BaseException:
+            self.failed = True  # set under the driver's lock: no watermark reads the state it left first
+            raise
+
+    def _pass_once(self, now: int) -> None:
         if (missed := self.store.commit_listener_failure) is not None:
             # records this driver was never told of: a pass would go on without them (and could mark
             # their segment done), so the timer stops; the next start loads them from the store

@@ -14,6 +14,13 @@ than `STRAGGLER_MS` after they were due (a message that arrived already past due
 backlog), are set apart as exceptions, named by their origin on the delay topic, and the watermark
 passes them; one stuck or late message then no longer holds the watermark of the whole shard back.
 Past `limit` exceptions, the next one bounds it again.
+
+Both rely on every entry being in one of those places. A failure on the delivery path can leave
+some in none: a timer pass that fails after taking records off its inbound list, a commit listener
+that failed (the records never reached the timer), a dispatch pass that failed. The process then
+stops not ready, but until it exits a watermark computed afresh could pass those entries, and a
+standby taking over would skip them. So `Watermarks` checks for such a failure after each
+computation, and from then on answers the last value computed before it (frozen).
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import numpy as np
 
 from timewheel._due import DueEntries
 from timewheel.dispatch_queue import DispatchQueue
-from timewheel.gate import DeliveredMark, PendingEntry
+from timewheel.gate import NO_WATERMARK, DeliveredMark, PendingEntry
 
 #: entries that still wait this long (ms) after the timer released their due time are named with the
 #: mark instead of holding it back; those due since then are the ordinary traffic of a send or two
@@ -39,6 +46,19 @@ class _Timer(Protocol):
 
 class _Dispatcher(Protocol):
     def earliest_held_due(self) -> int | None: ...
+
+
+class _FailingTimer(_Timer, Protocol):
+    failed: bool
+
+
+class _FailingDispatcher(_Dispatcher, Protocol):
+    failed: bool
+
+
+class _Store(Protocol):
+    @property
+    def commit_listener_failure(self) -> str | None: ...
 
 
 def delivered_up_to(timer: _Timer, queue: DispatchQueue, dispatcher: _Dispatcher) -> int:
@@ -80,3 +100,37 @@ def delivered_up_to_except(timer: _Timer, queue: DispatchQueue, dispatcher: _Dis
             break
         exceptions.append((origin[0], origin[1], d))
     return DeliveredMark(bound, tuple(e for e in exceptions if e[2] <= bound))
+
+
+class Watermarks:
+    """An engine's watermarks, frozen at the last values computed before a failure on the delivery path."""
+
+    def __init__(self, timer: _FailingTimer, queue: DispatchQueue, dispatcher: _FailingDispatcher,
+                 store: _Store) -> None:
+        """The parts whose failure freezes them: the timer, the dispatcher and the store's commit listener."""
+        self._timer, self._queue, self._dispatcher, self._store = timer, queue, dispatcher, store
+        self._up_to = NO_WATERMARK
+        self._mark = DeliveredMark(NO_WATERMARK)
+
+    def failed(self) -> bool:
+        """Whether a failure on the delivery path froze the watermarks."""
+        return self._timer.failed or self._dispatcher.failed or self._store.commit_listener_failure is not None
+
+    def up_to(self) -> int:
+        """`delivered_up_to`, or its last value from before a failure."""
+        bound = delivered_up_to(self._timer, self._queue, self._dispatcher)
+        # checked after the reads: a failure is flagged before a mark published with it could cover what
+        # it left out (a timer pass under the timer's lock; a listener before its commit returns and
+        # the offsets published with the mark move past the records it missed)
+        if self.failed():
+            return self._up_to
+        self._up_to = bound
+        return bound
+
+    def up_to_except(self, limit: int, origins_of: OriginsOf) -> DeliveredMark:
+        """`delivered_up_to_except`, or its last mark from before a failure, `frozen`."""
+        mark = delivered_up_to_except(self._timer, self._queue, self._dispatcher, limit, origins_of)
+        if self.failed():
+            return self._mark._replace(frozen=True)
+        self._mark = mark
+        return mark

@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from timewheel.gate import NO_WATERMARK
+from timewheel.gate import NO_WATERMARK, DeliveredMark
 from tests.coordination.cluster import wait_for
 from coordination import (HAConfig, LocalZooKeeper, ShardReplica, Watermark, publish_watermark, read_watermark, ruok,
                           shard_status)
@@ -29,10 +29,12 @@ def replicas(zookeeper: LocalZooKeeper) -> Iterator[Callable[..., ShardReplica]]
     topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
     made: list[ShardReplica] = []
 
-    def make(name: str, watermark: Callable[[], int], **kw: object) -> ShardReplica:
+    def make(name: str, watermark: Callable[[], int | DeliveredMark],
+             offsets: Callable[[], dict[str, int]] | None = None, **kw: object) -> ShardReplica:
         cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id=name, session_timeout_s=2.0,
                        watermark_interval_s=0.2, **kw)  # type: ignore[arg-type]
-        r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000).start(watermark)
+        r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000).start(watermark,
+                                                                                       offsets_source=offsets)
         made.append(r)
         return r
 
@@ -73,6 +75,27 @@ def test_one_replica_holds_and_the_next_takes_over_from_its_watermark_with_a_lar
     wait_for("b publishes under its own epoch", lambda: b.status()["published_watermark_ms"] == 5)
     assert b.delivered_elsewhere_up_to() == 1_000
     assert b.counters.takeovers == 1
+
+
+def test_a_holder_whose_engine_failed_publishes_no_frozen_mark(replicas: Callable[..., ShardReplica]) -> None:
+    """Once its engine failed on the delivery path, the mark it computes is frozen (the last from
+    before the failure): the holder publishes nothing more, and the mark it published stays with the
+    offsets it was computed for. Published with newer offsets, it would cover a message stored since
+    (already due: ingest lag) that nobody sent, and a standby taking over would skip it."""
+    marks = [DeliveredMark(1_000)]
+    offsets = {"broker-a:0": 10}
+    a = replicas("a", lambda: marks[-1], lambda: dict(offsets))
+    wait_for("a publishes", lambda: a.counters.watermarks_published > 0)
+    path = a.path
+    assert (read_watermark(a._client, path).watermark_ms, read_watermark(a._client, path).offsets) == (
+        1_000, {"broker-a:0": 10})
+    marks.append(DeliveredMark(1_000, frozen=True))  # the engine failed; then a late message is stored
+    offsets["broker-a:0"] = 11
+    published = a.counters.watermarks_published
+    time.sleep(1.0)  # five publishing intervals
+    mark = read_watermark(a._client, path)
+    assert (mark.watermark_ms, mark.offsets) == (1_000, {"broker-a:0": 10})
+    assert a.counters.watermarks_published <= published + 1  # at most one already under way
 
 
 def test_a_holder_whose_session_expires_stops_sending_and_cannot_move_its_successors_watermark(
