@@ -23,6 +23,7 @@ from storage.record_reader import FIELDS as RECORD_FIELDS, CheckedRecords, check
 from storage.origin import NO_QUEUE, ORIGIN_DTYPE, QueueTable
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
+from storage.reopen import reopen_segments
 from storage.sealed import PartStager, SealedPartWriter
 from storage.store import TWO_YEARS_MS, AppendResult, FlushPolicy, Origin, ScheduleStore
 from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombstone, TombstoneLog, TombstoneRead, \
@@ -39,6 +40,6 @@ __all__ = [
     "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
     "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
     "decode_properties", "dispatch_entries",
-    "encode", "encode_fields", "encode_frame", "encode_keys", "encode_properties", "MAX_FIELD", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "segment_name",
+    "encode", "encode_fields", "encode_frame", "encode_keys", "encode_properties", "MAX_FIELD", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "reopen_segments", "segment_name",
     "summarize", "summarize_segment", "trusted_index",
 ]

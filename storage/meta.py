@@ -4,8 +4,10 @@ Keys (bytes):
     i<msg_id>                 -> location: segment_ms int64, part uint16, offset uint32 (14 bytes)
     k<key>\\x00<msg_id>        -> b""  (business key -> ids, by prefix scan)
     c<msg_id>                 -> cancel time, int64
-    s<segment_ms big-endian>  -> segment state: b"done" when every record is dispatched or cancelled
-                                 (cleared when a late record is stored in it)
+    s<segment_ms big-endian>  -> segment state: b"done:" + the part numbers it held then (uint16 each,
+                                 little-endian) when every record is dispatched or cancelled (cleared
+                                 when a late record is stored in it, or a part it does not name is
+                                 published into it: `storage.reopen`); b"done" alone from older builds
     m<name>                   -> JSON documents: checkpoints, traffic rules
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from storage.errors import StorageError
 LOCATION = struct.Struct("<qHI")
 _I64 = struct.Struct("<q")
 _BE64 = struct.Struct(">q")
+_DONE = b"done:"  # a done mark, before its part numbers
 #: RocksDB's info log in the meta store's directory: files of at most this size, at most this many
 INFO_LOG_BYTES = 1 << 20
 INFO_LOG_FILES = 4
@@ -224,11 +227,27 @@ class MetaStore:
         raw = self._db.get(b"c" + msg_id.encode())
         return None if raw is None else int(_I64.unpack(raw)[0])
 
-    def mark_segment_done(self, segment_ms: int) -> None:
-        """Remember that a segment has nothing left to dispatch (until `put_records` stores one in it)."""
-        self._db.put(b"s" + _BE64.pack(segment_ms), b"done")
+    def mark_segment_done(self, segment_ms: int, parts: Sequence[int] = ()) -> None:
+        """Remember that a segment has nothing left to dispatch, with the parts it was read from (a part
+        published since makes it pending again, as `put_records` storing one in it does)."""
+        self._db.put(b"s" + _BE64.pack(segment_ms), _DONE + struct.pack(f"<{len(parts)}H", *sorted(parts)))
         with self._done_lock:
             self._done = self._done.union((segment_ms,))
+
+    def done_now(self) -> frozenset[int]:
+        """The segments marked done, as this process knows them (no read)."""
+        return self._done
+
+    def done_parts(self, segments: Sequence[int]) -> dict[int, tuple[int, ...] | None]:
+        """Of these segments, those marked done, with the parts their marks name (None: a mark of an
+        older build, which named none)."""
+        out: dict[int, tuple[int, ...] | None] = {}
+        raw = cast("list[bytes | None]", self._db.get([b"s" + _BE64.pack(s) for s in segments])) if segments else []
+        for seg, value in zip(segments, raw):
+            if value is not None:
+                body = value[len(_DONE):]
+                out[seg] = struct.unpack(f"<{len(body) // 2}H", body) if value.startswith(_DONE) else None
+        return out
 
     def done_segments(self) -> set[int]:
         """Segments known to have nothing left to dispatch."""
@@ -240,7 +259,7 @@ class MetaStore:
         return out
 
     def forget_segment(self, segment_ms: int) -> None:
-        """Drop a retired segment's state."""
+        """Drop a segment's state: it was retired, or is pending again."""
         self._db.delete(b"s" + _BE64.pack(segment_ms))
         with self._done_lock:
             self._done = self._done.difference((segment_ms,))

@@ -390,13 +390,13 @@ class ScheduleStore:
         """Whether the store is appending to a part of this segment."""
         return segment_ms in self.writer.live
 
-    def mark_segment_done(self, segment_ms: int, nothing_waits: Callable[[], bool]) -> bool:
-        """Mark a segment done if `nothing_waits()` (no record stored in it waits for its listener's
-        owner) and no listener failed, with no commit in between: one after it clears the mark."""
+    def mark_segment_done(self, segment_ms: int, nothing_waits: Callable[[], bool], parts: Sequence[int] = ()) -> bool:
+        """Mark a segment done, read from `parts`, if `nothing_waits()` (no record stored in it waits for
+        its listener's owner) and no listener failed, with no commit in between: one after it clears the mark."""
         with self._write_lock:
             if self._listeners.failure is not None or not nothing_waits():
                 return False
-            self.meta.mark_segment_done(segment_ms)
+            self.meta.mark_segment_done(segment_ms, parts)
             return True
 
     def seal_live_parts(self, before_ms: int) -> None:

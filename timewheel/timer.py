@@ -11,13 +11,16 @@ One pass (`run_pass`, under the driver's lock) does, in order:
 1. load the current segment, and the next one `preload_seconds` before it begins;
 2. take the records the store committed since the last pass (its commit listener appends their
    locations to an inbound list, under a lock of its own) and add those of loaded segments;
-3. every `rescan_seconds`, pick up parts other writers (Spark backfill) published;
+3. every `rescan_seconds`, pick up parts other writers (Spark backfill) published: in loaded
+   segments, and in past segments marked done (a slice of them per rescan), which such a part makes
+   pending again (`storage.reopen`): they are loaded as a late record's segment is;
 4. remove cancelled entries from the wheel;
 5. pop what is due into the queue, each entry with its record's location (segment, part, offset)
    so that a dispatcher reads it without asking the driver;
 6. catch-up: while the queue's backlog has room, load the next past segment not fully dispatched
    (oldest first) into it; overdue entries of segments loaded meanwhile wait behind (deferred);
-7. mark over and fully dispatched segments done, and seal live parts once per segment.
+7. mark over and fully dispatched segments done (with the parts they were read from), and seal live
+   parts once per segment.
 
 A pass that fails (a segment that cannot be loaded, a disk that refuses a seal) stops the timer
 thread with the error: the engine reports it dead and the service exits for its supervisor. A pass
@@ -45,7 +48,7 @@ from typing import Callable
 
 import numpy as np
 
-from storage import CANCELLED, ScheduleStore, dispatch_entries
+from storage import CANCELLED, ScheduleStore, dispatch_entries, reopen_segments
 from timewheel._arrays import same
 from timewheel._due import DueChunks, DueEntries
 from timewheel._memory import release_free_memory
@@ -65,6 +68,9 @@ _INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
 # dispatch queue keeps them from being sent (`DispatchQueue.cancel`), and they cost only memory.
 _REMOVAL_DELAY_MS = 1000
 _REMOVAL_BATCH = 4096
+# Done segments whose directories a rescan lists, at most (newest first, then on at the next): with
+# retention off they add up to one an hour, and the pass holds the timer's lock (20 to 70 µs each)
+_DONE_CHECKS = 16
 
 
 class TimerDriver:
@@ -98,6 +104,7 @@ class TimerDriver:
         self._removals_due = 0  # when the pending removals are applied at the latest
         self._removals_waiting = 0  # refs in the pending removals
         self._next_rescan = 0
+        self._done_to_check: deque[int] = deque()  # done segments the next rescans look into
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
         # a pass failed: what it took off the inbound list or the wheel may be in no list the
@@ -108,8 +115,11 @@ class TimerDriver:
         slots = -(-(2 * seg_ms + config.preload_seconds * 1000) // config.tick_ms) + 2
         self.wheel = TimeWheel(config.tick_ms, slots, now)
         current = store.layout.segment_start(now)
+        past = [s for s in store.layout.list_segments() if s < current]
         done = store.meta.done_segments()
-        self._catch_up.extend(s for s in store.layout.list_segments() if s < current and s not in done)
+        # a done segment that a part published since (while stopped, say) makes pending again is not done
+        done.difference_update(reopen_segments(store.layout, store.meta, [s for s in past if s in done]))
+        self._catch_up.extend(s for s in past if s not in done)
         store.commit_listeners.append(self._on_commit)
 
     # ---- the thread -----------------------------------------------------------------------------
@@ -264,6 +274,11 @@ class TimerDriver:
             self._next_rescan = now + int(self.config.rescan_seconds * 1000)
             for seg in list(loader.loaded):
                 self._add(*loader.refresh(seg), now)
+            reopened = self._reopened(current)  # their marks are cleared: a start loads them too
+            for seg in reopened:
+                self._add(*loader.load(seg), now)
+            if reopened:
+                release_free_memory()
         if self._pending_removals and (now >= self._removals_due or self._removals_waiting >= _REMOVAL_BATCH):
             refs = np.concatenate(self._pending_removals)
             self._pending_removals, self._removals_waiting = [], 0
@@ -303,6 +318,14 @@ class TimerDriver:
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
 
+    def _reopened(self, current: int) -> list[int]:
+        """Past segments marked done, of the next slice, that a part published since makes pending again."""
+        if not self._done_to_check:
+            self._done_to_check.extend(sorted(self.store.meta.done_now(), reverse=True))
+        batch = [self._done_to_check.popleft() for _ in range(min(_DONE_CHECKS, len(self._done_to_check)))]
+        return reopen_segments(self.store.layout, self.store.meta,
+                               [s for s in batch if s < current and s not in self.loader.loaded])
+
     def _entries(self, due: np.ndarray, refs: np.ndarray) -> DueEntries:
         """Due entries with their records' locations, for the queue (no attempt yet)."""
         if not len(due):
@@ -341,7 +364,8 @@ class TimerDriver:
                     and (self.queue.earliest_due() or current) >= current):
                 # not while a record stored in it since this pass began (late) waits in the inbound
                 # list: a start never loads a done segment, and it would not be sent
-                if not self.store.mark_segment_done(seg, functools.partial(self._none_inbound, seg)):
+                if not self.store.mark_segment_done(seg, functools.partial(self._none_inbound, seg),
+                                                    list(state.loaded_end)):
                     continue
                 # none of its entries can reach the queue again: its cancels need not be remembered
                 self.queue.forget(functools.partial(self.loader.in_segment, segment_ms=seg))

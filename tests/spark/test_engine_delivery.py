@@ -82,3 +82,26 @@ def test_backfilled_parts_are_delivered_by_the_engine(spark: SparkSession, tmp_p
         assert at == row["deliver_at_ms"], f"{row['msg_id']} sent at {at}, due {row['deliver_at_ms']}"
         assert (m.topic, m.body, m.tags, tuple(m.keys), dict(m.properties or {})) == (
             "ORDERS", row["body"].encode(), "bf", tuple(row["keys"]), {"origin": "backfill"})
+
+
+def test_a_backfill_published_after_its_segment_was_marked_done_is_delivered(spark: SparkSession,
+                                                                             tmp_path: Path) -> None:
+    """The backfill was planned in hour T0 (rows due late in it, and past-due rows moved to "now")
+    and published after the hour ended and the timer marked its segment done."""
+    clock = ManualClock(T0)
+    sink = Recorder(clock)
+    data = tmp_path / "data"
+    engine = Engine(EngineConfig(data_dir=data, rescan_seconds=1.0), sink, clock, seed=1).start(background=False)
+    try:
+        _drive(engine, clock, T0 + HOUR + 60_000)
+        assert engine.store is not None and T0 in engine.store.meta.done_segments()
+        planned_at = T0 + HOUR - 1000
+        rows = _rows("late", [T0 + HOUR - 500]) + _rows("past", [T0 - 2 * HOUR])
+        src = tmp_path / "rows.jsonl"
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert backfill(spark, data, read_input(spark, [str(src)]), now_ms=planned_at, past_due="now").scheduled == 2
+        _rescan(engine, clock)
+        _drive(engine, clock, clock.now_ms() + 10_000)
+    finally:
+        engine.stop()
+    assert sorted(m.msg_id or "" for m, _ in sink.sent) == ["late0", "past0"]
