@@ -69,9 +69,9 @@ def test_screen_a_batch_of_32(benchmark: BenchmarkFixture, tmp_path: Path, tombs
 
     t = Tombstones(TombstoneLog(tmp_path), retention_ms=HOUR, max_entries=2 * tombstones)
     t.load(NOW)
-    t.add([CancelRequest(f"C{j:031X}", None, NOW) if j % 2 else CancelRequest(None, f"cancelled-order-{j}", NOW)
-           for j in range(tombstones)], NOW)
-    t.save(NOW)
+    held = t.add([CancelRequest(f"C{j:031X}", None, NOW) if j % 2 else CancelRequest(None, f"cancelled-order-{j}", NOW)
+                  for j in range(tombstones)], NOW)
+    t.save(NOW, held)
     batch = next(_batches("screen"))
     assert benchmark(t.screen, batch, NOW) == []
     assert benchmark.stats is not None

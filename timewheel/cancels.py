@@ -10,9 +10,10 @@ clock, so every replica of a shard reaches the same outcome. A key cancelled sta
 the retention: a new message under that key within it is cancelled too.
 
 A tombstone screens arrivals from the moment `add()` holds it, and is on disk (`storage.TombstoneLog`)
-once `save()` returns, which the engine calls after applying the cancel to what is stored: a crash
-in between leaves no tombstone, so the cancel, not yet acknowledged, is applied whole again when
-it comes back. It is forgotten `retention_ms` after it arrived.
+once `save()` of its cancel returns, which the engine calls after applying that cancel whole to
+what is stored: a crash or a failed write in between leaves no tombstone on disk, so the cancel,
+not yet acknowledged, is applied whole again when it comes back (pulled again, asked again). It
+is forgotten `retention_ms` after it arrived.
 
 At most `max_entries` are held. The policy past that bound is stated, not silent: the oldest
 tombstone goes first, before its retention, and each one is counted (`evicted`, exported as
@@ -80,6 +81,11 @@ class CancelRequest:
         if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT:
             raise ValueError(f"a cancel's id or key is at most {MAX_TEXT} bytes of UTF-8")
         object.__setattr__(self, what, text)
+
+
+def _named(r: CancelRequest) -> tuple[int, str]:
+    """What a cancel names, as its tombstone is held: (kind, text)."""
+    return (ID, r.msg_id) if r.msg_id is not None else (KEY, r.key or "")
 
 
 class Tombstones:
@@ -150,16 +156,20 @@ class Tombstones:
                 self._expire_locked(now_ms)
             return todo
 
-    def save(self, now_ms: int) -> None:
-        """Write the tombstones held but not yet on disk (one frame); raises if the disk fails
-        (they stay unsaved: the next `add` of the same cancel applies and saves it again)."""
+    def save(self, now_ms: int, applied: Sequence[CancelRequest]) -> None:
+        """Write the tombstones of `applied` (cancels just applied whole) not yet on disk, as one
+        frame; raises if the disk fails (they stay unsaved: the next `add` of the same cancel
+        applies and saves it again)."""
         with self._lock:
-            if not self._unsaved:
+            # Only these: another caller's cancel held meanwhile may be under way or have failed, and
+            # once on disk a tombstone reads as applied, so its retry would be skipped as seen.
+            pending = [t for n in dict.fromkeys(map(_named, applied)) if (t := self._unsaved.get(n)) is not None]
+            if not pending:
                 return
-            pending = list(self._unsaved.values())
             self._log.append(pending, now_ms)
             self._on_disk += len(pending)
-            self._unsaved.clear()
+            for t in pending:
+                del self._unsaved[(t.kind, t.text)]
 
     def _hold(self, t: Tombstone) -> None:
         table = self._ids if t.kind == ID else self._keys

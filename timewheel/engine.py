@@ -39,12 +39,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from storage import (AppendResult, CorruptRecordError, DelayTooLongError, EncodedRecords, InvalidRecordError, Origin,
+from storage import (AppendResult, DelayTooLongError, EncodedRecords, InvalidRecordError, Origin,
                      ScheduleStore, TombstoneLog)
 from timewheel._admission import check_rows, encode_messages, validate
+from timewheel._cancel_stored import cancel_stored
 from timewheel.cancels import CancelRequest, Tombstones
 from timewheel.clock import Clock, SystemClock
 from timewheel.config import EngineConfig
@@ -300,7 +300,7 @@ class Engine:
             self._cancels_applied += len(todo)
         with self._cancel_lock:  # one batch: one dispatch-log frame per segment, however many cancels
             cancelled = self._cancel_locked(run, [(r.msg_id, r.key) for r in todo]) if todo else 0
-        run.tombstones.save(now)
+        run.tombstones.save(now, todo)  # only these: each was applied whole just now
         return cancelled
 
     def _validate(self, m: Message, i: int, now: int) -> None:
@@ -319,49 +319,14 @@ class Engine:
             return self._cancel_locked(run, [(msg_id, key)])
 
     def _cancel_locked(self, run: _Running, named: Sequence[tuple[str | None, str | None]]) -> int:
-        """Cancel what each (msg_id, key) names, recorded together; how many were cancelled."""
-        meta = run.store.meta
-        found: list[str] = []
-        for msg_id, key in named:
-            if msg_id is not None:
-                # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
-                found += [msg_id] if meta.known([msg_id])[0] else meta.ids_with_prefix(msg_id + ":")
-            else:
-                assert key is not None
-                found += meta.ids_for_key(key)
-        ids = [i for i in dict.fromkeys(found) if not meta.is_cancelled(i)]
-        if not ids:
-            return 0
-        now = self.clock.now_ms()
-        # A standby has sent none of its due entries (the gate held them): one cancelled late is
-        # withdrawn rather than kept, or it would go out once this replica holds the lease.
-        standby = self.gate is not None and not self.gate.may_send()
-        by_seg: dict[int, list[tuple[int, int, int]]] = {}
-        late: dict[int, list[tuple[int, int]]] = {}
-        taken: list[str] = []
-        for mid, loc in zip(ids, meta.locations(ids)):
-            if loc is None:
-                continue
-            try:
-                rec = run.store.read_record(loc.segment_ms, loc.part, loc.offset)
-            except CorruptRecordError:
-                continue
-            if rec.due_ms <= now:
-                if standby:
-                    late.setdefault(loc.segment_ms, []).append((loc.part, loc.offset))
-                    taken.append(mid)
-                continue  # already due: it is being, or has been, delivered
-            by_seg.setdefault(loc.segment_ms, []).append((loc.part, loc.offset, rec.due_ms))
-            taken.append(mid)
-        if by_seg:
-            run.timer.cancel({seg: np.array(items, dtype=np.int64) for seg, items in by_seg.items()}, now)
-        if late:
-            run.timer.withdraw({seg: np.array(items, dtype=np.int64) for seg, items in late.items()})
-        if taken:
-            with self._lock:
-                self._cancelled += len(taken)
-        meta.mark_cancelled(taken, now)
-        return len(taken)
+        """Cancel what each (msg_id, key) names, one dispatch-log frame per segment; how many were cancelled."""
+        gate = self.gate
+        return cancel_stored(run.store, run.timer, self.clock, named,
+                             lambda: gate is not None and not gate.may_send(), self._count_cancelled)
+
+    def _count_cancelled(self, n: int) -> None:
+        with self._lock:
+            self._cancelled += n
 
     def dead_threads(self) -> list[str]:
         """Names of the engine's threads that ended while it runs (an error escaped their loop).

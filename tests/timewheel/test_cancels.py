@@ -119,12 +119,11 @@ def test_tombstones_are_bounded_and_the_log_compacts(tmp_path: Path) -> None:
     t = Tombstones(log, retention_ms=1000, max_entries=100)
     t.load(T0)
     for i in range(50):
-        t.add([CancelRequest(f"id{i}-{j}", None, T0) for j in range(10)], T0 + i)
-        t.save(T0 + i)
+        t.save(T0 + i, t.add([CancelRequest(f"id{i}-{j}", None, T0) for j in range(10)], T0 + i))
     assert len(t) == 100 and t.evicted == 400
     for i in range(3000):
-        t.add([CancelRequest(f"late{i}", None, T0)], T0 + 10_000 + i * 10)  # each expires 100 adds later
-        t.save(T0 + 10_000 + i * 10)
+        late = t.add([CancelRequest(f"late{i}", None, T0)], T0 + 10_000 + i * 10)  # each expires 100 adds later
+        t.save(T0 + 10_000 + i * 10, late)
     assert len(t) <= 101
     size = log.path.stat().st_size
     assert size < 2 * 101 * 40 + 1024 * 40 + 100, size  # rewritten when mostly dead
@@ -142,14 +141,14 @@ def test_a_repeated_cancel_is_applied_and_written_once_and_renewed_late(tmp_path
     a, k = CancelRequest("a", None, T0), CancelRequest(None, "k", T0)
     assert t.add([a, k, a], T0) == [a, k]
     assert t.add([a], T0 + 1) == [a]  # not saved yet: its application may not have finished
-    t.save(T0)
+    t.save(T0, [a, k])
     size = log.path.stat().st_size
     for _ in range(8):  # the same cancel from every queue
         assert t.add([a, k], T0 + 5) == []
-        t.save(T0 + 5)
+        t.save(T0 + 5, [])
     assert log.path.stat().st_size == size
     assert t.add([k], T0 + HOUR // 2) == [k]  # sent again much later: renewed
-    t.save(T0 + HOUR // 2)
+    t.save(T0 + HOUR // 2, [k])
     t.expire(T0 + HOUR)
     assert len(t) == 1  # "a" expired, "k" lives on
     t.close()
@@ -190,8 +189,7 @@ def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytes
     t.load(T0)
     reqs = [CancelRequest({"id": f"U{x}", "full-id": f"U{x}:{x % 4}"}.get(kind), f"k{x}" if kind == "key" else None,
                           T0) for kind, x in cancels]
-    t.add(reqs, T0)
-    t.save(T0)
+    t.save(T0, t.add(reqs, T0))
     msgs = [Message("T", b"", T0, keys=tuple(f"k{k}" for k in keys), msg_id=None if u is None else f"U{u}:{c}")
             for u, c, keys in messages]
     want = []
@@ -207,11 +205,10 @@ def test_screen_agrees_with_a_plain_reading_of_the_rules(tmp_path_factory: pytes
 def test_compaction_keeps_a_cancel_still_being_applied_off_the_disk(tmp_path: Path) -> None:
     t = Tombstones(TombstoneLog(tmp_path), retention_ms=1000, max_entries=10_000)
     t.load(T0)
-    t.add([CancelRequest(f"old{i}", None, T0) for i in range(3000)], T0)
-    t.save(T0)
-    t.add([CancelRequest("pending", None, T0)], T0 + 5000)  # everything older expires: the log compacts
+    t.save(T0, t.add([CancelRequest(f"old{i}", None, T0) for i in range(3000)], T0))
+    pending = t.add([CancelRequest("pending", None, T0)], T0 + 5000)  # everything older expires: the log compacts
     assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == []
-    t.save(T0 + 5000)
+    t.save(T0 + 5000, pending)
     assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == ["pending"]
     t.close()
 
