@@ -123,9 +123,7 @@ class PartWriter:
     def _live_part(self, segment_ms: int, need: int) -> _LivePart:
         live = self.live.get(segment_ms)
         if live is None or live.size + need > self.max_part_bytes:
-            part = self.layout.claim_part(segment_ms)
-            open(self.layout.part_index(segment_ms, part), "wb").close()
-            open(self.layout.part_origin(segment_ms, part), "wb").close()
+            part = self.layout.claim_part(segment_ms)  # its record file and both sidecars, empty
             self.new_dirs.update((self.layout.segment_dir(segment_ms), self.layout.schedule_dir))
             live = _LivePart(segment_ms, part, 0, 0)
             self.live[segment_ms] = live

@@ -14,8 +14,11 @@
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -182,19 +185,27 @@ class SegmentLayout:
         return sorted(parts)
 
     def claim_part(self, start_ms: int) -> int:
-        """Create a new, empty part in a segment and return its number; safe against other writers."""
+        """Create a new, empty part in a segment (its record file and both sidecars) and return its
+        number; safe against other writers (`_part_numbers`)."""
         d = self.segment_dir(start_ms)
         d.mkdir(parents=True, exist_ok=True)
-        existing = self.list_parts(start_ms)
-        part = existing[-1] + 1 if existing else 0
-        while part <= MAX_PART:
-            try:
-                fd = os.open(self.part_log(start_ms, part), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                part += 1
-                continue
-            os.close(fd)
-            return part
+        with _part_numbers(d):
+            existing = self.list_parts(start_ms)
+            part = existing[-1] + 1 if existing else 0
+            while part <= MAX_PART:
+                try:
+                    fd = os.open(self.part_log(start_ms, part), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    part += 1
+                    continue
+                os.close(fd)
+                for sidecar in (self.part_index(start_ms, part), self.part_origin(start_ms, part)):
+                    # one left by a publish cut short (its index linked, its log not) is a link to a
+                    # staged file: unlinked, never written through
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(sidecar)
+                    os.close(os.open(sidecar, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                return part
         raise StorageError(f"segment {segment_name(start_ms)} has no free part number left (max {MAX_PART})")
 
     def publish_part(self, start_ms: int, staged_log: Path, staged_index: Path) -> int:
@@ -205,25 +216,42 @@ class SegmentLayout:
         d.mkdir(parents=True, exist_ok=True)
         if created:  # a new segment directory is itself a name in schedule/ that a crash could lose
             fsync_path(self.schedule_dir)
-        existing = self.list_parts(start_ms)
-        part = existing[-1] + 1 if existing else 0
-        while part <= MAX_PART:
-            try:
-                # the index goes first: a .log without .idx would be taken for a torn live part
-                os.link(staged_index, self.part_index(start_ms, part))
-            except FileExistsError:
-                part += 1
-                continue
-            try:
-                os.link(staged_log, self.part_log(start_ms, part))
-            except FileExistsError:
-                os.unlink(self.part_index(start_ms, part))
-                part += 1
-                continue
-            # the links are directory entries: without this fsync a power loss can drop a part
-            # whose staged copy is already gone below
-            fsync_path(d)
-            os.unlink(staged_log)
-            os.unlink(staged_index)
-            return part
+        with _part_numbers(d):
+            existing = self.list_parts(start_ms)
+            part = existing[-1] + 1 if existing else 0
+            while part <= MAX_PART:
+                try:
+                    # the index goes first: a .log without .idx would be taken for a torn live part
+                    os.link(staged_index, self.part_index(start_ms, part))
+                except FileExistsError:
+                    part += 1
+                    continue
+                try:
+                    os.link(staged_log, self.part_log(start_ms, part))
+                except FileExistsError:
+                    os.unlink(self.part_index(start_ms, part))
+                    part += 1
+                    continue
+                # the links are directory entries: without this fsync a power loss can drop a part
+                # whose staged copy is already gone below
+                fsync_path(d)
+                os.unlink(staged_log)
+                os.unlink(staged_index)
+                return part
         raise StorageError(f"segment {segment_name(start_ms)} has no free part number left (max {MAX_PART})")
+
+
+@contextlib.contextmanager
+def _part_numbers(segment_dir: Path) -> Iterator[None]:
+    """Held while a writer takes a part number in a segment: the engine rolling to a new live part
+    (`claim_part`), a backfill publishing a sealed one (`publish_part`, another process). Without
+    it the engine could create its index while a publish had linked its own index at that number
+    and not yet its log: the engine's writes would then go into the staged index's file, and the
+    publish, finding the log's name taken, would unlink the engine's index and publish its own,
+    now holding the engine's entries, at the next number."""
+    fd = os.open(segment_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go

@@ -1,0 +1,67 @@
+"""A part number is taken by one writer at a time: the engine rolling to a new live part and a
+backfill publishing a sealed part into the same segment never share one."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import storage.layout
+from storage import PartStager, Record, ScheduleStore, read_index
+from storage.index import INDEX_ENTRY_SIZE
+
+NOW = 1_800_000_000_000
+
+
+def test_a_live_part_claimed_while_a_backfill_publishes_leaves_both_parts_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        seg = s.layout.segment_start(NOW)
+        staging = s.layout.root / "_staging"
+        staging.mkdir()
+        stager = PartStager(staging, "bf", s.layout.segment_ms, NOW)
+        for i in range(3):
+            stager.add(Record(f"bf{i}", "T", b"x", seg + 1000 + i))
+        [p] = stager.finish()
+        index_bytes = p.index.read_bytes()
+        assert len(index_bytes) == 3 * INDEX_ENTRY_SIZE
+
+        # The publish links the index, then waits before linking the log: the engine's first
+        # commit into this segment claims its live part in that moment (a thread of its own).
+        linked_index, engine_done = threading.Event(), threading.Event()
+        real_link = os.link
+
+        def slow_link(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
+            real_link(src, dst, *a, **kw)
+            if str(dst).endswith(".idx") and not linked_index.is_set():
+                linked_index.set()
+                engine_done.wait(1.0)  # with the lock the engine waits for the publish: go on then
+
+        monkeypatch.setattr(storage.layout.os, "link", slow_link)
+        published: list[int] = []
+        t = threading.Thread(target=lambda: published.append(s.layout.publish_part(seg, p.log, p.index)))
+        t.start()
+        assert linked_index.wait(5.0)
+
+        def commit() -> None:
+            s.append([Record("live1", "T", b"y", NOW + 5000)], NOW)
+            engine_done.set()
+
+        engine = threading.Thread(target=commit)
+        engine.start()
+        t.join(10.0)
+        engine.join(10.0)
+        assert not t.is_alive() and not engine.is_alive()
+
+        [bf_part] = published
+        live_part = s.writer.live[seg].part
+        assert bf_part != live_part
+        assert s.layout.part_index(seg, bf_part).read_bytes() == index_bytes, "the published index was cut"
+        assert len(read_index(s.layout.part_index(seg, live_part))) == 1, "the live part lost its index"
+        assert sorted(s.layout.list_parts(seg)) == sorted([bf_part, live_part])
+    finally:
+        s.close()
