@@ -276,6 +276,13 @@ class Engine:
             self._scheduled += fresh
             self._duplicates += len(ids) - len(cancelled) - fresh
             self._cancelled_on_arrival += len(cancelled)
+        if cancelled:
+            # A copy an earlier try of this batch stored, which a cancel that came meanwhile names
+            # (the check below cancelled it, or failed to, and the batch came back): cancelled now.
+            meta, again = run.store.meta, [ids[i] for i in cancelled]
+            for mid, known in zip(again, meta.known(again)):
+                if known and not meta.is_cancelled(mid):
+                    self.cancel(msg_id=mid)
         if tombstones.generation != generation:
             # a cancel arrived while these were screened and stored: it may have looked for them
             # before they were in the store, so they are checked again now that they are

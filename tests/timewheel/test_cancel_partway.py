@@ -143,3 +143,30 @@ def test_saving_one_cancel_leaves_another_still_being_applied_off_the_disk(tmp_p
     t.save(T0, [a])
     assert [x.text for x in TombstoneLog(tmp_path).read().tombstones] == ["b", "a"]
     t.close()
+
+
+def test_a_copy_stored_while_its_cancel_arrived_is_cancelled_when_its_batch_comes_back(
+        make_engine: MakeEngine, clock: ManualClock, sink: RecordingSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel arrives while its message is being stored (after the screen, before the store): it
+    finds nothing stored, and the engine cancels the copy it stored itself right after. If that
+    write fails, the batch is handed back, and its retry is screened as cancelled on arrival: the
+    copy stored the first time is cancelled then, not sent."""
+    e = make_engine()
+    store = e.store
+    assert store is not None
+    msg = Message("T", b"a", NEXT + 10_000, msg_id=f"{_uniq(1)}:1")
+    real_append = store.append
+
+    def append_as_the_cancel_arrives(*a: Any, **kw: Any) -> Any:
+        assert e.apply_cancels([CancelRequest(_uniq(1), None, T0)]) == 0  # nothing stored yet: acknowledged
+        return real_append(*a, **kw)
+
+    monkeypatch.setattr(store, "append", append_as_the_cancel_arrives)
+    _disk_full_on(store, monkeypatch, NEXT)
+    with pytest.raises(StorageWriteError):
+        e.schedule([msg])  # stored, then the engine's own cancel of it fails: the batch goes back
+    monkeypatch.undo()
+    e.schedule([msg])  # pulled again: screened out as cancelled on arrival
+    drive(e, clock, NEXT + 20_000)
+    assert sink.sent == [], "a message whose cancel was acknowledged was sent"
+    assert _outcomes(e, NEXT) == [CANCELLED]
