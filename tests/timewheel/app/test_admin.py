@@ -192,6 +192,22 @@ def test_a_cancel_that_did_not_reach_every_queue_answers_503(admin: tuple[AdminS
     assert status == 503 and b"3 of 4 queues" in body
 
 
+def test_a_cancel_the_disk_refused_answers_503_with_what_to_do(admin: tuple[AdminServer, _Target]) -> None:
+    """A full disk refused the cancel's record: not applied whole, so the caller is to ask again
+    (503 with the store's words), not told of an internal error."""
+    from storage import StorageWriteError
+
+    server, target = admin
+
+    def fails(msg_id: str | None, key: str | None) -> int:
+        raise StorageWriteError("could not record 1 dispatch entries: No space left on device "
+                                "(free disk space, then retry)")
+
+    target.cancel = fails  # type: ignore[method-assign]
+    status, body = _request(server, "POST", "/cancel?id=x")[:2]
+    assert status == 503 and b"No space left on device" in body and b"retry" in body
+
+
 def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Target],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     server, target = admin
