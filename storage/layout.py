@@ -15,8 +15,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -27,6 +29,8 @@ import numpy as np
 from storage._files import fsync_path
 from storage.errors import StorageError
 from storage.origin import ORIGIN_SUFFIX
+
+log = logging.getLogger("timewheel.storage")
 
 #: what this build writes; 2 added the origin sidecar (.org) and TWD3 dispatch frames, which builds
 #: of format 1 would misread (TWD3 frames as corrupt: their messages sent again), so opening a format-1
@@ -251,7 +255,22 @@ def _part_numbers(segment_dir: Path) -> Iterator[None]:
     now holding the engine's entries, at the next number."""
     fd = os.open(segment_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in _NO_LOCKS:
+                raise
+            # a filesystem without locks: the writers go on as they did before the lock (the engine
+            # alone is safe; a backfill publishing into a live segment is then not), said once
+            if not _no_locks_said:
+                _no_locks_said.append(segment_dir)
+                log.warning("%s cannot be locked (%s): a backfill publishing into a segment the engine "
+                            "is writing is not safe on this filesystem", segment_dir, e)
         yield
     finally:
         os.close(fd)  # lets the lock go
+
+
+#: what `flock` raises on a filesystem that has no locks
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+_no_locks_said: list[Path] = []

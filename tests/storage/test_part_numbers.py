@@ -65,3 +65,35 @@ def test_a_live_part_claimed_while_a_backfill_publishes_leaves_both_parts_whole(
         assert sorted(s.layout.list_parts(seg)) == sorted([bf_part, live_part])
     finally:
         s.close()
+
+
+def test_a_filesystem_without_locks_still_takes_part_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """flock refused as unsupported (some network filesystems): parts are still claimed and
+    published, and the operator is told once what is not safe there."""
+    import errno
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(storage.layout.fcntl, "flock", no_locks)
+    monkeypatch.setattr(storage.layout, "_no_locks_said", [])  # said once a process: not yet here
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        seg = s.layout.segment_start(NOW)
+        s.append([Record("live1", "T", b"y", NOW + 5000)], NOW)
+        assert s.layout.list_parts(seg) == [0]
+        assert "cannot be locked" in caplog.text and "No locks available" in caplog.text
+    finally:
+        s.close()
+
+
+def test_another_lock_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def broken(fd: int, op: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(storage.layout.fcntl, "flock", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        storage.layout.SegmentLayout(tmp_path / "d").claim_part(NOW)
