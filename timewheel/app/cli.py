@@ -101,23 +101,35 @@ def inspect(data_dir: DataDir,
                       "bytes are not judged")
 
 
+#: epoch ms below this (1973-03-03) are taken for epoch seconds given by mistake, never for a due time
+_EPOCH_MS_FLOOR = 10**11
+
+
 def _parse_delay(text: str) -> int:
     """'30s', '5m', '2h', '1d', '250ms' or plain milliseconds -> milliseconds."""
     import re
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", text)
+    from decimal import Decimal
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*", text)
     if not m:
         raise typer.BadParameter(f"{text!r} is not a delay: use e.g. 250ms, 30s, 5m, 2h, 1d")
     unit = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
-    return int(float(m.group(1)) * unit)
+    # Decimal, not float: a float is inexact past 2**53 and overflows on a long run of digits
+    return int(Decimal(m.group(1)) * unit)
 
 
 def _parse_at(text: str) -> int:
     """ISO-8601 (UTC unless an offset is given) or epoch ms -> epoch ms."""
+    import re
     from datetime import datetime, timezone
 
-    if text.isdigit():
-        return int(text)
+    if re.fullmatch(r"[0-9]+", text):  # ASCII only: str.isdigit takes full-width and other digits
+        ms = int(text)
+        if ms < _EPOCH_MS_FLOOR:  # a classic producer mistake: epoch seconds where ms are asked for
+            raise typer.BadParameter(f"{text} is epoch ms in {datetime.fromtimestamp(ms / 1000, timezone.utc):%Y-%m-%d}; "
+                                     f"if it is epoch seconds, give --at {text}000 (ms) or ISO-8601")
+        return ms
     try:
         dt = datetime.fromisoformat(text)
     except ValueError as e:
@@ -193,11 +205,15 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
 
     if (delay is None) == (at is None):
         _fail("give exactly one of --delay or --at")
+    for option, text in (("--topic", topic), ("--body", body), ("--keys", keys), ("--tags", tags),
+                         ("--delay-topic", delay_topic)):
+        _require_utf8(option, text)
     props = {"TW_TARGET_TOPIC": topic}
     if delay is not None:
         props["TW_DELAY_MS"] = str(_parse_delay(delay))
     else:
         props["TW_DELIVER_AT_MS"] = str(_parse_at(at))  # type: ignore[arg-type]
+    _check_contract(delay_topic, body.encode(), tags, keys, props)
     producer = NativeProducer("timewheel-cli", namesrv, log_level=LogLevel.ERROR)
     try:
         producer.start()
@@ -209,6 +225,52 @@ def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:POR
     finally:
         producer.shutdown()
     typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
+
+
+def _require_utf8(option: str, text: Optional[str]) -> None:
+    """Fail unless `text` is UTF-8 (Python reads argv bytes that are not as lone surrogates)."""
+    if text is not None:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            _fail(f"{option} {text!r:.80} is not valid UTF-8 (no RocketMQ message can carry it): give it as UTF-8 text")
+
+
+def _check_contract(delay_topic: str, body: bytes, tags: Optional[str], keys: Optional[str],
+                    props: dict[str, str]) -> None:
+    """Fail, with the engine's reason, on a message an engine with default limits would dead-letter;
+    say so when its due time is past (the contract delivers it at once)."""
+    import time
+
+    from forwarder.config import RocketMQConfig
+    from forwarder.contract import (DELIVER_AT_MS, DELIVERY_PROPERTIES_BUDGET, TARGET_TOPIC, ContractLimits,
+                                    ContractViolation, check_target_topic, properties_size, to_message)
+    from forwarder.rocketmq.message import ReceivedMessage
+    from timewheel.config import EngineConfig
+    from timewheel.errors import ConfigError
+
+    try:
+        rmq = RocketMQConfig(delay_topic=delay_topic)
+    except ConfigError as e:
+        _fail(f"--delay-topic: {e}")
+    now = int(time.time() * 1000)
+    limits = ContractLimits(EngineConfig.max_delay_ms, EngineConfig.max_body_bytes,
+                            frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
+    # as the engine will read it: its own id is as long as a real one, born now
+    received = ReceivedMessage(delay_topic, body, tags or "", keys or "", "0" * 32, dict(props), 0, 0, 0, 0, now, now)
+    try:
+        check_target_topic(props[TARGET_TOPIC], limits.reserved_topics)
+        due = to_message(received, now, limits).deliver_at_ms
+    except ContractViolation as e:
+        _fail(f"the engine would dead-letter this message: {e.reason} (as an engine with default settings judges it)")
+    # the delay message carries the target's name and the due time, which its delivered copy does not
+    size = properties_size(props, tags, keys)
+    if size > DELIVERY_PROPERTIES_BUDGET:
+        _fail(f"properties, tags and keys take {size} bytes on {delay_topic}, over the {DELIVERY_PROPERTIES_BUDGET} "
+              f"RocketMQ's limit leaves once the client's own are added: shorten --keys or --tags")
+    if DELIVER_AT_MS in props and due < now:
+        typer.echo(f"timewheel: note: --at is {(now - due) / 1000:,.1f} s in the past: the engine delivers the "
+                   f"message at once", err=True)
 
 
 @app.command()
@@ -264,15 +326,26 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
     The engine behind the admin API puts the cancel on each queue of the delay topic (so every
     replica of every shard applies it, also to messages that arrive after it) and applies it itself.
     """
+    import http.client
     import urllib.error
     import urllib.parse
     import urllib.request
 
+    from timewheel.cancels import CancelRequest
+
     if (msg_id is None) == (key is None):
         _fail("give exactly one of --id or --key")
+    _require_utf8("--id" if key is None else "--key", msg_id if key is None else key)
+    try:  # the rule every engine applies to a cancel: refused here without a round trip
+        CancelRequest(msg_id, key, 0)
+    except ValueError as e:
+        _fail(str(e))
     q = urllib.parse.urlencode({"id": msg_id} if msg_id is not None else {"key": key})
-    req = urllib.request.Request(f"http://{admin}/cancel?{q}", method="POST",
-                                 headers={"Authorization": f"Bearer {token or ''}"})
+    try:
+        req = urllib.request.Request(f"http://{admin}/cancel?{q}", method="POST",
+                                     headers={"Authorization": f"Bearer {token or ''}"})
+    except ValueError as e:
+        _fail(f"--admin {admin!r} is not HOST:PORT ({e})")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             answer = json.loads(resp.read())
@@ -281,11 +354,17 @@ def cancel(msg_id: Annotated[Optional[str], typer.Option("--id", help="Message i
             if answer.get("promise") is False:  # answered by a standby replica
                 typer.echo(f"warning: {answer.get('note', 'applied on a standby replica only')}", err=True)
     except urllib.error.HTTPError as e:
+        if e.code == 431:  # the id or key does not fit the admin API's request head
+            _fail(f"the {'id' if key is None else 'key'} is too long for the admin API (HTTP 431: "
+                  f"{e.read().decode(errors='replace').strip()}): send the cancel as a control message on the delay "
+                  f"topic instead ({'TW_CANCEL_ID' if key is None else 'TW_CANCEL_KEY'}, on every queue; see README)")
         _fail(f"the engine refused: HTTP {e.code}: {e.read().decode(errors='replace').strip()}")
     except urllib.error.URLError as e:
         from timewheel.app.status import unreachable
 
         _fail(unreachable(admin, e.reason))
+    except (http.client.InvalidURL, ValueError) as e:
+        _fail(f"--admin {admin!r} is not HOST:PORT ({e})")
 
 
 @app.command()

@@ -42,6 +42,15 @@ def find(
     if (msg_id is None) == (key is None):
         typer.echo("timewheel: give exactly one of --id or --key", err=True)
         raise typer.Exit(2)
+    option, text = ("--id", msg_id) if msg_id is not None else ("--key", key or "")
+    problem = None if text.strip() else "is empty: give the id the producer's send returned, or a key it carries"
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # argv bytes that were not UTF-8: no message carries them
+        problem = f"{text!r:.80} is not valid UTF-8: give it as UTF-8 text"
+    if problem:
+        typer.echo(f"timewheel: {option} {problem}", err=True)
+        raise typer.Exit(2)
     try:
         open_data_dir(data_dir)
         with MessageFinder.beside_engine(data_dir) as finder:
@@ -68,8 +77,9 @@ def render(data: dict[str, Any]) -> str:
         return (f"no stored message with {how} {what!r}. A message that broke the producer contract went to the "
                 "dead-letter topic instead (`mqadmin queryMsgByKey -t TW_DLQ -k KEY`); one retired with its "
                 "segment is gone from the data directory; another engine of the group may hold it.")
-    lines = [f"{data['count']} message(s) with {how} {what!r}" + (" (more not shown: raise --limit)"
-                                                                  if data["truncated"] else "")]
+    more = (" (more not shown: raise --limit)" if data["count"] < MAX_LIMIT else
+            f" (more not shown: {MAX_LIMIT} is the most one look-up shows; ask for any other by its id)")
+    lines = [f"{data['count']} message(s) with {how} {what!r}" + (more if data["truncated"] else "")]
     for m in data["messages"]:
         lines.append("")
         lines.append(f"{m['msg_id']}  {m['state'].upper()}")
