@@ -11,7 +11,7 @@ HOUR = 3_600_000
 BASE = 1_800_000_000_000 - 1_800_000_000_000 % HOUR
 
 
-class _CountingSet(frozenset):  # type: ignore[type-arg]
+class _CountingSet(frozenset[int]):
     """A frozenset that counts how often it is walked element by element."""
 
     walks = 0
