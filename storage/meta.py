@@ -107,6 +107,9 @@ class MetaStore:
         # the lock, so that a reader on another thread never iterates a set that changes
         self._done_lock = threading.Lock()
         self._done: frozenset[int] = frozenset(self.done_segments())
+        # the newest of them, or above (raised before a mark joins `_done`): a commit whose records all
+        # lie in later segments, the usual one, is told so without a walk over every segment marked done
+        self._done_top = max(self._done, default=-1)
 
     def memory_bytes(self) -> dict[str, int]:
         """What the meta store holds in memory, by kind: its block cache (up to RocksDB's default
@@ -149,17 +152,16 @@ class MetaStore:
             put(b"i" + mb, pack(seg, part, off))
             for k in ks:
                 put(b"k" + k.encode() + b"\x00" + mb, b"")
-        done = self._done
+        done, top = self._done, self._done_top
         # A record stored in a segment marked done (one that arrived late) makes it pending again, in
         # the same batch: a start never loads a done segment, and the record would never be sent.
         # Unlogged like the ids: a crash loses both, and the replay of the ingest log writes both again.
-        again = done.intersection(segment_ms) if done and min(segment_ms, default=0) <= max(done) else ()
+        again = done.intersection(segment_ms) if done and min(segment_ms, default=top + 1) <= top else ()
         for seg in again:
             wb.delete(b"s" + _BE64.pack(seg))
         self._db.write(wb, self._unlogged)
         if again:
-            with self._done_lock:
-                self._done = self._done.difference(again)
+            self._undone(again)
 
     def ids_for_key(self, key: str, limit: int | None = None) -> list[str]:
         """Message ids stored under a business key (the first `limit`, in id order, when given)."""
@@ -232,6 +234,7 @@ class MetaStore:
         published since makes it pending again, as `put_records` storing one in it does)."""
         self._db.put(b"s" + _BE64.pack(segment_ms), _DONE + struct.pack(f"<{len(parts)}H", *sorted(parts)))
         with self._done_lock:
+            self._done_top = max(self._done_top, segment_ms)
             self._done = self._done.union((segment_ms,))
 
     def done_now(self) -> frozenset[int]:
@@ -261,8 +264,13 @@ class MetaStore:
     def forget_segment(self, segment_ms: int) -> None:
         """Drop a segment's state: it was retired, or is pending again."""
         self._db.delete(b"s" + _BE64.pack(segment_ms))
+        self._undone((segment_ms,))
+
+    def _undone(self, segments: Iterable[int]) -> None:
+        """Drop segments from those known done (their marks are gone from the database)."""
         with self._done_lock:
-            self._done = self._done.difference((segment_ms,))
+            self._done = self._done.difference(segments)
+            self._done_top = max(self._done, default=-1)  # a walk, but only as a mark goes
 
     def get_document(self, name: str) -> Any | None:
         """A JSON document stored under `name`, or None."""
