@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from storage.layout import PART_LOG_SUFFIX, SegmentLayout
+from storage.layout import PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout
 from storage.meta import MetaStore
 
 
@@ -46,10 +46,13 @@ def _parts(layout: SegmentLayout, segment_ms: int) -> list[int]:
     """A segment's part numbers (those `SegmentLayout.list_parts` gives, in one listing: a running
     timer looks into many done segments); none when its directory is gone (retired meanwhile)."""
     try:
-        names = os.listdir(layout.segment_dir(segment_ms))
+        names = set(os.listdir(layout.segment_dir(segment_ms)))
     except FileNotFoundError:
         return []
-    return sorted(int(n[:5]) for n in names if len(n) == 9 and n.endswith(PART_LOG_SUFFIX) and n[:5].isdigit())
+    # with its index only, as the loader reads them: a record file without one (a crash between the
+    # two names) holds nothing the loader would read, and would reopen the segment at every rescan
+    return sorted(int(n[:5]) for n in names if len(n) == 9 and n.endswith(PART_LOG_SUFFIX) and n[:5].isdigit()
+                  and n[:5] + PART_INDEX_SUFFIX in names)
 
 
 def _linked_after_last_outcome(layout: SegmentLayout, segment_ms: int, parts: list[int]) -> bool:

@@ -4,7 +4,10 @@ Each segment is whole before the next is begun: its CANCELLED frame written, its
 being sent (`TimerDriver.cancel`), its ids marked cancelled in the meta store. A write that fails on
 a later segment (a full disk) so leaves the earlier ones done and known to be done: the cancel,
 applied again (its batch pulled again, the admin call repeated), finds only what is left, and no
-record gets a second outcome nor is counted off its segment twice.
+record gets a second outcome nor is counted off its segment twice. One window is left: a crash, or a
+meta-store write refused, between a segment's frame and its ids' marks. The retry then writes the
+frame again (a load reads a repeated outcome once), and until the next start that segment's count
+of entries left is low by those records.
 """
 from __future__ import annotations
 

@@ -275,10 +275,8 @@ class TimerDriver:
             for seg in list(loader.loaded):
                 self._add(*loader.refresh(seg), now)
             reopened = self._reopened(current)  # their marks are cleared: a start loads them too
-            for seg in reopened:
-                self._add(*loader.load(seg), now)
-            if reopened:
-                release_free_memory()
+            if reopened:  # caught up as any past segment is: oldest first, while the backlog has room
+                self._catch_up = deque(sorted({*self._catch_up, *reopened}))
         if self._pending_removals and (now >= self._removals_due or self._removals_waiting >= _REMOVAL_BATCH):
             refs = np.concatenate(self._pending_removals)
             self._pending_removals, self._removals_waiting = [], 0

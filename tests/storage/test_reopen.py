@@ -83,3 +83,17 @@ def test_an_older_builds_mark_is_judged_by_the_files_times(tmp_path: Path) -> No
         assert s.meta.done_parts([whole, late]) == {whole: (0,)}
     finally:
         s.close()
+
+
+def test_a_record_file_without_its_index_does_not_reopen_a_segment(tmp_path: Path) -> None:
+    """A crash between a part's two names leaves a record file alone: the loader reads nothing of it,
+    so it must not reopen the segment (at every rescan, for good)."""
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        seg = NOW - 2 * HOUR
+        assert _publish(s, seg, "a") == 0
+        s.meta.mark_segment_done(seg, [0])
+        s.layout.part_log(seg, 1).write_bytes(b"")
+        assert reopen_segments(s.layout, s.meta, [seg]) == [] and s.meta.done_segments() == {seg}
+    finally:
+        s.close()
