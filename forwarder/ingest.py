@@ -132,6 +132,11 @@ class DelayTopicIngest:
         puller = self._puller
         return puller.stored_offsets() if puller is not None else {}
 
+    def dead_threads(self) -> list[str]:
+        """The consumer's threads that an error ended while it runs (`RemotingPullConsumer.dead_threads`)."""
+        puller = self._puller
+        return puller.dead_threads() if puller is not None else []
+
     def _in_shard(self, queue: tuple[str, int]) -> bool:
         """Whether a (broker, queue id) of the delay topic is read by this engine."""
         return self.queue_ids is None or self.queue_ids(queue[1])

@@ -39,7 +39,7 @@ from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
 from forwarder.rocketmq.codec import decode_messages
 from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.connection import Connection
-from forwarder.rocketmq.errors import MessageDecodeError, RemotingError
+from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
                                          SUCCESS, Reply, Request, Response)
@@ -70,6 +70,17 @@ def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
         return False
     left -= end
     return left <= 0 or (left < pull_batch and end - asked >= pull_batch)
+
+
+def _offset(resp: Response, name: str, default: int) -> int:
+    """A pull answer's offset field as a number (`default` when absent); ProtocolError when it is not one."""
+    value = resp.ext.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"the broker answered {name}={value!r}, not an offset") from None
 
 
 def next_tick(now: float, period: float) -> float:
@@ -162,9 +173,14 @@ class Puller:
         self.counters = counters
         self.running = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
+        #: broker -> the error that ended its pull thread (fail-stop: never started again)
+        self.failures: dict[str, str] = {}
 
     def pull_from(self, broker: str) -> None:
-        """Make sure a pull thread runs for `broker` (it ends once it owns nothing there)."""
+        """Make sure a pull thread runs for `broker` (it ends once it owns nothing there); not for a
+        broker whose pull thread failed: what it owns stays unread until the consumer is restarted."""
+        if broker in self.failures:
+            return
         t = self._threads.get(broker)
         if t is None or not t.is_alive():
             t = threading.Thread(target=self._pull_loop, args=(broker,), name=f"ingest-pull-{broker}", daemon=True)
@@ -182,7 +198,22 @@ class Puller:
             t.join()
         self._threads.clear()
 
+    def dead_threads(self) -> list[str]:
+        """The pull threads that an unexpected error ended (each logged with its traceback)."""
+        return [f"ingest-pull-{b}" for b in sorted(self.failures)]
+
     def _pull_loop(self, broker: str) -> None:
+        """`_pull` for `broker`, fail-stop: an error nothing here expected ends the thread for good
+        (recorded in `failures`, which the consumer's `dead_threads` reports). What it had pulled and
+        not stored is not committed, so the next start reads it again."""
+        try:
+            self._pull(broker)
+        except Exception as e:
+            self.failures[broker] = f"{type(e).__name__}: {e}"
+            log.critical("the pull thread of broker %s died; nothing more is read from its queues until the "
+                         "consumer is restarted (what it had not stored is read again then)", broker, exc_info=True)
+
+    def _pull(self, broker: str) -> None:
         """Keep one pull in flight per owned queue of `broker`; hand each batch to the callback."""
         s, membership = self.settings, self.membership
         conn: Connection | None = None
@@ -322,7 +353,15 @@ class Puller:
         if st.in_flight != resp.opaque:  # the queue was reset meanwhile: this answer is for the old offset
             return None
         st.last_pull_ms = int(time.time() * 1000)
-        next_offset = int(resp.ext.get("nextBeginOffset", st.offset))
+        try:
+            next_offset = _offset(resp, "nextBeginOffset", st.offset)
+            max_offset = _offset(resp, "maxOffset", next_offset + 1) if resp.code == SUCCESS else 0
+        except ProtocolError as e:  # nothing of the answer is taken: the same pull goes again
+            log.warning("pull of %s/%s at offset %d: %s; pulling it again in %.1f s", s.topic, q, st.offset, e,
+                        s.retry_backoff_s)
+            self.counters["bad_answers"] += 1
+            st.retry_after(s.retry_backoff_s)
+            return None
         if resp.code == SUCCESS:
             try:
                 batch = self.reader.read(resp.body, s.max_body_bytes, q[0], budget)
@@ -341,7 +380,7 @@ class Puller:
                 log.error("%d message(s) of %s/%s from offset %d cannot be read; they go on raw: %s", len(unreadable),
                           s.topic, q, st.offset, unreadable[0])
             self.counters["pulled"] += len(batch)
-            caught_up = next_offset >= int(resp.ext.get("maxOffset", next_offset + 1))
+            caught_up = next_offset >= max_offset
             steady = _emptied(resp, st.offset, s.pull_batch)  # caught up, or less than one more answer left
             if budget.stopped:
                 # the commit's inflate budget stopped reading: the rest comes with the next pull

@@ -90,7 +90,7 @@ class RemotingPullConsumer:
         self.pull_batch = pull_batch
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0,
-                         "offset_resets": 0}
+                         "offset_resets": 0, "bad_answers": 0}
         timeout = timeout_ms / 1000
         self._namesrv = NameServerClient(namesrv, timeout, security)
         self._queues = QueueTable()
@@ -127,6 +127,15 @@ class RemotingPullConsumer:
             self._membership.commit(q, st)
         self._membership.leave()
         self._namesrv.close()
+
+    def dead_threads(self) -> list[str]:
+        """The consumer's threads that an error ended while it runs (a pull thread, the rebalancer):
+        the queues they served are read no more, so its owner reports not ready and restarts it."""
+        dead = self._puller.dead_threads()
+        t = self._rebalancer
+        if t is not None and not t.is_alive() and not self._stopping.is_set():
+            dead.append(t.name)
+        return dead
 
     def owned(self) -> list[Queue]:
         """The queues this member consumes now."""

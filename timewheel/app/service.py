@@ -264,9 +264,10 @@ class Service:
                 and self.engine.checkpoint_failure() is None)
 
     def dead_threads(self) -> list[str]:
-        """The threads this service relies on that ended while it runs: the engine's, and with [ha]
-        the replica's (whose death must hand the lease on)."""
-        dead = self.engine.dead_threads() if self.engine is not None else []
+        """The threads this service relies on that ended while it runs: the engine's, the delay topic
+        consumer's, and with [ha] the replica's (whose death must hand the lease on)."""
+        dead = [*(self.engine.dead_threads() if self.engine is not None else []),
+                *(self._endpoints.source.dead_threads() if self._endpoints is not None else [])]
         if self.replica is not None:
             dead += self.replica.dead_threads()
         return dead

@@ -1,0 +1,111 @@
+"""A pull thread is fail-stop: an answer whose offsets are not numbers is pulled again (nothing of it
+taken), and an error nothing expected ends the thread for good, reported by `dead_threads` (the
+service is then not ready and exits for its supervisor) instead of the thread being started again
+by every rebalance, dying each time, while the service looked healthy."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import OutgoingMessage, Receipt, RemotingProducer, RemotingPullConsumer
+from forwarder.rocketmq._puller import BodyReader, Puller, PullSettings, _Messages
+from forwarder.rocketmq._queue_state import QueueTable
+from forwarder.rocketmq.compression import InflateBudget
+from forwarder.rocketmq.protocol import PULL_NOT_FOUND, PULL_OFFSET_MOVED, SUCCESS, Response
+from tests.polling import wait_for
+
+Q = ("broker-a", 0)
+
+
+def _puller() -> tuple[Puller, QueueTable, list[Any]]:
+    table = QueueTable()
+    table.add(Q, 7)
+    handed: list[Any] = []
+    settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, 0)
+    counters = {"batches": 0, "refused": 0, "pulled": 0, "undecodable": 0, "bad_answers": 0}
+    puller = Puller(settings, table, None, lambda batch: handed.append(batch) or True,  # type: ignore[arg-type]
+                    lambda request: None, counters)
+    return puller, table, handed
+
+
+_ODD = [(code, "nextBeginOffset", value) for code in (SUCCESS, PULL_NOT_FOUND, PULL_OFFSET_MOVED)
+        for value in ("x", "", "1.5", "9" * 5000 + "z")] + [(SUCCESS, "maxOffset", "12a")]  # only a found answer's maxOffset is read
+
+
+@pytest.mark.parametrize(("code", "field", "value"), _ODD)
+def test_an_answer_whose_offsets_are_not_numbers_is_pulled_again(code: int, field: str, value: str) -> None:
+    puller, table, handed = _puller()
+    st = table.get(Q)
+    assert st is not None
+    st.in_flight = 5
+    ext = {"nextBeginOffset": "9", "maxOffset": "9", field: value}
+    before = time.monotonic()
+    puller._handle_pulls([(Q, Response(code, 5, "", ext, b""))])
+    assert handed == [] and st.offset == 7, "nothing of the answer is taken"
+    assert st.in_flight is None and st.retry_at >= before + 0.9, "the same pull goes again after the backoff"
+    assert puller.counters["bad_answers"] == 1
+
+
+def test_an_unexpected_error_ends_the_pull_thread_for_good() -> None:
+    puller, table, _ = _puller()
+
+    class Broken:
+        def address(self, broker: str) -> str:
+            raise RuntimeError("a bug nobody imagined")
+
+    puller.membership = Broken()  # type: ignore[assignment]
+    puller.running.set()
+    puller.pull_from("broker-a")
+    assert wait_for(lambda: puller.dead_threads() == ["ingest-pull-broker-a"], timeout=5)
+    assert puller.failures == {"broker-a": "RuntimeError: a bug nobody imagined"}
+    dead = puller._threads["broker-a"]
+    dead.join(5)
+    puller.pull_from("broker-a")  # what a rebalance does: not started again
+    assert puller._threads["broker-a"] is dead
+    assert not [t for t in threading.enumerate() if t.name == "ingest-pull-broker-a" and t.is_alive()]
+
+
+@pytest.mark.rocketmq
+def test_a_consumer_whose_pull_thread_died_reports_it_and_loses_nothing(rocketmq: LocalRocketMQ) -> None:
+    topic, group = f"PULLDIE_{uuid.uuid4().hex[:8]}", f"pull-die-{uuid.uuid4().hex[:8]}"
+    rocketmq.create_topics([topic], queues=2)
+    with RemotingProducer(rocketmq.namesrv_addr, "test-pull-die-producer") as p:
+        res = p.send([OutgoingMessage(topic, f"m{i}".encode()) for i in range(20)])
+    assert all(isinstance(r, Receipt) for r in res), res
+
+    def broken(body: bytes, limit: int, broker: str, budget: InflateBudget) -> Any:
+        raise RuntimeError("a reader that fails in a way nobody imagined")
+
+    got: list[str] = []
+    reader = BodyReader(broken, lambda messages, broker: _Messages(messages))
+    dying = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, lambda answers: got.append("?") or True,
+                                 reader=reader, rebalance_interval_s=0.3, retry_backoff_s=0.2)
+    dying.start()
+    try:
+        assert wait_for(lambda: dying.dead_threads() == ["ingest-pull-broker-a"], timeout=30), dying.dead_threads()
+        time.sleep(1.0)  # three rebalances: the thread is not started again to die again
+        assert dying.dead_threads() == ["ingest-pull-broker-a"] and got == []
+        assert not [t for t in threading.enumerate() if t.name == "ingest-pull-broker-a" and t.is_alive()]
+    finally:
+        dying.stop()
+    # nothing was committed by the thread that died: the next start of the group reads everything
+    lock = threading.Lock()
+
+    def collect(batch: list[Any]) -> bool:
+        with lock:
+            got.extend(m.body.decode() for m in batch)
+        return True
+
+    again = RemotingPullConsumer(rocketmq.namesrv_addr, group, topic, collect, rebalance_interval_s=0.3)
+    again.start()
+    try:
+        assert wait_for(lambda: len(set(got)) >= 20, timeout=30), got
+        assert again.dead_threads() == []
+    finally:
+        again.stop()
+    assert set(got) == {f"m{i}" for i in range(20)}
