@@ -53,6 +53,11 @@ _MEMORY_PROPERTIES = {"block_cache": "rocksdb.block-cache-usage", "memtables": "
 class MetaStore:
     """Key lookups for ingest dedup, business keys, cancellations, segment states and documents."""
 
+    @staticmethod
+    def exists(path: str | os.PathLike[str]) -> bool:
+        """Whether a meta store was ever made at `path` (an engine opened it): RocksDB's CURRENT file."""
+        return os.path.isfile(os.path.join(path, "CURRENT"))
+
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False,
                  block_cache_bytes: int | None = None) -> None:
         """Open (creating) the store; `read_only` opens it beside the engine that writes it, as it

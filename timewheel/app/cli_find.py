@@ -35,7 +35,7 @@ def find(
 
     Reads the files only, so it is safe beside a running engine.
     """
-    from storage import StorageError
+    from storage import MetaStore, StorageError
     from timewheel.app.datadir import DataDirError, open_data_dir
     from timewheel.find import MessageFinder
 
@@ -52,7 +52,15 @@ def find(
         typer.echo(f"timewheel: {option} {problem}", err=True)
         raise typer.Exit(2)
     try:
-        open_data_dir(data_dir)
+        layout = open_data_dir(data_dir)
+        if not MetaStore.exists(layout.meta_dir):  # made by `init`, never served: nothing is stored yet
+            note = f"no engine has stored anything in {data_dir} yet (`timewheel serve --data-dir {data_dir}`)"
+            if as_json:
+                typer.echo(json.dumps({"query": {option[2:]: text}, "count": 0, "truncated": False, "messages": []}))
+                typer.echo(f"timewheel: {note}", err=True)
+            else:
+                typer.echo(f"no stored message with {option[2:]} {text!r}: {note}")
+            raise typer.Exit(1)
         with MessageFinder.beside_engine(data_dir) as finder:
             now = int(time.time() * 1000)
             found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)

@@ -305,3 +305,14 @@ def test_find_a_key_with_more_matches_than_the_most_it_shows_says_what_to_do(dat
     assert "raise --limit" not in head and str(MAX_LIMIT) in head.split("(", 1)[1], head
     for limit in ("0", str(MAX_LIMIT + 1)):
         assert _find(d, "--key", "shared", "--limit", limit).exit_code == 2
+
+
+def test_find_in_a_directory_no_engine_has_served_says_nothing_is_stored_yet(tmp_path: Path) -> None:
+    d = tmp_path / "fresh"
+    assert CliRunner().invoke(app, ["init", "--data-dir", str(d)]).exit_code == 0
+    res = _find(d, "--id", "7F0000010B1C18B4AAC2757D2E170043")
+    assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit), res.output
+    assert res.output.startswith("no stored message with id") and "no engine has stored anything" in res.output, (
+        res.output)
+    res = _find(d, "--key", "order-1", "--json")
+    assert res.exit_code == 1 and '"messages": []' in res.output, res.output
