@@ -252,23 +252,65 @@ def _part_numbers(segment_dir: Path) -> Iterator[None]:
     it the engine could create its index while a publish had linked its own index at that number
     and not yet its log: the engine's writes would then go into the staged index's file, and the
     publish, finding the log's name taken, would unlink the engine's index and publish its own,
-    now holding the engine's entries, at the next number."""
+    now holding the engine's entries, at the next number.
+
+    Retention moves a done segment's directory out under it too (`moving_out`). A writer that
+    waited for the lock while the directory was moved finds another (or none) at its path: it locks
+    the directory there, made again, so that nothing it writes goes out with the retired segment."""
+    while True:
+        try:
+            fd = os.open(segment_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # moved out between the caller's mkdir and this open
+            fd = -1
+        if fd >= 0:
+            try:
+                _lock(fd, segment_dir)
+                if _names(fd, segment_dir):
+                    yield
+                    return
+            finally:
+                os.close(fd)  # lets the lock go
+        log.info("%s was moved out while a writer waited to take a part number there: made again", segment_dir)
+        segment_dir.mkdir(parents=True, exist_ok=True)
+        fsync_path(segment_dir.parent)
+
+
+@contextlib.contextmanager
+def moving_out(segment_dir: Path) -> Iterator[None]:
+    """Held while retention checks a segment unchanged and moves its directory out: no part number
+    is taken there in between (`_part_numbers`; a publish waiting for it then writes into a new
+    directory at the path)."""
     fd = os.open(segment_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in _NO_LOCKS:
-                raise
-            # a filesystem without locks: the writers go on as they did before the lock (the engine
-            # alone is safe; a backfill publishing into a live segment is then not), said once
-            if not _no_locks_said:
-                _no_locks_said.append(segment_dir)
-                log.warning("%s cannot be locked (%s): a backfill publishing into a segment the engine "
-                            "is writing is not safe on this filesystem", segment_dir, e)
+        _lock(fd, segment_dir)
         yield
     finally:
-        os.close(fd)  # lets the lock go
+        os.close(fd)
+
+
+def _lock(fd: int, segment_dir: Path) -> None:
+    """`flock` a segment directory's descriptor; on a filesystem without locks, go on (said once)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        # a filesystem without locks: the writers go on as they did before the lock (the engine
+        # alone is safe; a backfill publishing into a live segment is then not), said once
+        if not _no_locks_said:
+            _no_locks_said.append(segment_dir)
+            log.warning("%s cannot be locked (%s): a backfill publishing into a segment the engine "
+                        "is writing is not safe on this filesystem", segment_dir, e)
+
+
+def _names(fd: int, segment_dir: Path) -> bool:
+    """Whether `segment_dir` still names the directory open as `fd` (not moved out meanwhile)."""
+    held = os.fstat(fd)
+    try:
+        there = os.stat(segment_dir)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
 #: what `flock` raises on a filesystem that has no locks

@@ -35,7 +35,7 @@ from storage.encoded import EncodedRecords
 from storage.errors import CorruptRecordError, DelayTooLongError, StorageWriteError, StoreClosedError
 from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
-from storage.layout import SegmentLayout
+from storage.layout import SegmentLayout, moving_out
 from storage.meta import MetaStore
 from storage.origin import OriginReader, QueueTable, origin_rows, unknown_origins
 from storage.record import Record, encode
@@ -354,12 +354,14 @@ class ScheduleStore:
         deleted file's space), if no part of it is live and `unchanged()` holds, with no append in
         between: retention decided it was done, and a record stored since must not go with it."""
         self.release_segment(segment_ms)
-        with self._write_lock:
+        seg_dir = self.layout.segment_dir(segment_ms)
+        # the segment directory's lock too: a backfill's publish takes a part number under it alone
+        with self._write_lock, moving_out(seg_dir):
             if segment_ms in self.writer.live or not self.checkpointed(segment_ms) or not unchanged():
                 return False
             self.writer.forget(segment_ms)
             self.dispatch_writer.forget(segment_ms)
-            os.replace(self.layout.segment_dir(segment_ms), dst)
+            os.replace(seg_dir, dst)
         fsync_path(self.layout.schedule_dir)  # out of schedule/ for good before its files go
         return True
 

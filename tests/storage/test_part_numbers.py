@@ -97,3 +97,42 @@ def test_another_lock_error_is_raised(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(storage.layout.fcntl, "flock", broken)
     with pytest.raises(OSError, match="Input/output error"):
         storage.layout.SegmentLayout(tmp_path / "d").claim_part(NOW)
+
+
+def test_a_part_published_while_retention_moves_its_segment_out_stays_in_the_data_directory(
+        tmp_path: Path) -> None:
+    """Retention checks a done segment's files unchanged, then moves its directory out; a backfill
+    publishing a part into that segment in between once had it moved out with the rest (then
+    deleted, never sent). Now the publish waits for the move and lands in the segment made again."""
+    s = ScheduleStore(tmp_path / "d")
+    try:
+        seg = s.layout.segment_start(NOW)
+        s.append([Record("old", "T", b"x", seg + 10)], NOW)
+        s.seal_live_parts(NOW + 3_600_000)
+        s.checkpoint()
+        staging = s.layout.root / "_staging"
+        staging.mkdir()
+        stager = PartStager(staging, "bf", s.layout.segment_ms, NOW)
+        stager.add(Record("late-bf", "T", b"y", seg + 2000))
+        [p] = stager.finish()
+        published: list[int] = []
+        publisher = threading.Thread(target=lambda: published.append(s.layout.publish_part(seg, p.log, p.index)))
+        files_before = sorted(os.listdir(s.layout.segment_dir(seg)))
+
+        def unchanged() -> bool:  # retention's last look, then the publish starts before the move
+            same = sorted(os.listdir(s.layout.segment_dir(seg))) == files_before
+            publisher.start()
+            publisher.join(0.5)  # with the lock it waits for the move; without it, it is done by now
+            return same
+
+        dst = tmp_path / "retiring-copy"
+        moved = s.take_out_segment(seg, unchanged, dst)
+        publisher.join(10.0)
+        assert not publisher.is_alive() and len(published) == 1
+        [part] = published
+        assert moved
+        assert s.layout.list_parts(seg) == [part], "the published part went out with the retired segment"
+        assert sorted(os.listdir(dst)) == files_before, "the retired segment took more than retention read"
+        assert len(read_index(s.layout.part_index(seg, part))) == 1
+    finally:
+        s.close()
