@@ -115,8 +115,9 @@ _FORGET_BYTES = 16 << 20
 
 @dataclass(frozen=True, slots=True)
 class Forgotten:
-    """What `forget_segment_records` dropped: the index rows of the records whose entries went, and
-    their cancel marks (`cancel_at` where `cancelled`)."""
+    """What `forget_segment_records` dropped: the index rows of the records whose entries went (in
+    the index's own widths, 10 bytes a record: held for as long as the move takes, a whole hour's
+    records), and the few whose cancel mark went with them (`cancelled` rows, `cancel_at` times)."""
 
     part: np.ndarray
     offset: np.ndarray
@@ -127,6 +128,16 @@ class Forgotten:
     def __len__(self) -> int:
         return len(self.part)
 
+    def cancel_times(self, rows: np.ndarray) -> list[int | None]:
+        """Each row's cancel time, None for a row that was not cancelled."""
+        k = np.searchsorted(self.cancelled, rows)
+        hit = k < len(self.cancelled)
+        hit[hit] = self.cancelled[k[hit]] == rows[hit]
+        out: list[int | None] = [None] * len(rows)
+        for i, t in zip(np.flatnonzero(hit).tolist(), self.cancel_at[k[hit]].tolist()):
+            out[i] = t
+        return out
+
 
 def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[str, int] | None = None) -> Forgotten:
     """Drop the meta store's entries of a segment's records (those whose location is this segment);
@@ -134,21 +145,28 @@ def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[
     Records that cannot be read are left (nothing names them). With `sizes` (file name -> bytes, as
     the caller found them), only the records those bytes held: one stored since is not forgotten."""
     ix = store.segment_index(segment_ms)
-    part, offset, length = ix.part.astype(np.int64), ix.offset.astype(np.int64), ix.length.astype(np.int64)
+    part, offset, length = ix.part, ix.offset, ix.length
     if sizes is not None:  # per part: the log's size then (parts are append-only; a new part had none)
-        held = np.array([sizes.get(part_name(p) + PART_LOG_SUFFIX, 0) for p in range(int(part.max(initial=-1)) + 1)],
+        held = np.array([sizes.get(part_name(p) + PART_LOG_SUFFIX, 0) for p in range(int(part.max()) + 1 if len(part) else 0)],
                         np.int64)
-        keep = offset + length <= held[part] if len(part) else np.ones(0, bool)
+        keep = offset.astype(np.int64) + length <= held[part] if len(part) else np.ones(0, bool)
         part, offset, length = part[keep], offset[keep], length[keep]
-    rows, cancelled, cancel_at = [np.zeros(0, np.int64)], [np.zeros(0, bool)], [np.zeros(0, np.int64)]
+    rows: list[np.ndarray] = [np.zeros(0, np.int64)]
+    cancelled: list[int] = []
+    cancel_at: list[int] = []
+    taken = 0
     for at, ids, keys in _readable(store, segment_ms, part, offset, length):
         here = [k for k, loc in enumerate(store.meta.locations(ids)) if loc is not None and loc.segment_ms == segment_ms]
         dropped = store.meta.forget_records([ids[k] for k in here], [keys[k] for k in here])
         rows.append(at[here])
-        cancelled.append(np.array([t is not None for t in dropped], bool))
-        cancel_at.append(np.array([t or 0 for t in dropped], np.int64))
+        for j, t in enumerate(dropped):
+            if t is not None:
+                cancelled.append(taken + j)
+                cancel_at.append(t)
+        taken += len(here)
     took = np.concatenate(rows)
-    return Forgotten(part[took], offset[took], length[took], np.concatenate(cancelled), np.concatenate(cancel_at))
+    return Forgotten(part[took], offset[took], length[took], np.array(cancelled, np.int64),
+                     np.array(cancel_at, np.int64))
 
 
 def put_back_segment_records(store: "ScheduleStore", segment_ms: int, forgotten: Forgotten) -> int:
@@ -156,10 +174,8 @@ def put_back_segment_records(store: "ScheduleStore", segment_ms: int, forgotten:
     stays; an id stored again since keeps its new entries. Returns how many were given back."""
     back = 0
     for at, ids, keys in _readable(store, segment_ms, forgotten.part, forgotten.offset, forgotten.length):
-        cancelled = [int(t) if c else None for c, t in zip(forgotten.cancelled[at].tolist(),
-                                                           forgotten.cancel_at[at].tolist())]
         back += store.put_back_records(segment_ms, ids, forgotten.part[at].tolist(), forgotten.offset[at].tolist(),
-                                       keys, cancelled)
+                                       keys, forgotten.cancel_times(at))
     return back
 
 
