@@ -6,6 +6,7 @@ that read or write files offline (inspect, backfill, audit, replay, export) open
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from storage import SegmentLayout, StorageError
@@ -58,3 +59,11 @@ def init_data_dir(path: Path, segment_minutes: int | None = None) -> tuple[Segme
         return SegmentLayout(path, segment_minutes or DEFAULT_SEGMENT_MINUTES, create=True), True
     except (StorageError, OSError) as e:
         raise DataDirError(f"cannot make a data directory in {path}: {e}") from e
+
+
+def os_error_at_start(e: OSError, data_dir: Path | str) -> str:
+    """What an OSError at the engine's start says: of the data directory only when it names a path
+    there (full disk, too many open files or a refused socket are not the directory's)."""
+    root = os.path.abspath(data_dir)
+    named = e.filename is not None and os.path.abspath(str(e.filename)).startswith(root + os.sep)
+    return f"cannot open the data directory {data_dir}: {e}" if named else f"the engine could not start: {e}"

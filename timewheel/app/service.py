@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from storage import StorageError
 from timewheel.app._write_gate import WriteGate
 from timewheel.app.admin import AdminServer
+from timewheel.app.datadir import os_error_at_start
 from timewheel.app.gc_pauses import GcPauses, freeze_started_heap
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.app.runtime import log_hot_paths, name_os_threads
@@ -168,8 +169,7 @@ class Service:
                                  gate=self.replica, copy_finder=self.copy_finder).start()
         except (StorageError, OSError) as e:  # in use by another engine, another format, unreadable: one line
             self.stop()
-            raise StartError(str(e) if isinstance(e, StorageError) else
-                             f"cannot open the data directory {cfg.data_dir}: {e}") from e
+            raise StartError(str(e) if isinstance(e, StorageError) else os_error_at_start(e, cfg.data_dir)) from e
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
             from coordination import ReplicaIdTaken
