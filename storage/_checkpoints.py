@@ -86,7 +86,12 @@ class Checkpoints:
             if rotation.seq <= self.durable_seq:
                 return
             self._meta.flush()
-            fsync_path(self._layout.ingest_dir)
+            try:  # the new log file's name: its directory's fsync failing stops checkpoints as a file's does
+                fsync_path(self._layout.ingest_dir)
+            except OSError as e:
+                self.broken = f"the fsync of the ingest log's directory before checkpoint {rotation.seq} failed ({e})"
+                raise StorageWriteError(f"checkpoints are stopped: {self.broken}; the ingest log since the last "
+                                        "checkpoint is kept, and a restart replays it") from e
             self._meta.put_document("checkpoint", {"seq": rotation.seq, "pos": 0})
             self._meta.flush()
             self._wal.remove_before(rotation.seq)

@@ -969,3 +969,36 @@ def test_no_segment_is_marked_done_once_a_commit_listener_failed(tmp_path: Path)
     s.append(recs(1), NOW)
     assert not s.mark_segment_done(seg, lambda: True) and s.meta.done_segments() == {seg - HOUR}
     s.close()
+
+
+def test_a_failed_fsync_of_the_ingest_directory_stops_checkpoints_for_good(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint fsyncs the ingest log's directory (the new file's name) before it moves on: that
+    fsync failing once let the next checkpoint fsync it again, succeed on pages the kernel had
+    dropped, and let the ingest log go past what may not be on disk."""
+    s = ScheduleStore(tmp_path / "data")
+    s.append(recs(3), NOW)
+    durable = s._checkpoints.durable_seq
+    ingest_dir = str(s.layout.ingest_dir)
+    real = checkpoints_module.fsync_path
+
+    def failing_for_the_directory(path: Any) -> None:
+        if str(path) == ingest_dir:
+            raise OSError(5, "Input/output error")
+        real(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoints_module, "fsync_path", failing_for_the_directory)
+        with pytest.raises(StorageWriteError, match="checkpoints are stopped: the fsync of the ingest log's dir"):
+            s.checkpoint()
+    s.append(recs(2, prefix="after"), NOW)
+    with pytest.raises(StorageWriteError, match="checkpoints are stopped"):
+        s.checkpoint()  # the directory fsyncs fine now: proves nothing, the checkpoint stays where it was
+    assert s._checkpoints.durable_seq == durable
+    with pytest.raises(StorageWriteError, match="checkpoints are stopped"):
+        s.close()
+    s = ScheduleStore(tmp_path / "data")  # the restart replays the ingest log: nothing lost
+    try:
+        assert s.meta.known(["m0", "m1", "m2", "after0", "after1"]) == [True] * 5
+    finally:
+        s.close()
