@@ -181,7 +181,7 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
             return None
 
     svc = Service.__new__(Service)
-    svc.engine, svc._consuming, svc.replica = DeadEngine(), True, None  # type: ignore[assignment]
+    svc.engine, svc._consuming, svc.replica, svc._endpoints = DeadEngine(), True, None, None  # type: ignore[assignment]
     assert svc.ready() is False
 
 
@@ -192,7 +192,7 @@ def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeyp
     e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
     try:
         svc = Service.__new__(Service)
-        svc.engine, svc._consuming, svc.replica = e, True, None
+        svc.engine, svc._consuming, svc.replica, svc._endpoints = e, True, None, None
         assert svc.ready() is True
 
         def full() -> None:
@@ -220,7 +220,7 @@ def test_a_failed_fsync_keeps_the_service_unready_until_a_restart_replays_what_i
     ids = [f"{i:032X}:00000001" for i in range(4)]
     e.schedule([Message("ORDERS", b"x", T0 + 60_000, msg_id=mid) for mid in ids])
     svc = Service.__new__(Service)
-    svc.engine, svc._consuming, svc.replica = e, True, None
+    svc.engine, svc._consuming, svc.replica, svc._endpoints = e, True, None, None
     assert e._run is not None and e.store is not None
     with monkeypatch.context() as m:
         m.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
