@@ -136,8 +136,14 @@ class Membership:
         """Tell the broker the offset accepted up to (a queue given up, or the consumer stopping)."""
         if st.offset <= st.committed:
             return
+        with self._lock:
+            addr = self._brokers.get(q[0])
+        if addr is None:  # the broker left the route (killed, taken out): no one to tell, as a refused commit
+            log.warning("could not commit offset %d of %s/%s: broker %s is no longer in the route", st.offset,
+                        self.topic, q, q[0])
+            return
         try:
-            self.request(self._brokers[q[0]], UPDATE_CONSUMER_OFFSET,
+            self.request(addr, UPDATE_CONSUMER_OFFSET,
                          {"consumerGroup": self.group, "topic": self.topic, "queueId": str(q[1]),
                           "commitOffset": str(st.offset)})
             st.committed = st.offset

@@ -118,3 +118,30 @@ def test_a_consumer_whose_pull_thread_died_reports_it_and_loses_nothing(rocketmq
     finally:
         again.stop()
     assert set(got) == {f"m{i}" for i in range(20)}
+
+
+def test_a_queue_given_up_after_its_broker_left_the_route_is_dropped_without_a_commit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A broker killed or taken out leaves the route; its queues are released, and the pull thread
+    commits each before dropping it. That commit looked the broker up with `[]`: KeyError, which
+    ended the thread (since it is fail-stop, the whole engine, in every round of broker faults)."""
+    from forwarder.rocketmq._membership import Membership
+
+    table = QueueTable()
+    table.add(Q, 7)
+    st = table.get(Q)
+    assert st is not None
+    st.offset = 12  # accepted past what the broker was last told
+    membership = Membership(None, "g", "T", "me", table, answer=lambda r: None,  # type: ignore[arg-type]
+                            pull_from=lambda b: None, counters={}, rebalance_interval_s=1.0, timeout=1.0,
+                            security=None, queue_filter=None)
+    with caplog.at_level("WARNING", logger="timewheel.pull"):
+        membership.commit(Q, st)  # broker-a is in no route this member read
+    assert st.committed < 12 and "broker broker-a is no longer in the route" in caplog.text
+
+    table.release([Q])
+    puller, _, _ = _puller()
+    puller.table, puller.membership = table, membership
+    puller.running.set()
+    puller._pull("broker-a")  # the released queue is dropped, and with nothing left the thread ends
+    assert table.get(Q) is None and puller.failures == {}
