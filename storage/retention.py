@@ -147,8 +147,8 @@ def forget_segment_records(store: "ScheduleStore", segment_ms: int, sizes: dict[
     ix = store.segment_index(segment_ms)
     part, offset, length = ix.part, ix.offset, ix.length
     if sizes is not None:  # per part: the log's size then (parts are append-only; a new part had none)
-        held = np.array([sizes.get(part_name(p) + PART_LOG_SUFFIX, 0) for p in range(int(part.max()) + 1 if len(part) else 0)],
-                        np.int64)
+        parts_then = int(part.max()) + 1 if len(part) else 0
+        held = np.array([sizes.get(part_name(p) + PART_LOG_SUFFIX, 0) for p in range(parts_then)], np.int64)
         keep = offset.astype(np.int64) + length <= held[part] if len(part) else np.ones(0, bool)
         part, offset, length = part[keep], offset[keep], length[keep]
     rows: list[np.ndarray] = [np.zeros(0, np.int64)]

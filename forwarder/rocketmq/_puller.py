@@ -356,10 +356,14 @@ class Puller:
         try:
             next_offset = _offset(resp, "nextBeginOffset", st.offset)
             max_offset = _offset(resp, "maxOffset", next_offset + 1) if resp.code == SUCCESS else 0
-        except ProtocolError as e:  # nothing of the answer is taken: the same pull goes again
+        except ProtocolError as e:  # nothing of the answer is taken: the same pull goes again, a few times
+            self.counters["bad_answers"] += 1
+            st.decode_failures += 1
+            if st.decode_failures >= s.max_decode_tries:  # no offset to move on to: fail-stop (not ready)
+                raise ProtocolError(f"pull of {s.topic}/{q} at offset {st.offset}, {st.decode_failures} answers "
+                                    f"in a row: {e}") from e
             log.warning("pull of %s/%s at offset %d: %s; pulling it again in %.1f s", s.topic, q, st.offset, e,
                         s.retry_backoff_s)
-            self.counters["bad_answers"] += 1
             st.retry_after(s.retry_backoff_s)
             return None
         if resp.code == SUCCESS:

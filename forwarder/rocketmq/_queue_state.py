@@ -27,7 +27,7 @@ class QueueState:
     in_flight: int | None = None  # opaque of the outstanding pull
     retry_at: float = 0.0  # monotonic time before which it is not pulled (a refused batch)
     released: bool = False  # assigned to another member: its pull thread commits and drops it
-    decode_failures: int = 0  # pulls in a row at this offset whose body could not be framed
+    decode_failures: int = 0  # pulls in a row at this offset whose body (or offsets) could not be read
     last_pull_ms: int = 0  # wall clock of the last answered pull (reported to admin tools)
     last_consume_ms: int = 0  # wall clock of the last batch accepted
     sent_ms: int = 0  # wall-clock ms when the pull in flight was sent

@@ -16,6 +16,7 @@ from forwarder.rocketmq import OutgoingMessage, Receipt, RemotingProducer, Remot
 from forwarder.rocketmq._puller import BodyReader, Puller, PullSettings, _Messages
 from forwarder.rocketmq._queue_state import QueueTable
 from forwarder.rocketmq.compression import InflateBudget
+from forwarder.rocketmq.errors import ProtocolError
 from forwarder.rocketmq.protocol import PULL_NOT_FOUND, PULL_OFFSET_MOVED, SUCCESS, Response
 from tests.polling import wait_for
 
@@ -53,6 +54,22 @@ def test_an_answer_whose_offsets_are_not_numbers_is_pulled_again(code: int, fiel
     assert handed == [] and st.offset == 7, "nothing of the answer is taken"
     assert st.in_flight is None and st.retry_at >= before + 0.9, "the same pull goes again after the backoff"
     assert puller.counters["bad_answers"] == 1
+
+
+def test_answers_whose_offsets_are_not_numbers_end_the_pull_thread_after_the_tries_allowed() -> None:
+    """No offset to move on to: after `max_decode_tries` such answers in a row the error ends the
+    thread (fail-stop: the service is not ready) rather than pulling the same answer for ever."""
+    puller, table, handed = _puller()
+    st = table.get(Q)
+    assert st is not None
+    for n in range(1, 3):
+        st.in_flight = n
+        puller._handle_pulls([(Q, Response(SUCCESS, n, "", {"nextBeginOffset": "x"}, b""))])
+        assert st.decode_failures == n and handed == []
+    st.in_flight = 3
+    with pytest.raises(ProtocolError, match="3 answers in a row"):
+        puller._handle_pulls([(Q, Response(SUCCESS, 3, "", {"nextBeginOffset": "x"}, b""))])
+    assert st.offset == 7 and handed == []
 
 
 def test_an_unexpected_error_ends_the_pull_thread_for_good() -> None:
