@@ -29,6 +29,10 @@ class RocketMQConfig:
     #: message due sooner than this after it was sent may be stored, and so delivered, up to this
     #: late); a backlog is pulled without a pause
     consume_linger_ms: int = 20
+    #: when the engine refused to store every batch holding a delay-topic queue's messages for this long
+    #: (a disk that fails, a dead-letter topic refused), that broker's pull thread stops and the service
+    #: reports not ready (`serve` exits 3 for its supervisor); nothing refused is committed
+    consume_refused_max_s: float = 120.0
     send_threads: int = 4
     send_linger_ms: int = 0  # a small batch waits this long after it was due for more to join it
     #: under load the linger grows with the due rate (1 ms more per 1,000 a second with the defaults),
@@ -93,6 +97,7 @@ class RocketMQConfig:
             ("producer_group", bool(self.producer_group), "a group name"),
             ("consume_batch", 1 <= self.consume_batch <= 1024, "between 1 and 1024"),
             ("consume_linger_ms", 0 <= self.consume_linger_ms <= 1000, "between 0 and 1000"),
+            ("consume_refused_max_s", 1 <= self.consume_refused_max_s <= 86_400, "between 1 and 86400 seconds"),
             ("send_threads", 1 <= self.send_threads <= 64, "between 1 and 64"),
             ("send_linger_ms", 0 <= self.send_linger_ms <= 1000, "between 0 and 1000"),
             ("send_linger_max_ms", self.send_linger_ms <= self.send_linger_max_ms <= 1000,

@@ -110,6 +110,7 @@ class DelayTopicIngest:
                                             self._on_answers if encoded else self._on_batch,
                                             reader=reader, pull_batch=self.cfg.consume_batch,
                                             pull_linger_ms=self.cfg.consume_linger_ms,
+                                            max_refused_s=self.cfg.consume_refused_max_s,
                                             timeout_ms=self.cfg.send_timeout_ms,
                                             max_body_bytes=self.limits.max_body_bytes,
                                             security=self.cfg.security(),

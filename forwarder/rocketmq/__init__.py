@@ -25,7 +25,7 @@ from forwarder.rocketmq.admin import QueueLag, broker_config, broker_registered,
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, decode_messages, encode_message
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.consumer import BatchCallback, Queue, RemotingPullConsumer, allocate_averagely
-from forwarder.rocketmq.errors import (BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError, FencedError,
+from forwarder.rocketmq.errors import (BatchesRefusedError, BrokerBusyError, BrokerError, BrokerUnavailableError, ConnectionFailedError, FencedError,
                                        MessageDecodeError, MessageRejectedError, ProtocolError, RemotingError,
                                        RequestTimeoutError, TopicNotFoundError)
 from forwarder.rocketmq.lookup import Copy, KeyLookup, LookupState, MessageLookup, query_broker
@@ -39,7 +39,7 @@ from forwarder.rocketmq.protocol import Response, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = [
-    "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
+    "BROKER_MAX_MESSAGE_BYTES", "BatchCallback", "BatchesRefusedError", "BrokerBusyError", "BrokerError", "BrokerUnavailableError",
     "ClientSecurity", "Connection", "Copy", "Credentials", "EncodedBatches", "KeyLookup", "LookupState", "MessageLookup", "ConnectionFailedError", "KEYS", "MessageDecodeError", "MessageRejectedError",
     "NAME_VALUE_SEPARATOR", "NameServerClient", "OutgoingMessage", "PROPERTY_SEPARATOR", "ProtocolError", "Queue", "QueueLag",
     "Receipt", "ReceivedMessage", "RemotingError", "RemotingProducer", "RemotingPullConsumer", "RequestTimeoutError",

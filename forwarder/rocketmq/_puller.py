@@ -39,7 +39,7 @@ from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
 from forwarder.rocketmq.codec import decode_messages
 from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.connection import Connection
-from forwarder.rocketmq.errors import MessageDecodeError, ProtocolError, RemotingError
+from forwarder.rocketmq.errors import BatchesRefusedError, MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
                                          SUCCESS, Reply, Request, Response)
@@ -152,6 +152,9 @@ class PullSettings:
     security: ClientSecurity | None
     #: a queue whose last answer emptied it waits this long before its next pull
     linger_ms: int = 0
+    #: when the callback refused every batch of a broker's queues for this long, its pull thread stops
+    #: (fail-stop: `BatchesRefusedError`), rather than pulling the same messages again for ever
+    max_refused_s: float = 120.0
 
 
 class Puller:
@@ -175,6 +178,8 @@ class Puller:
         self._threads: dict[str, threading.Thread] = {}
         #: broker -> the error that ended its pull thread (fail-stop: never started again)
         self.failures: dict[str, str] = {}
+        #: queue -> since when (monotonic) the callback refused every batch holding its messages
+        self._refused_since: dict[Queue, float] = {}
 
     def pull_from(self, broker: str) -> None:
         """Make sure a pull thread runs for `broker` (it ends once it owns nothing there); not for a
@@ -225,6 +230,7 @@ class Puller:
                 if st.released:  # nothing of it is being handled on this thread now: hand it over
                     membership.commit(q, st)
                     self.table.drop(q, st)
+                    self._refused_since.pop(q, None)
                     del mine[q]
                     pending = {o: pq for o, pq in pending.items() if pq != q}
             if not mine or addr is None:
@@ -339,6 +345,25 @@ class Puller:
             else:
                 self.counters["refused"] += 1
                 st.retry_after(self.settings.retry_backoff_s)
+        self._count_refusal([q for q, *_ in found], accepted)
+
+    def _count_refusal(self, queues: list[Queue], accepted: bool) -> None:
+        """Note a batch of `queues` accepted or refused; raise `BatchesRefusedError` (after the batch
+        is handed back: nothing of it committed) once every batch holding one queue's messages was
+        refused for `max_refused_s` while pulling (a refusal while stopping is not counted)."""
+        since = self._refused_since
+        if accepted or not self.running.is_set():
+            for q in queues:
+                since.pop(q, None)
+            return
+        now = time.monotonic()
+        first = min(since.setdefault(q, now) for q in queues)
+        if now - first >= self.settings.max_refused_s:
+            q = min(queues, key=lambda k: since[k])
+            raise BatchesRefusedError(
+                f"the ingest refused every batch of {self.settings.topic} queue {q[1]} on {q[0]} for "
+                f"{now - first:.0f} s (max_refused_s {self.settings.max_refused_s:g}; the log says why each was "
+                f"refused): pulling stopped, nothing refused was committed")
 
     def _read_pull(self, q: Queue, resp: Response,
                    budget: InflateBudget) -> tuple[QueueState, int, Answer, bool, bool] | None:

@@ -76,7 +76,7 @@ class RemotingPullConsumer:
                  max_commit_inflated_bytes: int = 64 << 20,
                  security: ClientSecurity | None = None,
                  queue_filter: Callable[[Queue], bool] | None = None,
-                 reader: BodyReader | None = None, pull_linger_ms: int = 0) -> None:
+                 reader: BodyReader | None = None, pull_linger_ms: int = 0, max_refused_s: float = 120.0) -> None:
         """Configure (nothing connects until start()).
 
         A pull body that cannot be framed is pulled again up to `max_decode_tries` times; then its
@@ -84,6 +84,8 @@ class RemotingPullConsumer:
         `queue_filter`: only queues it accepts are shared out in the group (a replica's shard).
         `reader`: how pull answers' bodies are read; `on_batch` then gets one `Answer` per pull answer.
         `pull_linger_ms`: a queue whose answer emptied it is pulled again no sooner than this.
+        `max_refused_s`: when `on_batch` refused every batch holding a queue's messages for this long,
+        that broker's pull thread stops (`BatchesRefusedError`, reported by `dead_threads`).
         """
         self.group = group
         self.topic = topic
@@ -99,7 +101,7 @@ class RemotingPullConsumer:
                                       counters=self.counters, rebalance_interval_s=rebalance_interval_s,
                                       timeout=timeout, security=security, queue_filter=queue_filter)
         settings = PullSettings(group, topic, pull_batch, suspend_ms, retry_backoff_s, timeout, max_body_bytes,
-                                max_decode_tries, max_commit_inflated_bytes, security, pull_linger_ms)
+                                max_decode_tries, max_commit_inflated_bytes, security, pull_linger_ms, max_refused_s)
         self._puller = Puller(settings, self._queues, self._membership, on_batch, self.answer, self.counters, reader)
         self._stopping = threading.Event()
         self._rebalancer: threading.Thread | None = None

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from forwarder.errors import ForwarderError
 
 __all__ = [
+    "BatchesRefusedError",
     "BrokerBusyError",
     "BrokerError",
     "BrokerUnavailableError",
@@ -86,3 +87,9 @@ class TopicNotFoundError(BrokerError):
 
 class MessageRejectedError(BrokerError):
     """The message or request is invalid (too large, bad properties, bad topic): resending cannot help."""
+
+
+class BatchesRefusedError(ForwarderError):
+    """The consumer's callback refused every batch of a broker's queues for longer than allowed: the
+    pull thread stops (fail-stop), so its owner reports not ready instead of pulling the same
+    messages again for ever. Nothing refused was committed: a restart reads it again."""

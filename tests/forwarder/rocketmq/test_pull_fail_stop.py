@@ -16,23 +16,23 @@ from forwarder.rocketmq import OutgoingMessage, Receipt, RemotingProducer, Remot
 from forwarder.rocketmq._puller import BodyReader, Puller, PullSettings, _Messages
 from forwarder.rocketmq._queue_state import QueueTable
 from forwarder.rocketmq.compression import InflateBudget
-from forwarder.rocketmq.errors import ProtocolError
+from forwarder.rocketmq.errors import BatchesRefusedError, ProtocolError
 from forwarder.rocketmq.protocol import PULL_NOT_FOUND, PULL_OFFSET_MOVED, SUCCESS, Response
 from tests.polling import wait_for
 
 Q = ("broker-a", 0)
 
 
-def _puller() -> tuple[Puller, QueueTable, list[Any]]:
+def _puller(accept: bool = True, max_refused_s: float = 120.0) -> tuple[Puller, QueueTable, list[Any]]:
     table = QueueTable()
     table.add(Q, 7)
     handed: list[Any] = []
 
     def take(batch: list[Any]) -> bool:
         handed.append(batch)
-        return True
+        return accept
 
-    settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, 0)
+    settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, 0, max_refused_s)
     counters = {"batches": 0, "refused": 0, "pulled": 0, "undecodable": 0, "bad_answers": 0}
     puller = Puller(settings, table, None, take, lambda request: None, counters)  # type: ignore[arg-type]
     return puller, table, handed
@@ -162,3 +162,53 @@ def test_a_queue_given_up_after_its_broker_left_the_route_is_dropped_without_a_c
     puller.running.set()
     puller._pull("broker-a")  # the released queue is dropped, and with nothing left the thread ends
     assert table.get(Q) is None and puller.failures == {}
+
+
+def _found(puller: Puller, table: QueueTable, opaque: int) -> None:
+    """Hand the puller one answer of one message at the queue's offset (as `_read_pull` reads it)."""
+    st = table.get(Q)
+    assert st is not None
+    answer: Any = [object()]
+    puller._read_pull = lambda q, resp, budget: (st, st.offset + 1, answer, True, True)  # type: ignore[method-assign]
+    puller._handle_pulls([(Q, Response(SUCCESS, opaque, "", {}, b""))])
+
+
+def test_batches_refused_for_longer_than_allowed_end_the_pull_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A callback that refuses every batch (a disk that fails, a dead letter refused) had its batches
+    pulled again for ever while the service looked ready; now, after `max_refused_s` of refusals in
+    a row, the pull thread stops (fail-stop), with nothing refused committed."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    puller, table, handed = _puller(accept=False, max_refused_s=60.0)
+    puller.running.set()
+    for n in range(1, 4):
+        _found(puller, table, n)  # refused at 1000, 1030, 1059.9 s: still within the limit
+        clock[0] += 30.0 if n == 1 else 29.9
+    st = table.get(Q)
+    assert st is not None and st.offset == 7 and puller.counters["refused"] == 3
+    with pytest.raises(BatchesRefusedError, match="refused every batch of T queue 0 on broker-a for 90 s"):
+        _found(puller, table, 4)
+    assert st.offset == 7 and st.committed <= 7, "nothing refused is taken or committed"
+    assert len(handed) == 4
+
+
+def test_an_accepted_batch_or_a_stop_starts_the_count_of_refusals_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    answers = [False, True, False, False]
+    puller, table, handed = _puller(max_refused_s=60.0)
+    puller.on_batch = lambda batch: answers.pop(0) if answers else False
+    puller.running.set()
+    for n in range(1, 5):  # refused, accepted, refused, refused: 40 s apart, never 60 refused in a row
+        _found(puller, table, n)
+        clock[0] += 25.0
+    puller.running.clear()  # stopping: the ingest refuses what it is handed; not counted
+    clock[0] += 500.0
+    _found(puller, table, 5)
+    puller.running.set()
+    _found(puller, table, 6)
+    clock[0] += 59.0
+    _found(puller, table, 7)
+    clock[0] += 1.0
+    with pytest.raises(BatchesRefusedError, match="for 60 s"):
+        _found(puller, table, 8)
