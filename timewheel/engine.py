@@ -165,7 +165,8 @@ class Engine:
             store.close()
             raise
         self.store = store
-        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock, tombstones),
+        self._run = _Running(store, queue, timer, dispatcher, Housekeeper(cfg, store, self.clock, tombstones,
+                                                                                 timer.catch_up_again),
                              background, tombstones, Watermarks(timer, queue, dispatcher, store))
         if background:
             # Releasing at the due millisecond needs the timer thread to get the GIL within a

@@ -5,12 +5,19 @@ dispatch threads, they never hold up a release or a send. A checkpoint also fsyn
 log, in every durability mode. A checkpoint that fails is kept as `failure` until one succeeds:
 the service reports itself not ready meanwhile (the loss window of `flush = "async"` is bounded
 by one checkpoint only while checkpoints succeed).
+
+A segment retention retired can come back: a backfill that planned before the retirement publishes
+its part into the segment made again (`storage.layout`). Nothing else would send that part before
+the next start (the timer's rescans look at loaded and done segments), so each checkpoint looks
+for the segments it retired in the listing and hands those back to `on_reappeared` (the timer's
+catch-up).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from typing import Callable
 
 from storage import ScheduleStore
 from timewheel.cancels import Tombstones
@@ -25,12 +32,17 @@ class Housekeeper:
     """Checkpoints the store every `checkpoint_seconds` and retires segments past `retention_hours`."""
 
     def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock,
-                 tombstones: Tombstones | None = None) -> None:
-        """Housekeeping of `store` (and of `tombstones`' log, fsynced at each checkpoint)."""
+                 tombstones: Tombstones | None = None,
+                 on_reappeared: Callable[[list[int]], None] | None = None) -> None:
+        """Housekeeping of `store` (and of `tombstones`' log, fsynced at each checkpoint);
+        `on_reappeared` is handed the retired segments found on disk again (oldest first)."""
         self.config = config
         self.store = store
         self.clock = clock
         self.tombstones = tombstones
+        self.on_reappeared = on_reappeared
+        #: segments retired since the start (one an hour at most): looked for at each checkpoint
+        self.retired: set[int] = set()
         #: why the last checkpoint failed, None once one succeeds
         self.failure: str | None = None
         self._stopping = threading.Event()
@@ -71,9 +83,23 @@ class Housekeeper:
             if self.tombstones is not None:
                 self.tombstones.flush()
             if self.config.retention_hours > 0:
-                self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000))
+                self.retired.update(self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000)))
+            self._look_for_reappeared()
         except Exception as e:
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
             return
         self.failure = None
+
+    def _look_for_reappeared(self) -> None:
+        """Hand the retired segments whose directory is back (a part published into them) to
+        `on_reappeared`; one listing of the schedule directory, only once something was retired."""
+        if not self.retired or self.on_reappeared is None:
+            return
+        back = sorted(self.retired.intersection(self.store.layout.list_segments()))
+        if not back:
+            return
+        log.warning("%d retired segment(s) came back with new records (a backfill published into them): sent "
+                    "as a catch-up: %s", len(back), back)
+        self.on_reappeared(back)
+        self.retired.difference_update(back)

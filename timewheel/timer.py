@@ -203,6 +203,17 @@ class TimerDriver:
                     self.queue.withdraw(self.loader.refs(seg, arr[:, 0].astype(np.uint16),
                                                          arr[:, 1].astype(np.uint32)))
 
+    def catch_up_again(self, segments: list[int]) -> None:
+        """Past segments to read again whole, as a catch-up (retired, then made again by a part
+        published into them: `Housekeeper`); one loaded already is rescanned as it is."""
+        with self._lock:
+            now = self.clock.now_ms()
+            current = now - now % self.config.segment_ms
+            new = [s for s in segments if s < current and s not in self.loader.loaded]
+            if new:
+                self._catch_up = deque(sorted({*self._catch_up, *new}))
+        self._wake.set()
+
     def released_up_to(self) -> int:
         """Every entry due at or before this has left the timer for the dispatch queue (-1: none yet).
 

@@ -1,5 +1,6 @@
 """A part published into a segment already marked done (a backfill that finished after the hour
-ended, or ran while the engine was stopped) is loaded and sent, by the running timer and at a start."""
+ended, or ran while the engine was stopped) is loaded and sent, by the running timer and at a start;
+so is one published into a segment retention retired meanwhile (the segment is made again)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -94,3 +95,33 @@ def test_a_reopened_segment_not_sent_before_a_stop_is_sent_after_the_start(tmp_p
         assert sorted(mid for mid, _ in again.sent) == ["bf0", "bf1"]
     finally:
         e2.stop()
+
+
+def test_a_part_published_into_a_segment_retention_retired_is_sent_by_the_running_engine(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """A backfill that planned before retention retired the segment publishes into it afterwards: the
+    publish makes the directory again (`storage.layout`), but with no done mark the timer's rescans
+    never looked at it, and its records waited for the next start. Now the housekeeping that retired
+    it finds it back and hands it to the timer's catch-up."""
+    sink = RecordingSink(clock)
+    e = Engine(EngineConfig(tmp_path / "data", retention_hours=1.0), sink, clock).start(background=False)
+    try:
+        [first] = e.schedule([Message("T", b"a", T0 + 1000, msg_id=f"{1:032X}:00000001")])
+        drive(e, clock, T0 + 3 * HOUR)
+        run = e._run
+        assert run is not None and e.store is not None
+        run.housekeeper.run_once()  # a checkpoint, then retention: the done segment goes
+        assert T0 not in e.store.layout.list_segments() and run.housekeeper.retired == {T0}
+        _publish(e.store.layout, _backfilled(3, T0 + HOUR - 10_000), clock.now_ms())
+        assert T0 in e.store.layout.list_segments()
+        drive(e, clock, clock.now_ms() + 3 * int(e.config.rescan_seconds * 1000))
+        assert [mid for mid, _ in sink.sent] == [first], "sent before housekeeping looked: nothing to test"
+        run.housekeeper.run_once()  # the next checkpoint finds the segment back
+        drive(e, clock, clock.now_ms() + 60_000)
+        assert [mid for mid, _ in sink.sent] == [first, "bf0", "bf1", "bf2"]
+        assert run.housekeeper.retired == set() and T0 in e.store.meta.done_segments()
+        drive(e, clock, clock.now_ms() + 60_000)
+        run.housekeeper.run_once()  # done again: retired again, nothing sent twice
+        assert T0 not in e.store.layout.list_segments() and len(sink.sent) == 4
+    finally:
+        e.stop()
