@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from forwarder.rocketmq.acl import sign
-from forwarder.rocketmq.errors import ConnectionFailedError, RemotingError, RequestTimeoutError
+from forwarder.rocketmq.errors import ConnectionFailedError, FencedError, RemotingError, RequestTimeoutError
 from forwarder.rocketmq.protocol import (REQUEST_CODE_NOT_SUPPORTED, SYSTEM_ERROR, Reply, Request, Response,
                                          decode_request, decode_response, encode_request, encode_response, take_frame)
 from forwarder.rocketmq.security import ClientSecurity
@@ -19,6 +19,8 @@ from forwarder.rocketmq.security import ClientSecurity
 __all__ = ["Connection", "RequestHandler", "call"]
 
 log = logging.getLogger("timewheel.remoting")
+#: why a request a fence held back was not written (`Connection.submit`)
+FENCED_NOTE = "not sent: the sender's lease deadline passed"
 
 _RECV_CHUNK = 256 * 1024
 #: a socket timeout up to this share of the connection's timeout longer than a deadline needs is
@@ -96,12 +98,18 @@ class Connection:
             self.lock.release()
         return not self.closed
 
-    def submit(self, requests: Sequence[tuple[int, Mapping[str, str], bytes]], deadline: float) -> list[int]:
-        """Write requests (code, extFields, body) in one go; return their opaques."""
+    def submit(self, requests: Sequence[tuple[int, Mapping[str, str], bytes]], deadline: float,
+               fence: Callable[[], bool] | None = None) -> list[int]:
+        """Write requests (code, extFields, body) in one go; return their opaques. `fence`, if given,
+        is asked last, once the bytes are ready and right before the write: False raises
+        `FencedError` with nothing written (a lease's last look at the clock: the less work after
+        it, the smaller the window a pause there leaves)."""
         opaques = [next(self._opaque) for _ in requests]
         creds = self._credentials
         data = b"".join(encode_request(code, o, ext if creds is None else sign(ext, body, creds), body)
                         for o, (code, ext, body) in zip(opaques, requests))
+        if fence is not None and not fence():
+            raise FencedError(FENCED_NOTE)
         try:
             self.last_used = now = time.monotonic()
             self._timeout_for(max(deadline - now, 0.001))

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, IdMaker, encode_message
-from forwarder.rocketmq.connection import Connection
-from forwarder.rocketmq.errors import (ConnectionFailedError, FencedError, MessageRejectedError, RemotingError,
+from forwarder.rocketmq.connection import FENCED_NOTE, Connection
+from forwarder.rocketmq.errors import (ConnectionFailedError, MessageRejectedError, RemotingError,
                                        TopicNotFoundError)
 from forwarder.rocketmq.message import OutgoingMessage, Receipt
 from forwarder.rocketmq._routes import DEFAULT_TOPIC, RouteCache
@@ -54,7 +54,6 @@ log = logging.getLogger("timewheel.remoting")
 
 #: a connection idle this long is probed for a peer that closed it (a restarted broker) before use
 _PROBE_IDLE_S = 0.05
-_FENCED = "not sent: the sender's lease deadline passed"
 
 
 class RemotingProducer:
@@ -160,7 +159,8 @@ class RemotingProducer:
         the error of its batch. The hot path of delivery: no object per message on the way.
 
         `fence`, if given, is asked right before each broker's requests are written (under that
-        connection's lock): False fails them with FencedError, unsent. A replica's lease deadline
+        connection's lock, once their bytes are ready: `Connection.submit`): False fails them with
+        FencedError, unsent. A replica's lease deadline
         checked here, not only before encoding, leaves a paused process no window worth the name
         between its last look at the clock and the write.
 
@@ -303,11 +303,8 @@ class RemotingProducer:
                     continue
                 conn.lock.acquire()
                 requests = [(SEND_BATCH_MESSAGE, batch_header(self.group, b, born), b"".join(b.parts)) for b in plans[addr]]
-                if fence is not None and not fence():
-                    held.append((conn, plans[addr], FencedError(_FENCED)))
-                    continue
-                try:
-                    held.append((conn, plans[addr], conn.submit(requests, deadline)))
+                try:  # the fence is asked inside, right before the write
+                    held.append((conn, plans[addr], conn.submit(requests, deadline, fence)))
                 except RemotingError as e:
                     held.append((conn, plans[addr], e))
             for conn, batches, opaques in held:
@@ -330,14 +327,11 @@ class RemotingProducer:
         reply: Response | RemotingError
         with conn.lock:
             request = (SEND_BATCH_MESSAGE, batch_header(self.group, b, str(int(time.time() * 1000))), b"".join(b.parts))
-            if fence is not None and not fence():
-                reply = FencedError(_FENCED)
-            else:
-                try:
-                    [opaque] = conn.submit((request,), deadline)
-                    reply = conn.collect((opaque,), deadline)[opaque]
-                except RemotingError as e:
-                    reply = e
+            try:  # the fence is asked inside, right before the write
+                [opaque] = conn.submit((request,), deadline, fence)
+                reply = conn.collect((opaque,), deadline)[opaque]
+            except RemotingError as e:
+                reply = e
             self._settle(conn, (b,), (reply,), out, receipts, answers)
 
     def _settle(self, conn: Connection, batches: Sequence[SendBatch], replies: Sequence[Response | RemotingError],

@@ -627,6 +627,40 @@ def test_a_fence_that_closes_before_the_write_sends_nothing(server: FakeServer) 
     assert len(server.batches()) == 1
 
 
+def test_the_fence_is_asked_once_the_request_is_encoded_right_before_the_write(
+        server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pause between the fence's last look at the clock and the write lets a replica whose lease
+    ran out write after its successor took over: the fence is asked last, once the request's bytes
+    are ready (it was asked before the header was encoded), and a closed one writes nothing."""
+    import forwarder.rocketmq.connection as connection
+    from forwarder.rocketmq.codec import encode_message
+
+    events: list[str] = []
+    real_encode = connection.encode_request
+
+    def encoding(*args: Any, **kwargs: Any) -> bytes:
+        events.append("encode")
+        return real_encode(*args, **kwargs)
+
+    def fence(open_: bool) -> Callable[[], bool]:
+        def asked() -> bool:
+            events.append("fence")
+            return open_
+        return asked
+
+    monkeypatch.setattr(connection, "encode_request", encoding)
+    with RemotingProducer(server.addr, "g") as p:
+        ids = p.new_ids(2)
+        encoded = [encode_message(m, i) for m, i in zip(_msgs("T", 2), ids)]
+        p.send_encoded(["T"] * 2, encoded, ids, fence=fence(True))
+        assert "fence" in events and events[-1] == "fence", events
+        assert events.count("encode") >= 1 and events.index("fence") > events.index("encode")
+        events.clear()
+        out = p.send_encoded(["T"] * 2, encoded, ids, fence=fence(False))
+        assert events[-1] == "fence" and all(o is not None for o in out)
+    assert len(server.batches()) == 1, "the fenced batch reached the broker"
+
+
 def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_row(server: FakeServer,
                                                                                    tmp_path: Path) -> None:
     """`RocketMQSink.send_records` on the one-pass batches: a closed fence sends nothing, an open one
