@@ -28,7 +28,7 @@ from forwarder.rocketmq.errors import ProtocolError, RemotingError
 from forwarder.rocketmq.namesrv import NameServerClient, parse_route
 from forwarder.rocketmq.protocol import (GET_CONSUMER_LIST_BY_GROUP, GET_MIN_OFFSET, HEART_BEAT, QUERY_CONSUMER_OFFSET,
                                          QUERY_NOT_FOUND, SUCCESS, UNREGISTER_CLIENT, UPDATE_CONSUMER_OFFSET, Reply,
-                                         Request, Response, error_for_code)
+                                         Request, Response, error_for_code, ext_int)
 from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = ["Membership", "allocate_averagely"]
@@ -77,6 +77,8 @@ class Membership:
         #: a replica's own start offsets (`broker:queue id` -> offset; set before start): a queue it
         #: names starts there, any other at its earliest retained offset, whatever the group committed
         self.start_offsets: dict[str, int] | None = None
+        #: the error that ended the rebalance thread (fail-stop), None while it runs
+        self.failure: str | None = None
         self._lock = threading.Lock()  # the broker addresses and control connections
         self._brokers: dict[str, str] = {}  # broker name -> master address
         self._control: dict[str, Connection] = {}  # broker address -> connection for control requests
@@ -88,7 +90,18 @@ class Membership:
 
     def serve_loop(self, stopping: threading.Event) -> None:
         """Until `stopping`, rebalance every `rebalance_interval_s` (at once when the broker says the
-        members changed), and answer what the broker asks on the control connections in between."""
+        members changed), and answer what the broker asks on the control connections in between.
+
+        Fail-stop: a fault nobody expected ends the loop (kept in `failure`, logged with its
+        traceback); the consumer's `dead_threads` reports the thread, so its owner is not ready."""
+        try:
+            self._serve(stopping)
+        except Exception as e:
+            self.failure = f"{type(e).__name__}: {e}"
+            log.critical("the rebalance thread of %s died; the group's changes are followed no more until the "
+                         "consumer is restarted", self.group, exc_info=True)
+
+    def _serve(self, stopping: threading.Event) -> None:
         next_at = time.monotonic() + self.rebalance_interval_s
         while not stopping.wait(_SERVE_INTERVAL_S):
             with self._lock:
@@ -101,8 +114,11 @@ class Membership:
             next_at = time.monotonic() + self.rebalance_interval_s
             try:
                 self.rebalance()
-            except Exception:  # keep the member alive; the next round tries again
-                log.exception("rebalance of %s failed", self.group)
+            except RemotingError as e:  # a NameServer or broker away, an odd answer: the next round tries again
+                log.warning("rebalance of %s failed: %s; trying again in %ss", self.group, e, self.rebalance_interval_s)
+            # Anything else is a fault nobody expected: it ends this thread (fail-stop), which the
+            # consumer's `dead_threads` reports (its owner is then not ready), rather than being
+            # logged every round while the group goes unfollowed.
 
     def rebalance(self) -> None:
         """Heartbeat, take this member's share of the queues and release the rest."""
@@ -127,9 +143,12 @@ class Membership:
         for addr in addrs:
             resp = self.request(addr, GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group})
             try:
-                return list(json.loads(resp.body).get("consumerIdList") or [])
-            except ValueError as e:
-                raise ProtocolError(f"consumer list of {self.group} from {addr} is not JSON: {e}") from e
+                ids = json.loads(resp.body).get("consumerIdList") or []
+                if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                    raise ValueError(f"consumerIdList is {ids!r}, not a list of client ids")
+                return list(ids)
+            except (ValueError, AttributeError) as e:  # not JSON, not an object, not ids
+                raise ProtocolError(f"consumer list of {self.group} from {addr} is not one: {e}") from e
         return []
 
     def commit(self, q: Queue, st: QueueState) -> None:
@@ -207,7 +226,7 @@ class Membership:
             return own
         ext = {"consumerGroup": self.group, "topic": self.topic, "queueId": str(q[1])}
         resp = self.request(addr, QUERY_CONSUMER_OFFSET, ext, ok=(SUCCESS, QUERY_NOT_FOUND))
-        if resp.code == SUCCESS and int(resp.ext.get("offset", -1)) >= 0 and self.start_offsets is None:
-            return int(resp.ext["offset"])
+        if resp.code == SUCCESS and ext_int(resp, "offset", -1) >= 0 and self.start_offsets is None:
+            return ext_int(resp, "offset", -1)
         resp = self.request(addr, GET_MIN_OFFSET, {"topic": self.topic, "queueId": str(q[1])})
-        return int(resp.ext.get("offset", 0))
+        return ext_int(resp, "offset", 0)

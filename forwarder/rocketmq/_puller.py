@@ -42,7 +42,7 @@ from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import BatchesRefusedError, MessageDecodeError, ProtocolError, RemotingError
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
-                                         SUCCESS, Reply, Request, Response)
+                                         SUCCESS, Reply, Request, Response, ext_int)
 from forwarder.rocketmq.security import ClientSecurity
 
 __all__ = ["Answer", "BatchCallback", "BodyReader", "PullSettings", "Puller"]
@@ -70,17 +70,6 @@ def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
         return False
     left -= end
     return left <= 0 or (left < pull_batch and end - asked >= pull_batch)
-
-
-def _offset(resp: Response, name: str, default: int) -> int:
-    """A pull answer's offset field as a number (`default` when absent); ProtocolError when it is not one."""
-    value = resp.ext.get(name)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ProtocolError(f"the broker answered {name}={value!r}, not an offset") from None
 
 
 def next_tick(now: float, period: float) -> float:
@@ -379,8 +368,8 @@ class Puller:
             return None
         st.last_pull_ms = int(time.time() * 1000)
         try:
-            next_offset = _offset(resp, "nextBeginOffset", st.offset)
-            max_offset = _offset(resp, "maxOffset", next_offset + 1) if resp.code == SUCCESS else 0
+            next_offset = ext_int(resp, "nextBeginOffset", st.offset)
+            max_offset = ext_int(resp, "maxOffset", next_offset + 1) if resp.code == SUCCESS else 0
         except ProtocolError as e:  # nothing of the answer is taken: the same pull goes again, a few times
             self.counters["bad_answers"] += 1
             st.decode_failures += 1

@@ -131,6 +131,18 @@ class Response:
     body: bytes
 
 
+def ext_int(resp: Response, name: str, default: int) -> int:
+    """A response's extField as a number (`default` when absent); ProtocolError when it is not one
+    (a broker's odd answer: the caller retries it as any other protocol fault)."""
+    value = resp.ext.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ProtocolError(f"the broker answered {name}={value!r}, not a number") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """A decoded request frame that a peer (a broker asking its client) sent us."""

@@ -212,3 +212,59 @@ def test_an_accepted_batch_or_a_stop_starts_the_count_of_refusals_again(monkeypa
     clock[0] += 1.0
     with pytest.raises(BatchesRefusedError, match="for 60 s"):
         _found(puller, table, 8)
+
+
+def _membership(table: QueueTable) -> Any:
+    from forwarder.rocketmq._membership import Membership
+
+    return Membership(None, "g", "T", "me", table, answer=lambda r: None,  # type: ignore[arg-type]
+                      pull_from=lambda b: None, counters={}, rebalance_interval_s=0.01, timeout=1.0,
+                      security=None, queue_filter=None)
+
+
+def test_the_rebalancer_retries_a_broker_away_and_ends_on_a_fault_nobody_expected() -> None:
+    """The rebalance thread logged every error and went on: a bug there (a KeyError, say) repeated
+    every round while the group went unfollowed and the service said ready. A NameServer or broker
+    away (a RemotingError) is tried again the next round; anything else ends the thread, which
+    `dead_threads` then reports."""
+    from forwarder.rocketmq.errors import ConnectionFailedError
+
+    membership = _membership(QueueTable())
+    rounds: list[str] = []
+
+    def rebalance() -> None:
+        rounds.append("round")
+        if len(rounds) < 3:
+            raise ConnectionFailedError("the NameServer is away")
+        raise KeyError("broker-b")
+
+    membership.rebalance = rebalance
+    stopping = threading.Event()
+    t = threading.Thread(target=membership.serve_loop, args=(stopping,), daemon=True)
+    t.start()
+    t.join(10)
+    try:
+        assert not t.is_alive(), "a fault nobody expected left the rebalance thread running"
+        assert len(rounds) == 3, "a broker away was not tried again"
+        assert membership.failure == "KeyError: 'broker-b'"
+    finally:
+        stopping.set()
+
+
+@pytest.mark.parametrize(("ext", "body"), [({"offset": "x"}, b""), ({"offset": ""}, b"")])
+def test_a_start_offset_that_is_not_a_number_is_a_protocol_error(ext: dict[str, str], body: bytes) -> None:
+    table = QueueTable()
+    membership = _membership(table)
+    membership._brokers["broker-a"] = "127.0.0.1:1"
+    membership.request = lambda addr, code, e, ok=None: Response(SUCCESS, 1, "", ext, body)
+    with pytest.raises(ProtocolError, match="offset="):
+        membership._start_offset(Q)
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b'{"consumerIdList": "me"}', b'{"consumerIdList": [1]}', b"{"])
+def test_a_consumer_list_that_is_not_one_is_a_protocol_error(body: bytes) -> None:
+    membership = _membership(QueueTable())
+    membership._brokers["broker-a"] = "127.0.0.1:1"
+    membership.request = lambda addr, code, e, ok=None: Response(SUCCESS, 1, "", {}, body)
+    with pytest.raises(ProtocolError, match="consumer list of g"):
+        membership.members()
