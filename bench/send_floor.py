@@ -71,9 +71,9 @@ def _record_request(producer: RemotingProducer, per_send: int,
     submit = Connection.submit
 
     def recording(self: Connection, requests: Sequence[tuple[int, Mapping[str, str], bytes]],
-                  deadline: float) -> list[int]:
+                  deadline: float, fence: Callable[[], bool] | None = None) -> list[int]:
         seen.extend((c, dict(e), b) for c, e, b in requests)
-        return submit(self, requests, deadline)
+        return submit(self, requests, deadline, fence)
 
     Connection.submit = recording  # type: ignore[method-assign]
     try:

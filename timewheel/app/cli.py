@@ -10,6 +10,8 @@ from typing import Annotated, Optional, cast
 
 import typer
 
+from timewheel.app._cli_errors import fail as _fail, require_utf8 as _require_utf8
+
 # Help text is shown as written: rich markup would swallow every bracketed word ([ha], [rocketmq]).
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -21,11 +23,6 @@ DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data dir
 @app.callback()
 def _root() -> None:
     """Arbitrary-delay messages for Apache RocketMQ."""
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"timewheel: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 @app.command()
@@ -101,44 +98,6 @@ def inspect(data_dir: DataDir,
                       "bytes are not judged")
 
 
-#: epoch ms below this (1973-03-03) are taken for epoch seconds given by mistake, never for a due time
-_EPOCH_MS_FLOOR = 10**11
-
-
-def _parse_delay(text: str) -> int:
-    """'30s', '5m', '2h', '1d', '250ms' or plain milliseconds -> milliseconds."""
-    import re
-
-    from decimal import Decimal
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*", text)
-    if not m:
-        raise typer.BadParameter(f"{text!r} is not a delay: use e.g. 250ms, 30s, 5m, 2h, 1d")
-    unit = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
-    # Decimal, not float: a float is inexact past 2**53 and overflows on a long run of digits
-    return int(Decimal(m.group(1)) * unit)
-
-
-def _parse_at(text: str) -> int:
-    """ISO-8601 (UTC unless an offset is given) or epoch ms -> epoch ms."""
-    import re
-    from datetime import datetime, timezone
-
-    if re.fullmatch(r"[0-9]+", text):  # ASCII only: str.isdigit takes full-width and other digits
-        ms = int(text)
-        if ms < _EPOCH_MS_FLOOR:  # a classic producer mistake: epoch seconds where ms are asked for
-            raise typer.BadParameter(f"{text} is epoch ms in {datetime.fromtimestamp(ms / 1000, timezone.utc):%Y-%m-%d}; "
-                                     f"if it is epoch seconds, give --at {text}000 (ms) or ISO-8601")
-        return ms
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError as e:
-        raise typer.BadParameter(f"{text!r} is not ISO-8601 (e.g. 2027-01-15T08:00:00Z) nor epoch ms") from e
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
-
-
 @app.command()
 def broker(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep the store and logs here "
                                                        "(default: a temporary directory).")] = None,
@@ -187,90 +146,6 @@ def zookeeper(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep th
         run_foreground(dir)
     except LocalZooKeeperError as e:
         _fail(str(e))
-
-
-@app.command()
-def send(namesrv: Annotated[str, typer.Option(help="NameServer address, HOST:PORT.")],
-         topic: Annotated[str, typer.Option(help="The target topic the message is delivered to.")],
-         body: Annotated[str, typer.Option(help="Message body (UTF-8 text).")],
-         delay: Annotated[Optional[str], typer.Option(help="Deliver after this long: 250ms, 30s, 5m, 2h.")] = None,
-         at: Annotated[Optional[str], typer.Option(help="Deliver at this time: ISO-8601 or epoch ms.")] = None,
-         keys: Annotated[Optional[str], typer.Option(help="Business key(s), space-separated.")] = None,
-         tags: Annotated[Optional[str], typer.Option(help="Tags.")] = None,
-         delay_topic: Annotated[str, typer.Option(help="The engine's delay topic.")] = "TW_DELAY") -> None:
-    """Send one delayed message through the delay topic, as a producer would."""
-    from forwarder import ForwarderError
-    from forwarder._rmq_native import LogLevel, NativeProducer
-    from forwarder.rocketmq import OutgoingMessage
-
-    if (delay is None) == (at is None):
-        _fail("give exactly one of --delay or --at")
-    for option, text in (("--topic", topic), ("--body", body), ("--keys", keys), ("--tags", tags),
-                         ("--delay-topic", delay_topic)):
-        _require_utf8(option, text)
-    props = {"TW_TARGET_TOPIC": topic}
-    if delay is not None:
-        props["TW_DELAY_MS"] = str(_parse_delay(delay))
-    else:
-        props["TW_DELIVER_AT_MS"] = str(_parse_at(at))  # type: ignore[arg-type]
-    _check_contract(delay_topic, body.encode(), tags, keys, props)
-    producer = NativeProducer("timewheel-cli", namesrv, log_level=LogLevel.ERROR)
-    try:
-        producer.start()
-        res = producer.send(OutgoingMessage(delay_topic, body.encode(), tags, keys, props))
-    except ForwarderError as e:
-        _fail(f"send failed: {e}; is a NameServer at {namesrv} (`timewheel broker` runs a local one), does "
-              f"the delay topic {delay_topic} exist on its brokers, and can this host reach them? (the client "
-              f"says \"No route info\" for each of these)")
-    finally:
-        producer.shutdown()
-    typer.echo(f"sent {res.msg_id} to {delay_topic} for {topic}")
-
-
-def _require_utf8(option: str, text: Optional[str]) -> None:
-    """Fail unless `text` is UTF-8 (Python reads argv bytes that are not as lone surrogates)."""
-    if text is not None:
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            _fail(f"{option} {text!r:.80} is not valid UTF-8 (no RocketMQ message can carry it): give it as UTF-8 text")
-
-
-def _check_contract(delay_topic: str, body: bytes, tags: Optional[str], keys: Optional[str],
-                    props: dict[str, str]) -> None:
-    """Fail, with the engine's reason, on a message an engine with default limits would dead-letter;
-    say so when its due time is past (the contract delivers it at once)."""
-    import time
-
-    from forwarder.config import RocketMQConfig
-    from forwarder.contract import (DELIVER_AT_MS, DELIVERY_PROPERTIES_BUDGET, TARGET_TOPIC, ContractLimits,
-                                    ContractViolation, check_target_topic, properties_size, to_message)
-    from forwarder.rocketmq.message import ReceivedMessage
-    from timewheel.config import EngineConfig
-    from timewheel.errors import ConfigError
-
-    try:
-        rmq = RocketMQConfig(delay_topic=delay_topic)
-    except ConfigError as e:
-        _fail(f"--delay-topic: {e}")
-    now = int(time.time() * 1000)
-    limits = ContractLimits(EngineConfig.max_delay_ms, EngineConfig.max_body_bytes,
-                            frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
-    # as the engine will read it: its own id is as long as a real one, born now
-    received = ReceivedMessage(delay_topic, body, tags or "", keys or "", "0" * 32, dict(props), 0, 0, 0, 0, now, now)
-    try:
-        check_target_topic(props[TARGET_TOPIC], limits.reserved_topics)
-        due = to_message(received, now, limits).deliver_at_ms
-    except ContractViolation as e:
-        _fail(f"the engine would dead-letter this message: {e.reason} (as an engine with default settings judges it)")
-    # the delay message carries the target's name and the due time, which its delivered copy does not
-    size = properties_size(props, tags, keys)
-    if size > DELIVERY_PROPERTIES_BUDGET:
-        _fail(f"properties, tags and keys take {size} bytes on {delay_topic}, over the {DELIVERY_PROPERTIES_BUDGET} "
-              f"RocketMQ's limit leaves once the client's own are added: shorten --keys or --tags")
-    if DELIVER_AT_MS in props and due < now:
-        typer.echo(f"timewheel: note: --at is {(now - due) / 1000:,.1f} s in the past: the engine delivers the "
-                   f"message at once", err=True)
 
 
 @app.command()
@@ -420,6 +295,15 @@ def _register_spark_commands() -> None:
 
 
 _register_spark_commands()
+
+
+def _register_send_command() -> None:
+    from timewheel.app import cli_send
+
+    cli_send.register(app)
+
+
+_register_send_command()
 
 
 def _register_find_command() -> None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 
+from timewheel.app._cli_errors import fail as _fail
+
 from timewheel.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -48,12 +50,6 @@ class PastDue(str, Enum):
 
     reject = "reject"
     now = "now"
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    """Print an error and exit with `code`."""
-    typer.echo(f"timewheel: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 def _time_ms(value: str, flag: str) -> int:

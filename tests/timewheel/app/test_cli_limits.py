@@ -316,3 +316,56 @@ def test_find_in_a_directory_no_engine_has_served_says_nothing_is_stored_yet(tmp
         res.output)
     res = _find(d, "--key", "order-1", "--json")
     assert res.exit_code == 1 and '"messages": []' in res.output, res.output
+
+
+# ---- send: --body-file and --config -------------------------------------------------------------
+
+def _send_file(*args: str, stdin: bytes | None = None) -> Result:
+    return CliRunner().invoke(app, ["send", "--namesrv", "127.0.0.1:9876", "--topic", "ORDERS", "--delay", "1s",
+                                    *args], input=stdin)
+
+
+def test_a_body_file_of_any_bytes_up_to_the_maximum_is_sent_and_one_byte_more_is_refused(
+        sent: list[OutgoingMessage], tmp_path: Path) -> None:
+    """A shell argument holds at most 128 KiB and only text: a body of the engine's maximum, or of
+    any bytes, comes from a file or standard input, and one byte past the maximum is refused."""
+    binary = bytes(range(256)) * (DEFAULT_MAX_BODY_BYTES // 256)
+    path = tmp_path / "body.bin"
+    path.write_bytes(binary[:DEFAULT_MAX_BODY_BYTES])
+    assert _accepted(_send_file("--body-file", str(path)), sent).body == binary[:DEFAULT_MAX_BODY_BYTES]
+    path.write_bytes(binary[:DEFAULT_MAX_BODY_BYTES] + b"!")
+    _refused(_send_file("--body-file", str(path)), "over the maximum of", str(DEFAULT_MAX_BODY_BYTES))
+    assert len(sent) == 1
+    sent.clear()
+    assert _accepted(_send_file("--body-file", "-", stdin=b"\xff\x00 from a pipe"), sent).body == b"\xff\x00 from a pipe"
+
+
+def test_a_body_file_that_cannot_be_read_or_a_body_given_twice_is_refused(sent: list[OutgoingMessage],
+                                                                          tmp_path: Path) -> None:
+    _refused(_send_file("--body-file", str(tmp_path / "missing")), "--body-file: cannot read", "missing")
+    _refused(_send_file("--body-file", str(tmp_path)), "--body-file: cannot read")
+    (tmp_path / "b").write_bytes(b"x")
+    _refused(_send_file("--body-file", str(tmp_path / "b"), "--body", "y"), "exactly one of --body or --body-file")
+    _refused(_send_file(), "exactly one of --body or --body-file")
+    assert not sent
+
+
+def test_send_judges_the_message_by_the_engines_config_when_given(sent: list[OutgoingMessage],
+                                                                  tmp_path: Path) -> None:
+    """`send` judged every message as an engine with default settings: one whose engine allows less
+    was sent and dead-lettered there. With `--config` the engine's limits, delay topic and NameServer
+    are used."""
+    cfg = tmp_path / "engine.toml"
+    cfg.write_text('[engine]\ndata_dir = "/nonexistent/never-read"\nmax_body_bytes = 100\nmax_delay_ms = 60000\n'
+                   '[rocketmq]\nnamesrv = "127.0.0.1:19876"\ndelay_topic = "MY_DELAY"\n')
+    base = ["send", "--topic", "ORDERS", "--config", str(cfg)]
+    m = _accepted(CliRunner().invoke(app, [*base, "--delay", "1m", "--body", "x" * 100]), sent)
+    assert m.topic == "MY_DELAY"
+    _refused(CliRunner().invoke(app, [*base, "--delay", "1m", "--body", "x" * 101]), "maximum", str(cfg))
+    _refused(CliRunner().invoke(app, [*base, "--delay", "61s", "--body", "x"]), "maximum delay", str(cfg))
+    _refused(CliRunner().invoke(app, [*base, "--delay", "1s", "--body", "x", "--topic", "MY_DELAY"]), "engine's own")
+    _refused(CliRunner().invoke(app, ["send", "--topic", "ORDERS", "--delay", "1s", "--body", "x"]), "--namesrv")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[engine]\nmax_body_bytes = 0\n")
+    _refused(CliRunner().invoke(app, [*base[:3], "--config", str(bad), "--delay", "1s", "--body", "x"]), "--config")
+    assert len(sent) == 1
