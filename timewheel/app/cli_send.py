@@ -63,10 +63,13 @@ def send(topic: Annotated[str, typer.Option(help="The target topic the message i
         _require_utf8(option, text)
     payload = body.encode() if body is not None else _read_body(body_file, judge)  # type: ignore[arg-type]
     props = {"TW_TARGET_TOPIC": topic}
-    if delay is not None:
-        props["TW_DELAY_MS"] = str(_parse_delay(delay))
-    else:
-        props["TW_DELIVER_AT_MS"] = str(_parse_at(at))  # type: ignore[arg-type]
+    try:  # one line saying what is wrong, as every other refusal here, not click's usage block
+        if delay is not None:
+            props["TW_DELAY_MS"] = str(_parse_delay(delay))
+        else:
+            props["TW_DELIVER_AT_MS"] = str(_parse_at(at))  # type: ignore[arg-type]
+    except typer.BadParameter as e:
+        _fail(f"{'--delay' if delay is not None else '--at'}: {e.message}")
     _check_contract(judge, payload, tags, keys, props)
     producer = NativeProducer("timewheel-cli", namesrv, log_level=LogLevel.ERROR)
     try:

@@ -369,3 +369,16 @@ def test_send_judges_the_message_by_the_engines_config_when_given(sent: list[Out
     bad.write_text("[engine]\nmax_body_bytes = 0\n")
     _refused(CliRunner().invoke(app, [*base[:3], "--config", str(bad), "--delay", "1s", "--body", "x"]), "--config")
     assert len(sent) == 1
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--delay", "soon"), ["--delay: 'soon' is not a delay"]), (("--delay", "-5s"), ["--delay:"]),
+    (("--at", "tomorrow"), ["--at: 'tomorrow' is not ISO-8601"]), (("--at", "1700000000"), ["--at:", "1700000000000"])])
+def test_a_delay_or_time_that_cannot_be_read_is_one_line_not_a_usage_block(sent: list[OutgoingMessage],
+                                                                           args: tuple[str, str], words: list[str]) -> None:
+    res = _send(*args)
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [res.output.strip()], res.output
+    assert res.output.startswith("timewheel: ") and "Usage:" not in res.output, res.output
+    for w in words:
+        assert w in res.output, res.output
+    assert not sent
