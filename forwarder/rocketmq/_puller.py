@@ -141,8 +141,8 @@ class PullSettings:
     security: ClientSecurity | None
     #: a queue whose last answer emptied it waits this long before its next pull
     linger_ms: int = 0
-    #: when the callback refused every batch of a broker's queues for this long, its pull thread stops
-    #: (fail-stop: `BatchesRefusedError`), rather than pulling the same messages again for ever
+    #: when the callback refused every batch holding a queue's messages for this long, the pull thread
+    #: of its broker stops (fail-stop: `BatchesRefusedError`), rather than pulling them again for ever
     max_refused_s: float = 120.0
 
 
