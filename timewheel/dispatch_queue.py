@@ -396,6 +396,13 @@ class DispatchQueue:
         with self._cv:
             self._retries.add(next_ms, entries)
 
+    def hold_until_due(self, entries: DueEntries) -> None:
+        """Entries not due yet that the timer cannot keep (its wheel turned past them: the clock went
+        back), taken from their due time on as retries are; the waiting threads look again."""
+        with self._cv:
+            self._retries.add(entries.due, entries)
+            self._cv.notify_all()
+
     def count_done(self, segment_ms: int, n: int) -> None:
         """`n` terminal outcomes of entries of a segment were recorded (the timer takes the counts)."""
         with self._cv:

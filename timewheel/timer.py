@@ -293,7 +293,8 @@ class TimerDriver:
             self._pending_removals, self._removals_waiting = [], 0
             wheel.remove(refs)
         queue.push_ready(self._entries(*wheel.pop_due(now)))
-        if self._catch_up and queue.backlog_has_room():
+        # a segment not yet past (the clock went back since it was queued) is loaded as current, not caught up
+        if self._catch_up and self._catch_up[0] < current and queue.backlog_has_room():
             seg = self._catch_up.popleft()
             if seg not in loader.loaded:
                 due, refs = loader.load(seg)
@@ -315,6 +316,15 @@ class TimerDriver:
             return
         status = self.wheel.add(due, refs)
         late = status == EXPIRED
+        if late.any() and int(due[late].max()) > now:
+            # behind the wheel's turn, yet not due by the clock: the wall clock went back (an NTP
+            # step, a VM restored) past the turn. Sent now they would go early; they wait for
+            # their due time in the queue instead, as a retry does.
+            early = late & (due > now)
+            self.queue.hold_until_due(self._entries(due[early], refs[early]))
+            late &= ~early
+            log.warning("the clock is %d ms behind the timer's last turn (it went back): %d entries not due yet "
+                        "by it wait for their due time", self.wheel.time_ms - now, int(early.sum()))
         if late.any():
             order = np.argsort(due[late], kind="stable")
             entries = self._entries(due[late][order], refs[late][order])
