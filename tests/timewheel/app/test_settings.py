@@ -187,3 +187,13 @@ def test_a_clock_offset_for_fault_drills_skews_the_service_clock_and_nothing_els
     with pytest.raises(ConfigError, match="engine.clock_offset_ms"):
         load_settings(None, env={"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path),
                                  "TIMEWHEEL_ENGINE_CLOCK_OFFSET_MS": str(2 * 86_400_000)})
+
+
+@pytest.mark.parametrize(("value", "ok"), [("1", True), ("86400", True), ("0.5", False), ("86401", False), ("0", False)])
+def test_consume_refused_max_s_at_its_limits_and_past_them(tmp_path: Path, value: str, ok: bool) -> None:
+    env = {"TIMEWHEEL_ENGINE_DATA_DIR": str(tmp_path), "TIMEWHEEL_ROCKETMQ_CONSUME_REFUSED_MAX_S": value}
+    if ok:
+        assert load_settings(None, env=env).rocketmq.consume_refused_max_s == float(value)
+    else:
+        with pytest.raises(ConfigError, match=r"rocketmq\.consume_refused_max_s.*between 1 and 86400"):
+            load_settings(None, env=env)
