@@ -45,6 +45,9 @@ class _Target:
     def ready(self) -> bool:
         return True
 
+    def not_ready_why(self) -> list[str]:
+        return []
+
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         raise AssertionError("a refused request must not reach the engine")
 

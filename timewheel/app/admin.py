@@ -1,7 +1,7 @@
 """The admin HTTP endpoint: health, readiness, Prometheus metrics, and token-guarded mutations.
 
     GET  /healthz                 200 while the process serves requests
-    GET  /readyz                  200 once the engine runs and consumes, else 503
+    GET  /readyz                  200 once the engine runs and consumes, else 503 with why
     GET  /metrics                 Prometheus text
     GET  /stats                   the engine's and RocketMQ's counters (JSON, epoch ms)
     GET  /status                  one screen for on call: ingest lag, pending, lateness (JSON, epoch ms);
@@ -57,6 +57,10 @@ class AdminTarget(Protocol):
 
     def ready(self) -> bool:
         """Whether the engine runs and consumes."""
+        ...
+
+    def not_ready_why(self) -> list[str]:
+        """Why it is not ready, a line each (none: ready)."""
         ...
 
     def cancel(self, msg_id: str | None, key: str | None) -> int | CancelAnswer:
@@ -156,8 +160,8 @@ class AdminServer:
         return _json(200, {"status": "ok"})
 
     def _readyz(self, req: Request) -> Response:
-        ok = self.target.ready()
-        return _json(200 if ok else 503, {"ready": ok})
+        why = self.target.not_ready_why()
+        return _json(503 if why else 200, {"ready": not why, "why": why})
 
     def _metrics(self, req: Request) -> Response:
         return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)

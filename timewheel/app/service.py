@@ -25,6 +25,7 @@ from timewheel.app.datadir import os_error_at_start
 from timewheel.app.gc_pauses import GcPauses, freeze_started_heap
 from timewheel.app.lateness_window import LatenessWindow
 from timewheel.app.runtime import log_hot_paths, name_os_threads
+from timewheel.app.readiness import must_stop, not_ready_why
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
@@ -259,9 +260,12 @@ class Service:
 
     def ready(self) -> bool:
         """Whether the engine runs, all its threads alive, its checkpoints succeed, and the delay topic
-        is being consumed."""
-        return (self.engine is not None and self._consuming and not self.dead_threads()
-                and self.engine.checkpoint_failure() is None)
+        is being consumed (`not_ready_why` says what is not)."""
+        return not self.not_ready_why()
+
+    def not_ready_why(self) -> list[str]:
+        """Why the service is not ready, a line an operator can act on each (none: ready)."""
+        return not_ready_why(self.engine, self._consuming, self.dead_threads())
 
     def dead_threads(self) -> list[str]:
         """The threads this service relies on that ended while it runs: the engine's, the delay topic
@@ -354,7 +358,8 @@ class Service:
             with self._window_lock:
                 counts, span = window.recent(now, engine.lateness_buckets.counts.copy())
             late, count = window.percentiles(counts, (50, 99)), int(counts.sum())
-        doc = status_document(self.stats(), serving=self.ready(), now_ms=now, lag=lag, lag_error=lag_error,
+        why = self.not_ready_why()
+        doc = status_document(self.stats(), serving=not why, not_serving_why=why, now_ms=now, lag=lag, lag_error=lag_error,
                               lateness_ms=late, lateness_count=count, lateness_span_ms=span)
         if self.replica is not None:
             doc["ha"] = self.replica.status_document()
@@ -422,19 +427,10 @@ class Service:
         failed = False
         try:
             while not self._stop.wait(0.5):
-                dead = self.dead_threads()
-                if dead:
-                    # Every acknowledged message is in the store: exit for a supervisor to restart
-                    # the engine, rather than stay up delivering nothing that thread owned.
-                    log.critical("engine thread(s) %s died (see the error above); stopping with exit code 3 so that "
-                                 "a supervisor restarts the engine", ", ".join(dead))
-                    failed = True
-                    break
                 store = self.engine.store if self.engine is not None else None
-                stopped = store.checkpoints_stopped if store is not None else None
-                if stopped:
-                    log.critical("%s; stopping with exit code 3 so that a supervisor restarts the engine, which "
-                                 "replays the ingest log since the last checkpoint", stopped)
+                reason = must_stop(self.dead_threads(), store.checkpoints_stopped if store is not None else None)
+                if reason is not None:
+                    log.critical("%s", reason)
                     failed = True
                     break
         finally:

@@ -32,8 +32,9 @@ def _num(stats: Mapping[str, object], key: str) -> int:
 
 def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, lag: Sequence[QueueLag] | None,
                     lag_error: str | None, lateness_ms: Sequence[float], lateness_count: int,
-                    lateness_span_ms: int) -> dict[str, Any]:
-    """The GET /status document (epoch ms; `lateness_ms` is p50, p99 of the last minute)."""
+                    lateness_span_ms: int, not_serving_why: Sequence[str] = ()) -> dict[str, Any]:
+    """The GET /status document (epoch ms; `lateness_ms` is p50, p99 of the last minute;
+    `not_serving_why`: why it is not ready, `timewheel.app.readiness`)."""
     shaping: Mapping[str, object] = stats.get("shaping") or {}  # type: ignore[assignment]
     segments: Mapping[str, int] = stats.get("loaded_segments") or {}  # type: ignore[assignment]
     ingest: Mapping[str, object] = stats.get("ingest") or {}  # type: ignore[assignment]
@@ -41,6 +42,7 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
     return {
         "now_ms": now_ms,
         "serving": serving,
+        "not_serving_why": list(not_serving_why),
         "ingest": {"queues": queues, "lag": sum(q.lag for q in lag or ()), "error": lag_error, **ingest},
         "pending_by_segment": [{"segment_ms": int(k), "pending": int(v)} for k, v in sorted(segments.items())],
         **{k: _num(stats, k) for k in ("ready", "backlog", "retrying", "held_by_shaping", "wheel_entries",
@@ -131,6 +133,7 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
     lines: list[RenderableType] = [head, Columns([deliver, lag, pending]),
                                    Text(f"lateness: {_lateness_text(doc.get('lateness_last_minute_ms') or {})}"),
                                    Text(f"shaping: {_shaping_text(doc.get('shaping') or {})}")]
+    lines[1:1] = [Text(f"not serving: {why}", style="red") for why in doc.get("not_serving_why") or []]
     if ingest.get("error"):
         lines.append(Text(f"ingest lag unknown: {ingest['error']}", style="red"))
     if doc.get("ha"):

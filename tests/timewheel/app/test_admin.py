@@ -26,9 +26,13 @@ class _Target:
     def __init__(self) -> None:
         self.rules: dict[str, Any] = {}
         self.cancels: list[tuple[str | None, str | None]] = []
+        self.why: list[str] = []
 
     def ready(self) -> bool:
-        return True
+        return not self.why
+
+    def not_ready_why(self) -> list[str]:
+        return self.why
 
     def cancel(self, msg_id: str | None, key: str | None) -> int:
         self.cancels.append((msg_id, key))
@@ -221,3 +225,13 @@ def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Tar
     monkeypatch.setattr("timewheel.app.admin.STATUS_CACHE_S", 3600.0)
     answers = [_request(server, "GET", "/status")[:2] for _ in range(20)]
     assert all(a == (200, b'{"n": 1}\n') for a in answers) and len(calls) == 1
+
+
+def test_readyz_says_why_it_is_not_ready(admin: tuple[AdminServer, _Target]) -> None:
+    """A 503 said `{"ready": false}` and nothing more: the operator had to find the reason in the log."""
+    server, target = admin
+    status, body, _ = _request(server, "GET", "/readyz")
+    assert status == 200 and json.loads(body) == {"ready": True, "why": []}
+    target.why = ["checkpoints fail: OSError: [Errno 28] No space left on device (retried every checkpoint_seconds)"]
+    status, body, _ = _request(server, "GET", "/readyz", headers={"Authorization": ""})  # no token needed
+    assert status == 503 and json.loads(body) == {"ready": False, "why": target.why}

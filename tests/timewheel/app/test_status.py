@@ -107,3 +107,17 @@ def test_a_broker_without_a_safe_index_and_dedupe_off_are_shown_as_warnings() ->
     assert "dedupe OFF: rocketmq.dedupe is off" in text
     assert "WARNING: hot paths in pure Python (not built at install): ingest_walk;" in text
     assert text.count("hot paths") == 1  # none for the documents whose loops are all compiled
+
+
+def test_not_serving_says_why_under_the_headline() -> None:
+    """`NOT serving` in red was all the screen said: each reason is a line under it now."""
+    from rich.console import Console
+
+    from timewheel.app.status import render_status
+
+    console = Console(width=200, record=True)
+    console.print(render_status({"now_ms": 1_800_000_000_000, "serving": False, "not_serving_why": [
+        "thread(s) died: ingest-pull-broker-a (the log has each one's error)"]}, "a:1"))
+    lines = console.export_text().splitlines()
+    assert "NOT serving" in lines[0]
+    assert lines[1] == "not serving: thread(s) died: ingest-pull-broker-a (the log has each one's error)"

@@ -1,0 +1,44 @@
+"""Why a serving engine is not ready, and when it must exit for its supervisor (`serve`'s exit 3).
+
+Each reason is a line an operator can act on: `/readyz` answers them with its 503, `timewheel status`
+shows them under its headline, and `serve` logs the fatal one before it exits.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+__all__ = ["must_stop", "not_ready_why"]
+
+
+class _Engine(Protocol):
+    def checkpoint_failure(self) -> str | None: ...
+
+
+def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequence[str]) -> list[str]:
+    """Why the service is not ready (none: ready): not running, not consuming the delay topic yet,
+    a thread that died, checkpoints that fail."""
+    if engine is None:
+        return ["the engine is not running (starting or stopping)"]
+    why = []
+    if not consuming:
+        why.append("the delay topic is not consumed yet (starting, or stopping)")
+    if dead_threads:
+        why.append(f"thread(s) died: {', '.join(dead_threads)} (the log has each one's error); serve exits 3 for its "
+                   f"supervisor, and the restart reads again what they had not stored")
+    failure = engine.checkpoint_failure()
+    if failure is not None:
+        why.append(f"checkpoints fail: {failure} (retried every checkpoint_seconds)")
+    return why
+
+
+def must_stop(dead_threads: Sequence[str], checkpoints_stopped: str | None) -> str | None:
+    """Why a serving process must exit with code 3 for a supervisor to restart it, None while it
+    serves on. Every acknowledged message is in the store either way: staying up would deliver
+    nothing a dead thread owned, and a store whose checkpoints stopped cannot let its log go."""
+    if dead_threads:
+        return (f"engine thread(s) {', '.join(dead_threads)} died (see the error above); stopping with exit code 3 so "
+                f"that a supervisor restarts the engine")
+    if checkpoints_stopped:
+        return (f"{checkpoints_stopped}; stopping with exit code 3 so that a supervisor restarts the engine, which "
+                f"replays the ingest log since the last checkpoint")
+    return None
