@@ -7,65 +7,44 @@ of the step early. Now it waits in the dispatch queue for its due time.
 """
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
-from timewheel import Engine, EngineConfig, Message
-from tests.timewheel.conftest import T0, RecordingSink
+from timewheel import Engine, EngineConfig, ManualClock, Message
+from tests.timewheel.conftest import T0, RecordingSink, drive
 
 MIN = 60_000
 
 
-class SteppingClock:
-    """A clock that may be set back, as a wall clock can be."""
+class SteppingClock(ManualClock):
+    """A manual clock that may also be set back, as a wall clock can be."""
 
-    def __init__(self, now_ms: int) -> None:
-        self._now = now_ms
-        self._lock = threading.Lock()
-
-    def now_ms(self) -> int:
-        with self._lock:
-            return self._now
-
-    def set(self, now_ms: int) -> None:
+    def step_back_to(self, now_ms: int) -> None:
         with self._lock:
             self._now = now_ms
-
-
-def _drive(engine: Engine, clock: SteppingClock, until_ms: int) -> None:
-    """Step through every wake-up up to `until_ms` (never back: only the test steps the clock back)."""
-    for _ in range(100_000):
-        t = engine.next_wakeup_ms()
-        if t is None or t > until_ms:
-            break
-        clock.set(max(t, clock.now_ms()))
-        engine.step()
-    clock.set(max(until_ms, clock.now_ms()))
-    engine.step()
 
 
 @pytest.mark.parametrize("back_ms", [20 * MIN, 2 * 60 * MIN + 10 * MIN], ids=["20 min", "2 h 10 min"])
 def test_a_message_due_after_a_step_back_goes_at_its_due_time_not_at_once(tmp_path: Path, back_ms: int) -> None:
     clock = SteppingClock(T0)
-    sink = RecordingSink(clock)  # type: ignore[arg-type]
+    sink = RecordingSink(clock)
     e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
     try:
         old_now = T0 + 150 * MIN
-        _drive(e, clock, old_now)
+        drive(e, clock, old_now)
         [before] = e.schedule([Message("T", b"a", old_now + 10_000, msg_id=f"{1:032X}:00000001")])
         new_now = old_now - back_ms
-        clock.set(new_now)  # the step back
+        clock.step_back_to(new_now)
         e.step()
         [after] = e.schedule([Message("T", b"b", new_now + 5_000, msg_id=f"{2:032X}:00000001")])
         e.step()
         assert sink.sent == [], "sent before its due time"
-        _drive(e, clock, new_now + 4_999)
+        drive(e, clock, new_now + 4_999)
         assert sink.sent == [], "sent before its due time"
-        _drive(e, clock, new_now + 5_000)
+        drive(e, clock, new_now + 5_000)
         assert sink.sent == [(after, new_now + 5_000)]
-        _drive(e, clock, old_now + 10_000)
+        drive(e, clock, old_now + 10_000)
         assert sink.sent == [(after, new_now + 5_000), (before, old_now + 10_000)]
     finally:
         e.stop()

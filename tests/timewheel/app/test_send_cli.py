@@ -3,7 +3,6 @@ when one does, a body file's bytes on the delay topic as they were."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -12,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from forwarder.local_rocketmq import LocalRocketMQ
-from forwarder.rocketmq import ReceivedMessage, RemotingPullConsumer
 from timewheel.app.cli import app
+from tests.forwarder.target_reader import TargetReader
 from tests.polling import wait_for
 
 
@@ -47,20 +46,9 @@ def test_a_body_file_of_any_bytes_reaches_the_delay_topic_byte_for_byte(rocketmq
                                    "--body-file", str(path), "--delay-topic", delay_topic, "--keys", f"k{run}"])
     assert res.exit_code == 0, res.output
     assert f"to {delay_topic} for ORDERS" in res.output
-    got: list[ReceivedMessage] = []
-    lock = threading.Lock()
-
-    def take(batch: list[ReceivedMessage]) -> bool:
-        with lock:
-            got.extend(batch)
-        return True
-
-    consumer = RemotingPullConsumer(rocketmq.namesrv_addr, f"send-cli-{run}", delay_topic, take)
-    consumer.start()
-    try:
-        assert wait_for(lambda: len(got) >= 1, timeout=30)
-    finally:
-        consumer.stop()
+    with TargetReader(rocketmq.namesrv_addr, f"send-cli-{run}", delay_topic) as reader:
+        assert wait_for(lambda: len(reader.messages()) >= 1, timeout=30)
+        got = reader.messages()
     [m] = got
     assert m.body == body
     assert m.properties["TW_TARGET_TOPIC"] == "ORDERS" and m.properties["TW_DELAY_MS"] == "300000"
