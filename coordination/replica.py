@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.config import HAConfig
@@ -272,7 +272,13 @@ class ShardReplica:
     def _step(self) -> bool:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
         client = self._client
-        session = client.client_id[0] if client.client_id else None
+        client_id = client.client_id
+        if client_id is None:
+            # Not connected (kazoo reconnecting after a dropped connection, the session still ours
+            # maybe): nothing can be confirmed, nor our nodes told from another process's, until it is.
+            self._lose("not connected to ZooKeeper")
+            return False
+        session = client_id[0]
         eligible = self.eligibility.check() if self.eligibility is not None else True
         if self._node is None or self._session is None or self._session != session:
             self._lose("session changed")
@@ -348,13 +354,17 @@ class ShardReplica:
     def _claim_identity(self) -> None:
         """Hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused."""
         path = f"{self.path}/replicas/{self.cfg.replica_id}"
-        session = self._client.client_id[0] if self._client.client_id else None
         try:
             self._client.create(path, b"", ephemeral=True, makepath=True)
             return
         except NodeExistsError:
             stat = self._client.exists(path)
-            if stat is None or stat.ephemeralOwner == session:
+            # the session as it is now, once ZooKeeper answered: read before the create, while the
+            # connection was down, it was none, and our own node looked like another process's
+            client_id = self._client.client_id
+            if client_id is None:
+                raise ConnectionLoss("the connection to ZooKeeper dropped while the replica id was claimed") from None
+            if stat is None or stat.ephemeralOwner == client_id[0]:
                 return
         raise ReplicaIdTaken(f"ha.replica_id = {self.cfg.replica_id!r} is already live in shard {self.path} (another "
                              "process holds it): give each replica of a shard its own id")

@@ -221,3 +221,35 @@ def test_a_watermark_interval_outside_the_fencing_period_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="watermark_interval_s"):
         HAConfig(zookeeper="127.0.0.1:2181", replica_id="a", session_timeout_s=6.0, watermark_interval_s=6.0)
+
+
+def test_a_dropped_connection_that_keeps_its_session_keeps_the_replica_holding(
+        replicas: Callable[..., ShardReplica], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ping missed under load drops the connection; kazoo reconnects within the session. A round
+    that ran meanwhile read no session id (kazoo has none while it reconnects), took that for a new
+    session, claimed the replica id again, and found its own node: `ReplicaIdTaken`, the replica
+    thread died and the holder's service exited 3 (a CI run lost its holder so). Now such a round
+    waits for the connection, and the replica holds on with its session."""
+    import threading
+
+    a = replicas("a", lambda: 1)
+    wait_for("a holds the lease", a.may_send)
+    reconnecting = threading.Event()
+    real_client_id = KazooClient.client_id
+    real_create = KazooClient.create
+
+    def client_id(self: KazooClient) -> tuple[int, bytes] | None:
+        return None if reconnecting.is_set() else real_client_id.fget(self)
+
+    def create(self: KazooClient, *args: object, **kwargs: object) -> str:
+        reconnecting.clear()  # a request queued while reconnecting is answered once connected
+        return real_create(self, *args, **kwargs)
+
+    monkeypatch.setattr(KazooClient, "client_id", property(client_id))
+    monkeypatch.setattr(KazooClient, "create", create)
+    reconnecting.set()
+    a._wake.set()  # the state listener wakes the round at once
+    threading.Timer(0.5, reconnecting.clear).start()  # connected again, the same session
+    time.sleep(1.5)
+    assert a.dead_threads() == [], "the replica thread died on its own node"
+    wait_for("a holds the lease again", a.may_send, 5.0)

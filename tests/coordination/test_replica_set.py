@@ -286,8 +286,9 @@ def test_two_shards_split_the_queues_and_each_delivers_its_own_once(rocketmq: Lo
         assert queues_of == {0: {0, 2}, 1: {1, 3}}
         _wait("every message delivered", lambda: len(receipts) == len(bodies), 60)
         time.sleep(2.0)  # a second copy would show up by now
-        stored = [r.status()["scheduled"] for r in shards]
-        doc = shards[0].status()["ha"]
+        # /status asks the NameServer, the brokers and ZooKeeper: on a loaded machine more than the default 2 s
+        stored = [r.status(timeout=30)["scheduled"] for r in shards]
+        doc = shards[0].status(timeout=30)["ha"]
     finally:
         for replica in shards:
             replica.stop()
