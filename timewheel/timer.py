@@ -107,6 +107,7 @@ class TimerDriver:
         self._done_to_check: deque[int] = deque()  # done segments the next rescans look into
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
+        self._clock_step_warned: int | None = None  # the wheel turn a clock step back was logged at
         # a pass failed: what it took off the inbound list or the wheel may be in no list the
         # watermark reads, so the watermark freezes (`timewheel.watermark.Watermarks`)
         self.failed = False
@@ -323,8 +324,14 @@ class TimerDriver:
             early = late & (due > now)
             self.queue.hold_until_due(self._entries(due[early], refs[early]))
             late &= ~early
-            log.warning("the clock is %d ms behind the timer's last turn (it went back): %d entries not due yet "
-                        "by it wait for their due time", self.wheel.time_ms - now, int(early.sum()))
+            if self._clock_step_warned != self.wheel.time_ms:
+                # once a step: while the clock is behind, the wheel stays at its turn and every
+                # commit lands here again
+                self._clock_step_warned = self.wheel.time_ms
+                log.warning("the clock is %d ms behind the timer's last turn (it went back): entries not due "
+                            "yet by it wait for their due time (shown as retrying until then; %d now, more "
+                            "until the clock is past the turn are not logged)",
+                            self.wheel.time_ms - now, int(early.sum()))
         if late.any():
             order = np.argsort(due[late], kind="stable")
             entries = self._entries(due[late][order], refs[late][order])

@@ -48,3 +48,25 @@ def test_a_message_due_after_a_step_back_goes_at_its_due_time_not_at_once(tmp_pa
         assert sink.sent == [(after, new_now + 5_000), (before, old_now + 10_000)]
     finally:
         e.stop()
+
+
+def test_a_step_back_is_logged_once_not_per_commit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = SteppingClock(T0)
+    sink = RecordingSink(clock)
+    e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
+    try:
+        old_now = T0 + 150 * MIN
+        drive(e, clock, old_now)
+        new_now = old_now - 20 * MIN
+        clock.step_back_to(new_now)
+        e.step()
+        with caplog.at_level("WARNING", logger="timewheel"):
+            for i in range(5):
+                e.schedule([Message("T", b"x", new_now + 5_000 + i, msg_id=f"{10 + i:032X}:00000001")])
+                e.step()
+        steps = [r for r in caplog.records if "behind the timer's last turn" in r.getMessage()]
+        assert len(steps) == 1, [r.getMessage() for r in steps]
+        drive(e, clock, new_now + 5_004)
+        assert len(sink.sent) == 5
+    finally:
+        e.stop()
