@@ -162,9 +162,15 @@ class ShardReplica:
         except KazooTimeoutError as e:
             raise ConnectionError(f"cannot reach ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} within "
                                   f"{timeout:.0f} s: start it or fix the connect string") from e
-        self._client.ensure_path(f"{self.path}/lease")
         try:
+            self._client.ensure_path(f"{self.path}/lease")
             self._claim_identity()
+        except (KazooException, KazooTimeoutError) as e:
+            self._client.stop()
+            self._client.close()
+            raise ConnectionError(f"ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} dropped the connection while "
+                                  f"replica {self.cfg.replica_id!r} joined shard {self.path} "
+                                  f"({type(e).__name__}): nothing was taken; start it again") from e
         except BaseException:
             self._client.stop()
             self._client.close()

@@ -253,3 +253,32 @@ def test_a_dropped_connection_that_keeps_its_session_keeps_the_replica_holding(
     time.sleep(1.5)
     assert a.dead_threads() == [], "the replica thread died on its own node"
     wait_for("a holds the lease again", a.may_send, 5.0)
+
+
+def test_a_connection_dropped_while_the_replica_starts_is_a_one_line_error_and_leaves_nothing(
+        zookeeper: LocalZooKeeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica id's claim at start is a round trip: a connection that drops in it raised kazoo's own
+    `ConnectionLoss` out of `serve`. Now it is the `ConnectionError` serve reports in one line, the
+    session is closed, and a start again takes the id."""
+    from kazoo.exceptions import ConnectionLoss
+
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0, watermark_interval_s=0.2)
+    real_create = KazooClient.create
+
+    def dropped(self: KazooClient, path: str, *args: object, **kwargs: object) -> str:
+        if "/replicas/" in path:
+            raise ConnectionLoss()
+        return real_create(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(KazooClient, "create", dropped)
+    first = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
+    with pytest.raises(ConnectionError, match=r"dropped the connection while replica 'a' joined .*start it again"):
+        first.start(lambda: 0)
+    assert not first._client.connected
+    monkeypatch.setattr(KazooClient, "create", real_create)
+    again = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000).start(lambda: 0)
+    try:
+        wait_for("the replica started again holds the lease", again.may_send)
+    finally:
+        again.stop()
