@@ -85,6 +85,7 @@ class ShardReplica:
         self._node_prefix = f"{_PREFIX}{uuid.uuid4().hex[:12]}-"  # protected lease nodes: ours by name
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failure: str | None = None  # the error that ended the replica thread
         self._watermark_source: Callable[[], int | DeliveredMark] | None = None
         self._offsets_source: Callable[[], dict[str, int]] | None = None
         #: whether this replica may contend (its data directory caught up, no gap); None: always
@@ -165,15 +166,13 @@ class ShardReplica:
         try:
             self._client.ensure_path(f"{self.path}/lease")
             self._claim_identity()
-        except (KazooException, KazooTimeoutError) as e:
+        except BaseException as e:
             self._client.stop()
             self._client.close()
-            raise ConnectionError(f"ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} dropped the connection while "
-                                  f"replica {self.cfg.replica_id!r} joined shard {self.path} "
-                                  f"({type(e).__name__}): nothing was taken; start it again") from e
-        except BaseException:
-            self._client.stop()
-            self._client.close()
+            if isinstance(e, (KazooException, KazooTimeoutError)):
+                raise ConnectionError(f"ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} dropped the connection "
+                                      f"while replica {self.cfg.replica_id!r} joined shard {self.path} "
+                                      f"({type(e).__name__}): nothing was taken; start it again") from e
             raise
         self._thread = threading.Thread(target=self._run, name="timewheel-replica", daemon=True)
         self._thread.start()
@@ -246,10 +245,15 @@ class ShardReplica:
         t = self._thread
         return [t.name] if t is not None and not t.is_alive() and not self._stopping.is_set() else []
 
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each."""
+        return {"timewheel-replica": self._failure} if self._failure is not None else {}
+
     def _run(self) -> None:
         try:
             self._contend()
-        except Exception:
+        except Exception as e:
+            self._failure = f"{type(e).__name__}: {e}"
             # Nothing more confirms the lease: stop sending now. The thread ends; the service sees
             # it dead, reports not ready and stops, which ends the session and hands the lease on.
             self.fence.revoke()

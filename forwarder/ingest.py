@@ -138,6 +138,11 @@ class DelayTopicIngest:
         puller = self._puller
         return puller.dead_threads() if puller is not None else []
 
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each."""
+        puller = self._puller
+        return puller.thread_failures() if puller is not None else {}
+
     def _in_shard(self, queue: tuple[str, int]) -> bool:
         """Whether a (broker, queue id) of the delay topic is read by this engine."""
         return self.queue_ids is None or self.queue_ids(queue[1])

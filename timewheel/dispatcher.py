@@ -74,6 +74,7 @@ class Dispatcher:
         self.store = store
         self.queue = queue
         self.sink = sink
+        self.failures: dict[str, str] = {}  # thread name -> the error that ended it
         self.shaper = shaper
         self.clock = clock
         self.lateness = lateness
@@ -108,7 +109,7 @@ class Dispatcher:
 
     def start(self, threads: int) -> None:
         """Start `threads` dispatch threads."""
-        self._threads = [threading.Thread(target=guarded(self._run, log), name=f"timewheel-dispatch-{i}", daemon=True)
+        self._threads = [threading.Thread(target=guarded(self._run, log, self.failures), name=f"timewheel-dispatch-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()

@@ -349,6 +349,13 @@ class Engine:
         threads = [*run.timer.threads(), *run.dispatcher.threads(), *run.housekeeper.threads()]
         return [t.name for t in threads if not t.is_alive()]
 
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each (`Type: message`)."""
+        run = self._run
+        if run is None:
+            return {}
+        return {**run.timer.failures, **run.dispatcher.failures, **run.housekeeper.failures}
+
     def checkpoint_failure(self) -> str | None:
         """Why the last checkpoint failed (None while they succeed): the service is not ready meanwhile."""
         run = self._run

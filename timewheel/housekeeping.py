@@ -45,13 +45,15 @@ class Housekeeper:
         self.retired: set[int] = set()
         #: why the last checkpoint failed, None once one succeeds
         self.failure: str | None = None
+        #: thread name -> the error that ended it
+        self.failures: dict[str, str] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the housekeeping thread."""
         self._stopping.clear()
-        self._thread = threading.Thread(target=guarded(self._run, log), name="timewheel-housekeeping", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log, self.failures), name="timewheel-housekeeping", daemon=True)
         self._thread.start()
 
     def threads(self) -> list[threading.Thread]:

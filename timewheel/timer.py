@@ -107,6 +107,8 @@ class TimerDriver:
         self._done_to_check: deque[int] = deque()  # done segments the next rescans look into
         self._sealed_before = 0
         self.catch_up_segments = 0  # past segments drained so far
+        #: thread name -> the error that ended it
+        self.failures: dict[str, str] = {}
         self._clock_step_warned: int | None = None  # the wheel turn a clock step back was logged at
         # a pass failed: what it took off the inbound list or the wheel may be in no list the
         # watermark reads, so the watermark freezes (`timewheel.watermark.Watermarks`)
@@ -128,7 +130,7 @@ class TimerDriver:
     def start(self) -> None:
         """Start the timer thread."""
         self._running = True
-        self._thread = threading.Thread(target=guarded(self._run, log), name="timewheel-timer", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log, self.failures), name="timewheel-timer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -196,6 +196,10 @@ class Puller:
         """The pull threads that an unexpected error ended (each logged with its traceback)."""
         return [f"ingest-pull-{b}" for b in sorted(self.failures)]
 
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each."""
+        return {f"ingest-pull-{b}": e for b, e in self.failures.items()}
+
     def _pull_loop(self, broker: str) -> None:
         """`_pull` for `broker`, fail-stop: an error nothing here expected ends the thread for good
         (recorded in `failures`, which the consumer's `dead_threads` reports). What it had pulled and

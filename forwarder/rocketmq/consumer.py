@@ -139,6 +139,14 @@ class RemotingPullConsumer:
             dead.append(t.name)
         return dead
 
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each."""
+        failures = self._puller.thread_failures()
+        t = self._rebalancer
+        if t is not None and self._membership.failure is not None:
+            failures[t.name] = self._membership.failure
+        return failures
+
     def owned(self) -> list[Queue]:
         """The queues this member consumes now."""
         return self._queues.owned()

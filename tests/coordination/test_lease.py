@@ -172,12 +172,16 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
         def dead_threads(self) -> list[str]:
             return []
 
+        def thread_failures(self) -> dict[str, str]:
+            return {}
+
         def checkpoint_failure(self) -> str | None:
             return None
 
     svc = Service.__new__(Service)
     svc.engine, svc._consuming, svc.replica, svc._endpoints = Engine(), True, a, None  # type: ignore[assignment]
     assert svc.ready() is False and svc.dead_threads() == ["timewheel-replica"]  # /readyz answers 503
+    assert [w for w in svc.not_ready_why() if "timewheel-replica (RuntimeError: injected: the engine's watermark" in w]
     a.stop()  # what serve does when it sees a dead thread: the session ends and the lease moves
     wait_for("b takes over", b.may_send, 5.0)
 

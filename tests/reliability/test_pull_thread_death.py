@@ -100,7 +100,8 @@ def test_an_engine_that_refuses_every_batch_stops_not_ready_and_the_restart_stor
         assert service.ready(), "refused for less than consume_refused_max_s: still ready"
         assert wait_for(lambda: not service.ready(), timeout=30), "batches refused for ever leave the service ready"
         assert service.dead_threads() == ["ingest-pull-broker-a"]
-        assert [w for w in service.not_ready_why() if "thread(s) died: ingest-pull-broker-a" in w]
+        assert [w for w in service.not_ready_why()
+                if "thread(s) died: ingest-pull-broker-a (BatchesRefusedError: " in w], service.not_ready_why()
         failures = ingest._puller._puller.failures  # type: ignore[union-attr]
         assert "BatchesRefusedError" in failures["broker-a"] and "refused every batch" in failures["broker-a"]
         assert _ingested(service) == 0

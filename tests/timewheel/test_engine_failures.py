@@ -166,6 +166,8 @@ def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -
         while not e.dead_threads() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert e.dead_threads() == ["timewheel-dispatch-0"]
+        [(name, error)] = e.thread_failures().items()  # what /readyz names beside the thread
+        assert (name, error) == ("timewheel-dispatch-0", "OverflowError: cannot convert float infinity to integer")
     finally:
         e.stop()
 
@@ -177,12 +179,16 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
         def dead_threads(self) -> list[str]:
             return ["timewheel-timer"]
 
+        def thread_failures(self) -> dict[str, str]:
+            return {"timewheel-timer": "OSError: [Errno 5] Input/output error"}
+
         def checkpoint_failure(self) -> str | None:
             return None
 
     svc = Service.__new__(Service)
     svc.engine, svc._consuming, svc.replica, svc._endpoints = DeadEngine(), True, None, None  # type: ignore[assignment]
     assert svc.ready() is False
+    assert [w for w in svc.not_ready_why() if "timewheel-timer (OSError: [Errno 5] Input/output error)" in w]
 
 
 def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

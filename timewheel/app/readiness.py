@@ -5,25 +5,36 @@ shows them under its headline, and `serve` logs the fatal one before it exits.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 __all__ = ["must_stop", "not_ready_why"]
+
+
+#: a dead thread's error is cut to this in a reason line (the log has it whole)
+_ERROR_CHARS = 300
+
+
+def _short(error: str) -> str:
+    return error if len(error) <= _ERROR_CHARS else error[:_ERROR_CHARS - 1] + "…"
 
 
 class _Engine(Protocol):
     def checkpoint_failure(self) -> str | None: ...
 
 
-def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequence[str]) -> list[str]:
+def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequence[str],
+                  failures: Mapping[str, str] | None = None) -> list[str]:
     """Why the service is not ready (none: ready): not running, not consuming the delay topic yet,
-    a thread that died, checkpoints that fail."""
+    a thread that died (with the error that ended it, from `failures`), checkpoints that fail."""
     if engine is None:
         return ["the engine is not running (starting or stopping)"]
     why = []
     if not consuming:
         why.append("the delay topic is not consumed yet (starting, or stopping)")
     if dead_threads:
-        why.append(f"thread(s) died: {', '.join(dead_threads)} (the log has each one's error); serve exits 3 for its "
+        known = failures or {}
+        named = ", ".join(f"{t} ({_short(known[t])})" if t in known else t for t in dead_threads)
+        why.append(f"thread(s) died: {named} (the log has each one's traceback); serve exits 3 for its "
                    f"supervisor, and the restart reads again what they had not stored")
     failure = engine.checkpoint_failure()
     if failure is not None:

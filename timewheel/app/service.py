@@ -265,16 +265,20 @@ class Service:
 
     def not_ready_why(self) -> list[str]:
         """Why the service is not ready, a line an operator can act on each (none: ready)."""
-        return not_ready_why(self.engine, self._consuming, self.dead_threads())
+        return not_ready_why(self.engine, self._consuming, self.dead_threads(), self.thread_failures())
 
     def dead_threads(self) -> list[str]:
         """The threads this service relies on that ended while it runs: the engine's, the delay topic
         consumer's, and with [ha] the replica's (whose death must hand the lease on)."""
-        dead = [*(self.engine.dead_threads() if self.engine is not None else []),
-                *(self._endpoints.source.dead_threads() if self._endpoints is not None else [])]
-        if self.replica is not None:
-            dead += self.replica.dead_threads()
-        return dead
+        return [*(self.engine.dead_threads() if self.engine is not None else []),
+                *(self._endpoints.source.dead_threads() if self._endpoints is not None else []),
+                *(self.replica.dead_threads() if self.replica is not None else [])]
+
+    def thread_failures(self) -> dict[str, str]:
+        """Of the threads `dead_threads` names, the error that ended each (`Type: message`)."""
+        return {**(self.engine.thread_failures() if self.engine is not None else {}),
+                **(self._endpoints.source.thread_failures() if self._endpoints is not None else {}),
+                **(self.replica.thread_failures() if self.replica is not None else {})}
 
     def cancel(self, msg_id: str | None, key: str | None) -> CancelAnswer:
         """Cancel by id or business key on every engine of the delay topic (`timewheel.app.cancel`); the

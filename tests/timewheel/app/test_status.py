@@ -117,7 +117,20 @@ def test_not_serving_says_why_under_the_headline() -> None:
 
     console = Console(width=200, record=True)
     console.print(render_status({"now_ms": 1_800_000_000_000, "serving": False, "not_serving_why": [
-        "thread(s) died: ingest-pull-broker-a (the log has each one's error)"]}, "a:1"))
+        "thread(s) died: ingest-pull-broker-a (the log has each one's traceback)"]}, "a:1"))
     lines = console.export_text().splitlines()
     assert "NOT serving" in lines[0]
-    assert lines[1] == "not serving: thread(s) died: ingest-pull-broker-a (the log has each one's error)"
+    assert lines[1] == "not serving: thread(s) died: ingest-pull-broker-a (the log has each one's traceback)"
+
+
+def test_a_dead_threads_reason_names_its_error_cut_to_a_line() -> None:
+    from timewheel.app.readiness import not_ready_why
+
+    class Engine:
+        def checkpoint_failure(self) -> str | None:
+            return None
+
+    [why] = not_ready_why(Engine(), True, ["timewheel-timer", "ingest-pull-b"],
+                          {"timewheel-timer": "OSError: [Errno 5] Input/output error", "ingest-pull-b": "E: " + "x" * 999})
+    assert why.startswith("thread(s) died: timewheel-timer (OSError: [Errno 5] Input/output error), ingest-pull-b (E: x")
+    assert "x" * 400 not in why and "…)" in why
