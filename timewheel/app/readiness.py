@@ -15,7 +15,8 @@ _ERROR_CHARS = 300
 
 
 def _short(error: str) -> str:
-    return error if len(error) <= _ERROR_CHARS else error[:_ERROR_CHARS - 1] + "…"
+    line = " ".join(error.split())  # one line: a reason is a line of /readyz and of `status`
+    return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS - 1] + "…"
 
 
 class _Engine(Protocol):

@@ -131,6 +131,6 @@ def test_a_dead_threads_reason_names_its_error_cut_to_a_line() -> None:
             return None
 
     [why] = not_ready_why(Engine(), True, ["timewheel-timer", "ingest-pull-b"],
-                          {"timewheel-timer": "OSError: [Errno 5] Input/output error", "ingest-pull-b": "E: " + "x" * 999})
+                          {"timewheel-timer": "OSError: [Errno 5]\n  Input/output error", "ingest-pull-b": "E: " + "x" * 999})
     assert why.startswith("thread(s) died: timewheel-timer (OSError: [Errno 5] Input/output error), ingest-pull-b (E: x")
     assert "x" * 400 not in why and "…)" in why
