@@ -8,6 +8,7 @@ of the step early. Now it waits in the dispatch queue for its due time.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -25,48 +26,53 @@ class SteppingClock(ManualClock):
             self._now = now_ms
 
 
+#: where the engine ran to before the clock steps back
+OLD_NOW = T0 + 150 * MIN
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Engine, SteppingClock, RecordingSink]]:
+    """An engine driven by hand to OLD_NOW on a clock that can step back."""
+    clock = SteppingClock(T0)
+    sink = RecordingSink(clock)
+    e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
+    try:
+        drive(e, clock, OLD_NOW)
+        yield e, clock, sink
+    finally:
+        e.stop()
+
+
 @pytest.mark.parametrize("back_ms", [20 * MIN, 2 * 60 * MIN + 10 * MIN], ids=["20 min", "2 h 10 min"])
-def test_a_message_due_after_a_step_back_goes_at_its_due_time_not_at_once(tmp_path: Path, back_ms: int) -> None:
-    clock = SteppingClock(T0)
-    sink = RecordingSink(clock)
-    e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
-    try:
-        old_now = T0 + 150 * MIN
-        drive(e, clock, old_now)
-        [before] = e.schedule([Message("T", b"a", old_now + 10_000, msg_id=f"{1:032X}:00000001")])
-        new_now = old_now - back_ms
-        clock.step_back_to(new_now)
-        e.step()
-        [after] = e.schedule([Message("T", b"b", new_now + 5_000, msg_id=f"{2:032X}:00000001")])
-        e.step()
-        assert sink.sent == [], "sent before its due time"
-        drive(e, clock, new_now + 4_999)
-        assert sink.sent == [], "sent before its due time"
-        drive(e, clock, new_now + 5_000)
-        assert sink.sent == [(after, new_now + 5_000)]
-        drive(e, clock, old_now + 10_000)
-        assert sink.sent == [(after, new_now + 5_000), (before, old_now + 10_000)]
-    finally:
-        e.stop()
+def test_a_message_due_after_a_step_back_goes_at_its_due_time_not_at_once(
+        running: tuple[Engine, SteppingClock, RecordingSink], back_ms: int) -> None:
+    e, clock, sink = running
+    [before] = e.schedule([Message("T", b"a", OLD_NOW + 10_000, msg_id=f"{1:032X}:00000001")])
+    new_now = OLD_NOW - back_ms
+    clock.step_back_to(new_now)
+    e.step()
+    [after] = e.schedule([Message("T", b"b", new_now + 5_000, msg_id=f"{2:032X}:00000001")])
+    e.step()
+    assert sink.sent == [], "sent before its due time"
+    drive(e, clock, new_now + 4_999)
+    assert sink.sent == [], "sent before its due time"
+    drive(e, clock, new_now + 5_000)
+    assert sink.sent == [(after, new_now + 5_000)]
+    drive(e, clock, OLD_NOW + 10_000)
+    assert sink.sent == [(after, new_now + 5_000), (before, OLD_NOW + 10_000)]
 
 
-def test_a_step_back_is_logged_once_not_per_commit(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    clock = SteppingClock(T0)
-    sink = RecordingSink(clock)
-    e = Engine(EngineConfig(tmp_path / "data"), sink, clock).start(background=False)
-    try:
-        old_now = T0 + 150 * MIN
-        drive(e, clock, old_now)
-        new_now = old_now - 20 * MIN
-        clock.step_back_to(new_now)
-        e.step()
-        with caplog.at_level("WARNING", logger="timewheel"):
-            for i in range(5):
-                e.schedule([Message("T", b"x", new_now + 5_000 + i, msg_id=f"{10 + i:032X}:00000001")])
-                e.step()
-        steps = [r for r in caplog.records if "behind the timer's last turn" in r.getMessage()]
-        assert len(steps) == 1, [r.getMessage() for r in steps]
-        drive(e, clock, new_now + 5_004)
-        assert len(sink.sent) == 5
-    finally:
-        e.stop()
+def test_a_step_back_is_logged_once_not_per_commit(running: tuple[Engine, SteppingClock, RecordingSink],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    e, clock, sink = running
+    new_now = OLD_NOW - 20 * MIN
+    clock.step_back_to(new_now)
+    e.step()
+    with caplog.at_level("WARNING", logger="timewheel"):
+        for i in range(5):
+            e.schedule([Message("T", b"x", new_now + 5_000 + i, msg_id=f"{10 + i:032X}:00000001")])
+            e.step()
+    steps = [r for r in caplog.records if "behind the timer's last turn" in r.getMessage()]
+    assert len(steps) == 1, [r.getMessage() for r in steps]
+    drive(e, clock, new_now + 5_004)
+    assert len(sink.sent) == 5
