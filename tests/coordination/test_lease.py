@@ -152,7 +152,7 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
         replicas: Callable[..., ShardReplica]) -> None:
     """An error escaping the replica's loop (here a watermark source that raises) used to kill the
     thread while the session kept the lease node alive: nobody sent, nobody took over, /readyz 200."""
-    from timewheel.app.service import Service
+    from tests.timewheel.app.service_parts import readiness_only
 
     calls = {"n": 0}
 
@@ -178,8 +178,7 @@ def test_a_replica_thread_that_dies_stops_sending_and_its_service_hands_the_leas
         def checkpoint_failure(self) -> str | None:
             return None
 
-    svc = Service.__new__(Service)
-    svc.engine, svc._consuming, svc.replica, svc._endpoints = Engine(), True, a, None  # type: ignore[assignment]
+    svc = readiness_only(Engine(), a)
     assert svc.ready() is False and svc.dead_threads() == ["timewheel-replica"]  # /readyz answers 503
     assert [w for w in svc.not_ready_why() if "timewheel-replica (RuntimeError: injected: the engine's watermark" in w]
     a.stop()  # what serve does when it sees a dead thread: the session ends and the lease moves

@@ -173,7 +173,7 @@ def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -
 
 
 def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
-    from timewheel.app.service import Service
+    from tests.timewheel.app.service_parts import readiness_only
 
     class DeadEngine:
         def dead_threads(self) -> list[str]:
@@ -185,20 +185,18 @@ def test_the_service_is_not_ready_while_an_engine_thread_is_dead() -> None:
         def checkpoint_failure(self) -> str | None:
             return None
 
-    svc = Service.__new__(Service)
-    svc.engine, svc._consuming, svc.replica, svc._endpoints = DeadEngine(), True, None, None  # type: ignore[assignment]
+    svc = readiness_only(DeadEngine())
     assert svc.ready() is False
     assert [w for w in svc.not_ready_why() if "timewheel-timer (OSError: [Errno 5] Input/output error)" in w]
 
 
 def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from timewheel.app.service import Service
+    from tests.timewheel.app.service_parts import readiness_only
 
     clock = ManualClock(T0)
     e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
     try:
-        svc = Service.__new__(Service)
-        svc.engine, svc._consuming, svc.replica, svc._endpoints = e, True, None, None
+        svc = readiness_only(e)
         assert svc.ready() is True
 
         def full() -> None:
@@ -218,15 +216,14 @@ def test_a_failed_fsync_keeps_the_service_unready_until_a_restart_replays_what_i
     pages): the service stays unready even once the disk answers again, the engine's stop raises the
     error with every file closed, and the next start replays and delivers what was acknowledged."""
     from storage import StorageWriteError
-    from timewheel.app.service import Service
+    from tests.timewheel.app.service_parts import readiness_only
 
     clock = ManualClock(T0)
     data = tmp_path / "data"
     e = Engine(EngineConfig(data), RecordingSink(clock), clock).start(background=False)
     ids = [f"{i:032X}:00000001" for i in range(4)]
     e.schedule([Message("ORDERS", b"x", T0 + 60_000, msg_id=mid) for mid in ids])
-    svc = Service.__new__(Service)
-    svc.engine, svc._consuming, svc.replica, svc._endpoints = e, True, None, None
+    svc = readiness_only(e)
     assert e._run is not None and e.store is not None
     with monkeypatch.context() as m:
         m.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
