@@ -59,12 +59,15 @@ class DispatchWriter:
                 if self.sync:
                     os.fdatasync(fd)
             except OSError as e:
+                also = ""
                 try:  # a torn frame would stand between the frames before and after it
                     os.ftruncate(fd, os.fstat(fd).st_size - written)
+                except OSError as cut:  # the next open cuts it: a torn tail, as after a crash
+                    also = f"; cutting its {written} bytes failed too ({cut}), the next append cuts them"
                 finally:  # the next frame opens it again and reads its tail, as after a crash
                     os.close(self._fds.pop(segment_ms))
                 raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
-                                        f"{self.layout.dispatch_log(segment_ms)}: {e}") from e
+                                        f"{self.layout.dispatch_log(segment_ms)}: {e}{also}") from e
             if not self.sync:
                 self._dirty.add(segment_ms)
 

@@ -73,6 +73,42 @@ def test_a_failed_append_leaves_the_frames_before_it_whole(tmp_path: Path, monke
         w.close()
 
 
+def test_a_failed_append_whose_cut_fails_too_is_a_write_error_and_the_next_append_cuts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk refuses the rest of a frame, then its cut: the error is still `StorageWriteError`
+    (the engine's outcome path handles that one), and the torn bytes are cut when the log is next
+    opened, as after a crash, before anything else is appended."""
+    w = _dispatch_writer.DispatchWriter(SegmentLayout(tmp_path / "d"), sync=False)
+    try:
+        w.append(SEG, _entries(3), NOW)
+        real_write, real_truncate = os.write, os.ftruncate
+
+        calls = [0]
+
+        def torn_write(fd: int, data: bytes | memoryview) -> int:  # a short write, then a full disk
+            calls[0] += 1
+            if calls[0] > 1:
+                raise OSError(28, "No space left on device")
+            return real_write(fd, bytes(data[:30]))
+
+        def failing_truncate(fd: int, length: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(_dispatch_writer.os, "write", torn_write)
+        monkeypatch.setattr(_dispatch_writer.os, "ftruncate", failing_truncate)
+        with pytest.raises(StorageWriteError, match="cutting its 30 bytes failed too"):
+            w.append(SEG, _entries(2, first=3), NOW)
+        monkeypatch.setattr(_dispatch_writer.os, "write", real_write)
+        monkeypatch.setattr(_dispatch_writer.os, "ftruncate", real_truncate)
+        assert read_dispatch_log(w.layout.dispatch_log(SEG)).torn_bytes == 30
+        w.append(SEG, _entries(1, first=9), NOW)
+        read = read_dispatch_log(w.layout.dispatch_log(SEG))
+        assert (read.torn_bytes, read.corrupt_frames) == (0, 0)
+        assert read.entries["offset"].tolist() == [0, 100, 200, 900]
+    finally:
+        w.close()
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 5), note=st.sampled_from(["", "a note"]))
 def test_a_frame_of_one_entry_reads_back_as_a_frame_of_several_does(n: int, note: str) -> None:
