@@ -183,6 +183,7 @@ def test_admin_metrics_move_and_mutations_need_the_token(world: World) -> None:
     assert after['timewheel_lateness_seconds_bucket{le="+Inf"}'] == after["timewheel_lateness_seconds_count"]
     assert after["timewheel_scheduled_total"] > before["timewheel_scheduled_total"]
     assert after["timewheel_cancels_held"] == 0  # none cancelled: nothing remembered
+    assert after["timewheel_serving"] == 1 and "timewheel_ready" in after  # the readiness, and due messages waiting
     assert json.loads(urllib.request.urlopen(base + "/readyz", timeout=5).read())["ready"] is True
     for headers, status in (({}, 401), ({"Authorization": "Bearer wrong"}, 401)):
         req = urllib.request.Request(base + "/cancel?id=x", method="POST", headers=headers)

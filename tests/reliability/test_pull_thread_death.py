@@ -69,6 +69,7 @@ def test_a_dead_pull_thread_stops_the_service_and_the_restart_stores_what_it_hel
         assert isinstance(receipt, Receipt)
         assert wait_for(lambda: not service.ready(), timeout=30), "a dead pull thread leaves the service ready"
         assert service.dead_threads() == ["ingest-pull-broker-a"]
+        assert service.endpoint_stats()["serving"] is False  # timewheel_serving 0, for an alert
         assert _ingested(service) == 0
     finally:
         service.stop()

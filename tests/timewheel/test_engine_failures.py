@@ -573,3 +573,18 @@ def test_a_segment_is_not_marked_done_while_a_record_stored_in_it_waits_for_the_
         assert [mid for mid, _ in sink.sent][1:] == [late] and T0 in e.store.meta.done_segments()
     finally:
         e.stop()
+
+
+def test_readiness_is_exported_as_timewheel_serving_beside_the_ready_queue_gauge(tmp_path: Path) -> None:
+    """`timewheel_ready` was taken (due messages waiting for a sender): the readiness is `timewheel_serving`."""
+    from timewheel.app.metrics import EngineCollector
+
+    clock = ManualClock(T0)
+    e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
+    try:
+        for serving in (True, False):
+            collector = EngineCollector(e.stats, lambda: e.lateness_buckets, lambda: {"serving": serving})
+            names = {s.name: s.value for m in collector.collect() for s in m.samples}
+            assert (names["timewheel_serving"], names["timewheel_ready"]) == (float(serving), 0.0)
+    finally:
+        e.stop()

@@ -67,6 +67,9 @@ class EngineCollector(Collector):
         if "ha_holder" in ep:
             yield GaugeMetricFamily("timewheel_ha_holder", "1 while this replica holds its shard's lease and may send.",
                                     value=float(bool(ep["ha_holder"])))
+        if "serving" in ep:
+            yield GaugeMetricFamily("timewheel_serving", "1 while /readyz answers 200 (its 503 says why not).",
+                                    value=float(bool(ep["serving"])))
         if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",
                                     value=float(bool(ep["circuit_open"])))

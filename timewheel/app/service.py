@@ -380,13 +380,13 @@ class Service:
         return {"enabled": True, **(recovery.snapshot() if recovery is not None else {}), **self.copy_finder.status()}
 
     def endpoint_stats(self) -> dict[str, object]:
-        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`;
-        with [ha], `ha` (the replica's counters) and `ha_holder`; with trace on, `trace`."""
+        """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`,
+        `serving` (what /readyz answers); with [ha], `ha` (the replica's counters) and `ha_holder`; with trace, `trace`."""
         if self._endpoints is None:
             return {}
         out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
                                   "delivery": dict(self._endpoints.sink.counters),
-                                  "circuit_open": self._endpoints.sink.breaker.is_open}
+                                  "circuit_open": self._endpoints.sink.breaker.is_open, "serving": self.ready()}
         if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease
             out["ha"] = self.replica.counter_values()
             out["ha_holder"] = self.replica.may_send()
