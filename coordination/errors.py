@@ -1,7 +1,10 @@
 """Typed errors of coordination: callers branch on the class, never on messages."""
 from __future__ import annotations
 
-__all__ = ["CoordinationError", "LocalZooKeeperError"]
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from kazoo.handlers.threading import KazooTimeoutError
+
+__all__ = ["CoordinationError", "LocalZooKeeperError", "ZooKeeperJoinError"]
 
 
 class CoordinationError(Exception):
@@ -10,3 +13,15 @@ class CoordinationError(Exception):
 
 class LocalZooKeeperError(CoordinationError):
     """The local ZooKeeper (tests, demo) could not be downloaded, started or stopped."""
+
+
+class ZooKeeperJoinError(CoordinationError, ConnectionError):
+    """ZooKeeper failed a replica's start (its connection dropped, or it refused a request) after it
+    connected: nothing was taken, the session is closed; `serve` reports it in one line (exit 1)."""
+
+    def __init__(self, zookeeper: str, replica_id: str, shard_path: str, cause: BaseException) -> None:
+        """The message names the connect string, the replica, its shard and what ZooKeeper did."""
+        dropped = isinstance(cause, (ConnectionLoss, SessionExpiredError, KazooTimeoutError))
+        what = "dropped the connection" if dropped else f"refused a request ({type(cause).__name__}: {cause})"
+        super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what} while replica {replica_id!r} joined "
+                         f"shard {shard_path}: nothing was taken; start it again")

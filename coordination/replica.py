@@ -37,6 +37,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from coordination.errors import ZooKeeperJoinError
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
@@ -170,9 +171,7 @@ class ShardReplica:
             self._client.stop()
             self._client.close()
             if isinstance(e, (KazooException, KazooTimeoutError)):
-                raise ConnectionError(f"ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} dropped the connection "
-                                      f"while replica {self.cfg.replica_id!r} joined shard {self.path} "
-                                      f"({type(e).__name__}): nothing was taken; start it again") from e
+                raise ZooKeeperJoinError(self.cfg.zookeeper, self.cfg.replica_id, self.path, e) from e
             raise
         self._thread = threading.Thread(target=self._run, name="timewheel-replica", daemon=True)
         self._thread.start()

@@ -263,8 +263,12 @@ def test_a_connection_dropped_while_the_replica_starts_is_a_one_line_error_and_l
     """The replica id's claim at start is a round trip: a connection that drops in it raised kazoo's own
     `ConnectionLoss` out of `serve`. Now it is the `ConnectionError` serve reports in one line, the
     session is closed, and a start again takes the id."""
-    from kazoo.exceptions import ConnectionLoss
+    from kazoo.exceptions import ConnectionLoss, NoAuthError
 
+    from coordination import ZooKeeperJoinError
+
+    assert issubclass(ZooKeeperJoinError, ConnectionError)  # what serve reports in one line
+    assert "refused a request (NoAuthError: " in str(ZooKeeperJoinError("z:1", "a", "/s", NoAuthError("x")))
     topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
     cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0, watermark_interval_s=0.2)
     real_create = KazooClient.create
@@ -276,7 +280,7 @@ def test_a_connection_dropped_while_the_replica_starts_is_a_one_line_error_and_l
 
     monkeypatch.setattr(KazooClient, "create", dropped)
     first = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
-    with pytest.raises(ConnectionError, match=r"dropped the connection while replica 'a' joined .*start it again"):
+    with pytest.raises(ZooKeeperJoinError, match=r"dropped the connection while replica 'a' joined .*start it again"):
         first.start(lambda: 0)
     assert not first._client.connected
     monkeypatch.setattr(KazooClient, "create", real_create)
