@@ -109,7 +109,7 @@ class TimerDriver:
         self.catch_up_segments = 0  # past segments drained so far
         #: thread name -> the error that ended it
         self.failures: dict[str, str] = {}
-        self._clock_step_warned: int | None = None  # the wheel turn a clock step back was logged at
+        self._clock_step_warned = (0, 0)  # (wheel turn, ms behind it) when a clock step back was last logged
         # a pass failed: what it took off the inbound list or the wheel may be in no list the
         # watermark reads, so the watermark freezes (`timewheel.watermark.Watermarks`)
         self.failed = False
@@ -326,14 +326,15 @@ class TimerDriver:
             early = late & (due > now)
             self.queue.hold_until_due(self._entries(due[early], refs[early]))
             late &= ~early
-            if self._clock_step_warned != self.wheel.time_ms:
-                # once a step: while the clock is behind, the wheel stays at its turn and every
-                # commit lands here again
-                self._clock_step_warned = self.wheel.time_ms
+            turn, behind = self.wheel.time_ms, self.wheel.time_ms - now
+            # once a step: while the clock is behind, the wheel stays at its turn and every commit
+            # lands here again, less behind each time; more behind is a further step back
+            if turn != self._clock_step_warned[0] or behind > self._clock_step_warned[1] + 1000:
+                self._clock_step_warned = (turn, behind)
                 log.warning("the clock is %d ms behind the timer's last turn (it went back): entries not due "
                             "yet by it wait for their due time (shown as retrying until then; %d now, more "
-                            "until the clock is past the turn are not logged)",
-                            self.wheel.time_ms - now, int(early.sum()))
+                            "until the clock is past the turn or steps back again are not logged)",
+                            behind, int(early.sum()))
         if late.any():
             order = np.argsort(due[late], kind="stable")
             entries = self._entries(due[late][order], refs[late][order])

@@ -74,5 +74,12 @@ def test_a_step_back_is_logged_once_not_per_commit(running: tuple[Engine, Steppi
             e.step()
     steps = [r for r in caplog.records if "behind the timer's last turn" in r.getMessage()]
     assert len(steps) == 1, [r.getMessage() for r in steps]
+    further = new_now - 10 * MIN  # a second step back while still behind the same turn: logged again
+    clock.step_back_to(further)
+    with caplog.at_level("WARNING", logger="timewheel"):
+        e.schedule([Message("T", b"y", further + 5_000, msg_id=f"{20:032X}:00000001")])
+        e.step()
+    steps = [r for r in caplog.records if "behind the timer's last turn" in r.getMessage()]
+    assert len(steps) == 2 and f"is {30 * MIN + 1} ms behind" in steps[1].getMessage(), [r.getMessage() for r in steps]
     drive(e, clock, new_now + 5_004)
-    assert len(sink.sent) == 5
+    assert len(sink.sent) == 6
