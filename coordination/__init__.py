@@ -9,7 +9,7 @@ holder, epoch and watermark for `timewheel status`. `LocalZooKeeper` runs a real
 Maven Central jars for tests, the demo and `timewheel zookeeper`.
 """
 from coordination.config import HAConfig
-from coordination.errors import CoordinationError, LocalZooKeeperError, ZooKeeperJoinError
+from coordination.errors import CoordinationError, LocalZooKeeperError, ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.fencing import FencingDeadline
 from coordination.local_zookeeper import LocalZooKeeper, ruok
 from coordination.epoch_sink import EPOCH_PROPERTY, EpochStampingSink
@@ -20,4 +20,4 @@ from coordination.watermark import Watermark, publish_watermark, read_watermark
 
 __all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencedSink", "FencingDeadline", "HAConfig",
            "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ReplicaIdTaken", "ShardReplica", "ShardStatus", "Watermark",
-           "ZooKeeperJoinError", "publish_watermark", "read_watermark", "ruok", "shard_status"]
+           "ZooKeeperJoinError", "ZooKeeperUnreachableError", "publish_watermark", "read_watermark", "ruok", "shard_status"]

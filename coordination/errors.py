@@ -4,7 +4,7 @@ from __future__ import annotations
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
-__all__ = ["CoordinationError", "LocalZooKeeperError", "ZooKeeperJoinError"]
+__all__ = ["CoordinationError", "LocalZooKeeperError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
 
 
 class CoordinationError(Exception):
@@ -13,6 +13,16 @@ class CoordinationError(Exception):
 
 class LocalZooKeeperError(CoordinationError):
     """The local ZooKeeper (tests, demo) could not be downloaded, started or stopped."""
+
+
+class ZooKeeperUnreachableError(CoordinationError, ConnectionError):
+    """A replica's first connect to ZooKeeper did not complete in time: nothing was taken; `serve`
+    reports it in one line (exit 1)."""
+
+    def __init__(self, zookeeper: str, timeout_s: float) -> None:
+        """The message names the connect string and how long the connect was given."""
+        super().__init__(f"cannot reach ZooKeeper at ha.zookeeper = {zookeeper!r} within {timeout_s:.0f} s: "
+                         f"start it or fix the connect string")
 
 
 class ZooKeeperJoinError(CoordinationError, ConnectionError):

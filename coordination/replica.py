@@ -37,7 +37,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from coordination.errors import ZooKeeperJoinError
+from coordination.errors import ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
@@ -162,8 +162,7 @@ class ShardReplica:
         try:
             self._client.start(timeout=timeout)
         except KazooTimeoutError as e:
-            raise ConnectionError(f"cannot reach ZooKeeper at ha.zookeeper = {self.cfg.zookeeper!r} within "
-                                  f"{timeout:.0f} s: start it or fix the connect string") from e
+            raise ZooKeeperUnreachableError(self.cfg.zookeeper, timeout) from e
         try:
             self._client.ensure_path(f"{self.path}/lease")
             self._claim_identity()

@@ -289,3 +289,23 @@ def test_a_connection_dropped_while_the_replica_starts_is_a_one_line_error_and_l
         wait_for("the replica started again holds the lease", again.may_send)
     finally:
         again.stop()
+
+
+def test_a_zookeeper_that_never_answers_the_first_connect_is_a_typed_one_line_error() -> None:
+    """A listener that takes the connection and never answers (a wrong port, a hung server): the start
+    raises `ZooKeeperUnreachableError`, a `ConnectionError` serve reports in one line, and kazoo's
+    session is stopped rather than left retrying in the background."""
+    import socket
+
+    from coordination import ZooKeeperUnreachableError
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        connect = f"127.0.0.1:{silent.getsockname()[1]}"
+        cfg = HAConfig(zookeeper=connect, replica_id="a", session_timeout_s=2.0, watermark_interval_s=0.2)
+        replica = ShardReplica(cfg, f"TW_DELAY_{uuid.uuid4().hex[:8]}", now_ms=lambda: time.time_ns() // 1_000_000)
+        with pytest.raises(ZooKeeperUnreachableError, match=rf"cannot reach ZooKeeper at ha.zookeeper = '{connect}' "
+                                                            r"within 1 s: start it or fix the connect string"):
+            replica.start(lambda: 0, timeout=1.0)
+    assert issubclass(ZooKeeperUnreachableError, ConnectionError)
+    assert not replica._client.connected
+    assert replica.dead_threads() == []
