@@ -53,7 +53,8 @@ class Housekeeper:
     def start(self) -> None:
         """Start the housekeeping thread."""
         self._stopping.clear()
-        self._thread = threading.Thread(target=guarded(self._run, log, self.failures), name="timewheel-housekeeping", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log, self.failures),
+                                        name="timewheel-housekeeping", daemon=True)
         self._thread.start()
 
     def threads(self) -> list[threading.Thread]:

@@ -130,7 +130,8 @@ class TimerDriver:
     def start(self) -> None:
         """Start the timer thread."""
         self._running = True
-        self._thread = threading.Thread(target=guarded(self._run, log, self.failures), name="timewheel-timer", daemon=True)
+        self._thread = threading.Thread(target=guarded(self._run, log, self.failures),
+                                        name="timewheel-timer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
