@@ -547,10 +547,14 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
                 failures.append(f"round {r.number} ({r.fault}): {dups} duplicates at the failover to epoch "
                                 f"{f.new_epoch}, above the bound {bound}")
         for epoch, after_ms in r.fenced:
-            late = [b for b, got in copies.items() for d in got if d.epoch == epoch and d.store_ms > after_ms]
-            if late:
+            late = [d.store_ms for got in copies.values() for d in got if d.epoch == epoch and d.store_ms > after_ms]
+            # docs/HA.md: a pause between the fence's last look at the clock and the write sends the one
+            # batch under the connection's lock on resuming (a batch is stored at one timestamp)
+            if r.fault == "pause" and len(set(late)) == 1:
+                r.notes.append(f"{len(late)} stored late in the batch in flight at the pause")
+            elif late:
                 failures.append(f"round {r.number} ({r.fault}): {len(late)} copies with the deposed epoch {epoch} "
-                                f"stored after its deadline")
+                                f"stored after its deadline, in {len(set(late))} batches")
         failures += [f"round {r.number} ({r.fault}): {p}" for p in r.problems]
     rows = []
     for r in rounds:
