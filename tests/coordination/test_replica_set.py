@@ -182,6 +182,10 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     lost = acked - set(counts)
     after_resume = [body for body, v in seen.items() for e, stored in v
                     if e == epoch_a and resumed_ms is not None and stored >= resumed_ms]
+    # docs/HA.md (fencing): a SIGSTOP between the fence's last look at the clock and the write sends
+    # that one batch on resuming; the broker stamps a batch once, so it is one store time. More is a bug.
+    in_flight = {stored for v in seen.values() for e, stored in v
+                 if e == epoch_a and resumed_ms is not None and stored >= resumed_ms}
     print(f"\nreplica set, {failure}: acknowledged {len(acked)}, delivered {len(counts)}, lost {len(lost)}; "
           f"takeover {takeover_s:.2f} s after the {'SIGKILL' if failure == 'kill' else 'SIGSTOP'} "
           f"(session {SESSION_S:g} s); epochs {epoch_a} -> {epoch_b}; the watermark b took over from was "
@@ -189,8 +193,8 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
           f"{len(window)}; b counted {after['possible_duplicates']} possible); b recorded "
           f"{after['peer_delivered']} as delivered by a; {len(cancelled & set(counts))} of {len(cancelled)} "
           "cancelled through the delay topic delivered"
-          + (f"; a sent {len(after_resume)} after resuming and is a standby (epoch {after_a['epoch']})"
-             if after_a is not None else ""))
+          + (f"; a sent {len(after_resume)} after resuming (in {len(in_flight)} batches) and is a standby "
+             f"(epoch {after_a['epoch']})" if after_a is not None else ""))
     assert not lost, f"{len(lost)} acknowledged messages never delivered, e.g. {sorted(lost)[:5]}"
     assert len(cancelled) == 5 and not cancelled & set(counts), "a message cancelled through the delay topic arrived"
     assert takeover_s <= TAKEOVER_BOUND_S
@@ -214,10 +218,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     late_after = [b for b, sent in past_due.items() if sent > failed_ms]
     print(f"past due when sent: {len(past_due)}, {len(late_after)} of them after the failure, "
           f"{len(set(late_after) - set(counts))} of those lost")
-    assert all(e == epoch_b for v in seen.values() for e, stored in v if stored > failed_ms + 1_000), \
-        "only b's epoch after the failure"
+    assert all(e == epoch_b or (e == epoch_a and stored in in_flight)
+               for v in seen.values() for e, stored in v if stored > failed_ms + 1_000), \
+        "only b's epoch after the failure (and a's one batch in flight at the pause)"
     if failure == "pause":
-        assert after_resume == [], f"the paused engine sent {len(after_resume)} after resuming"
+        assert len(in_flight) <= 1, \
+            f"the paused engine sent {len(after_resume)} after resuming, in {len(in_flight)} batches (at most one)"
         assert after_a is not None and not after_a["holder"]
 
 
@@ -247,7 +253,7 @@ def test_a_standby_takes_over_from_a_killed_replica(rocketmq: LocalRocketMQ, zoo
     _run(rocketmq, zookeeper, tmp_path, "kill")
 
 
-def test_a_paused_replica_sends_nothing_after_resuming_and_the_standby_took_over(
+def test_a_paused_replica_sends_at_most_its_batch_in_flight_after_resuming_and_the_standby_took_over(
         rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, tmp_path: Path) -> None:
     _run(rocketmq, zookeeper, tmp_path, "pause")
 
