@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from storage import dispatch as _dispatch
-from storage._files import fsync_path, size_of, write_all
+from storage._files import fsync_path, lock_exclusive, size_of, unlock, write_all
 from storage.errors import StorageWriteError
 from storage.layout import SegmentLayout
 
@@ -19,6 +19,8 @@ from storage.layout import SegmentLayout
 MAX_OPEN_LOGS = 16
 #: how long a torn tail is watched before it is cut: another writer's frame may be on its way
 TORN_SETTLE_S = 0.1
+#: what a filesystem without `flock` leaves unsafe (said once)
+_UNSAFE_WITHOUT_LOCKS = "a replay or `check` appending to a dispatch log the engine is writing"
 
 
 class DispatchWriter:
@@ -52,24 +54,39 @@ class DispatchWriter:
                     self._closed_whole.add(oldest)
             else:
                 self._fds.move_to_end(segment_ms)
-            view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
             try:
-                while written < len(frame):  # O_APPEND: at the end
-                    written += os.write(fd, view[written:])
-                if self.sync:
-                    os.fdatasync(fd)
-            except OSError as e:
-                also = ""
-                try:  # a torn frame would stand between the frames before and after it
-                    os.ftruncate(fd, os.fstat(fd).st_size - written)
-                except OSError as cut:  # the next open cuts it: a torn tail, as after a crash
-                    also = f"; cutting its {written} bytes failed too ({cut}), the next append cuts them"
-                finally:  # the next frame opens it again and reads its tail, as after a crash
-                    os.close(self._fds.pop(segment_ms))
-                raise StorageWriteError(f"could not record {len(entries)} dispatch entries in "
-                                        f"{self.layout.dispatch_log(segment_ms)}: {e}{also}") from e
+                self._write(fd, segment_ms, frame, len(entries))
+            except BaseException:  # the next frame opens it again and reads its tail, as after a crash
+                os.close(self._fds.pop(segment_ms))
+                raise
             if not self.sync:
                 self._dirty.add(segment_ms)
+
+    def _write(self, fd: int, segment_ms: int, frame: bytes, n_entries: int) -> None:
+        """Write one frame (and, with `sync`, flush it); on failure cut whatever part of it got there."""
+        view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
+        try:
+            # Other writers (replay, `check`: `append_dispatch`) take the same lock, so none appends
+            # between a short write here and its cut below: the cut takes this frame's bytes only.
+            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS)
+        except OSError as e:
+            raise StorageWriteError(f"could not lock {self.layout.dispatch_log(segment_ms)} to record "
+                                    f"{n_entries} dispatch entries: {e}") from e
+        try:
+            while written < len(frame):  # O_APPEND: at the end
+                written += os.write(fd, view[written:])
+            if self.sync:
+                os.fdatasync(fd)
+        except OSError as e:
+            also = ""
+            try:  # a torn frame would stand between the frames before and after it
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+            except OSError as cut:  # the next open cuts it: a torn tail, as after a crash
+                also = f"; cutting its {written} bytes failed too ({cut}), the next append cuts them"
+            raise StorageWriteError(f"could not record {n_entries} dispatch entries in "
+                                    f"{self.layout.dispatch_log(segment_ms)}: {e}{also}") from e
+        finally:
+            unlock(fd)  # an error here (never seen) goes up as it is: the caller's close lets the lock go
 
     def _open(self, segment_ms: int) -> int:
         """Open a segment's dispatch log for appending, its torn tail cut first."""
@@ -77,18 +94,15 @@ class DispatchWriter:
         seg_dir_new = not path.parent.exists()
         log_new = seg_dir_new or not path.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if segment_ms in self._closed_whole:  # every frame of it whole: this writer wrote and closed it
             self._closed_whole.discard(segment_ms)
         else:
-            read = _dispatch.read_dispatch_log(path)
-            if read.torn_bytes:  # appended after, a torn frame would cost a resync on every read
-                # ...unless it is another writer's frame on its way (replay's and `check`'s appends,
-                # one O_APPEND write each, can be read half copied): only a tail that stands still is cut
-                time.sleep(TORN_SETTLE_S)
-                read = _dispatch.read_dispatch_log(path)
-                if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
-                    os.truncate(path, read.valid_bytes)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                self._cut_torn_tail(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
         if log_new:
             dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]
             if self.sync:  # the frames about to be synced are only as durable as the file's name
@@ -101,6 +115,22 @@ class DispatchWriter:
             else:
                 self._new_dirs.update(dirs)
         return fd
+
+    def _cut_torn_tail(self, fd: int, path: Path) -> None:
+        """Cut a crash's torn frame at the end of a log about to be appended to: a frame appended
+        after it would start inside its rows, and every read would resync past both."""
+        lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS)  # `append_dispatch` is not mid-write
+        try:
+            read = _dispatch.read_dispatch_log(path)
+            if read.torn_bytes:
+                # ...unless it is the frame of a writer that takes no lock on its way (one
+                # O_APPEND write can be read half copied): only a tail that stands still is cut
+                time.sleep(TORN_SETTLE_S)
+                read = _dispatch.read_dispatch_log(path)
+                if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
+                    os.ftruncate(fd, read.valid_bytes)
+        finally:
+            unlock(fd)
 
     def take_unsynced(self) -> tuple[list[int], list[Path], list[Path]]:
         """What was written since the last call, for a checkpoint to fsync: duplicated descriptors
@@ -142,8 +172,20 @@ def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray,
     new = not path.exists()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        write_all(fd, frame)
-        os.fsync(fd)
+        # under the engine's lock: a short write here is cut before the engine appends after it
+        # (its frame would start inside this one's rows and be unreadable), and it never lands
+        # between a short write of the engine's and the engine's cut
+        lock_exclusive(fd, path, _UNSAFE_WITHOUT_LOCKS)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                write_all(fd, frame)
+            except OSError:
+                os.ftruncate(fd, start)
+                raise
+        finally:
+            unlock(fd)
+        os.fsync(fd)  # outside the lock: the engine's sends need not wait for this disk flush
     except OSError as e:
         raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}") from e
     finally:

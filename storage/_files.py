@@ -1,8 +1,18 @@
 """Small file helpers shared by the writer, recovery and check."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger("timewheel.storage")
+
+#: what `flock` raises on a filesystem that has no locks
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+#: what was said to be unsafe for want of locks (each once a process)
+_no_locks_said: set[str] = set()
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -31,3 +41,26 @@ def size_of(path: Path) -> int:
         return os.path.getsize(path)
     except FileNotFoundError:
         return 0
+
+
+def lock_exclusive(fd: int, path: Path, unsafe: str) -> None:
+    """`flock` a descriptor exclusively (until `unlock` or its close); on a filesystem without
+    locks, go on and say once what is then not safe (`unsafe`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        # the writers go on as they did before the lock: the engine alone is safe, `unsafe` is not
+        if unsafe not in _no_locks_said:
+            _no_locks_said.add(unsafe)
+            log.warning("%s cannot be locked (%s): %s is not safe on this filesystem", path, e, unsafe)
+
+
+def unlock(fd: int) -> None:
+    """Let a `lock_exclusive` go (a filesystem without locks has none to let go)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from storage._files import fsync_path
+from storage._files import fsync_path, lock_exclusive
 from storage.errors import StorageError
 from storage.origin import ORIGIN_SUFFIX
 
@@ -264,7 +262,7 @@ def _part_numbers(segment_dir: Path) -> Iterator[None]:
             fd = -1
         if fd >= 0:
             try:
-                _lock(fd, segment_dir)
+                lock_exclusive(fd, segment_dir, "a backfill publishing into a segment the engine is writing")
                 if _names(fd, segment_dir):
                     yield
                     return
@@ -282,25 +280,10 @@ def moving_out(segment_dir: Path) -> Iterator[None]:
     directory at the path)."""
     fd = os.open(segment_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        _lock(fd, segment_dir)
+        lock_exclusive(fd, segment_dir, "a backfill publishing into a segment the engine is writing")
         yield
     finally:
         os.close(fd)
-
-
-def _lock(fd: int, segment_dir: Path) -> None:
-    """`flock` a segment directory's descriptor; on a filesystem without locks, go on (said once)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-        # a filesystem without locks: the writers go on as they did before the lock (the engine
-        # alone is safe; a backfill publishing into a live segment is then not), said once
-        if not _no_locks_said:
-            _no_locks_said.append(segment_dir)
-            log.warning("%s cannot be locked (%s): a backfill publishing into a segment the engine "
-                        "is writing is not safe on this filesystem", segment_dir, e)
 
 
 def _names(fd: int, segment_dir: Path) -> bool:
@@ -313,6 +296,3 @@ def _names(fd: int, segment_dir: Path) -> bool:
     return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
-#: what `flock` raises on a filesystem that has no locks
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
-_no_locks_said: list[Path] = []

@@ -210,3 +210,82 @@ def test_a_torn_tail_that_stands_still_is_still_cut(tmp_path: Path) -> None:
     read = read_dispatch_log(path)
     assert read.torn_bytes == 0 and read.corrupt_frames == 0
     assert read.entries["offset"].tolist() == [0, 100, 2000]
+
+
+def test_another_writers_frame_waits_for_the_engines_cut_and_lands_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's write stops short (a full disk), a replay's frame comes meanwhile, then the
+    engine cuts its torn bytes. The cut once took the size at that moment, so it cut the end of the
+    replay's frame and kept the engine's torn bytes: the replay's record was unreadable. Under the
+    log's lock the replay's frame waits for the cut and lands whole after the frames before."""
+    import threading
+
+    layout = SegmentLayout(tmp_path / "d")
+    w = _dispatch_writer.DispatchWriter(layout, sync=False)
+    replay: list[BaseException | None] = []
+
+    def replay_append() -> None:
+        try:
+            _dispatch_writer.append_dispatch(layout, SEG, _entries(2, first=5), NOW + 5)
+            replay.append(None)
+        except BaseException as e:  # reported by the assertion below
+            replay.append(e)
+
+    replayer = threading.Thread(target=replay_append)
+    try:
+        w.append(SEG, _entries(3), NOW)
+        real_write, engine = os.write, threading.current_thread()
+        calls = [0]
+
+        def torn_write(fd: int, data: bytes | memoryview) -> int:
+            if threading.current_thread() is not engine:
+                return real_write(fd, data)
+            calls[0] += 1
+            if calls[0] > 1:
+                raise OSError(28, "No space left on device")
+            n = real_write(fd, bytes(data[:30]))
+            replayer.start()
+            replayer.join(0.3)  # it waits for the lock (the old code: it wrote after the 30 bytes)
+            return n
+
+        monkeypatch.setattr(_dispatch_writer.os, "write", torn_write)
+        with pytest.raises(StorageWriteError, match="No space left"):
+            w.append(SEG, _entries(2, first=3), NOW)
+        monkeypatch.setattr(_dispatch_writer.os, "write", real_write)
+        replayer.join(10)
+        assert replay == [None]
+        read = read_dispatch_log(layout.dispatch_log(SEG))
+        assert (read.torn_bytes, read.corrupt_frames) == (0, 0)
+        assert read.entries["offset"].tolist() == [0, 100, 200, 500, 600]
+    finally:
+        w.close()
+
+
+def test_another_writers_short_write_is_cut_before_the_engine_appends_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay's write stops short with the engine's log already open: its torn bytes were left,
+    the engine's next frame started inside their rows and could not be read. Now `append_dispatch`
+    cuts its own torn bytes under the lock, and says it failed."""
+    layout = SegmentLayout(tmp_path / "d")
+    w = _dispatch_writer.DispatchWriter(layout, sync=False)
+    try:
+        w.append(SEG, _entries(3), NOW)
+        real_write = os.write
+        calls = [0]
+
+        def torn_write(fd: int, data: bytes | memoryview) -> int:
+            calls[0] += 1
+            if calls[0] > 1:
+                raise OSError(28, "No space left on device")
+            return real_write(fd, bytes(data[:30]))
+
+        monkeypatch.setattr(_dispatch_writer.os, "write", torn_write)
+        with pytest.raises(StorageWriteError, match="No space left"):
+            _dispatch_writer.append_dispatch(layout, SEG, _entries(2, first=5), NOW + 5)
+        monkeypatch.setattr(_dispatch_writer.os, "write", real_write)
+        w.append(SEG, _entries(1, first=9), NOW + 9)  # on the descriptor it had open: no tail read
+        read = read_dispatch_log(layout.dispatch_log(SEG))
+        assert (read.torn_bytes, read.corrupt_frames) == (0, 0)
+        assert read.entries["offset"].tolist() == [0, 100, 200, 900]
+    finally:
+        w.close()

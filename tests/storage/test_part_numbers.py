@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import storage.layout
+from storage import _files
 from storage import PartStager, Record, ScheduleStore, read_index
 from storage.index import INDEX_ENTRY_SIZE
 
@@ -76,8 +77,8 @@ def test_a_filesystem_without_locks_still_takes_part_numbers(tmp_path: Path, mon
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(storage.layout.fcntl, "flock", no_locks)
-    monkeypatch.setattr(storage.layout, "_no_locks_said", [])  # said once a process: not yet here
+    monkeypatch.setattr(_files.fcntl, "flock", no_locks)
+    monkeypatch.setattr(_files, "_no_locks_said", set())  # said once a process: not yet here
     s = ScheduleStore(tmp_path / "d")
     try:
         seg = s.layout.segment_start(NOW)
@@ -94,7 +95,7 @@ def test_another_lock_error_is_raised(tmp_path: Path, monkeypatch: pytest.Monkey
     def broken(fd: int, op: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(storage.layout.fcntl, "flock", broken)
+    monkeypatch.setattr(_files.fcntl, "flock", broken)
     with pytest.raises(OSError, match="Input/output error"):
         storage.layout.SegmentLayout(tmp_path / "d").claim_part(NOW)
 
