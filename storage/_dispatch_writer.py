@@ -21,6 +21,9 @@ MAX_OPEN_LOGS = 16
 TORN_SETTLE_S = 0.1
 #: what a filesystem without `flock` leaves unsafe (said once)
 _UNSAFE_WITHOUT_LOCKS = "a replay or `check` appending to a dispatch log the engine is writing"
+#: how long a writer waits for another's lock on a log (it holds it for one write): past that,
+#: an error that names the log (a process stopped halfway through its write holds it for ever)
+LOCK_WAIT_S = 10.0
 
 
 class DispatchWriter:
@@ -68,10 +71,11 @@ class DispatchWriter:
         try:
             # Other writers (replay, `check`: `append_dispatch`) take the same lock, so none appends
             # between a short write here and its cut below: the cut takes this frame's bytes only.
-            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS)
+            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
         except OSError as e:
-            raise StorageWriteError(f"could not lock {self.layout.dispatch_log(segment_ms)} to record "
-                                    f"{n_entries} dispatch entries: {e}") from e
+            path = self.layout.dispatch_log(segment_ms)
+            raise StorageWriteError(f"could not lock {path} to record {n_entries} dispatch entries: {e}; "
+                                    f"`fuser {path}` names the processes that have it open") from e
         try:
             while written < len(frame):  # O_APPEND: at the end
                 written += os.write(fd, view[written:])
@@ -119,7 +123,11 @@ class DispatchWriter:
     def _cut_torn_tail(self, fd: int, path: Path) -> None:
         """Cut a crash's torn frame at the end of a log about to be appended to: a frame appended
         after it would start inside its rows, and every read would resync past both."""
-        lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS)  # `append_dispatch` is not mid-write
+        try:  # `append_dispatch` is not mid-write under it; nor is a stopped one waited for for ever
+            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
+        except OSError as e:
+            raise StorageWriteError(f"could not lock {path} to read its tail before appending: {e}; "
+                                    f"`fuser {path}` names the processes that have it open") from e
         try:
             read = _dispatch.read_dispatch_log(path)
             if read.torn_bytes:
@@ -175,7 +183,7 @@ def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray,
         # under the engine's lock: a short write here is cut before the engine appends after it
         # (its frame would start inside this one's rows and be unreadable), and it never lands
         # between a short write of the engine's and the engine's cut
-        lock_exclusive(fd, path, _UNSAFE_WITHOUT_LOCKS)
+        lock_exclusive(fd, path, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
         try:
             start = os.fstat(fd).st_size
             try:
@@ -187,7 +195,8 @@ def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray,
             unlock(fd)
         os.fsync(fd)  # outside the lock: the engine's sends need not wait for this disk flush
     except OSError as e:
-        raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}") from e
+        also = f"; `fuser {path}` names the processes that have it open" if isinstance(e, TimeoutError) else ""
+        raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}{also}") from e
     finally:
         os.close(fd)
     if new:

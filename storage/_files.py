@@ -5,6 +5,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger("timewheel.storage")
@@ -43,18 +44,31 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def lock_exclusive(fd: int, path: Path, unsafe: str) -> None:
+def lock_exclusive(fd: int, path: Path, unsafe: str, timeout_s: float | None = None) -> None:
     """`flock` a descriptor exclusively (until `unlock` or its close); on a filesystem without
-    locks, go on and say once what is then not safe (`unsafe`)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-        # the writers go on as they did before the lock: the engine alone is safe, `unsafe` is not
-        if unsafe not in _no_locks_said:
-            _no_locks_said.add(unsafe)
-            log.warning("%s cannot be locked (%s): %s is not safe on this filesystem", path, e, unsafe)
+    locks, go on and say once what is then not safe (`unsafe`). With `timeout_s`, TimeoutError
+    once another process has held it that long (paused halfway through its write?)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    nap = 0.0005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            assert deadline is not None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(errno.ETIMEDOUT, f"another process has held its lock for {timeout_s:g} s "
+                                   "(one stopped halfway through a write?)")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.05)
+        except OSError as e:
+            if e.errno not in _NO_LOCKS:
+                raise
+            # the writers go on as they did before the lock: the engine alone is safe, `unsafe` is not
+            if unsafe not in _no_locks_said:
+                _no_locks_said.add(unsafe)
+                log.warning("%s cannot be locked (%s): %s is not safe on this filesystem", path, e, unsafe)
+            return
 
 
 def unlock(fd: int) -> None:

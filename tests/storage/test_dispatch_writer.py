@@ -289,3 +289,41 @@ def test_another_writers_short_write_is_cut_before_the_engine_appends_after_it(
         assert read.entries["offset"].tolist() == [0, 100, 200, 900]
     finally:
         w.close()
+
+
+def test_a_writer_stopped_while_it_holds_the_log_is_waited_for_a_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holds a dispatch log's lock and never lets go (a replay stopped with Ctrl-Z
+    in its write): the engine's append waits `LOCK_WAIT_S`, then fails in words that name the log,
+    instead of hanging its delivery for ever."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setattr(_dispatch_writer, "LOCK_WAIT_S", 0.5)
+    layout = SegmentLayout(tmp_path / "d")
+    w = _dispatch_writer.DispatchWriter(layout, sync=False)
+    holder = None
+    try:
+        w.append(SEG, _entries(3), NOW)
+        path = layout.dispatch_log(SEG)
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                                   f"f = open({str(path)!r}, 'ab'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                                   "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        t0 = time.monotonic()
+        with pytest.raises(StorageWriteError, match=r"could not lock .*dispatch.*held its lock for 0.5 s.*fuser"):
+            w.append(SEG, _entries(2, first=3), NOW)
+        assert time.monotonic() - t0 >= 0.5  # it waited, then gave up
+        with pytest.raises(StorageWriteError, match="held its lock"):  # a replay's append is bounded too
+            _dispatch_writer.append_dispatch(layout, SEG, _entries(1, first=7), NOW)
+        holder.kill()
+        holder.wait()
+        holder = None
+        w.append(SEG, _entries(2, first=3), NOW)  # once it is gone, the log goes on
+        assert read_dispatch_log(path).entries["offset"].tolist() == [0, 100, 200, 300, 400]
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        w.close()
