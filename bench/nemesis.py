@@ -3,6 +3,8 @@ its own, `--rounds` faults of every kind in turn, then the table of rounds (test
 
     python -m bench.nemesis --rounds 24 [--replicas 2] [--rate 100] [--faults kill,pause]
 
+With `--faults`, the kinds named go in turn for `--rounds` rounds (one of each without it).
+
 Exits 1 if the checker found anything (lost messages, cancelled ones delivered, a slow takeover,
 duplicates above the bound, a deposed holder sending, a duplicate id accepted).
 """

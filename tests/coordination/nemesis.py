@@ -610,13 +610,24 @@ def rounds_of(n: int, first: int = 0) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m tests.coordination.nemesis`: see bench/nemesis.py."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=len(FAULTS))
-    p.add_argument("--faults", default="", help="comma-separated faults instead of every kind in turn")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"rounds to run (default: one of each kind, {len(FAULTS)}; with --faults, one of each named)")
+    p.add_argument("--faults", default="",
+                   help=f"comma-separated, of {', '.join(FAULTS)}: these in turn instead of every kind")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--work", type=Path, default=None)
     args = p.parse_args(argv)
-    faults = args.faults.split(",") if args.faults else rounds_of(args.rounds)
+    if args.rounds is not None and args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.faults:
+        kinds = args.faults.split(",")
+        unknown = sorted(set(kinds) - set(FAULTS))
+        if unknown:
+            p.error(f"unknown faults {unknown}: choose from {', '.join(FAULTS)}")
+        faults = [kinds[i % len(kinds)] for i in range(args.rounds or len(kinds))]
+    else:
+        faults = rounds_of(args.rounds or len(FAULTS))
     import os
     import tempfile
 
