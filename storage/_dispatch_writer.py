@@ -103,7 +103,7 @@ class DispatchWriter:
             self._closed_whole.discard(segment_ms)
         else:
             try:
-                self._cut_torn_tail(fd, path)
+                cut_torn_tail(fd, path)
             except BaseException:
                 os.close(fd)
                 raise
@@ -119,26 +119,6 @@ class DispatchWriter:
             else:
                 self._new_dirs.update(dirs)
         return fd
-
-    def _cut_torn_tail(self, fd: int, path: Path) -> None:
-        """Cut a crash's torn frame at the end of a log about to be appended to: a frame appended
-        after it would start inside its rows, and every read would resync past both."""
-        try:  # `append_dispatch` is not mid-write under it; nor is a stopped one waited for for ever
-            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
-        except OSError as e:
-            raise StorageWriteError(f"could not lock {path} to read its tail before appending: {e}; "
-                                    f"`fuser {path}` names the processes that have it open") from e
-        try:
-            read = _dispatch.read_dispatch_log(path)
-            if read.torn_bytes:
-                # ...unless it is the frame of a writer that takes no lock on its way (one
-                # O_APPEND write can be read half copied): only a tail that stands still is cut
-                time.sleep(TORN_SETTLE_S)
-                read = _dispatch.read_dispatch_log(path)
-                if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
-                    os.ftruncate(fd, read.valid_bytes)
-        finally:
-            unlock(fd)
 
     def take_unsynced(self) -> tuple[list[int], list[Path], list[Path]]:
         """What was written since the last call, for a checkpoint to fsync: duplicated descriptors
@@ -165,6 +145,30 @@ class DispatchWriter:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def cut_torn_tail(fd: int, path: Path) -> int:
+    """Cut a torn frame (a crash's) at the end of the dispatch log open as `fd` (for writing);
+    how many bytes were cut. A frame appended after it would start inside its rows, and every read
+    would resync past both. Under the log's lock: no writer is halfway through a frame meanwhile."""
+    try:  # nor is a writer stopped halfway through its write waited for for ever
+        lock_exclusive(fd, path.parent, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
+    except OSError as e:
+        raise StorageWriteError(f"could not lock {path} to read its tail: {e}; "
+                                f"`fuser {path}` names the processes that have it open") from e
+    try:
+        read = _dispatch.read_dispatch_log(path)
+        if read.torn_bytes:
+            # ...unless it is the frame of a writer that takes no lock on its way (one O_APPEND
+            # write can be read half copied): only a tail that stands still is cut
+            time.sleep(TORN_SETTLE_S)
+            read = _dispatch.read_dispatch_log(path)
+            if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
+                os.ftruncate(fd, read.valid_bytes)
+                return read.torn_bytes
+        return 0
+    finally:
+        unlock(fd)
 
 
 def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:

@@ -619,6 +619,41 @@ def test_check_reports_a_torn_tail_that_stands_still_and_not_one_being_written(t
     assert rep.findings == [] and rep.tails_in_flight == 2
 
 
+def test_check_fix_leaves_a_frame_the_engine_is_writing_whole(tmp_path: Path) -> None:
+    """`check(fix=True)` beside a running engine: the engine is halfway through a frame (its log's
+    lock held) when check reads the log. Check once cut the "torn tail" at once; the engine's
+    write went on after the cut, and that frame and every one after it were unreadable. Now the
+    cut waits for the lock and finds the frame whole."""
+    import fcntl
+
+    from storage.dispatch import encode_frame
+
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(5), NOW)
+    s.close()
+    seg = s.layout.segment_start(NOW)
+    dl = s.layout.dispatch_log(seg)
+    entries = dispatch_entries(np.zeros(2, np.uint16), np.zeros(2, np.uint32), np.full(2, NOW, np.int64), NOW + 1,
+                               DELIVERED, 1)
+    first, second = encode_frame(entries[:1], NOW), encode_frame(entries, NOW + 1)
+    dl.write_bytes(first)
+    fd = os.open(dl, os.O_WRONLY | os.O_APPEND)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the engine's writer, mid-frame
+    os.write(fd, second[:40])
+    result: list[Any] = []
+    checker = threading.Thread(target=lambda: result.append(check(s.layout, fix=True, now_ms=NOW)))
+    checker.start()
+    checker.join(0.5)  # it read the torn tail and waits for the lock
+    os.write(fd, second[40:])
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    checker.join(30)
+    [rep] = result
+    read = read_dispatch_log(dl)
+    assert (read.torn_bytes, read.corrupt_frames, len(read.entries)) == (0, 0, 3)
+    assert rep.tails_in_flight == 1 and not [f for f in rep.findings if f.kind == "torn_dispatch_log"]
+
+
 def test_an_old_segment_still_pending_is_read_again_only_once_it_was_written(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     s = ScheduleStore(tmp_path / "d")
