@@ -159,6 +159,7 @@ class ReplayResult:
     by_topic: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     sample: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # repairs made before sending (torn dispatch-log tails cut)
 
     def as_dict(self) -> dict:
         """Plain dict for JSON."""
@@ -175,21 +176,27 @@ def task_slots(spark: SparkSession) -> int:
     return max(1, cores // max(1, int(conf.get("spark.task.cpus", "1"))))
 
 
-def check_dispatch_logs(data_dir: str, since_ms: int, until_ms: int) -> None:
-    """Refuse to replay into a segment whose dispatch log ends in a torn frame: a REPLAYED frame
-    appended after it would be hidden (and cut by the engine's repair)."""
-    from storage import SegmentLayout, StorageError, read_dispatch_log
+def check_dispatch_logs(data_dir: str, since_ms: int, until_ms: int) -> list[str]:
+    """Make the dispatch logs replay appends to end in a whole frame: a REPLAYED frame appended after
+    a torn one would be skipped with it. A crash's torn frame is cut as the engine cuts it when it
+    opens a log (under the log's lock, only a tail that stands still); what was cut is said, one
+    line a log. A tail still being written by a writer that takes no lock is refused."""
+    from storage import SegmentLayout, StorageError, cut_dispatch_tail, read_dispatch_log
 
     layout = SegmentLayout.open_existing(data_dir)
+    notes = []
     for seg in layout.list_segments(since_ms, until_ms):
         path = layout.dispatch_log(seg)
-        read = read_dispatch_log(path)
-        if read.torn_bytes:
-            time.sleep(0.1)  # a frame being written this instant looks torn: look again
-            read = read_dispatch_log(path)
-        if read.torn_bytes:
-            raise StorageError(f"{path} ends in {read.torn_bytes} bytes of a torn frame; start the engine on this "
-                               "data directory once (it repairs dispatch logs), then replay")
+        if not read_dispatch_log(path).torn_bytes:
+            continue
+        cut = cut_dispatch_tail(path)  # a tail that keeps moving is refused there, in words that say so
+        left = read_dispatch_log(path).torn_bytes
+        if left:  # torn again at once: the same kind of writer
+            raise StorageError(f"{path} ends in {left} bytes of a frame that is still being written by a process "
+                               "that takes no lock on it (an engine of an older build?); stop it, then replay")
+        if cut:
+            notes.append(f"cut {cut} bytes of a torn frame (a crash's, never a whole record) at the end of {path}")
+    return notes
 
 
 def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms: int, topic: str | None = None,
@@ -221,7 +228,7 @@ def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms
     if sender_factory is None:
         raise ValueError("give a sender factory (e.g. forwarder.replay_sender.replay_sender(namesrv, group)) "
                          "or dry_run=True")
-    check_dispatch_logs(data_dir, since_ms, until_ms)
+    result.notes = check_dispatch_logs(data_dir, since_ms, until_ms)
     fn = functools.partial(send_partition, data_dir=data_dir, sender_factory=sender_factory,
                            rate_per_task=rate / task_slots(spark) if rate > 0 else 0.0)
     out = chosen.sortWithinPartitions("due_ms").mapInArrow(fn, RESULT_SCHEMA).collect()

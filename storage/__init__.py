@@ -2,7 +2,7 @@
 
 Imports nothing of the project; every other package reads and writes these bytes through here.
 """
-from storage._dispatch_writer import append_dispatch
+from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
 from storage._reader import RecordReader, SegmentIndex
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
 from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
@@ -38,7 +38,7 @@ __all__ = [
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",
-    "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "decode", "decode_keys",
+    "TWO_YEARS_MS", "Tombstone", "TombstoneLog", "TombstoneRead", "append_dispatch", "check", "cut_dispatch_tail", "decode", "decode_keys",
     "decode_properties", "dispatch_entries",
     "encode", "encode_fields", "encode_frame", "encode_keys", "encode_properties", "MAX_FIELD", "parse_segment_name", "read_dispatch_log", "read_index", "record_keys", "reopen_segments", "segment_name",
     "summarize", "summarize_segment", "trusted_index",

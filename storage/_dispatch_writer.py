@@ -157,18 +157,33 @@ def cut_torn_tail(fd: int, path: Path) -> int:
         raise StorageWriteError(f"could not lock {path} to read its tail: {e}; "
                                 f"`fuser {path}` names the processes that have it open") from e
     try:
-        read = _dispatch.read_dispatch_log(path)
-        if read.torn_bytes:
-            # ...unless it is the frame of a writer that takes no lock on its way (one O_APPEND
+        before = _dispatch.read_dispatch_log(path)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while before.torn_bytes:
+            # ...unless it is the frame of a writer that takes no lock, on its way (one O_APPEND
             # write can be read half copied): only a tail that stands still is cut
             time.sleep(TORN_SETTLE_S)
-            read = _dispatch.read_dispatch_log(path)
-            if read.torn_bytes and size_of(path) == read.valid_bytes + read.torn_bytes:
-                os.ftruncate(fd, read.valid_bytes)
-                return read.torn_bytes
+            now = _dispatch.read_dispatch_log(path)
+            if (now.valid_bytes, now.torn_bytes) == (before.valid_bytes, before.torn_bytes):
+                os.ftruncate(fd, now.valid_bytes)
+                return now.torn_bytes
+            if time.monotonic() >= deadline:
+                raise StorageWriteError(f"the end of {path} kept changing for {LOCK_WAIT_S:g} s under its lock: it is "
+                                        "still being written by a process that takes no lock on it (an engine of "
+                                        f"an older build?); stop it (`fuser {path}` names who has it open)")
+            before = now
         return 0
     finally:
         unlock(fd)
+
+
+def cut_dispatch_tail(path: Path) -> int:
+    """`cut_torn_tail` for a log no writer of this process has open (replay, `check`): bytes cut."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        return cut_torn_tail(fd, path)
+    finally:
+        os.close(fd)
 
 
 def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray, now_ms: int) -> None:

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from storage import dispatch as _dispatch
-from storage._dispatch_writer import append_dispatch, cut_torn_tail
+from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
 from storage._files import size_of
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
@@ -201,16 +201,6 @@ class CheckReport:
         return not self.findings
 
 
-def _cut_dispatch_tail(path: Path) -> bool:
-    """Cut a dispatch log's torn tail as its writers do (under its lock, only if it stands still);
-    whether it was cut. A running engine may be appending to it."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    try:
-        return cut_torn_tail(fd, path) > 0
-    finally:
-        os.close(fd)
-
-
 def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
           progress: SegmentProgress | None = None) -> CheckReport:
     """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch logs.
@@ -275,7 +265,7 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
                                         f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
         if read.torn_bytes and not fix and _moving([dl], (dl_size,)):
             rep.tails_in_flight += 1  # a frame being appended
-        elif read.torn_bytes and fix and not _cut_dispatch_tail(dl):
+        elif read.torn_bytes and fix and not cut_dispatch_tail(dl):
             rep.tails_in_flight += 1  # a frame in flight when read: whole under the lock, or still moving
         elif read.torn_bytes:
             rep.findings.append(Finding("torn_dispatch_log", str(dl), f"{read.torn_bytes} bytes after the last whole frame"))

@@ -357,6 +357,8 @@ def _print_replay(result: object) -> None:
                               " ".join(r["keys"] or ()), str(r["body_bytes"]))
             console.print(table)
     else:
+        for note in result.notes:
+            console.print(f"[yellow]repaired[/yellow]: {note}")
         console.print(f"replayed {result.sent:,} messages {span}" + (f"; {result.failed:,} failed" if result.failed
                                                                      else ""))
         for e in result.errors[:5]:
