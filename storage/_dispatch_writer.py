@@ -179,7 +179,10 @@ def cut_torn_tail(fd: int, path: Path) -> int:
 
 def cut_dispatch_tail(path: Path) -> int:
     """`cut_torn_tail` for a log no writer of this process has open (replay, `check`): bytes cut."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError as e:
+        raise StorageWriteError(f"cannot open {path} to cut its torn tail: {e}") from e
     try:
         return cut_torn_tail(fd, path)
     finally:
