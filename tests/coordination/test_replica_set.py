@@ -161,6 +161,7 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
             missing = acked - set(receipts)
             raise AssertionError(_missing(missing, len(acked), due_of, past_due, failed_ms)
                                  + _on_broker(rocketmq.namesrv_addr, target, missing, failed_ms)
+                                 + _on_delay_topic(rocketmq.namesrv_addr, delay_topic, missing, failed_ms)
                                  + f"\n{timed_out}") from None
         time.sleep(2.0)  # a late duplicate shows up before counting
         after = b.replica()
@@ -246,6 +247,17 @@ def _on_broker(namesrv: str, topic: str, missing: set[bytes], failed_ms: int) ->
              for b, c in sorted(stored.items())[:12]]
     return (f"\nof those, {len(stored)} are on the broker's {topic} (the consumer missed them)"
             + (": " + "; ".join(shown) if shown else "") + f" and {len(missing) - len(stored)} are not (lost)")
+
+
+def _on_delay_topic(namesrv: str, topic: str, missing: set[bytes], failed_ms: int) -> str:
+    """Whether the broker holds the lost messages on the delay topic: if not, the producer's
+    acknowledgement was for a message the broker does not have; if so, the engines' ingest did not
+    store it (their data directories then say whether it reached a part or an ingest log)."""
+    on = {c.body: c for c in TopicReader(namesrv, topic).read() if c.body in missing}
+    shown = [f"{b.decode()} stored {c.store_ms - failed_ms:+d} ms as {c.msg_id} at {c.where}"
+             for b, c in sorted(on.items())[:12]]
+    return (f"\non the delay topic {topic}: {len(on)} of them" + (": " + "; ".join(shown) if shown else "")
+            + f", {len(missing) - len(on)} not there")
 
 
 def test_a_standby_takes_over_from_a_killed_replica(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper,
