@@ -56,6 +56,8 @@ _FLAG_SUBSCRIPTION = 4
 _MAX_ANSWERS_PER_COMMIT = 32
 #: with a linger, how long the answers of one tick's pulls are waited for once the first arrived
 _GATHER_S = 0.001
+#: pulls of one offset whose answer skips offsets below nextBeginOffset before the gap is taken as given
+_GAP_PULLS = 2
 
 
 def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
@@ -385,10 +387,12 @@ class Puller:
             st.retry_after(s.retry_backoff_s)
             return None
         if resp.code == SUCCESS:
+            framed = True
             try:
                 batch = self.reader.read(resp.body, s.max_body_bytes, q[0], budget)
                 st.decode_failures = 0
             except MessageDecodeError as e:
+                framed = False
                 st.decode_failures += 1
                 if st.decode_failures < s.max_decode_tries:
                     log.error("cannot decode a pull of %s/%s at offset %d (try %d of %d): %s; pulling it again",
@@ -396,6 +400,8 @@ class Puller:
                     st.retry_after(s.retry_backoff_s)
                     return None
                 batch = self.reader.wrap([*e.decoded, self._unframed(q, st.offset + len(e.decoded), e)], q[0])
+            if framed and not budget.stopped and not self._whole(q, st, next_offset, len(batch)):
+                return None
             unreadable = batch.unreadable()
             if unreadable:
                 self.counters["undecodable"] += len(unreadable)
@@ -425,6 +431,30 @@ class Puller:
             st.retry_at = time.monotonic() + s.retry_backoff_s
         st.in_flight = None
         return None
+
+    def _whole(self, q: Queue, st: QueueState, next_offset: int, count: int) -> bool:
+        """Whether a found answer's `count` messages run from the queue's offset up to `next_offset`
+        without a gap. The subscription is `*`, so no filter explains one: a broker counts in its next
+        offset a message whose commit-log read came back empty (a file being rolled or removed). Such
+        an answer is pulled again, `_GAP_PULLS` times, before the gap is taken as given: then it is
+        logged, counted and reported with the offsets the broker moved past (`offsets_moved`)."""
+        gap = next_offset - st.offset - count
+        if gap <= 0:
+            return True
+        s = self.settings
+        self.counters["pull_gaps"] = self.counters.get("pull_gaps", 0) + 1
+        if st.gap_pulls < _GAP_PULLS:
+            st.gap_pulls += 1
+            log.warning("a pull of %s/%s at offset %d answered %d message(s) with next offset %d: %d not returned; "
+                        "pulling it again (try %d of %d)", s.topic, q, st.offset, count, next_offset, gap,
+                        st.gap_pulls, _GAP_PULLS)
+            st.retry_after(s.retry_backoff_s)
+            return False
+        log.error("a pull of %s/%s at offset %d still answers %d message(s) with next offset %d after %d pulls: "
+                  "%d offset(s) the broker does not return are passed over", s.topic, q, st.offset, count,
+                  next_offset, _GAP_PULLS + 1, gap)
+        self.table.offsets_moved.append(f"{q[0]}:{q[1]} {st.offset} -> {next_offset} ({gap} not returned)")
+        return True
 
     def _unframed(self, q: Queue, offset: int, err: MessageDecodeError) -> ReceivedMessage:
         """The unreadable rest of a pull body, as one message to park (its bytes, where, and why)."""

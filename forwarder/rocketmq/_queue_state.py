@@ -28,6 +28,7 @@ class QueueState:
     retry_at: float = 0.0  # monotonic time before which it is not pulled (a refused batch)
     released: bool = False  # assigned to another member: its pull thread commits and drops it
     decode_failures: int = 0  # pulls in a row at this offset whose body (or offsets) could not be read
+    gap_pulls: int = 0  # pulls in a row at this offset whose messages left a gap below nextBeginOffset
     last_pull_ms: int = 0  # wall clock of the last answered pull (reported to admin tools)
     last_consume_ms: int = 0  # wall clock of the last batch accepted
     sent_ms: int = 0  # wall-clock ms when the pull in flight was sent
@@ -42,7 +43,8 @@ class QueueState:
 
     def accepted(self, next_offset: int, caught_up: bool) -> None:
         """The callback took the batch pulled from here: move on to `next_offset`."""
-        self.offset, self.decode_failures, self.last_consume_ms = next_offset, 0, int(time.time() * 1000)
+        self.offset, self.decode_failures, self.gap_pulls = next_offset, 0, 0
+        self.last_consume_ms = int(time.time() * 1000)
         if caught_up:
             self.caught_up_ms = self.sent_ms  # the queue held nothing more when the pull was answered
         self.in_flight = None

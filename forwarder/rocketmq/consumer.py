@@ -92,7 +92,7 @@ class RemotingPullConsumer:
         self.pull_batch = pull_batch
         self.client_id = client_id or f"{socket.gethostname()}@{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.counters = {"pulled": 0, "batches": 0, "refused": 0, "rebalances": 0, "undecodable": 0,
-                         "offset_resets": 0, "bad_answers": 0}
+                         "offset_resets": 0, "bad_answers": 0, "pull_gaps": 0}
         timeout = timeout_ms / 1000
         self._namesrv = NameServerClient(namesrv, timeout, security)
         self._queues = QueueTable()

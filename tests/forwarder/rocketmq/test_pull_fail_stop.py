@@ -33,7 +33,7 @@ def _puller(accept: bool = True, max_refused_s: float = 120.0) -> tuple[Puller, 
         return accept
 
     settings = PullSettings("g", "T", 32, 1000, 1.0, 3.0, 4 << 20, 3, 64 << 20, None, 0, max_refused_s)
-    counters = {"batches": 0, "refused": 0, "pulled": 0, "undecodable": 0, "bad_answers": 0}
+    counters = {"batches": 0, "refused": 0, "pulled": 0, "undecodable": 0, "bad_answers": 0, "pull_gaps": 0}
     puller = Puller(settings, table, None, take, lambda request: None, counters)  # type: ignore[arg-type]
     return puller, table, handed
 
@@ -268,3 +268,74 @@ def test_a_consumer_list_that_is_not_one_is_a_protocol_error(body: bytes) -> Non
     membership.request = lambda addr, code, e, ok=None: Response(SUCCESS, 1, "", {}, body)
     with pytest.raises(ProtocolError, match="consumer list of g"):
         membership.members()
+
+
+class _Counted:
+    """An answer of `count` messages from `first` on (all a gap check reads)."""
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first, self.count = first, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def unreadable(self) -> list[str]:
+        return []
+
+    def last_offset(self) -> int:
+        return self.first + self.count - 1
+
+
+def _gap_puller() -> tuple[Puller, QueueTable, list[Any], list[int]]:
+    """A puller whose every found answer holds `counts.pop(0)` messages from the queue's offset."""
+    puller, table, handed = _puller()
+    counts: list[int] = []
+    st = table.get(Q)
+    assert st is not None
+    puller.reader = BodyReader(lambda body, limit, broker, budget: _Counted(st.offset, counts.pop(0)),
+                               lambda messages, broker: _Counted(st.offset, len(messages)))
+    puller._flat = False
+    return puller, table, handed, counts
+
+
+def _answer(puller: Puller, table: QueueTable, opaque: int, next_offset: int) -> None:
+    st = table.get(Q)
+    assert st is not None
+    st.in_flight = opaque
+    ext = {"nextBeginOffset": str(next_offset), "maxOffset": str(next_offset)}
+    puller._handle_pulls([(Q, Response(SUCCESS, opaque, "", ext, b"body"))])
+
+
+def test_an_answer_that_skips_an_offset_is_pulled_again_and_its_retry_is_taken_whole() -> None:
+    """A broker may count in nextBeginOffset a message it did not return (a commit-log read that came
+    back empty): the answer is not taken, so the message is not passed over; the same pull goes again."""
+    puller, table, handed, counts = _gap_puller()
+    st = table.get(Q)
+    assert st is not None
+    counts[:] = [3, 4]
+    _answer(puller, table, 1, 11)  # offsets 7..10 claimed, 3 returned
+    assert handed == [] and st.offset == 7 and st.in_flight is None and st.retry_at > time.monotonic()
+    assert puller.counters["pull_gaps"] == 1 and table.offsets_moved == []
+    _answer(puller, table, 2, 11)
+    assert [len(a) for a in handed[0]] == [4] and st.offset == 11 and st.gap_pulls == 0
+
+
+def test_a_gap_the_broker_keeps_answering_is_passed_over_after_the_tries_and_reported() -> None:
+    puller, table, handed, counts = _gap_puller()
+    st = table.get(Q)
+    assert st is not None
+    counts[:] = [2, 2, 2]
+    for opaque in (1, 2):
+        _answer(puller, table, opaque, 10)
+        assert handed == [] and st.offset == 7
+    _answer(puller, table, 3, 10)
+    assert [len(a) for a in handed[0]] == [2] and st.offset == 10
+    assert puller.counters["pull_gaps"] == 3
+    assert table.offsets_moved == ["broker-a:0 7 -> 10 (1 not returned)"]
+
+
+def test_an_answer_without_a_gap_is_taken_at_once() -> None:
+    puller, table, handed, counts = _gap_puller()
+    counts[:] = [3]
+    _answer(puller, table, 1, 10)
+    assert [len(a) for a in handed[0]] == [3] and puller.counters["pull_gaps"] == 0
