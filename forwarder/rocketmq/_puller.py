@@ -32,11 +32,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, cast
 
 from forwarder.rocketmq._membership import Membership
+from forwarder.rocketmq._pull_answer import _DECODE, Answer, BatchCallback, BodyReader, _Messages
 from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
-from forwarder.rocketmq.codec import decode_messages
 from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import BatchesRefusedError, MessageDecodeError, ProtocolError, RemotingError
@@ -79,52 +79,6 @@ def next_tick(now: float, period: float) -> float:
     broker are pulled again together, so their answers come back together and go in one commit."""
     tick = (now // period + 1) * period
     return tick if tick > now else tick + period  # `//` on floats may land a tick short
-
-#: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
-BatchCallback = Callable[[list[ReceivedMessage]], bool]
-
-
-class Answer(Protocol):
-    """A pull answer's messages as a `BodyReader` reads them."""
-
-    def __len__(self) -> int:
-        """How many messages."""
-        ...
-
-    def unreadable(self) -> list[str]:
-        """Why each message that cannot be read cannot."""
-        ...
-
-    def last_offset(self) -> int:
-        """The queue offset of the last message."""
-        ...
-
-
-@dataclass(frozen=True)
-class BodyReader:
-    """How pull answers' bodies are read when not into `ReceivedMessage`s (ingest's one pass): the
-    callback then gets one `Answer` per pull answer instead of their messages in one list."""
-
-    #: (body, max_body_bytes, broker, the commit's inflate budget) -> its messages; a framing fault
-    #: raises MessageDecodeError as `codec.decode_messages` does
-    read: Callable[[bytes, int, str, InflateBudget], Answer]
-    #: (messages decoded otherwise: what came before a framing fault and its rest, broker) -> an answer
-    wrap: Callable[[list[ReceivedMessage], str], Answer]
-
-
-class _Messages(list[ReceivedMessage]):
-    """The messages of one pull answer as `decode_messages` reads them: the default `Answer`."""
-
-    def unreadable(self) -> list[str]:
-        return [m.undecodable for m in self if m.undecodable]
-
-    def last_offset(self) -> int:
-        return self[-1].queue_offset
-
-
-_DECODE = BodyReader(lambda body, limit, broker, budget: _Messages(decode_messages(body, limit, broker, budget)),
-                     lambda messages, broker: _Messages(messages))
-
 
 @dataclass(frozen=True)
 class PullSettings:
@@ -450,6 +404,9 @@ class Puller:
                         st.gap_pulls, _GAP_PULLS)
             st.retry_after(s.retry_backoff_s)
             return False
+        if st.gap_pulls > _GAP_PULLS:  # reported already (its batch was refused and pulled again)
+            return True
+        st.gap_pulls += 1
         log.error("a pull of %s/%s at offset %d still answers %d message(s) with next offset %d after %d pulls: "
                   "%d offset(s) the broker does not return are passed over", s.topic, q, st.offset, count,
                   next_offset, _GAP_PULLS + 1, gap)

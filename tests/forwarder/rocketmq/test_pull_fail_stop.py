@@ -332,6 +332,10 @@ def test_a_gap_the_broker_keeps_answering_is_passed_over_after_the_tries_and_rep
     assert [len(a) for a in handed[0]] == [2] and st.offset == 10
     assert puller.counters["pull_gaps"] == 3
     assert table.offsets_moved == ["broker-a:0 7 -> 10 (1 not returned)"]
+    puller.on_batch = lambda batch: False  # a refused batch pulled again is not reported twice
+    st.offset, counts[:] = 7, [2]
+    _answer(puller, table, 4, 10)
+    assert st.offset == 7 and len(table.offsets_moved) == 1
 
 
 def test_an_answer_without_a_gap_is_taken_at_once() -> None:
