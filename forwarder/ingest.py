@@ -127,6 +127,12 @@ class DelayTopicIngest:
         caught_up = puller.caught_up_ms()
         return (caught_up or None), list(puller.offsets_moved)
 
+    def counter_values(self) -> dict[str, int]:
+        """The ingest's counters and, once started, its pull consumer's (`pulled`, `refused`, `bad_answers`,
+        `offset_resets`, `pull_gaps`: answers that skipped offsets, each pulled again before being passed over)."""
+        puller = self._puller
+        return {**self.counters, **(puller.counters if puller is not None else {})}
+
     def stored_offsets(self) -> dict[str, int]:
         """Per queue read here (`broker:queue id`), the offset below which everything was stored (or
         dead-lettered, or applied as a cancel): what a replica holding its shard's lease publishes."""

@@ -384,7 +384,7 @@ class Service:
         `serving` (what /readyz answers); with [ha], `ha` (the replica's counters) and `ha_holder`; with trace, `trace`."""
         if self._endpoints is None:
             return {}
-        out: dict[str, object] = {"ingest": dict(self._endpoints.source.counters),
+        out: dict[str, object] = {"ingest": self._endpoints.source.counter_values(),
                                   "delivery": dict(self._endpoints.sink.counters),
                                   "circuit_open": self._endpoints.sink.breaker.is_open, "serving": self.ready()}
         if self.replica is not None:  # with [ha]: the replica's counters and whether it holds the lease

@@ -51,6 +51,15 @@ def test_every_metric_the_dashboard_uses_is_exported(running: Running) -> None:
                         f"exported: {sorted(have)}"
 
 
+def test_the_pull_consumers_counters_are_exported_with_the_ingests(running: Running) -> None:
+    # a pull answer that skips offsets is logged, and the operator's alert needs it as a number too
+    running.send({"TW_DELAY_MS": "0"})
+    assert wait_for(lambda: "timewheel_ingest_pulled_total" in exported(running.admin), 30)
+    have = exported(running.admin)
+    for name in ("pull_gaps", "bad_answers", "offset_resets", "refused", "ingested"):
+        assert f"timewheel_ingest_{name}_total" in have, sorted(n for n in have if n.startswith("timewheel_ingest"))
+
+
 def test_the_dashboard_is_importable_json() -> None:
     doc = json.loads(DASHBOARD.read_text())
     assert doc["uid"] == "timewheel" and doc["panels"]
