@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from storage import dispatch as _dispatch
-from storage._files import fsync_path, lock_exclusive, size_of, unlock, write_all
+from storage._files import fsync_path, lock_exclusive, unlock
 from storage.errors import StorageWriteError
 from storage.layout import SegmentLayout
 
@@ -67,30 +67,7 @@ class DispatchWriter:
 
     def _write(self, fd: int, segment_ms: int, frame: bytes, n_entries: int) -> None:
         """Write one frame (and, with `sync`, flush it); on failure cut whatever part of it got there."""
-        view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
-        try:
-            # Other writers (replay, `check`: `append_dispatch`) take the same lock, so none appends
-            # between a short write here and its cut below: the cut takes this frame's bytes only.
-            lock_exclusive(fd, self.layout.schedule_dir, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
-        except OSError as e:
-            path = self.layout.dispatch_log(segment_ms)
-            raise StorageWriteError(f"could not lock {path} to record {n_entries} dispatch entries: {e}; "
-                                    f"`fuser {path}` names the processes that have it open") from e
-        try:
-            while written < len(frame):  # O_APPEND: at the end
-                written += os.write(fd, view[written:])
-            if self.sync:
-                os.fdatasync(fd)
-        except OSError as e:
-            also = ""
-            try:  # a torn frame would stand between the frames before and after it
-                os.ftruncate(fd, os.fstat(fd).st_size - written)
-            except OSError as cut:  # the next open cuts it: a torn tail, as after a crash
-                also = f"; cutting its {written} bytes failed too ({cut}), the next append cuts them"
-            raise StorageWriteError(f"could not record {n_entries} dispatch entries in "
-                                    f"{self.layout.dispatch_log(segment_ms)}: {e}{also}") from e
-        finally:
-            unlock(fd)  # an error here (never seen) goes up as it is: the caller's close lets the lock go
+        append_frame(fd, self.layout.dispatch_log(segment_ms), frame, n_entries, sync=self.sync)
 
     def _open(self, segment_ms: int) -> int:
         """Open a segment's dispatch log for appending, its torn tail cut first."""
@@ -147,6 +124,37 @@ class DispatchWriter:
             self._fds.clear()
 
 
+def append_frame(fd: int, path: Path, frame: bytes, n_entries: int, *, sync: bool) -> None:
+    """Append one frame to the dispatch log at `path`, open as `fd` with O_APPEND, under the log's lock
+    (and with `sync` flush it); on failure cut whatever part of it got there before letting the lock go.
+
+    Every writer (the engine, replay, `check`) appends through here, so none appends between another's
+    short write and its cut: the cut takes that frame's bytes only, and no frame starts inside another's
+    rows (every read would resync past both). A cut that fails too leaves torn bytes at the end, which
+    the next open of the log cuts (the rule for a crash's torn tail).
+    """
+    try:
+        lock_exclusive(fd, path.parent, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
+    except OSError as e:
+        raise StorageWriteError(f"could not lock {path} to record {n_entries} dispatch entries: {e}; "
+                                f"`fuser {path}` names the processes that have it open") from e
+    view, written = memoryview(frame), 0  # of this frame: where it began is known on failure, no seek
+    try:
+        while written < len(frame):  # O_APPEND: at the end
+            written += os.write(fd, view[written:])
+        if sync:
+            os.fdatasync(fd)
+    except OSError as e:
+        also = ""
+        try:
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+        except OSError as cut:
+            also = f"; cutting its {written} bytes failed too ({cut}), the next append cuts them"
+        raise StorageWriteError(f"could not record {n_entries} dispatch entries in {path}: {e}{also}") from e
+    finally:
+        unlock(fd)  # an error here (never seen) goes up as it is: the caller's close lets the lock go
+
+
 def cut_torn_tail(fd: int, path: Path) -> int:
     """Cut a torn frame (a crash's) at the end of the dispatch log open as `fd` (for writing);
     how many bytes were cut. A frame appended after it would start inside its rows, and every read
@@ -193,7 +201,8 @@ def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray,
     """Append one frame to a segment's dispatch log from outside the engine (replay, `check`), durably:
     one O_APPEND write (so it interleaves whole with the engine's), fsynced, with a new log's name too.
 
-    Unlike the engine's own writer it never cuts a torn tail: the engine may be writing there.
+    It cuts no torn tail it finds there (`cut_dispatch_tail` does, once the tail stands still): the
+    engine may be writing there.
     """
     if len(entries) == 0:
         return
@@ -202,23 +211,11 @@ def append_dispatch(layout: SegmentLayout, segment_ms: int, entries: np.ndarray,
     new = not path.exists()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        # under the engine's lock: a short write here is cut before the engine appends after it
-        # (its frame would start inside this one's rows and be unreadable), and it never lands
-        # between a short write of the engine's and the engine's cut
-        lock_exclusive(fd, path, _UNSAFE_WITHOUT_LOCKS, LOCK_WAIT_S)
+        append_frame(fd, path, frame, len(entries), sync=False)
         try:
-            start = os.fstat(fd).st_size
-            try:
-                write_all(fd, frame)
-            except OSError:
-                os.ftruncate(fd, start)
-                raise
-        finally:
-            unlock(fd)
-        os.fsync(fd)  # outside the lock: the engine's sends need not wait for this disk flush
-    except OSError as e:
-        also = f"; `fuser {path}` names the processes that have it open" if isinstance(e, TimeoutError) else ""
-        raise StorageWriteError(f"could not record {len(entries)} dispatch entries in {path}: {e}{also}") from e
+            os.fsync(fd)  # outside the lock: the engine's sends need not wait for this disk flush
+        except OSError as e:
+            raise StorageWriteError(f"could not make {len(entries)} dispatch entries durable in {path}: {e}") from e
     finally:
         os.close(fd)
     if new:
