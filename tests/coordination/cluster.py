@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from coordination import EPOCH_PROPERTY
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
@@ -328,10 +328,51 @@ class Workload:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One copy received from the target topic."""
+    """One copy received from the target topic: its lease epoch, and when and where the broker stored it."""
 
     epoch: int
     store_ms: int
+    broker: str  # "" when the client does not name it (the native consumer does not; the harnesses run one broker)
+    queue_id: int
+    queue_offset: int
+
+    @classmethod
+    def of(cls, m: ReceivedMessage) -> Delivery:
+        """The copy `m` as the consumer received it."""
+        return cls(int(m.properties.get(EPOCH_PROPERTY, "-1")), m.store_timestamp, m.broker, m.queue_id,
+                   m.queue_offset)
+
+
+def at_most_one_send_batch(copies: Iterable[Delivery]) -> bool:
+    """Whether `copies` can all have been stored by one SEND_BATCH request (true of none).
+
+    The broker stores a batch on the one queue its request names, as one run of queue offsets,
+    and stamps all of it with one store time (docs/HA.md, fencing): one store time alone would
+    take two batches stored in the same millisecond for one.
+    """
+    # a copy the consumer received twice is still one stored message: count what was stored, not copies
+    stored = {(d.broker, d.queue_id, d.queue_offset, d.store_ms) for d in copies}
+    if not stored:
+        return True
+    offsets = sorted({offset for _, _, offset, _ in stored})
+    return (len({(broker, queue) for broker, queue, _, _ in stored}) == 1 and len({ms for *_, ms in stored}) == 1
+            and offsets[-1] - offsets[0] + 1 == len(offsets))
+
+
+def stored_where(copies: Iterable[Delivery]) -> str:
+    """When and where `copies` were stored, by store time and queue (for a failure to show)."""
+    runs: dict[tuple[int, str, int], set[int]] = {}
+    for d in copies:
+        runs.setdefault((d.store_ms, d.broker, d.queue_id), set()).add(d.queue_offset)
+    shown = [f"at {ms} on {broker or 'the broker'}:{queue} offsets {_offsets(sorted(offsets))}"
+             for (ms, broker, queue), offsets in sorted(runs.items())]
+    return "; ".join(shown[:6]) + (f"; and {len(shown) - 6} more" if len(shown) > 6 else "")
+
+
+def _offsets(offsets: list[int]) -> str:
+    if offsets[-1] - offsets[0] + 1 == len(offsets):
+        return f"{offsets[0]}-{offsets[-1]}" if len(offsets) > 1 else str(offsets[0])
+    return ",".join(map(str, offsets[:8])) + (",..." if len(offsets) > 8 else "")
 
 
 class Deliveries:
@@ -355,8 +396,7 @@ class Deliveries:
 
     def _on(self, m: ReceivedMessage) -> bool:
         with self._lock:
-            self.copies.setdefault(m.body, []).append(
-                Delivery(int(m.properties.get(EPOCH_PROPERTY, "-1")), m.store_timestamp))
+            self.copies.setdefault(m.body, []).append(Delivery.of(m))
             if not m.properties.get(ORIGINAL_MSG_ID):
                 self.missing_original_id += 1
         return True

@@ -1,29 +1,70 @@
-"""The nemesis checker's fencing rule, on made-up rounds (no broker): what a deposed epoch may store late."""
+"""The nemesis checker's fencing rule, on made-up rounds (no broker): what a deposed epoch may store late.
+
+A late copy is given as (store time, broker, queue id, queue offset): where the broker stored it.
+"""
 from __future__ import annotations
 
-from tests.coordination.cluster import Delivery, Sent
+from tests.coordination.cluster import Delivery, Sent, at_most_one_send_batch
 from tests.coordination.nemesis import Round, check
 
+Stored = tuple[int, str, int, int]
 
-def _failures(fault: str, store_ms: list[int]) -> tuple[list[str], list[str]]:
+
+def _failures(fault: str, stored: list[Stored], *, received_twice: bool = False) -> tuple[list[str], list[str]]:
     rnd = Round(1, fault, start_ms=0, end_ms=5000, fenced=[(2, 1000)])
-    bodies = [f"m{k}".encode() for k in range(len(store_ms))]
+    bodies = [f"m{k}".encode() for k in range(len(stored))]
     sent = {b: Sent(0, 100, b.decode()) for b in bodies}
-    copies = {b: [Delivery(2, ms)] for b, ms in zip(bodies, store_ms)}
+    copies = {b: [Delivery(2, *where)] * (2 if received_twice else 1) for b, where in zip(bodies, stored)}
     return check([rnd], sent, copies, {2: ("r0", 0)}, 0).failures, rnd.notes
 
 
+def _deposed(failures: list[str]) -> list[str]:
+    return [f for f in failures if "deposed" in f]
+
+
 def test_a_paused_holder_may_store_the_one_batch_in_flight_and_the_round_says_so() -> None:
-    failures, notes = _failures("pause", [1500, 1500])
-    assert not [f for f in failures if "deposed" in f]
-    assert "2 stored late in the batch in flight at the pause" in notes
+    failures, notes = _failures("pause", [(1500, "broker-a", 1, 7), (1500, "broker-a", 1, 8), (1500, "broker-a", 1, 9)])
+    assert not _deposed(failures)
+    assert "3 stored late in the batch in flight at the pause" in notes
+
+
+def test_a_batch_the_consumer_received_twice_is_still_one_batch() -> None:
+    failures, notes = _failures("pause", [(1500, "broker-a", 1, 7), (1500, "broker-a", 1, 8)], received_twice=True)
+    assert not _deposed(failures)
+    assert "4 stored late in the batch in flight at the pause" in notes
 
 
 def test_a_paused_holder_storing_two_batches_late_fails() -> None:
-    failures, _ = _failures("pause", [1500, 1600])
-    assert "round 1 (pause): 2 copies with the deposed epoch 2 stored after its deadline, in 2 batches" in failures
+    failures, _ = _failures("pause", [(1500, "broker-a", 1, 7), (1600, "broker-a", 1, 8)])
+    assert _deposed(failures) == ["round 1 (pause): 2 copies with the deposed epoch 2 stored after its deadline, "
+                                  "more than one send batch (at 1500 on broker-a:1 offsets 7; "
+                                  "at 1600 on broker-a:1 offsets 8)"]
+
+
+def test_two_batches_stored_in_the_same_millisecond_on_two_queues_fail() -> None:
+    failures, notes = _failures("pause", [(1500, "broker-a", 1, 7), (1500, "broker-a", 2, 7)])
+    assert _deposed(failures) == ["round 1 (pause): 2 copies with the deposed epoch 2 stored after its deadline, "
+                                  "more than one send batch (at 1500 on broker-a:1 offsets 7; "
+                                  "at 1500 on broker-a:2 offsets 7)"]
+    assert not notes
+
+
+def test_two_batches_stored_in_the_same_millisecond_on_one_queue_with_a_gap_fail() -> None:
+    failures, _ = _failures("pause", [(1500, "broker-a", 1, 7), (1500, "broker-a", 1, 8), (1500, "broker-a", 1, 10)])
+    assert _deposed(failures) == ["round 1 (pause): 3 copies with the deposed epoch 2 stored after its deadline, "
+                                  "more than one send batch (at 1500 on broker-a:1 offsets 7,8,10)"]
+
+
+def test_two_batches_stored_in_the_same_millisecond_on_two_brokers_fail() -> None:
+    failures, _ = _failures("pause", [(1500, "broker-a", 1, 7), (1500, "broker-b", 1, 8)])
+    assert len(_deposed(failures)) == 1
 
 
 def test_a_cut_off_holder_may_store_nothing_late() -> None:
-    failures, _ = _failures("partition", [1500])
-    assert "round 1 (partition): 1 copies with the deposed epoch 2 stored after its deadline, in 1 batches" in failures
+    failures, _ = _failures("partition", [(1500, "broker-a", 1, 7)])
+    assert _deposed(failures) == ["round 1 (partition): 1 copies with the deposed epoch 2 stored after its deadline "
+                                  "(at 1500 on broker-a:1 offsets 7)"]
+
+
+def test_no_copies_are_not_a_batch_too_many() -> None:
+    assert at_most_one_send_batch([])

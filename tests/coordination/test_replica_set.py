@@ -4,12 +4,13 @@ Replica `a` starts first and holds the shard's lease; replica `b` consumes the s
 its own data directory under its own consumer group, and delivers nothing. Delay messages flow at
 a steady rate (due 1-6 s after sending, and one in five already 1-60 s past due when sent, as an
 outbox relay draining a backlog sends them); a consumer of the target topic counts deliveries by
-TW_ORIGINAL_MSG_ID and notes each one's TW_LEASE_EPOCH and the broker's store time. Then:
+TW_ORIGINAL_MSG_ID and notes each one's TW_LEASE_EPOCH and when and where the broker stored it. Then:
 
 (a) `a` is killed with SIGKILL: `b` takes the lease once ZooKeeper expires `a`'s session and
     delivers everything due after the last watermark `a` published;
 (b) `a` is paused with SIGSTOP past its session and resumed: `b` took over meanwhile, and `a`
-    sends not one message after it resumes (its fencing deadline passed while it was stopped).
+    sends nothing after it resumes (its fencing deadline passed while it was stopped) but the one
+    send batch a pause between its fence's last look and the write lets out (docs/HA.md).
 
 Before the failure, a plain producer cancels a few messages through the delay topic (TW_CANCEL_ID);
 they are due after the failure, and the replica that holds the lease then delivers none of them.
@@ -19,8 +20,8 @@ Asserted, as docs/HA.md states it: nothing acknowledged is lost; the lease chang
 due when sent, was sent within about an interval before the failure), and that
 window is printed (about two watermark intervals on a quiet machine: a past-due message in the
 dispatch queue at the moment of a publication holds that one back; wider under load) and must show
-a watermark that kept moving; nothing carries the paused engine's epoch after it resumes. The
-figures are printed.
+a watermark that kept moving; nothing carries the paused engine's epoch after it resumes but that
+one batch (one store time, one queue, one run of queue offsets). The figures are printed.
 """
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coordination import EPOCH_PROPERTY, LocalZooKeeper
+from coordination import LocalZooKeeper
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.contract import ORIGINAL_MSG_ID
 from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, Receipt, ReceivedMessage, RemotingProducer
-from tests.coordination.cluster import Replica, now_ms as _now_ms, wait_for as _wait
+from tests.coordination.cluster import (Delivery, Replica, at_most_one_send_batch, now_ms as _now_ms, stored_where,
+                                        wait_for as _wait)
 from tests.forwarder.dedupe_checker import TopicReader
 from tests.reliability.kill_loop import serve_env
 from timewheel.app.cli import app
@@ -67,12 +69,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
                     TIMEWHEEL_HA_SESSION_TIMEOUT_S=str(SESSION_S), TIMEWHEEL_HA_WATERMARK_INTERVAL_S=str(WATERMARK_S))
     lock = threading.Lock()
     receipts: Counter[bytes] = Counter()
-    epochs: dict[bytes, list[tuple[int, int]]] = {}  # body -> (epoch, broker store time) per delivery
+    epochs: dict[bytes, list[Delivery]] = {}  # body -> its copies: epoch, and when and where the broker stored each
 
     def on_delivery(m: ReceivedMessage) -> bool:
         with lock:
             receipts[m.body] += 1
-            epochs.setdefault(m.body, []).append((int(m.properties.get(EPOCH_PROPERTY, "-1")), m.store_timestamp))
+            epochs.setdefault(m.body, []).append(Delivery.of(m))
         assert m.properties.get(ORIGINAL_MSG_ID)
         return True
 
@@ -126,7 +128,7 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
             cancelled.add(body)
         assert not b.holds()
         with lock:
-            assert receipts and all(e == epoch_a for v in epochs.values() for e, _ in v)
+            assert receipts and all(d.epoch == epoch_a for v in epochs.values() for d in v)
         failed_ms = _now_ms()
         if failure == "kill":
             a.proc.send_signal(signal.SIGKILL)
@@ -181,12 +183,10 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     dups = [body for body, c in counts.items() if c > 1]
     window = [body for body, due in due_of.items() if watermark < due <= failed_ms]
     lost = acked - set(counts)
-    after_resume = [body for body, v in seen.items() for e, stored in v
-                    if e == epoch_a and resumed_ms is not None and stored >= resumed_ms]
     # docs/HA.md (fencing): a SIGSTOP between the fence's last look at the clock and the write sends
-    # that one batch on resuming; the broker stamps a batch once, so it is one store time. More is a bug.
-    in_flight = {stored for v in seen.values() for e, stored in v
-                 if e == epoch_a and resumed_ms is not None and stored >= resumed_ms}
+    # that one batch on resuming (one store time, one queue, one run of offsets). More is a bug.
+    after_resume = [d for v in seen.values() for d in v
+                    if d.epoch == epoch_a and resumed_ms is not None and d.store_ms >= resumed_ms]
     print(f"\nreplica set, {failure}: acknowledged {len(acked)}, delivered {len(counts)}, lost {len(lost)}; "
           f"takeover {takeover_s:.2f} s after the {'SIGKILL' if failure == 'kill' else 'SIGSTOP'} "
           f"(session {SESSION_S:g} s); epochs {epoch_a} -> {epoch_b}; the watermark b took over from was "
@@ -194,8 +194,8 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
           f"{len(window)}; b counted {after['possible_duplicates']} possible); b recorded "
           f"{after['peer_delivered']} as delivered by a; {len(cancelled & set(counts))} of {len(cancelled)} "
           "cancelled through the delay topic delivered"
-          + (f"; a sent {len(after_resume)} after resuming (in {len(in_flight)} batches) and is a standby "
-             f"(epoch {after_a['epoch']})" if after_a is not None else ""))
+          + (f"; a sent {len(after_resume)} after resuming ({stored_where(after_resume) or 'none'}) and is a "
+             f"standby (epoch {after_a['epoch']})" if after_a is not None else ""))
     assert not lost, f"{len(lost)} acknowledged messages never delivered, e.g. {sorted(lost)[:5]}"
     assert len(cancelled) == 5 and not cancelled & set(counts), "a message cancelled through the delay topic arrived"
     assert takeover_s <= TAKEOVER_BOUND_S
@@ -219,12 +219,12 @@ def _run(rocketmq: LocalRocketMQ, zookeeper: LocalZooKeeper, work: Path, failure
     late_after = [b for b, sent in past_due.items() if sent > failed_ms]
     print(f"past due when sent: {len(past_due)}, {len(late_after)} of them after the failure, "
           f"{len(set(late_after) - set(counts))} of those lost")
-    assert all(e == epoch_b or (e == epoch_a and stored in in_flight)
-               for v in seen.values() for e, stored in v if stored > failed_ms + 1_000), \
+    assert all(d.epoch == epoch_b or d in after_resume
+               for v in seen.values() for d in v if d.store_ms > failed_ms + 1_000), \
         "only b's epoch after the failure (and a's one batch in flight at the pause)"
     if failure == "pause":
-        assert len(in_flight) <= 1, \
-            f"the paused engine sent {len(after_resume)} after resuming, in {len(in_flight)} batches (at most one)"
+        assert at_most_one_send_batch(after_resume), (f"the paused engine sent {len(after_resume)} after resuming, "
+                                                      f"not one send batch: {stored_where(after_resume)}")
         assert after_a is not None and not after_a["holder"]
 
 
