@@ -3,7 +3,8 @@
 A segment's new records go to its live part in order; a part is claimed with O_EXCL
 (`SegmentLayout.claim_part`) and rolled at `max_part_bytes`. A commit writes each touched part
 once for its records, then once for their index entries, so an index entry never points past its
-record. A failed commit is cut back to its undo point: a torn record would hide later ones.
+record. A failed commit is cut back to its undo point: a torn record would hide later ones. The
+writer holds each part's lock while it has the part open (`storage.part.still_part`).
 """
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from storage._files import write_all
+from storage._dispatch_writer import LOCK_WAIT_S
+from storage._files import lock_exclusive, write_all
+from storage.errors import StorageWriteError
 from storage.index import INDEX_ENTRY_SIZE, index_entries
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_ROW_SIZE
+from storage.part import UNSAFE_WITHOUT_PART_LOCKS
 
 log = logging.getLogger("timewheel.storage")
 #: parts whose three descriptors stay open at most (the least recently written closes first); a
@@ -137,13 +141,20 @@ class PartWriter:
             return fds
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         opened: list[int] = []
+        log_path = self.layout.part_log(segment_ms, part)
         try:
-            for path in (self.layout.part_log(segment_ms, part), self.layout.part_index(segment_ms, part),
-                         self.layout.part_origin(segment_ms, part)):
+            for path in (log_path, self.layout.part_index(segment_ms, part), self.layout.part_origin(segment_ms, part)):
                 opened.append(os.open(path, flags, 0o644))
-        except OSError:  # the files opened before the one that failed (EMFILE, ENOSPC) are held by nobody
+            # held until the descriptor closes: one flock a part opened, none a commit. `check(fix=True)`
+            # repairs no part whose lock it cannot take, so its cuts and index entries never land
+            # between this writer's record, origin and index writes (`storage.part.still_part`)
+            lock_exclusive(opened[0], log_path, UNSAFE_WITHOUT_PART_LOCKS, LOCK_WAIT_S)
+        except OSError as e:  # the files opened before the one that failed (EMFILE, ENOSPC) are held by nobody
             for fd in opened:
                 os.close(fd)
+            if isinstance(e, TimeoutError):
+                raise StorageWriteError(f"could not lock {log_path} to append to it: {e}; `fuser {log_path}` "
+                                        "names the processes that have it open") from e
             raise
         fds = (opened[0], opened[1], opened[2])
         self._fds[key] = fds

@@ -5,7 +5,9 @@ run beside a live engine. There a part or dispatch log being appended can be rea
 writes: a tail that does not agree is reported only if the file then stands still for
 `SETTLE_SECONDS` (else it is counted in `tails_in_flight`), and a segment's dispatch log is read
 before its parts, so every entry names a record already indexed. `check(fix=True)` applies the
-repairs recovery would; it is for a data directory no engine runs on.
+repairs recovery would, beside a running engine too: a part's tail only under the part's lock
+(which the engine holds while it has the part open) once it stands still, a dispatch log's torn
+tail only under the log's lock once it stands still; any other is counted in `tails_in_flight`.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
 from storage.origin import ORIGIN_SUFFIX
-from storage.part import repair_part, trusted_index
+from storage.part import repair_part, still_part, trusted_index
 from storage.record_reader import check_records
 
 #: told (segments done, segments in all) as a long audit goes
@@ -205,8 +207,9 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
           progress: SegmentProgress | None = None) -> CheckReport:
     """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch logs.
 
-    With fix=True: repairs index/log tails, and marks corrupt records CORRUPT in the dispatch log
-    so they are never served. `progress` is told (done, of) after each segment.
+    With fix=True: repairs index/log tails that stand still and no writer holds (see the module
+    header), and marks corrupt records CORRUPT in the dispatch log so they are never served.
+    `progress` is told (done, of) after each segment.
     """
     rep = CheckReport()
     root = layout.schedule_dir
@@ -241,8 +244,12 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
             rep.parts += 1
             log, idx_path = layout.part_log(start, part), layout.part_index(start, part)
             sizes = (size_of(log), size_of(idx_path))
-            tail = _part_tail_findings(log, idx_path, fix)
-            if tail and not fix and _moving([log, idx_path], sizes):
+            tail: list[Finding] | None = _part_tail_findings(log, idx_path, fix=False)
+            if tail and fix:
+                tail = _repair_still_tail(log, idx_path)
+            elif tail and _moving([log, idx_path], sizes):
+                tail = None
+            if tail is None:
                 rep.tails_in_flight += 1  # a running engine is writing this part: its tail is not settled
             else:
                 rep.findings += tail
@@ -310,6 +317,13 @@ def _part_tail_findings(log: Path, idx_path: Path, fix: bool) -> list[Finding]:
             f"{tail.index_added}; torn/corrupt tail bytes: {tail.log_bytes_cut}"
             + (f" ({tail.reason})" if tail.reason else "")))
     return out
+
+
+def _repair_still_tail(log: Path, idx_path: Path) -> list[Finding] | None:
+    """A part's tail repaired under its lock once it stood still for `SETTLE_SECONDS`, and what was
+    repaired; None when the engine has the part open or it changed: a commit in flight, never cut."""
+    with still_part(log, SETTLE_SECONDS) as still:
+        return _part_tail_findings(log, idx_path, fix=True) if still else None
 
 
 def _moving(paths: Sequence[Path], sizes: Sequence[int]) -> bool:

@@ -1,9 +1,17 @@
-"""Reading and repairing one part: its records (.log) against its index sidecar (.idx)."""
+"""Reading and repairing one part: its records (.log) against its index sidecar (.idx).
+
+A part has one writer, the engine, which holds an exclusive `flock` of the part's record file for as
+long as it has the part open to append (`PartWriter`); a repair from outside it (`check(fix=True)`)
+takes that lock without waiting, or leaves the part alone (`still_part`).
+"""
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -12,11 +20,14 @@ import numpy as np
 
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
+from storage.layout import PART_INDEX_SUFFIX
 from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX
 from storage.record import HEADER_SIZE, LENGTH_AT, header_fields, record_length
-from storage._files import size_of, write_all
+from storage._files import lock_exclusive, size_of, write_all
 
 log = logging.getLogger("timewheel.storage")
+#: what a filesystem without `flock` leaves unsafe (said once)
+UNSAFE_WITHOUT_PART_LOCKS = "`check(fix=True)` repairing a part the engine is appending to"
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +192,57 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
     if fix and rep.log_bytes_cut and scan is not None:
         os.truncate(log_path, scan.end)
     return rep
+
+
+@contextlib.contextmanager
+def still_part(log_path: Path, settle_s: float) -> Iterator[bool]:
+    """Held while a part is repaired from outside its writer: True once the part's lock is held and
+    its files stood still for `settle_s`; False when a writer holds the lock or a file changed.
+
+    The engine holds the lock for as long as it has the part open, and a commit writes its records,
+    then their origins, then their index entries: a tail read between those writes looks torn or
+    unindexed, and a repair then would cut the engine's record or index it twice. A writer that takes
+    no lock (an older build; a filesystem without `flock`) is told apart by its files still moving.
+    """
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)  # some filesystems lock only what is open to write
+    except FileNotFoundError:  # moved out with its segment meanwhile: nothing here to repair, nor damage to report
+        fd = -1
+    try:
+        held = fd >= 0
+        if held:
+            try:
+                lock_exclusive(fd, log_path, UNSAFE_WITHOUT_PART_LOCKS, timeout_s=0)
+            except TimeoutError:  # the engine has it open: waiting could last as long as its segment
+                held = False
+        yield held and _stands_still(log_path, settle_s)
+    finally:
+        if fd >= 0:
+            os.close(fd)  # lets the lock go
+
+
+def _stands_still(log_path: Path, settle_s: float) -> bool:
+    """Whether a part's record file and sidecars keep their sizes (or stay missing) for `settle_s`."""
+    paths = (log_path, log_path.with_suffix(PART_INDEX_SUFFIX), log_path.with_suffix(ORIGIN_SUFFIX))
+
+    def sizes() -> list[int]:
+        return [_size_or_missing(p) for p in paths]
+
+    before = sizes()
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(min(0.02, settle_s))
+        if sizes() != before:
+            return False
+    return True
+
+
+def _size_or_missing(path: Path) -> int:
+    """A file's size, -1 when it is missing (a sidecar about to be created is a change too)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
 
 
 def _cut_origins(idx_path: Path, rows: int) -> None:
