@@ -148,8 +148,10 @@ def zookeeper(dir: Annotated[Optional[Path], typer.Option("--dir", help="Keep th
         _fail(str(e))
 
 
+# --data-dir is text, not a Path: typer would read an empty one (an unset variable) as ".", the working directory
 @app.command()
-def serve(data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Data directory (engine.data_dir).")] = None,
+def serve(data_dir: Annotated[Optional[str], typer.Option("--data-dir", metavar="<path>",
+                                                          help="Data directory (engine.data_dir).")] = None,
           namesrv: Annotated[Optional[str], typer.Option(help="NameServer address (rocketmq.namesrv).")] = None,
           config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file.")] = None,
           print_config: Annotated[bool, typer.Option("--print-config", help="Print the effective config "

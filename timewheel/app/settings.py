@@ -122,7 +122,9 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
             except ValueError:
                 raise ValueError("a number") from None
         if typ is Path:
-            return Path(value)
+            # Path("") is "." (the directory the process started in): a blank or non-text value goes on
+            # as it is, for the section's own check to refuse with what to give instead
+            return Path(value) if isinstance(value, str) and value.strip() else value
         if typ is str:
             if not isinstance(value, (str, int, float)):
                 raise ValueError("a string")

@@ -6,6 +6,7 @@ the last minute of lateness into one JSON document (times in epoch ms); the comm
 """
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -79,6 +80,9 @@ def fetch_status(admin: str, timeout_s: float = 10.0) -> dict[str, Any]:
                           f"{e.read().decode(errors='replace').strip()}") from e
     except urllib.error.URLError as e:
         raise StatusError(unreachable(admin, e.reason)) from e
+    except http.client.InvalidURL as e:  # a port that is not a number, a space in the host: nothing was asked
+        raise StatusError(f"--admin {admin!r} is not HOST:PORT ({e}): give the engine's admin address "
+                          "(settings: admin.listen)") from e
     except ValueError as e:
         raise StatusError(f"{url} did not answer JSON: is {admin} a timewheel admin endpoint?") from e
 

@@ -1,6 +1,6 @@
-"""`timewheel send`, `cancel` and `find` at each input limit and one past it: the right result, or one
-clear line saying what is wrong and what to do (exit 2), never a traceback or a message the engine
-would dead-letter."""
+"""`timewheel send`, `cancel`, `status` and `find` at each input limit and one past it: the right
+result, or one clear line saying what is wrong and what to do (exit 2), never a traceback or a
+message the engine would dead-letter."""
 from __future__ import annotations
 
 import time
@@ -255,6 +255,15 @@ def test_a_cancel_by_a_long_key_within_the_admin_apis_limit_is_applied(admin: tu
 @pytest.mark.parametrize("address", ["no port here/x", "127.0.0.1:99999", "[::1"])
 def test_a_cancel_to_a_malformed_admin_address_says_so(address: str) -> None:
     res = CliRunner().invoke(app, ["cancel", "--admin", address, "--key", "k"])
+    _refused(res, "--admin")
+
+
+# ---- status -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("address", ["127.0.0.1:abc", "a b:1", "127.0.0.1:93 21"])
+def test_status_at_a_malformed_admin_address_says_so_in_one_line(address: str) -> None:
+    """A typo in --admin is a usage error (2), not a traceback and not 1, which says "not serving"."""
+    res = CliRunner().invoke(app, ["status", "--admin", address, "--json"])
     _refused(res, "--admin")
 
 

@@ -197,3 +197,27 @@ def test_consume_refused_max_s_at_its_limits_and_past_them(tmp_path: Path, value
     else:
         with pytest.raises(ConfigError, match=r"rocketmq\.consume_refused_max_s.*between 1 and 86400"):
             load_settings(None, env=env)
+
+
+@pytest.mark.parametrize("source", ["environment", "file"])
+def test_an_empty_data_dir_is_refused_not_taken_for_the_working_directory(tmp_path: Path, source: str) -> None:
+    """An unset variable in a unit file or a container template gives an empty path, which Path()
+    reads as "." (the engine would make its store in whatever directory it was started in)."""
+    path = tmp_path / "timewheel.toml"
+    path.write_text('[engine]\ndata_dir = ""\n' if source == "file" else "")
+    env = {"TIMEWHEEL_ENGINE_DATA_DIR": ""} if source == "environment" else {}
+    with pytest.raises(ConfigError, match=r"engine\.data_dir = '' is invalid: it must name a directory"):
+        load_settings(path, env=env)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_serve_with_an_empty_data_dir_flag_refuses_it_in_one_line(tmp_path: Path, value: str) -> None:
+    """`--data-dir "$DATA_DIR"` with the variable unset: one line and exit 2, nothing made in the cwd."""
+    from typer.testing import CliRunner
+
+    from timewheel.app.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--data-dir", value, "--print-config"], env={})
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [f"timewheel: engine.data_dir = {value!r} is invalid: it must name a "
+                                               "directory (for example --data-dir var/data)"], res.output
