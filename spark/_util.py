@@ -17,12 +17,13 @@ def int_option(options: Mapping[str, str], name: str) -> int | None:
 
 
 def parse_time_ms(value: str | int) -> int:
-    """UTC epoch ms of an argument given as epoch ms or ISO-8601 (naive means UTC)."""
+    """UTC epoch ms of an argument given as epoch ms or ISO-8601 (naive means UTC), from 1970 to the
+    end of year 9999 (what a time can be shown as: a report printed after the job must not fail)."""
     if isinstance(value, int):
-        return value
+        return _in_range(value, value)
     text = value.strip()
     if text.lstrip("-").isdigit():
-        return int(text)
+        return _in_range(int(text), value)
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith(("Z", "z")) else text)
     except ValueError as e:
@@ -30,7 +31,21 @@ def parse_time_ms(value: str | int) -> int:
                          "(e.g. 2027-01-15T08:00:00Z)") from e
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
+    return _in_range(int(dt.timestamp() * 1000), value)
+
+
+#: the last millisecond of year 9999, the latest time `datetime` (and so every report) can show
+LATEST_MS = 253_402_300_799_999
+
+
+def _in_range(ms: int, value: str | int) -> int:
+    """`ms`, or a ValueError saying it is before 1970 or past year 9999."""
+    if ms < 0:
+        raise ValueError(f"{value!r} is before 1970-01-01T00:00:00Z: give a time since then")
+    if ms > LATEST_MS:
+        raise ValueError(f"{value!r} is past 9999-12-31T23:59:59.999Z: give epoch milliseconds (13 digits today) "
+                         "or an ISO-8601 time")
+    return ms
 
 
 def iso_ms(ms: int) -> str:
