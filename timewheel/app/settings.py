@@ -108,7 +108,9 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
                 if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
                     raise ValueError("true or false")
                 return value.lower() in ("1", "true", "yes")
-            return bool(value)
+            if not isinstance(value, bool):  # bool([0]) is True: a typo must not turn TLS on
+                raise ValueError("true or false")
+            return value
         if typ is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("an integer")
@@ -117,6 +119,8 @@ def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
             except ValueError:
                 raise ValueError("an integer") from None
         if typ is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError("a number")
             try:
                 return float(value)
             except ValueError:
@@ -147,9 +151,12 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
         for section, values in doc.items():
-            if section not in raw or not isinstance(values, dict):
+            if section not in raw:
                 raise ConfigError(f"unknown config section [{section}] in {path}; known: "
                                   f"{', '.join(sorted(raw))}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"{section} = {values!r} in {path} is not a section: write its keys under "
+                                  f"[{section}]")
             raw[section].update(values)
     env = os.environ if env is None else env
     for name, value in env.items():

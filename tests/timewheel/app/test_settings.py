@@ -221,3 +221,38 @@ def test_serve_with_an_empty_data_dir_flag_refuses_it_in_one_line(tmp_path: Path
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [f"timewheel: engine.data_dir = {value!r} is invalid: it must name a "
                                                "directory (for example --data-dir var/data)"], res.output
+
+
+@pytest.mark.parametrize("line, key, why", [
+    ("tls = [0]", "rocketmq.tls", "true or false"),  # bool([0]) is True: TLS turned on by a typo
+    ("tls = 1", "rocketmq.tls", "true or false"),
+    ('tls = "maybe"', "rocketmq.tls", "true or false"),
+])
+def test_a_switch_takes_true_or_false_and_nothing_that_merely_looks_true(tmp_path: Path, line: str, key: str,
+                                                                       why: str) -> None:
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n[rocketmq]\n{line}\n')
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as e:
+        load_settings(path, env={})
+    assert why in str(e.value)
+
+
+def test_a_number_is_not_a_switch(tmp_path: Path) -> None:
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\ncheckpoint_seconds = true\n')
+    with pytest.raises(ConfigError, match=r"engine\.checkpoint_seconds = True is invalid: it must be a number"):
+        load_settings(path, env={})
+
+
+def test_a_section_written_as_a_value_says_so_not_that_it_is_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "timewheel.toml"
+    path.write_text("engine = 5\n")
+    with pytest.raises(ConfigError, match=r"engine = 5 .* is not a section: write its keys under \[engine\]"):
+        load_settings(path, env={})
+
+
+def test_switches_still_load_from_toml_and_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "timewheel.toml"
+    path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n[rocketmq]\ntls = false\n')
+    assert load_settings(path, env={}).rocketmq.tls is False
+    assert load_settings(path, env={"TIMEWHEEL_ROCKETMQ_TLS": "no"}).rocketmq.tls is False
