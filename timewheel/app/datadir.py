@@ -56,7 +56,8 @@ def init_data_dir(path: Path, segment_minutes: int | None = None) -> tuple[Segme
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise DataDirError(f"{path} exists and is not an empty directory: give a new or empty one to init")
     try:
-        return SegmentLayout(path, segment_minutes or DEFAULT_SEGMENT_MINUTES, create=True), True
+        minutes = DEFAULT_SEGMENT_MINUTES if segment_minutes is None else segment_minutes  # 0 is refused, not the default
+        return SegmentLayout(path, minutes, create=True), True
     except (StorageError, OSError) as e:
         raise DataDirError(f"cannot make a data directory in {path}: {e}") from e
 

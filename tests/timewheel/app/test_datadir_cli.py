@@ -62,3 +62,10 @@ def test_inspect_names_segments_by_utc_time_and_json_keeps_epoch_ms(tmp_path: Pa
     assert "2026-11-23 19:00Z" in out and str(NOW) not in out, out
     code, out = run("inspect", "--data-dir", str(tmp_path / "data"), "--json")
     assert json.loads(out)["segments"][0]["start_ms"] == NOW
+
+
+def test_init_refuses_segments_of_zero_minutes_instead_of_taking_the_default(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["init", "--data-dir", str(tmp_path / "d"), "--segment-minutes", "0"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "d" / "timewheel.json").exists()
+    assert "segment" in result.output, result.output
