@@ -8,7 +8,9 @@ nudges, and leaves the decision to send to the queue's policy.
 One pass (`run_pass`, under the driver's lock) does, in order:
 0. count off the loaded segments the terminal outcomes the dispatchers recorded (they hand the
    counts back through the queue, `DispatchQueue.take_done`: they never take this driver's lock);
-1. load the current segment, and the next one `preload_seconds` before it begins;
+1. load the current segment, and the next one `preload_seconds` before it begins (after a pause of
+   the timer, segments that passed meanwhile unseen join the catch-up, and the wheel turns to now
+   first if what is loaded would reach past its horizon);
 2. take the records the store committed since the last pass (its commit listener appends their
    locations to an inbound list, under a lock of its own) and add those of loaded segments;
 3. every `rescan_seconds`, pick up parts other writers (Spark backfill) published: in loaded
@@ -118,6 +120,7 @@ class TimerDriver:
         slots = -(-(2 * seg_ms + config.preload_seconds * 1000) // config.tick_ms) + 2
         self.wheel = TimeWheel(config.tick_ms, slots, now)
         current = store.layout.segment_start(now)
+        self._current_before = current  # the current segment at the last pass
         past = [s for s in store.layout.list_segments() if s < current]
         done = store.meta.done_segments()
         # a done segment that a part published since (while stopped, say) makes pending again is not done
@@ -271,14 +274,21 @@ class TimerDriver:
         loader.note_done(queue.take_done())
         seg_ms = self.config.segment_ms
         current = now - now % seg_ms
-        loaded = False
-        for seg in (current, current + seg_ms):
-            if seg not in loader.loaded and (seg == current or now >= seg - self.config.preload_seconds * 1000):
-                if seg in self._catch_up:
-                    self._catch_up.remove(seg)
-                self._add(*loader.load(seg), now)
-                loaded = True
-        if loaded:  # the load's temporaries are freed: let the process shrink to what the wheel holds
+        before, self._current_before = self._current_before, current
+        # a segment that passed with no pass in it (a pause): no load below nor a start's listing takes it
+        if current > before and (current - before > seg_ms or before not in loader.loaded):
+            self._catch_up_unseen(before, current)
+        loads = [seg for seg in (current, current + seg_ms) if seg not in loader.loaded
+                 and (seg == current or now >= seg - self.config.preload_seconds * 1000)]
+        if loads and loads[-1] + seg_ms > wheel.horizon_ms:
+            # no pass for longer than the wheel spans past its turn (a paused process, a clock
+            # stepped forward): turned to now, it spans the segments loaded below
+            queue.push_ready(self._entries(*wheel.pop_due(now)))
+        for seg in loads:
+            if seg in self._catch_up:
+                self._catch_up.remove(seg)
+            self._add(*loader.load(seg), now)
+        if loads:  # the load's temporaries are freed: let the process shrink to what the wheel holds
             release_free_memory()
         with self._inbound_lock:
             inbound, self._inbound = self._inbound, []
@@ -347,6 +357,15 @@ class TimerDriver:
                 self.queue.push_backlog(entries)
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
+
+    def _catch_up_unseen(self, since: int, current: int) -> None:
+        """Catch up the segments from `since` to `current` that no pass saw as current or next (the
+        timer did not run while they passed): past now, they are loaded as a start loads them."""
+        done = self.store.meta.done_now()
+        unseen = [s for s in self.store.layout.list_segments(since, current)
+                  if s not in self.loader.loaded and s not in done]
+        if unseen:
+            self._catch_up = deque(sorted({*self._catch_up, *unseen}))
 
     def _reopened(self, current: int) -> list[int]:
         """Past segments marked done, of the next slice, that a part published since makes pending again."""
