@@ -266,9 +266,10 @@ class MetaStore:
             out.add(_BE64.unpack(k[1:9])[0])
         return out
 
-    def forget_segment(self, segment_ms: int) -> None:
-        """Drop a segment's state: it was retired, or is pending again."""
-        self._db.delete(b"s" + _BE64.pack(segment_ms))
+    def forget_segment(self, segment_ms: int, *, sync: bool = False) -> None:
+        """Drop a segment's state: it was retired, or is pending again; with `sync`, durably (and every
+        write before it: retention drops a segment's mark, after its records' entries, before its files)."""
+        self._db.delete(b"s" + _BE64.pack(segment_ms), self._synced if sync else None)
         self._undone((segment_ms,))
 
     def _undone(self, segments: Iterable[int]) -> None:

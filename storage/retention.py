@@ -13,7 +13,10 @@ made under the store's write lock, and only if no file of the segment changed si
 it: a message that arrives long past due is stored in the old segment of its due time, and must not
 be deleted with the records retention found done. Nor is a segment retired while one of its records
 is still in the ingest log past the last checkpoint: a crash would replay it into a new copy of the
-segment, pending, and it would be sent again.
+segment, pending, and it would be sent again. The segment's done mark goes just before the move, synced
+(and so are the entries forgotten before it): a mark that outlived the directory (a crash after the
+move, a power loss before the meta store's next flush) would name the part numbers, from 0, of a part
+published later into the hour made again, and that part would be taken for sent, never loaded.
 
 An old segment still pending (a record retrying for days, say) is read again only once one of its
 files has changed since it was last found pending, not at every checkpoint: its index and dispatch
@@ -75,7 +78,6 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             continue
         if not archive:
             shutil.rmtree(dst)
-        store.meta.forget_segment(seg)
         retired.append(seg)
     return retired
 

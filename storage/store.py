@@ -121,8 +121,7 @@ class ScheduleStore:
 
     # ---- append with group commit -------------------------------------------------------------
 
-    def append(self, records: Sequence[Record], now_ms: int,
-               origins: Sequence[Origin] | None = None) -> AppendResult:
+    def append(self, records: Sequence[Record], now_ms: int, origins: Sequence[Origin] | None = None) -> AppendResult:
         """Store records durably under the flush policy; repeated ids are stored once.
 
         `origins`, aligned with `records`: where each came from on the delay topic (kept in the
@@ -361,6 +360,8 @@ class ScheduleStore:
                 return False
             self.writer.forget(segment_ms)
             self.dispatch_writer.forget(segment_ms)
+            # its done mark first, synced: left behind, it would take a part published later into the hour for sent
+            self.meta.forget_segment(segment_ms, sync=True)
             os.replace(seg_dir, dst)
         fsync_path(self.layout.schedule_dir)  # out of schedule/ for good before its files go
         return True

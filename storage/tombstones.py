@@ -22,7 +22,9 @@ length a frame's CRC vouches for, so a file written before that bound reads back
 compacts the file (the live tombstones only) through a temporary file renamed into place.
 
 Durability: with `sync` every append is fsynced before it returns; in every mode `flush()` (the
-engine's checkpoint) and `close()` fsync what was appended, so the loss window is one checkpoint.
+engine's checkpoint) and `close()` fsync what was appended, so the loss window is one checkpoint; and
+the directory is fsynced when the file is created, in every mode (a power loss could otherwise take
+the file's name, and every tombstone in it, however often the file was fsynced).
 """
 from __future__ import annotations
 
@@ -222,7 +224,7 @@ class TombstoneLog:
         if self._fd is None:
             new = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            if new and self.sync:
+            if new:  # in every mode: the file's fsyncs (`flush`, `close`) keep nothing if its name is lost
                 fsync_path(self.path.parent)
         write_all(self._fd, frame)
         if self.sync:

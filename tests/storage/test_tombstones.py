@@ -141,6 +141,7 @@ def test_a_complete_bad_frame_at_the_end_is_reported_not_cut_silently(tmp_path: 
 def test_close_and_flush_fsync_in_every_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
     log = TombstoneLog(tmp_path, sync=False)
+    log.append([Tombstone(ID, "a", 1, 2)], T0)  # creates the file (its directory is fsynced once then)
     synced: list[int] = []
     real = os.fsync
 
@@ -149,10 +150,37 @@ def test_close_and_flush_fsync_in_every_mode(tmp_path: Path, monkeypatch: pytest
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    log.append([Tombstone(ID, "a", 1, 2)], T0)
+    log.append([Tombstone(ID, "b", 1, 2)], T0)
     assert not synced  # async: not on every append
     log.flush()
     assert len(synced) == 1
-    log.append([Tombstone(ID, "b", 1, 2)], T0)
+    log.append([Tombstone(ID, "c", 1, 2)], T0)
     log.close()
     assert len(synced) == 2
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_new_log_file_is_durable_by_name_once_flushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         sync: bool) -> None:
+    """The engine's checkpoint fsyncs the tombstone log in every mode, so a cancel survives a power
+    loss from then on; but a log file created without `sync` never had its directory fsynced, and
+    its whole name (every tombstone in it) could vanish with the power however often it was flushed."""
+    import os
+    log = TombstoneLog(tmp_path, sync=sync)
+    synced: list[Path] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    log.append([Tombstone(ID, "a", 1, 2)], T0)
+    log.flush()  # the checkpoint's
+    assert log.path.resolve() in synced
+    assert log.path.parent.resolve() in synced, "the new file's name was never made durable"
+    synced.clear()
+    log.append([Tombstone(ID, "b", 1, 2)], T0)
+    log.flush()
+    log.close()
+    assert log.path.parent.resolve() not in synced  # once is enough: the name stays
