@@ -1,12 +1,14 @@
 """A consumer's pulling: one thread per broker keeps a long-polling pull in flight per owned queue.
 
 Pulls are pipelined on one connection per broker and matched by opaque; the broker answers as
-soon as messages arrive, or after `suspend_ms` with none. Every answer already read when one
-arrives goes to the callback in one batch (one store commit), the compressed bodies of the lot
-inflating under one budget. A batch's offsets are committed (piggybacked on the next pull of each
-queue) only after the callback accepted it; a refused batch is pulled again after
-`retry_backoff_s`. PULL_OFFSET_MOVED is followed to where the broker says, and that offset is
-committed with the next pull (as the Java client does).
+soon as messages arrive, or after `suspend_ms` with none (its hold service may take a few
+seconds more). A pull still unanswered well past that, while nothing more arrives, was lost (a
+half-open connection, a held pull the broker failed to answer): the connection is made again and
+every queue of it pulled anew. Every answer already read when one arrives goes to the callback in
+one batch (one store commit), the compressed bodies of the lot inflating under one budget. A
+batch's offsets are committed (piggybacked on the next pull of each queue) only after the callback
+accepted it; a refused batch is pulled again after `retry_backoff_s`. PULL_OFFSET_MOVED is followed
+to where the broker says, and that offset is committed with the next pull (as the Java client does).
 
 With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached), or left less
 than one more answer after an answer cut by the count, is pulled again at the next multiple of that
@@ -39,7 +41,8 @@ from forwarder.rocketmq._pull_answer import _DECODE, Answer, BatchCallback, Body
 from forwarder.rocketmq._queue_state import Queue, QueueState, QueueTable
 from forwarder.rocketmq.compression import InflateBudget
 from forwarder.rocketmq.connection import Connection
-from forwarder.rocketmq.errors import BatchesRefusedError, MessageDecodeError, ProtocolError, RemotingError
+from forwarder.rocketmq.errors import (BatchesRefusedError, MessageDecodeError, ProtocolError, RemotingError,
+                                       RequestTimeoutError)
 from forwarder.rocketmq.message import ReceivedMessage
 from forwarder.rocketmq.protocol import (PULL_MESSAGE, PULL_NOT_FOUND, PULL_OFFSET_MOVED, PULL_RETRY_IMMEDIATELY,
                                          SUCCESS, Reply, Request, Response, ext_int)
@@ -58,6 +61,9 @@ _MAX_ANSWERS_PER_COMMIT = 32
 _GATHER_S = 0.001
 #: pulls of one offset whose answer skips offsets below nextBeginOffset before the gap is taken as given
 _GAP_PULLS = 2
+#: how much later than its long poll and the request timeout a pull may still be answered: a broker
+#: looks at the pulls it holds every 5 s, and a pull may wait up to 5 s in its queue before that
+_LATE_ANSWER_S = 10.0
 
 
 def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
@@ -72,6 +78,12 @@ def _emptied(resp: Response, asked: int, pull_batch: int) -> bool:
         return False
     left -= end
     return left <= 0 or (left < pull_batch and end - asked >= pull_batch)
+
+
+def _queue_of(pending: dict[int, tuple[Queue, float]], opaque: int) -> Queue | None:
+    """The queue the answered pull was sent for, taken out of `pending` (None: no pull waits for it)."""
+    got = pending.pop(opaque, None)
+    return None if got is None else got[0]
 
 
 def next_tick(now: float, period: float) -> float:
@@ -171,7 +183,7 @@ class Puller:
         """Keep one pull in flight per owned queue of `broker`; hand each batch to the callback."""
         s, membership = self.settings, self.membership
         conn: Connection | None = None
-        pending: dict[int, Queue] = {}
+        pending: dict[int, tuple[Queue, float]] = {}  # opaque -> (queue, when its answer is overdue)
         while self.running.is_set():
             mine = self.table.of_broker(broker)
             addr = membership.address(broker)
@@ -181,7 +193,7 @@ class Puller:
                     self.table.drop(q, st)
                     self._refused_since.pop(q, None)
                     del mine[q]
-                    pending = {o: pq for o, pq in pending.items() if pq != q}
+                    pending = {o: v for o, v in pending.items() if v[0] != q}
             if not mine or addr is None:
                 break
             try:
@@ -202,15 +214,24 @@ class Puller:
                 if requests:
                     sent_ms = time.time_ns() // 1_000_000
                     opaques = conn.submit(requests, now + s.timeout)
+                    overdue = now + s.suspend_ms / 1000 + s.timeout + _LATE_ANSWER_S
                     with self.table.lock:
                         for o, q in zip(opaques, queues):
                             mine[q].in_flight, mine[q].sent_ms = o, sent_ms
-                            pending[o] = q
+                            pending[o] = q, overdue
                 wait = self._next_pull_in(mine, now)
                 if not pending:
                     time.sleep(min(0.05, wait))
                     continue
                 if not conn.readable(min(0.1, wait)):
+                    # Nothing more is coming and the oldest pull is overdue: its answer was lost (a
+                    # half-open connection, a held pull the broker failed to answer), and nothing but
+                    # a new connection pulls its queue again.
+                    late = time.monotonic() - next(iter(pending.values()))[1]
+                    if late > 0:
+                        waited = late + s.suspend_ms / 1000 + s.timeout + _LATE_ANSWER_S
+                        raise RequestTimeoutError(f"no answer to a pull sent {waited:.1f} s ago (a long poll of "
+                                                  f"{s.suspend_ms} ms)")
                     continue
                 resp = conn.read_response(time.monotonic() + s.timeout + s.suspend_ms / 1000)
             except RemotingError as e:
@@ -222,7 +243,7 @@ class Puller:
                 continue
             # Group commit sized by load: answers already here (other queues') are stored together,
             # so a busy topic goes in commits of up to every owned queue's pull, an idle one in one.
-            answers = [(resp, pending.pop(resp.opaque, None))]
+            answers = [(resp, _queue_of(pending, resp.opaque))]
             # With a linger, the queues pulled on one tick answer within a moment of each other:
             # a moment's wait puts them in one commit instead of a commit each. A backlog (an
             # answer that left a full answer or more in its queue) waits for nothing: what is
@@ -231,7 +252,7 @@ class Puller:
             try:
                 while pending and len(answers) < _MAX_ANSWERS_PER_COMMIT and conn.readable(gather):
                     more = conn.read_response(time.monotonic() + s.timeout)
-                    answers.append((more, pending.pop(more.opaque, None)))
+                    answers.append((more, _queue_of(pending, more.opaque)))
                     if gather and not self._emptied(answers[-1]):
                         gather = 0.0  # a backlog after all: what is here goes now
             except RemotingError as e:  # what was read is handled; the connection is made again
