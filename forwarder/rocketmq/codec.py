@@ -14,7 +14,7 @@ SEND_BATCH_MESSAGE body: the messages one after another (MessageDecoder.encodeMe
                             the properties the bundled client sends for a single message
 
 PULL_MESSAGE body: stored messages one after another (MessageDecoder), each:
-    total_size i32, magic i32 (V1 0xdaa320a7: topic length 1 byte; V2 0xdaa320a3: 2 bytes),
+    total_size i32, magic i32 (V1 0xdaa320a7: topic length 1 byte; V2 0xdaa320ab: 2 bytes),
     body_crc i32, queue_id i32, flag i32, queue_offset i64, physical_offset i64, sys_flag i32,
     born_timestamp i64, born_host (4+4 bytes, 16+4 when sys_flag & 0x10), store_timestamp i64,
     store_host (4+4, 16+4 when sys_flag & 0x20), reconsume_times i32, prepared_offset i64,
@@ -83,7 +83,7 @@ _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
 _MAGIC_V1 = -626843481  # 0xdaa320a7
-_MAGIC_V2 = -626843485  # 0xdaa320a3: topic length in 2 bytes
+_MAGIC_V2 = -626843477  # 0xdaa320ab: topic length in 2 bytes (a topic over 127 bytes)
 #: the smallest stored message: its fixed fields with empty body, topic and properties
 _MIN_STORED = _STORED_HEAD.size + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 _SYS_BORNHOST_V6 = 0x10

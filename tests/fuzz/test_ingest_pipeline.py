@@ -48,7 +48,7 @@ COMMIT_BUDGET = 256 * 1024
 MEMORY_BOUND = 32 << 20
 LIMITS = ContractLimits(max_delay_ms=2 * 366 * 86_400_000, max_body_bytes=MAX_BODY,
                         reserved_topics=frozenset({"TW_DELAY", "TW_DLQ"}))
-_V1, _V2 = -626843481, -626843485
+_V1, _V2 = -626843481, -626843477
 _ID = "0" * 32
 
 

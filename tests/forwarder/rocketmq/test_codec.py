@@ -52,7 +52,7 @@ def test_encode_message_refuses_what_rocketmq_cannot_carry(props: dict[str, str]
     assert not err.value.retriable
 
 
-_V1, _V2 = -626843481, -626843485
+_V1, _V2 = -626843481, -626843477
 
 
 def stored(body: bytes, topic: str, props: dict[str, str], *, v2: bool = False, ipv6: bool = False,
@@ -101,6 +101,16 @@ def test_decode_reads_back_what_the_store_holds(items: list[tuple[bytes, dict[st
             "TOPIC_A", f"ID{i}", "tg", 3, 7, 1_700_000_000_000)
         assert {k: v for k, v in m.properties.items() if k not in ("UNIQ_KEY", "TAGS")} == \
             {k: v for k, v in p.items() if k not in ("UNIQ_KEY", "TAGS")}
+
+
+def test_a_message_of_a_topic_over_127_bytes_is_read_in_the_layout_the_broker_writes_it() -> None:
+    """A broker stores a message whose topic is over 127 bytes (a retry topic of a long group name)
+    with MessageDecoder.MESSAGE_MAGIC_CODE_V2, 0xdaa320ab, and the topic's length in 2 bytes."""
+    topic = "%RETRY%" + "g" * 130
+    raw = bytearray(stored(b"body", topic, {"UNIQ_KEY": "ID1"}, v2=True))
+    raw[4:8] = bytes.fromhex("daa320ab")  # as rocketmq-common 5.3.3 has it, whatever the helper says
+    [m] = decode_messages(bytes(raw))
+    assert (m.topic, m.body, m.msg_id, m.undecodable) == (topic, b"body", "ID1", None)
 
 
 def test_without_uniq_key_the_id_is_the_offset_id() -> None:
