@@ -8,7 +8,9 @@ One look-up for the command line (`timewheel find`, beside a running engine) and
   business key, `c`+id when an id was cancelled. Opened read-only beside the engine it misses
   what the engine stored since its last checkpoint, so `unflushed=True` also searches the ingest
   log's frames since then (at most `checkpoint_bytes`, 64 MiB by default);
-- the record itself (CRC-checked): when it was stored, its due time, target topic, tags, keys, size;
+- the record itself (CRC-checked): when it was stored, its due time, target topic, tags, keys, size
+  (one the ingest log holds since the checkpoint is taken from there when its part does not hold
+  it yet: a commit writes the log first, then the part);
 - its segment's dispatch log (only the rows naming it, `storage.read_dispatch_entries_of`): every
   send attempt and outcome, with the broker's answer for a
   delivered message (its message id: what `mqadmin queryMsgById` takes) and the note of a failed
@@ -163,41 +165,47 @@ class MessageFinder:
         extra = self._unflushed(key.encode(), lambda r: key in r.keys)
         return self._found({"key": key}, ids, extra, now_ms, limit)
 
-    def _unflushed(self, needle: bytes, matches: Any) -> dict[str, tuple[int, int, int]]:
-        """Ids and locations of records in the ingest log since the checkpoint that `matches` accepts."""
+    def _unflushed(self, needle: bytes, matches: Any) -> dict[str, tuple[tuple[int, int, int], Record]]:
+        """Records in the ingest log since the checkpoint that `matches` accepts, by id: each one's
+        location and the record as the log holds it."""
         if not self.unflushed:
             return {}
         point = self.meta.get_document("checkpoint") or {"seq": 0, "pos": 0}
-        out: dict[str, tuple[int, int, int]] = {}
+        out: dict[str, tuple[tuple[int, int, int], Record]] = {}
         for loc, raw in records_holding(self.layout.ingest_dir, int(point["seq"]), int(point["pos"]), [needle]):
             try:
                 rec = decode(raw)[0]
             except CorruptRecordError:
                 continue  # the frame's CRC held: bytes that only look like a record of ours
             if matches(rec):
-                out[rec.msg_id] = (int(loc["segment_ms"]), int(loc["part"]), int(loc["offset"]))
+                out[rec.msg_id] = ((int(loc["segment_ms"]), int(loc["part"]), int(loc["offset"])), rec)
         return out
 
-    def _found(self, query: dict[str, str], ids: list[str], extra: dict[str, tuple[int, int, int]], now_ms: int,
-               limit: int) -> Found:
+    def _found(self, query: dict[str, str], ids: list[str], extra: dict[str, tuple[tuple[int, int, int], Record]],
+               now_ms: int, limit: int) -> Found:
         where: dict[str, tuple[int, int, int]] = {}
         for mid, loc in zip(ids, self.meta.locations(ids)):
             if loc is not None:
                 where[mid] = (loc.segment_ms, loc.part, loc.offset)
-        for mid, loc3 in sorted(extra.items()):
+        for mid, (loc3, _) in sorted(extra.items(), key=lambda kv: kv[0]):
             where.setdefault(mid, loc3)
         # retention forgets a segment's ids before it removes the segment, but a view of the meta
         # store taken before that forget reaches the disk still names them: they are gone, not corrupt
         present = {seg: self.layout.segment_dir(seg).is_dir() for seg in {loc[0] for loc in where.values()}}
         chosen = sorted(((m, loc) for m, loc in where.items() if present[loc[0]]), key=lambda kv: (kv[1], kv[0]))
         truncated = len(chosen) > limit
-        return Found(query, self._trails(chosen[:limit], now_ms), truncated)
+        logged = {mid: rec for mid, (loc3, rec) in extra.items() if where[mid] == loc3}
+        return Found(query, self._trails(chosen[:limit], now_ms, logged), truncated)
 
-    def _trails(self, chosen: Sequence[tuple[str, tuple[int, int, int]]], now_ms: int) -> list[Trail]:
+    def _trails(self, chosen: Sequence[tuple[str, tuple[int, int, int]]], now_ms: int,
+                logged: dict[str, Record]) -> list[Trail]:
         if not chosen:
             return []
         segs = [loc[0] for _, loc in chosen]
         read = self._records.read(segs, [loc[1] for _, loc in chosen], [loc[2] for _, loc in chosen])
+        # a commit under way has written the ingest log, not the part yet: the log's copy (CRC-checked,
+        # what a replay would write there) is the record, not a corrupt one
+        read = [r if isinstance(r, Record) else logged.get(mid, r) for (mid, _), r in zip(chosen, read)]
         logs = {}
         for seg in sorted(set(segs)):  # only the entries of the records asked about, however large the log
             mine = [loc for _, loc in chosen if loc[0] == seg]

@@ -174,3 +174,28 @@ def test_a_message_retired_after_the_view_was_taken_is_not_found_rather_than_cor
         assert MessageFinder(e.store.layout, e.store.meta).by_key("order-old", clock.now_ms()).trails == []
     finally:
         e.stop()
+
+
+def test_a_message_caught_between_its_ingest_log_frame_and_its_part_write_is_not_called_corrupt(
+        tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit writes the ingest log first, then the part: a look-up beside the engine in between
+    finds the record in the log (and its part not holding it yet) and reads it from the log."""
+    e = Engine(EngineConfig(data_dir=tmp_path / "data"), AnsweringSink(), clock, seed=1).start(background=False)
+    try:
+        assert e.store is not None
+        seen: list[dict] = []
+        write = e.store.writer.write
+
+        def look_then_write(*args: object) -> None:  # the engine is between the two writes of its commit
+            with MessageFinder.beside_engine(tmp_path / "data") as finder:
+                seen.extend(_one(f) for f in (finder.by_key("order-7", T0), finder.by_id(UNIQ["pending"], T0)))
+            write(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(e.store.writer, "write", look_then_write)
+        e.schedule([Message("ORDERS", b"xyz", T0 + 5000, keys=("order-7",), msg_id=f"{UNIQ['pending']}:00000007")])
+        assert len(seen) == 2  # by key and by id
+        for m in seen:
+            assert (m["state"], _whats(m)) == ("pending", ["stored", "pending"]), m
+            assert (m["topic"], m["keys"], m["body_bytes"], m["due_ms"]) == ("ORDERS", ["order-7"], 3, T0 + 5000)
+    finally:
+        e.stop()
