@@ -39,6 +39,9 @@ from forwarder.shaping_rules import DEFAULT_CLASS, ShapingRules, parse_rules
 from forwarder.shaping_shares import EPS as _EPS, class_shares, fair_split
 
 _PAUSED_RECHECK_MS = 10
+#: a clock this far behind a bucket's last refill was stepped back (NTP, a VM restored): the bucket
+#: refills from its new reading on; less is threads' readings of one moment arriving out of order
+_CLOCK_STEP_BACK_MS = 1000
 
 
 class _Bucket:
@@ -57,6 +60,8 @@ class _Bucket:
             self.stamp = now
         else:
             self.tokens = min(burst, self.tokens)
+            if now < self.stamp - _CLOCK_STEP_BACK_MS:  # else it would earn nothing until the clock caught up
+                self.stamp = now
 
     def whole(self) -> int:
         """Whole tokens available."""
