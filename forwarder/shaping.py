@@ -78,6 +78,7 @@ class _Counters:
     """What shaping did to a topic or a class."""
 
     granted: int = 0
+    released: int = 0  # granted, then given back untaken (`granted` only grows: it is exported as a counter)
     sent: int = 0
     failed: int = 0
     throttled: int = 0  # messages held back at least once by a limit (a retried message counts again)
@@ -266,14 +267,14 @@ class TrafficShaper:
                         st.bucket = None
 
     def stats(self) -> dict[str, object]:
-        """Totals, and per topic and per class: granted, sent, failed, throttled, held time, backoffs."""
+        """Totals, and per topic and per class: granted, released, sent, failed, throttled, held time, backoffs."""
         with self._lock:
             rules = self._pending or self._rules
             total = _Counters()
             topics: dict[str, object] = {}
             for name, st in sorted(self._topics.items()):
                 c = st.counters
-                for f in ("granted", "sent", "failed", "throttled", "held_count", "backoffs"):
+                for f in ("granted", "released", "sent", "failed", "throttled", "held_count", "backoffs"):
                     setattr(total, f, getattr(total, f) + getattr(c, f))
                 total.held_ms_sum += c.held_ms_sum
                 rate, _ = self._limit(name, st, rules)
@@ -370,8 +371,8 @@ class TrafficShaper:
                 st.bucket.tokens += n
             if self._global is not None:
                 self._global.tokens += n
-            st.counters.granted -= n
-            self._class(self._rules.class_of(topic)).granted -= n
+            st.counters.released += n
+            self._class(self._rules.class_of(topic)).released += n
             st.outstanding -= n
 
     def _share(self, total: int, demand: Mapping[str, int], rules: ShapingRules) -> dict[str, int]:

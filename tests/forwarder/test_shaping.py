@@ -400,6 +400,9 @@ def test_grants_not_taken_by_the_caller_are_released() -> None:
     shaper.record("A", 6, 0, 0.0, 1000)
     assert shaper.next_grant_ms(1000) == 1100  # the next token, at 10/s
     assert shaper.grant({"A": 40}, 1099) == {} and shaper.grant({"A": 40}, 1100) == {"A": 1}
+    # exported as Prometheus counters: a release must not lower what was granted (a dip reads as a reset)
+    topics: Any = shaper.stats()["topics"]
+    assert (topics["A"]["granted"], topics["A"]["released"], topics["A"]["sent"]) == (17, 6, 10)
 
 
 def test_grants_in_flight_on_several_threads_are_not_spent_twice() -> None:

@@ -120,6 +120,7 @@ def _lateness_family(buckets: LatenessBuckets, name: str, doc: str) -> Histogram
 
 _SHAPING_COUNTERS = {
     "granted": "Messages the traffic shaper let go.",
+    "released": "Messages granted, then given back untaken (their tokens returned).",
     "sent": "Messages sent after shaping.",
     "failed": "Sends that failed after shaping (they back their topic off).",
     "throttled": "Messages held back at least once by a rate limit, the global cap or a backoff.",
