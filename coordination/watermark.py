@@ -8,8 +8,10 @@ below O before it computed W. A message that reached the shard after W passed it
 offset at or past O, and is not covered. A document without `offsets` (written before they existed)
 covers by W alone. `"exceptions": [["<broker>:<queue id>", O, due], ...]` (absent: none) lists the
 holder's entries due by W that it had not finished when it published (a message being retried): W
-passes them, and they are not covered. A write is a compare-and-set on the znode's version, and refused when the stored
-epoch is newer: a holder that lost its lease cannot move the watermark of its successor.
+passes them, and they are not covered, nor is any entry due at a listed due time (another copy of
+a listed message, stored by this replica from another queue, has another origin). A write is a
+compare-and-set on the znode's version, and refused when the stored epoch is newer: a holder that
+lost its lease cannot move the watermark of its successor.
 """
 from __future__ import annotations
 
@@ -123,14 +125,15 @@ def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray,
     """Which entries one of `marks` covers (a bool each): due at or before its watermark and this
     replica's clock, and below its offset for the entry's queue. `origins` are `storage.ORIGIN_DTYPE`
     rows numbered by `queue_names`; an entry with no known origin, or a mark without offsets, is
-    judged by the watermark alone. An entry a mark lists among its exceptions is not covered by it."""
+    judged by the watermark alone. An entry a mark lists among its exceptions (by origin, or due at
+    a listed due time: another copy of the listed message) is not covered by it."""
     out = np.zeros(len(due), bool)
     queue = origins["queue"].astype(np.int64)
     unknown = queue < 0
     for mark in marks:
         covered = due <= min(mark.watermark_ms, now_ms)
         if mark.exceptions:
-            covered &= ~_listed(mark.exceptions, origins, queue_names)
+            covered &= ~_listed(mark.exceptions, due, origins, queue_names)
         if mark.offsets is None:
             out |= covered
             continue
@@ -140,10 +143,17 @@ def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray,
     return out
 
 
-def _listed(exceptions: Sequence[tuple[str, int, int]], origins: np.ndarray, queue_names: Sequence[str]) -> np.ndarray:
-    """Which entries (by origin) a mark's exceptions name."""
+def _listed(exceptions: Sequence[tuple[str, int, int]], due: np.ndarray, origins: np.ndarray,
+            queue_names: Sequence[str]) -> np.ndarray:
+    """Which entries a mark's exceptions may name: by origin, or by due time.
+
+    A message can lie on the delay topic twice (a producer's retry to another queue): each replica
+    stores the copy it read first and drops the other as a repeated id, so the holder's listed copy
+    may have another origin than this replica's. Both copies have the listed due time (the id is
+    made from it), so an entry due then is taken for it: held, never recorded as delivered.
+    """
     number = {name: i for i, name in enumerate(queue_names)}
-    out = np.zeros(len(origins), bool)
+    out = np.isin(due, np.array([d for _, _, d in exceptions], np.int64))
     for queue, offset, _ in exceptions:
         q = number.get(queue)
         if q is not None:

@@ -55,7 +55,7 @@ def test_offsets_round_trip_and_a_malformed_document_is_refused_with_what_it_hol
 def test_a_record_listed_as_an_exception_is_not_covered_and_the_rest_below_w_is() -> None:
     mark = Watermark(3, 1_000, "a", 0, {"broker-a:0": 10, "broker-a:1": 10},
                      (("broker-a:0", 4, 500), ("broker-b:9", 1, 600)))
-    due = np.array([500, 500, 500, 900])
+    due = np.array([500, 510, 520, 900])
     origins = _rows([0, 1, 0, 0], [4, 4, 5, 9])
     # listed (queue 0 offset 4); same offset on another queue; the next offset; a later one
     assert covered_by([mark], due, origins, NAMES, 10_000).tolist() == [False, True, True, True]
@@ -73,3 +73,18 @@ def test_exceptions_round_trip_and_a_mark_without_them_reads_as_before() -> None
     with pytest.raises(MalformedWatermark):
         Watermark.from_json(b'{"epoch": 2, "watermark_ms": 7, "replica": "b", "published_ms": 9, '
                             b'"exceptions": [["broker-a:1", 40]]}')
+
+
+def test_an_entry_due_at_a_listed_due_time_is_not_covered_whatever_its_origin() -> None:
+    """A message on the delay topic twice (a producer's retry to another queue) is stored by each
+    replica from the copy it read first: the holder's listed copy may have another origin than this
+    replica's. Both are due at the listed time. Before, this replica's copy was covered (due by W,
+    below the offsets) and recorded as delivered though the holder had not sent the message."""
+    mark = Watermark(3, 1_000, "a", 0, {"broker-a:0": 10, "broker-a:1": 10}, (("broker-a:1", 4, 500),))
+    due = np.array([500, 500, 501])
+    origins = _rows([0, 0, 0], [7, 8, 9])
+    # the other copy (queue 0) of the listed message; another message due in that ms; one due a ms later
+    assert covered_by([mark], due, origins, NAMES, 10_000).tolist() == [False, False, True]
+    # a later mark of that holder that no longer lists it (sent meanwhile) covers them
+    later = Watermark(3, 1_000, "a", 0, {"broker-a:0": 10, "broker-a:1": 10})
+    assert covered_by([later], due, origins, NAMES, 10_000).tolist() == [True, True, True]
