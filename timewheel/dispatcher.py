@@ -17,11 +17,8 @@ dispatcher never calls into the timer; at a low rate the timer runs a pass on it
 `_deliver` sends it (`timewheel._recovery`).
 
 A send is two stages, `_send` (read the records: `timewheel._read_batch`) then `_deliver` (one
-send batch through the sink, then the outcomes); a stage between them takes a `Batch` and gives
-one back.
-
-The dispatcher's lock guards the held queues and its counters; it is never held while calling the
-Sink or the store (the shaper and the queue are called under it).
+send batch through the sink, then the outcomes). The dispatcher's lock guards the held queues and
+its counters; it is never held while calling the Sink or the store (the shaper and the queue are).
 """
 from __future__ import annotations
 
@@ -385,8 +382,11 @@ class Dispatcher:
         if self.shaper is not None:
             for topic, idx in (by_topic if by_topic is not None else rows_by_topic(b.topic_list())).items():
                 ok = len(idx) if all_ok else int(delivered[idx].sum())
+                fenced = 0 if held is None else int(held[idx].sum())  # held on the way: no send failed
                 waited = 0.0 if held_since is None else float((sent_at - held_since[idx]).sum())
-                self.shaper.record(topic, ok, len(idx) - ok, waited, sent_at)
+                self.shaper.record(topic, ok, len(idx) - ok - fenced, waited, sent_at)
+                if fenced:
+                    self.shaper.release(topic, fenced)
         good = b if all_ok else b.select(delivered)
         if len(good.due):
             try:

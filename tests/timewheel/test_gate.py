@@ -3,15 +3,17 @@ without spending attempts; the delivered-up-to watermark never passes an entry n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from coordination.watermark import Watermark, covered_by
+from forwarder.shaping import TrafficShaper, parse_rules
 
 from storage import DELIVERED, ScheduleStore, read_dispatch_log
 from tests.timewheel.conftest import T0, RecordingSink, drive
 from timewheel import NO_WATERMARK, Engine, EngineConfig, ManualClock, Message
+from timewheel.message import SendResults
 
 
 class ScriptedGate:
@@ -258,6 +260,44 @@ def test_one_message_stuck_retrying_does_not_hold_the_watermark_back_and_the_nex
     assert [mid for mid, _ in standby_sink.sent] == ["m3"]  # the stuck one is sent, nothing twice
 
 
+def test_a_stuck_message_the_two_replicas_stored_from_different_copies_is_not_recorded_delivered_by_the_standby(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """A producer's retry can leave two copies of one delay message (one id, one due time) on two
+    queues of a shard; each replica stores the copy it reads first and drops the other as a repeated
+    id, and the two may read them in either order. The holder names its stuck copy by its origin: the
+    standby's copy has another origin. Before, the standby found its copy covered by the mark (due by
+    W, below the offsets: the holder had read that copy too, and dropped it), recorded it as delivered,
+    and after the failover nobody sent the message."""
+    holder_sink = RefusingSink(clock, "BAD")
+    holder = _engine(tmp_path / "a", holder_sink, clock, None, retry_base_ms=1000, max_attempts=1000)
+    standby_sink = RecordingSink(clock)
+    gate = ScriptedGate()
+    standby = _engine(tmp_path / "b", standby_sink, clock, gate)
+    msgs = [Message("BAD" if i == 3 else "T", str(i).encode(), T0 + 1000 + i * 500, msg_id=f"m{i}")
+            for i in range(20)]  # m3 (due T0+2.5s) goes to a topic the broker refuses
+    origins = [("broker-a:0", i) for i in range(20)]
+    retried = ([msgs[3]], [("broker-b:0", 0)])  # the producer's retry stored m3 again on another broker
+    holder.schedule(*retried)  # the holder reads that copy first, and drops broker-a:0's as a repeat
+    assert holder.schedule(msgs, origins) and holder.stats().counters.duplicates == 1
+    standby.schedule(msgs, origins)  # the standby reads them the other way round
+    standby.schedule(*retried)
+    assert standby.stats().counters.duplicates == 1
+    for t in range(T0, T0 + 12_001, 1_000):  # the holder publishes every second; the standby follows
+        drive(holder, clock, t)
+        mark = holder.delivered_up_to_except(64)
+        gate.watermark, gate.offsets, gate.exceptions = mark.up_to, {"broker-a:0": 20, "broker-b:0": 1}, \
+            mark.exceptions
+        drive(standby, clock, t)
+    assert mark.up_to == T0 + 12_000 and mark.exceptions == (("broker-b:0", 0, T0 + 2_500),)
+    assert sorted(mid for mid, _ in holder_sink.sent) == sorted(f"m{i}" for i in range(20) if i != 3)
+    assert standby_sink.sent == [] and gate.peer_delivered == 19  # everything but m3
+    holder.stop()  # the holder dies with m3 unsent; the standby takes over with the last mark
+    gate.open = True
+    drive(standby, clock, T0 + 14_000)
+    standby.stop()
+    assert [mid for mid, _ in standby_sink.sent] == ["m3"]
+
+
 def test_a_cancel_a_standby_reads_after_its_message_came_due_is_kept_when_it_takes_over(
         tmp_path: Path, clock: ManualClock) -> None:
     """A replica reading the delay topic again (a wiped directory) reads some cancels after their
@@ -280,3 +320,33 @@ def test_a_cancel_a_standby_reads_after_its_message_came_due_is_kept_when_it_tak
     assert [mid for mid, _ in sink.sent] == ["kept"]
     rows = _dispatch_rows(tmp_path / "b")
     assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
+
+
+
+class _FencedOnTheWay(RecordingSink):
+    """Sends the first message of its first batch; the fence closes while the rest are on their way
+    (held, as `coordination.FencedSink` marks them), then sends everything."""
+
+    fenced = False
+
+    def send_batch(self, messages: Sequence[Message]) -> SendResults:
+        if self.fenced:
+            return SendResults(super().send_batch(messages))
+        self.fenced = True
+        ok = super().send_batch(messages[:1]) + [False] * (len(messages) - 1)
+        return SendResults(ok, held=np.array([False] + [True] * (len(messages) - 1)))
+
+
+def test_rows_a_fence_held_on_their_way_are_not_failed_sends_to_the_traffic_rules(
+        tmp_path: Path, clock: ManualClock) -> None:
+    # a failed send backs its topic off and spends its tokens: a fence held these, nothing failed
+    sink = _FencedOnTheWay(clock)
+    shaper = TrafficShaper(parse_rules({"topics": {"T": {"rate": 1000, "burst": 1000}}}))
+    e = Engine(EngineConfig(tmp_path / "d"), sink, clock, seed=1, shaper=shaper).start(background=False)
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000) for i in range(5)])
+    drive(e, clock, T0 + 5_000)
+    e.stop()
+    assert sorted(m for m, _ in sink.sent) == sorted(ids)
+    topic: Any = shaper.stats()["topics"]
+    assert (topic["T"]["sent"], topic["T"]["failed"], topic["T"]["backoffs"]) == (5, 0, 0), topic["T"]
+    assert not topic["T"]["backed_off"]
