@@ -156,7 +156,9 @@ def _properties(df: DataFrame) -> tuple[Column, Column]:
 
 def _not_a_target(topic: Column, reserved: frozenset[str]) -> Column:
     """True where `topic` is not one ingest delivers to (`forwarder.contract.check_target_topic`, as columns)."""
-    bad = ~topic.rlike(f"^{TOPIC_PATTERN}$")
+    # Spark matches with java.util.regex, whose `$` also matches before a final line break ("ORDERS\n"
+    # would pass); `\z` is the end of the text, as the ingest check's fullmatch requires
+    bad = ~topic.rlike(f"^{TOPIC_PATTERN}\\z")
     for prefix in SYSTEM_TOPIC_PREFIXES:
         bad = bad | topic.startswith(prefix)
     return bad | topic.isin(*sorted(reserved)) if reserved else bad

@@ -167,3 +167,21 @@ def test_system_and_engine_topics_are_refused_with_the_ingest_check(spark: Spark
     for t in bad:
         with pytest.raises(ContractViolation):
             check_target_topic(t, frozenset({"TW_DELAY", "TW_DLQ"}))
+
+
+@pytest.mark.spark
+def test_a_topic_ending_in_a_line_break_is_refused_as_ingest_refuses_it(spark: SparkSession, tmp_path: Path) -> None:
+    # names read line by line keep their line break; delivery would refuse every one of these messages
+    data = tmp_path / "data"
+    SegmentLayout(data)
+    bad = ["ORDERS\n", "ORDERS\r", "ORDERS\r\n", "ORDERS\u0085", "ORDERS\u2028", "ORDERS\u2029"]
+    rows = [{"msg_id": "ok-1", "topic": "ORDERS", "body": "x", "deliver_at_ms": T0 + 5000}]
+    rows += [{"msg_id": f"b{i}", "topic": t, "body": "x", "deliver_at_ms": T0 + 5000} for i, t in enumerate(bad)]
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    res = backfill(spark, data, read_input(spark, [str(src)]), now_ms=T0, max_delay_ms=2 * HOUR)
+    assert res.rejected_by_reason == {"bad_topic": len(bad)} and res.scheduled == 1
+    assert list(_stored(data)) == ["ok-1"]
+    from forwarder.contract import ContractViolation, check_target_topic
+    for t in bad:
+        with pytest.raises(ContractViolation):
+            check_target_topic(t)
