@@ -44,7 +44,7 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
     # withdrawn rather than kept, or it would go out once this replica holds the lease.
     held = standby()
     by_seg: dict[int, tuple[list[tuple[int, int, int]], list[str]]] = {}
-    late: dict[int, list[tuple[int, int]]] = {}
+    late: dict[int, list[tuple[int, int, int]]] = {}
     late_ids: list[str] = []
     for mid, loc in zip(ids, meta.locations(ids)):
         if loc is None:
@@ -55,7 +55,7 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
             continue
         if rec.due_ms <= now:
             if held:
-                late.setdefault(loc.segment_ms, []).append((loc.part, loc.offset))
+                late.setdefault(loc.segment_ms, []).append((loc.part, loc.offset, rec.due_ms))
                 late_ids.append(mid)
             continue  # already due: it is being, or has been, delivered
         rows, mids = by_seg.setdefault(loc.segment_ms, ([], []))
@@ -68,7 +68,7 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
         count(len(mids))
         total += len(mids)
     if late:
-        timer.withdraw({seg: np.array(items, dtype=np.int64) for seg, items in late.items()})
+        timer.withdraw({seg: np.array(items, dtype=np.int64) for seg, items in late.items()}, now)
         meta.mark_cancelled(late_ids, now)
         count(len(late_ids))
         total += len(late_ids)

@@ -60,6 +60,7 @@ from timewheel.dispatch_queue import DispatchQueue
 from timewheel.loader import SegmentLoader
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 from timewheel._threads import guarded
+from timewheel._withdrawn import record_cancelled
 
 log = logging.getLogger("timewheel.timer")
 _MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
@@ -201,14 +202,16 @@ class TimerDriver:
         if removals_now:
             self._wake.set()
 
-    def withdraw(self, by_segment: dict[int, np.ndarray]) -> None:
-        """Keep entries already due from being sent (rows of part, offset per segment): those still in
-        the dispatch queue are dropped there and recorded cancelled by the dispatcher that drops them."""
+    def withdraw(self, by_segment: dict[int, np.ndarray], now: int) -> None:
+        """Keep entries already due from being sent (rows of part, offset, due per segment): dropped in
+        the dispatch queue (its dispatcher records them), or recorded here for a segment not loaded."""
         with self._lock:
             for seg, arr in by_segment.items():
                 if seg in self.loader.loaded:
                     self.queue.withdraw(self.loader.refs(seg, arr[:, 0].astype(np.uint16),
                                                          arr[:, 1].astype(np.uint32)))
+                else:  # under this lock: its load, when the catch-up gets to it, reads this outcome
+                    record_cancelled(self.store, seg, arr, now)
 
     def catch_up_again(self, segments: list[int]) -> None:
         """Past segments to read again whole, as a catch-up (retired, then made again by a part

@@ -10,7 +10,7 @@ import numpy as np
 from coordination.watermark import Watermark, covered_by
 from forwarder.shaping import TrafficShaper, parse_rules
 
-from storage import DELIVERED, ScheduleStore, read_dispatch_log
+from storage import CANCELLED, DELIVERED, ScheduleStore, read_dispatch_log
 from tests.timewheel.conftest import T0, RecordingSink, drive
 from timewheel import NO_WATERMARK, Engine, EngineConfig, ManualClock, Message
 from timewheel.message import SendResults
@@ -52,9 +52,9 @@ def _engine(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedG
     return Engine(EngineConfig(path, **kw), sink, clock, seed=1, gate=gate).start(background=False)  # type: ignore[arg-type]
 
 
-def _dispatch_rows(path: Path) -> list[tuple[int, int, int]]:
+def _dispatch_rows(path: Path, segment_minutes: int = 60) -> list[tuple[int, int, int]]:
     """(due, outcome, attempts) of every dispatch-log row, sorted by due time."""
-    store = ScheduleStore(path)
+    store = ScheduleStore(path, segment_minutes=segment_minutes)
     try:
         rows = [(int(r["due_ms"]), int(r["outcome"]), int(r["attempts"])) for seg in store.layout.list_segments()
                 for r in read_dispatch_log(store.layout.dispatch_log(seg)).entries]
@@ -303,7 +303,6 @@ def test_a_cancel_a_standby_reads_after_its_message_came_due_is_kept_when_it_tak
     """A replica reading the delay topic again (a wiped directory) reads some cancels after their
     messages came due. An engine skips cancels of due messages (they may be in flight), but a standby
     has sent none: before this, it kept the one its gate held and sent it once it held the lease."""
-    from storage import CANCELLED
     from timewheel.cancels import CancelRequest
 
     sink = RecordingSink(clock)
@@ -350,3 +349,33 @@ def test_rows_a_fence_held_on_their_way_are_not_failed_sends_to_the_traffic_rule
     topic: Any = shaper.stats()["topics"]
     assert (topic["T"]["sent"], topic["T"]["failed"], topic["T"]["backoffs"]) == (5, 0, 0), topic["T"]
     assert not topic["T"]["backed_off"]
+
+
+def test_a_late_cancel_of_a_message_in_a_past_segment_not_yet_caught_up_is_kept_when_the_standby_takes_over(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """A standby restarted after a downtime catches its past segments up one by one while its ingest
+    reads again what the delay topic got meanwhile: a cancel read then finds its message due, in a
+    segment the catch-up has not loaded yet, so nothing in the dispatch queue to withdraw. Before
+    this, the cancel was only marked in the meta store; the catch-up then loaded the message like any
+    other, the standby held it, and sent it once it held the lease."""
+    from timewheel.cancels import CancelRequest
+
+    sink = RecordingSink(clock)
+    gate = ScriptedGate()
+    first = _engine(tmp_path / "b", sink, clock, gate, segment_minutes=1, preload_seconds=5)
+    first.schedule([Message("T", b"doomed", T0 + 61_000, msg_id="doomed"),
+                    Message("T", b"kept", T0 + 61_000, msg_id="kept")], [("broker-a:0", 0), ("broker-a:0", 1)])
+    drive(first, clock, T0 + 1_000)
+    first.stop()  # down while they come due; no holder covers them (its last mark is before them)
+    clock.set(T0 + 180_000)
+    standby = _engine(tmp_path / "b", sink, clock, gate, segment_minutes=1, preload_seconds=5)
+    assert standby._require_started().timer.snapshot()[0] >= 1  # their segment waits for the catch-up
+    assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
+    drive(standby, clock, T0 + 182_000)  # the catch-up loads their segment; held: no lease
+    assert sink.sent == []
+    gate.open = True  # it takes the lease
+    drive(standby, clock, T0 + 184_000)
+    standby.stop()
+    assert [mid for mid, _ in sink.sent] == ["kept"]
+    rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
