@@ -84,11 +84,14 @@ class Found:
     query: dict[str, str]
     trails: list[Trail]
     truncated: bool
+    #: when nothing is stored: the cancels that name what was asked (a message that arrives while its
+    #: cancel is kept is cancelled on arrival, never stored: "not found" alone would read as lost)
+    cancels: tuple[Step, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON-ready data."""
         return {"query": self.query, "count": len(self.trails), "truncated": self.truncated,
-                "messages": [t.to_dict() for t in self.trails]}
+                "messages": [t.to_dict() for t in self.trails], "cancels": [c.to_dict() for c in self.cancels]}
 
 
 class MessageFinder:
@@ -195,7 +198,18 @@ class MessageFinder:
         chosen = sorted(((m, loc) for m, loc in where.items() if present[loc[0]]), key=lambda kv: (kv[1], kv[0]))
         truncated = len(chosen) > limit
         logged = {mid: rec for mid, (loc3, rec) in extra.items() if where[mid] == loc3}
+        if not chosen:
+            return Found(query, [], False, self._cancels_of(query))
         return Found(query, self._trails(chosen[:limit], now_ms, logged), truncated)
+
+    def _cancels_of(self, query: dict[str, str]) -> tuple[Step, ...]:
+        """The kept cancels that name the id (or a message id made from it) or the key asked about."""
+        (how, text), = query.items()
+        tombstones = self._tombstones({text})
+        if how == "id":
+            return tuple(_cancel_steps(text, None, tombstones))
+        return tuple(Step(t.born_ms, "cancel_received", {"by": "key", "key": t.text, "kept_until_ms": t.expires_ms})
+                     for t in tombstones if t.kind != TOMBSTONE_ID and t.text == text)
 
     def _trails(self, chosen: Sequence[tuple[str, tuple[int, int, int]]], now_ms: int,
                 logged: dict[str, Record]) -> list[Trail]:

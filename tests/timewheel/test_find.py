@@ -11,6 +11,7 @@ import pytest
 from storage import ANSWER_DTYPE, MetaStore
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from timewheel.cancels import CancelRequest
+from timewheel.app.cli_find import render
 from timewheel.find import MessageFinder
 from timewheel.message import SendResults
 from tests.timewheel.conftest import T0, drive
@@ -199,3 +200,28 @@ def test_a_message_caught_between_its_ingest_log_frame_and_its_part_write_is_not
             assert (m["topic"], m["keys"], m["body_bytes"], m["due_ms"]) == ("ORDERS", ["order-7"], 3, T0 + 5000)
     finally:
         e.stop()
+
+
+@pytest.mark.parametrize("how", ["id", "key"])
+def test_a_message_whose_cancel_came_first_is_not_found_but_its_cancel_is(engine: Engine, clock: ManualClock,
+                                                                         how: str) -> None:
+    # cancelled on arrival: never stored; "no stored message" alone would read as lost
+    uniq = "C0A80001000000000000000000000099"
+    engine.apply_cancels([CancelRequest(uniq, None, T0)] if how == "id" else [CancelRequest(None, "order-early", T0)])
+    engine.schedule([Message("ORDERS", b"early", T0 + 90_000, keys=("order-early",), msg_id=f"{uniq}:0000abcd")])
+    assert engine.stats().counters.cancelled_on_arrival == 1
+    assert engine.store is not None
+    finder = MessageFinder(engine.store.layout, engine.store.meta)
+    found = finder.by_id(uniq, clock.now_ms()) if how == "id" else finder.by_key("order-early", clock.now_ms())
+    data = found.to_dict()
+    assert data["count"] == 0 and [c["what"] for c in data["cancels"]] == ["cancel_received"], data
+    assert data["cancels"][0]["by"] == how and data["cancels"][0]["kept_until_ms"] > clock.now_ms()
+    text = render(data)
+    assert "cancelled on arrival" in text and "cancel by" in text, text
+
+
+def test_nothing_stored_and_no_cancel_says_not_found_alone(engine: Engine, clock: ManualClock) -> None:
+    assert engine.store is not None
+    data = MessageFinder(engine.store.layout, engine.store.meta).by_key("order-never", clock.now_ms()).to_dict()
+    assert data["count"] == 0 and data["cancels"] == []
+    assert render(data).startswith("no stored message with key 'order-never'. ")

@@ -81,6 +81,12 @@ def render(data: dict[str, Any]) -> str:
     from timewheel.app.humantime import human_time
 
     (how, what), = data["query"].items()
+    if not data["messages"] and data.get("cancels"):
+        lines = [f"no stored message with {how} {what!r}, but a cancel names it: a message that arrives while "
+                 "its cancel is kept is cancelled on arrival, never stored (timewheel_cancelled_on_arrival_total)"]
+        lines += [f"  {human_time(c['at_ms']):<26} {_describe(c)}, kept until {human_time(c['kept_until_ms'])}"
+                  for c in data["cancels"]]
+        return "\n".join(lines)
     if not data["messages"]:
         return (f"no stored message with {how} {what!r}. A message that broke the producer contract went to the "
                 "dead-letter topic instead (`mqadmin queryMsgByKey -t TW_DLQ -k KEY`); one retired with its "
