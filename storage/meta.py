@@ -283,9 +283,9 @@ class MetaStore:
         raw = self._db.get(b"m" + name.encode())
         return None if raw is None else json.loads(raw)
 
-    def put_document(self, name: str, value: Any) -> None:
-        """Store a JSON document under `name`."""
-        self._db.put(b"m" + name.encode(), json.dumps(value).encode())
+    def put_document(self, name: str, value: Any, *, sync: bool = False) -> None:
+        """Store a JSON document under `name`; with `sync`, durably before it returns."""
+        self._db.put(b"m" + name.encode(), json.dumps(value).encode(), self._synced if sync else None)
 
     def flush(self) -> None:
         """Flush memtables and the store's own log to disk."""

@@ -83,7 +83,10 @@ class QueueTable:
             fresh = [n for n in dict.fromkeys(names) if n is not None and n not in self._numbers]
             if fresh:
                 names_now = self._names + fresh
-                self._meta.put_document(_DOCUMENT, names_now)  # type: ignore[attr-defined]
+                # durably, before any row with a new number reaches a part: a checkpoint fsyncs the
+                # parts before it flushes the meta store, and rows naming a number the table lost to a
+                # power loss would name whichever queue takes that number next
+                self._meta.put_document(_DOCUMENT, names_now, sync=True)  # type: ignore[attr-defined]
                 self._names = names_now
                 self._numbers = {name: i for i, name in enumerate(names_now)}
             get = self._numbers.get
