@@ -11,6 +11,8 @@ from storage import TWO_YEARS_MS
 from timewheel.errors import ConfigError
 
 _MAX_ATTEMPTS = 1000
+#: the longest `max_delay_ms` may be: 100 years (segment directories are named up to year 9999)
+MAX_DELAY_LIMIT_MS = 36_525 * 86_400_000
 #: the largest body the engine takes by default: RocketMQ's 4 MiB message less 64 KiB for its
 #: properties, so that what is stored can be delivered and dead-lettered whole
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024 - 64 * 1024
@@ -62,7 +64,8 @@ class EngineConfig:
             ("preload_seconds", 0 <= self.preload_seconds * 1000 < self.segment_minutes * 60_000,
              "at least 0 and shorter than a segment"),
             ("flush", self.flush in ("async", "sync"), '"async" or "sync"'),
-            ("max_delay_ms", self.max_delay_ms > 0, "positive"),
+            ("max_delay_ms", 0 < self.max_delay_ms <= MAX_DELAY_LIMIT_MS,
+             f"between 1 and {MAX_DELAY_LIMIT_MS} (100 years)"),
             ("max_body_bytes", 0 < self.max_body_bytes <= 64 * 1024 * 1024, "between 1 and 67108864"),
             # attempts are counted in int16 arrays
             ("max_attempts", 1 <= self.max_attempts <= _MAX_ATTEMPTS, f"between 1 and {_MAX_ATTEMPTS}"),

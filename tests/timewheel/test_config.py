@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from timewheel import ConfigError, EngineConfig
+from timewheel.config import MAX_DELAY_LIMIT_MS
 
 
 @pytest.mark.parametrize("changes,names", [
@@ -30,3 +31,13 @@ def test_values_that_cannot_work_are_refused(tmp_path: Path, changes: dict[str, 
 def test_defaults_are_valid(tmp_path: Path) -> None:
     cfg = EngineConfig(str(tmp_path))  # type: ignore[arg-type]  # a str is taken as a Path
     assert cfg.data_dir == tmp_path and cfg.max_attempts == 16
+
+
+@pytest.mark.parametrize("ms, ok", [(MAX_DELAY_LIMIT_MS, True), (MAX_DELAY_LIMIT_MS + 1, False), (10**22, False)])
+def test_max_delay_at_its_limit_and_past_it(tmp_path: Path, ms: int, ok: bool) -> None:
+    # a due time past year 9999 makes a segment directory no start reads back: stored, never sent
+    if ok:
+        assert EngineConfig(tmp_path, max_delay_ms=ms).max_delay_ms == ms
+    else:
+        with pytest.raises(ConfigError, match="max_delay_ms"):
+            EngineConfig(tmp_path, max_delay_ms=ms)
