@@ -219,6 +219,8 @@ class HttpServer:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        elif self._thread.ident is None:  # never served (a start that failed after binding): its thread closes nothing
+            self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sock.close()
 

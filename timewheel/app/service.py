@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from storage import StorageError
+from timewheel.app._start_checks import StartError, check_zookeeper_reachable, claim_data_dir as _claim_data_dir
 from timewheel.app._write_gate import WriteGate
 from timewheel.app.admin import AdminServer
 from timewheel.app.datadir import os_error_at_start
@@ -29,13 +30,11 @@ from timewheel.app.readiness import must_stop, not_ready_why
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import RecordSink, ScheduleFn
-from timewheel.errors import ConfigError, EngineStateError, TimewheelError
+from timewheel.errors import ConfigError, EngineStateError
 from timewheel.app.metrics import EngineCollector, GcPausesCollector
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
-    from coordination import HAConfig
-    from coordination.identity import ReplicaDataDir
     from timewheel.app.cancel import CancelAnswer
     from coordination import ShardReplica
     from forwarder import RocketMQConfig, RocketMQEndpoints
@@ -44,39 +43,6 @@ if TYPE_CHECKING:
     from forwarder.copy_finder import BrokerCopyFinder
 
 log = logging.getLogger("timewheel.app.service")
-
-
-class StartError(TimewheelError, RuntimeError):
-    """The service cannot start: something it needs (ZooKeeper, ...) is unreachable; says which and what to do."""
-
-
-def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
-    """Raise StartError unless some server of the ZooKeeper connect string accepts a connection."""
-    import socket
-
-    servers = connect.split("/", 1)[0].split(",")
-    problems = []
-    for server in servers:
-        host, _, port = server.strip().rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=timeout_s):
-                return
-        except (OSError, ValueError) as e:
-            problems.append(f"{server.strip()}: {e}")
-    raise StartError(f"cannot reach ZooKeeper at ha.zookeeper = {connect!r} ({'; '.join(problems)}): start it "
-                     f"(`timewheel zookeeper` runs a local one) or fix the connect string")
-
-
-def _claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "ReplicaDataDir":
-    """The data directory's replica identity (written at its first start with [ha]); StartError when it
-    belongs to another replica."""
-    from coordination.identity import ReplicaDataDir, ReplicaIdentityMismatch
-
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    try:
-        return ReplicaDataDir(data_dir, ha, delay_topic)
-    except ReplicaIdentityMismatch as e:
-        raise StartError(str(e)) from e
 
 
 class Service:
@@ -198,6 +164,8 @@ class Service:
         # records each message as scheduled, so it takes them as messages)
         from forwarder import RemotingError
 
+        if self._want_admin:  # its port is taken before consuming: one in use stops the start with nothing consumed
+            self.admin = self._bind_admin(self.engine)
         try:
             self._endpoints.source.start(schedule, self.engine.apply_cancels,
                                          encoded=self.engine if self.trace is None else None)
@@ -208,15 +176,25 @@ class Service:
                              "engine stopped cleanly and consumed nothing") from e
         self._consuming = True
         self._start_sampling(self.engine)
-        if self._want_admin:
-            registry = CollectorRegistry()
-            engine = self.engine
-            registry.register(EngineCollector(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats))
-            registry.register(GcPausesCollector(self.gc_pauses))
-            self.admin = AdminServer(self.settings.admin.listen, self.settings.admin.token, self, registry).start()
+        if self.admin is not None:
+            self.admin.start()
         log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
                  self.settings.rocketmq.namesrv, cfg.data_dir)
         return self
+
+    def _bind_admin(self, engine: Engine) -> AdminServer:
+        """The admin endpoint, listening but not serving yet; StartError, the service stopped, if it cannot listen."""
+        registry = CollectorRegistry()
+        registry.register(EngineCollector(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats))
+        registry.register(GcPausesCollector(self.gc_pauses))
+        listen = self.settings.admin.listen
+        try:
+            return AdminServer(listen, self.settings.admin.token, self, registry)
+        except OSError as e:  # a port another process holds (another engine on this host), an address not this host's
+            self.stop()
+            raise StartError(f"cannot serve the admin endpoint on admin.listen = {listen!r}: {e.strerror or e}. Give "
+                             "this engine an address of its own (--admin HOST:PORT) or stop what holds it; the engine "
+                             "stopped cleanly and consumed nothing") from e
 
     def stop(self) -> None:
         """Stop taking messages, finish in-flight sends, checkpoint and close."""

@@ -1,0 +1,49 @@
+"""What `serve` checks before anything connects, and the error a start refused raises.
+
+Each refusal is a `StartError` whose text is the one line the command prints (exit 2): what is
+wrong and what to do.
+"""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from timewheel.errors import TimewheelError
+
+if TYPE_CHECKING:
+    from coordination import HAConfig
+    from coordination.identity import ReplicaDataDir
+
+__all__ = ["StartError", "check_zookeeper_reachable", "claim_data_dir"]
+
+
+class StartError(TimewheelError, RuntimeError):
+    """The service cannot start: something it needs (ZooKeeper, ...) is unreachable; says which and what to do."""
+
+
+def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
+    """Raise StartError unless some server of the ZooKeeper connect string accepts a connection."""
+    servers = connect.split("/", 1)[0].split(",")
+    problems = []
+    for server in servers:
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as e:
+            problems.append(f"{server.strip()}: {e}")
+    raise StartError(f"cannot reach ZooKeeper at ha.zookeeper = {connect!r} ({'; '.join(problems)}): start it "
+                     f"(`timewheel zookeeper` runs a local one) or fix the connect string")
+
+
+def claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "ReplicaDataDir":
+    """The data directory's replica identity (written at its first start with [ha]); StartError when it
+    belongs to another replica."""
+    from coordination.identity import ReplicaDataDir, ReplicaIdentityMismatch
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return ReplicaDataDir(data_dir, ha, delay_topic)
+    except ReplicaIdentityMismatch as e:
+        raise StartError(str(e)) from e
