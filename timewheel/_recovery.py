@@ -28,6 +28,7 @@ import numpy as np
 from storage import RecordBytes
 from timewheel._due import DueEntries
 from timewheel._held import Batch
+from timewheel._ref_set import RefSet
 from timewheel.message import CopyCheck, CopyFinder
 
 __all__ = ["FOUND_NOTE", "SENT_MARK", "Recovery", "RecoveryCounters"]
@@ -73,6 +74,8 @@ class Recovery:
         self.quiet_until_ms = now_ms + finder.quiet_ms if self.horizon_ms >= 0 else 0
         self._took_over_seen = 0
         self._lock = threading.Lock()
+        # episode entries a look-up found missing: this run sends them, so a later attempt's copy is its own
+        self._sent_here = RefSet()
         self.counters = RecoveryCounters(episodes=1 if self.horizon_ms >= 0 else 0)
 
     def observe_takeover(self, took_over_ms: int) -> None:
@@ -105,13 +108,17 @@ class Recovery:
         with self._lock:
             self.counters.held_quiet += n
 
-    def check(self, records: RecordBytes, due: np.ndarray, attempts: np.ndarray, now_ms: int) -> CopyCheck:
-        """Look the ambiguous `records` up (after the quiet period); counted."""
+    def check(self, records: RecordBytes, due: np.ndarray, attempts: np.ndarray, now_ms: int,
+              refs: np.ndarray | None = None) -> CopyCheck:
+        """Look the ambiguous `records` (wheel `refs`, when known) up (after the quiet period); counted."""
         # a copy is sent at or after its due time by some replica's clock
         sent_from = int(due.min()) - self.finder.clock_skew_ms
-        # episode entries were written before the quiet period ended; a retried one's last attempt may
-        # have been a moment ago, so its answer needs a barrier from now
-        retried = bool(((attempts > 0) & (due > self.horizon_ms)).any())
+        episode = due <= self.horizon_ms
+        with self._lock:
+            sent_here = episode if refs is None else episode & self._sent_here.contains(refs)
+        # episode entries were written before the quiet period ended, unless this run sent them too; a
+        # retried one's last attempt may have been a moment ago, so its answer needs a barrier from now
+        retried = bool(((attempts > 0) & (~episode | sent_here)).any())
         written_before = now_ms if retried else min(now_ms, self.quiet_until_ms)
         started = time.monotonic()
         out = self.finder.find_copies(records, sent_from, written_before)
@@ -121,6 +128,8 @@ class Recovery:
         if len(found) != len(records) or len(unknown) != len(records):
             raise RuntimeError(f"the copy finder answered {len(found)} rows for {len(records)} records")
         with self._lock:
+            if refs is not None:
+                self._sent_here.add(refs[episode & ~found & ~unknown])
             c = self.counters
             c.looked_up += len(records)
             c.found += int(found.sum())
@@ -147,7 +156,7 @@ class Recovery:
             self.note_quiet(len(a))
             return keep
         assert a.raw is not None
-        check = self.check(a.raw, a.due, a.attempts, now_ms)
+        check = self.check(a.raw, a.due, a.attempts, now_ms, a.refs)
         if check.found.any():
             found(a.select(check.found), None if check.answers is None else check.answers[check.found])
         if check.unknown.any():
