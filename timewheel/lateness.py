@@ -84,7 +84,7 @@ class LatenessRecorder:
     spends on anything else of its own."""
 
     def __init__(self) -> None:
-        self._histogram = HdrHistogram(1, 3_600_000_000, 3)
+        self._histogram = HdrHistogram(1, LATENESS_MAX_US, 3)
         self._buckets = LatenessBuckets()
         self._lock = threading.Lock()  # several dispatch threads record
         self._pending: list[np.ndarray] = []
@@ -124,7 +124,8 @@ class LatenessRecorder:
         self._buckets.observe_counts(distinct, n)
         record = self._histogram.record_value
         for v, c in zip(distinct, n):
-            record(v * 1000, c)
+            # the histogram drops what it cannot hold without a word: a week's lateness counts as its most
+            record(min(v * 1000, LATENESS_MAX_US), c)
 
     def summary(self) -> LatenessSummary:
         """p50/p99/p999/max so far; the percentiles are read off the lock: a scrape must not hold up
@@ -134,6 +135,8 @@ class LatenessRecorder:
         return LatenessSummary(p50 / 1000, p99 / 1000, p999 / 1000, h.get_max_value() / 1000, h.get_total_count())
 
 
+#: the most lateness the percentiles tell apart (µs): 30 days; more is counted as that much
+LATENESS_MAX_US = 30 * 86_400 * 1_000_000
 #: lateness values kept before they are counted (`LatenessRecorder`)
 _PENDING_MAX = 4096
 #: lateness below this many ms is counted with one bincount (a send batch's values lie close together)

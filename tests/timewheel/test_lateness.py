@@ -7,7 +7,7 @@ from hdrh.histogram import HdrHistogram
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timewheel.lateness import LatenessBuckets, LatenessRecorder, hdr_percentiles
+from timewheel.lateness import LATENESS_MAX_US, LatenessBuckets, LatenessRecorder, hdr_percentiles
 
 PERCENTILES = (0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0)
 
@@ -15,7 +15,7 @@ PERCENTILES = (0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0)
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 3_600_000_000), st.integers(1, 1000)), min_size=1, max_size=50))
 def test_percentiles_match_the_library(values: list[tuple[int, int]]) -> None:
-    h = HdrHistogram(1, 3_600_000_000, 3)
+    h = HdrHistogram(1, LATENESS_MAX_US, 3)
     for v, c in values:
         h.record_value(v, c)
     expected = [h.get_value_at_percentile(p) for p in PERCENTILES[1:]]
@@ -23,14 +23,14 @@ def test_percentiles_match_the_library(values: list[tuple[int, int]]) -> None:
 
 
 def test_empty_histogram_gives_zeros() -> None:
-    assert hdr_percentiles(HdrHistogram(1, 3_600_000_000, 3), (50, 99)) == [0, 0]
+    assert hdr_percentiles(HdrHistogram(1, LATENESS_MAX_US, 3), (50, 99)) == [0, 0]
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 400_000)), max_size=60), max_size=4))
 def test_a_recorder_counts_what_a_value_at_a_time_would(batches: list[list[int]]) -> None:
     r = LatenessRecorder()
-    h = HdrHistogram(1, 3_600_000_000, 3)
+    h = HdrHistogram(1, LATENESS_MAX_US, 3)
     b = LatenessBuckets()
     for batch in batches:
         values = np.asarray(batch, np.int64)
@@ -51,7 +51,7 @@ def test_values_kept_are_counted_once_whenever_the_recorder_counts_them(batches:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lateness, "_PENDING_MAX", every)
         r = LatenessRecorder()
-        h = HdrHistogram(1, 3_600_000_000, 3)
+        h = HdrHistogram(1, LATENESS_MAX_US, 3)
         for k, batch in enumerate(batches):
             r.observe(np.asarray(batch, np.int64))
             for v in batch:
@@ -59,3 +59,12 @@ def test_values_kept_are_counted_once_whenever_the_recorder_counts_them(batches:
             if k % 3 == 2:  # a scrape between sends
                 assert r.summary().count == h.get_total_count()
         assert list(r.histogram.counts) == list(h.counts) and r.buckets.counts.sum() == h.get_total_count()
+
+
+def test_lateness_past_the_histogram_s_range_is_counted_not_dropped() -> None:
+    # a week-long outage's deliveries are the ones an operator asks about: the histogram dropped them
+    r = LatenessRecorder()
+    r.observe(np.array([5, 7 * 86_400_000, 90 * 86_400_000], np.int64))  # 5 ms, a week, 90 days
+    s = r.summary()
+    assert s.count == 3 and s.max >= 30 * 86_400_000 * 0.999
+    assert s.p50 >= 7 * 86_400_000 * 0.999  # the week-late one is the median, not left out
