@@ -11,6 +11,7 @@ from storage import TWO_YEARS_MS
 from timewheel.errors import ConfigError
 
 _MAX_ATTEMPTS = 1000
+_DAY_MS = 86_400_000
 #: the longest `max_delay_ms` may be: 100 years (segment directories are named up to year 9999)
 MAX_DELAY_LIMIT_MS = 36_525 * 86_400_000
 #: the largest body the engine takes by default: RocketMQ's 4 MiB message less 64 KiB for its
@@ -69,8 +70,10 @@ class EngineConfig:
             ("max_body_bytes", 0 < self.max_body_bytes <= 64 * 1024 * 1024, "between 1 and 67108864"),
             # attempts are counted in int16 arrays
             ("max_attempts", 1 <= self.max_attempts <= _MAX_ATTEMPTS, f"between 1 and {_MAX_ATTEMPTS}"),
-            ("retry_base_ms", self.retry_base_ms >= 0, "at least 0"),
-            ("retry_max_ms", self.retry_max_ms >= self.retry_base_ms, "at least retry_base_ms"),
+            # the backoff is computed in int64 (base × 2^30 at most): past a day it would overflow or mean nothing
+            ("retry_base_ms", 0 <= self.retry_base_ms <= _DAY_MS, f"between 0 and {_DAY_MS} (a day)"),
+            ("retry_max_ms", self.retry_base_ms <= self.retry_max_ms <= _DAY_MS,
+             f"between retry_base_ms and {_DAY_MS} (a day)"),
             ("send_batch_size", self.send_batch_size >= 1, "at least 1"),
             ("checkpoint_seconds", 0 < self.checkpoint_seconds <= 3600, "positive, at most 3600"),
             ("rescan_seconds", 0 < self.rescan_seconds <= 3600, "positive, at most 3600"),

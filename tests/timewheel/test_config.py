@@ -41,3 +41,15 @@ def test_max_delay_at_its_limit_and_past_it(tmp_path: Path, ms: int, ok: bool) -
     else:
         with pytest.raises(ConfigError, match="max_delay_ms"):
             EngineConfig(tmp_path, max_delay_ms=ms)
+
+
+@pytest.mark.parametrize("changes, ok", [({"retry_max_ms": 86_400_000}, True), ({"retry_max_ms": 86_400_001}, False),
+                                         ({"retry_max_ms": 2**63}, False),
+                                         ({"retry_base_ms": 9_000_000_000, "retry_max_ms": 9_000_000_000}, False)])
+def test_retry_backoff_at_its_limit_and_past_it(tmp_path: Path, changes: dict[str, int], ok: bool) -> None:
+    # past them a failed send's backoff overflowed (OverflowError stopped the engine) or wrapped negative
+    if ok:
+        assert EngineConfig(tmp_path, **changes).retry_max_ms == changes["retry_max_ms"]  # type: ignore[arg-type]
+    else:
+        with pytest.raises(ConfigError, match="retry_"):
+            EngineConfig(tmp_path, **changes)  # type: ignore[arg-type]
