@@ -70,8 +70,9 @@ class Outcomes:
                     self.dead_letter_sink.dead_letter(dead.messages, reason)
                 except Exception as e:  # the dead-letter path is down too: keep retrying instead of losing it
                     log.exception("dead-letter sink failed; the messages stay in the retry queue")
+                    also = f"; dead letter failed too: {type(e).__name__}: {e}"  # only theirs: the rest were not due one
+                    why = [f"{w}{also}" if last else w for w, last in zip(why, final.tolist())]
                     final[:] = False
-                    why = [f"{w}; dead letter failed too: {type(e).__name__}: {e}" for w in why]
             if final.any():
                 for note, rows in by_note([why[i] for i in np.flatnonzero(final).tolist()]):
                     self.record(dead.select(rows), now, DEAD_LETTERED, tries[final][rows],
