@@ -31,6 +31,7 @@ from typing import Mapping
 from forwarder.rocketmq.codec import BROKER_MAX_MESSAGE_BYTES, MAX_PROPERTIES_BYTES, derived_id
 from forwarder.rocketmq.message import (KEYS, NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, TAGS, UNIQ_KEY, WAIT,
                                         OutgoingMessage, ReceivedMessage, join_properties, user_properties)
+from timewheel.cancels import producer_id
 from timewheel.message import Message
 
 TARGET_TOPIC = "TW_TARGET_TOPIC"
@@ -205,7 +206,7 @@ def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[s
 
 def delay_message_id(engine_msg_id: str) -> str:
     """The RocketMQ id of the delay message an engine id was made from."""
-    return engine_msg_id.split(":", 1)[0]
+    return producer_id(engine_msg_id)
 
 
 def delivered_id(original_msg_id: str, due_ms: int) -> str:

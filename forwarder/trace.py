@@ -36,6 +36,7 @@ import numpy as np
 
 from forwarder.rocketmq import OutgoingMessage, RemotingError, RemotingProducer
 from storage import Origin, RecordBytes, broker_message_ids, decode_keys
+from timewheel.cancels import producer_id
 from timewheel.message import Message, ScheduleFn, SendResults
 
 __all__ = ["CONTENT", "FIELD", "TraceWriter", "TracingSink", "consume_record", "produce_record", "traced_schedule"]
@@ -51,7 +52,7 @@ _QUEUE_BATCHES = 1000  # batches of records (one per send or stored batch) waiti
 
 def _uniq(msg_id: str) -> str:
     """The id a producer got back for the message the engine stores as `<UNIQ_KEY>:<crc>`."""
-    return msg_id.partition(":")[0]
+    return producer_id(msg_id)
 
 
 def _store_hosts(answers: np.ndarray) -> list[str]:

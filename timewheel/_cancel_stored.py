@@ -17,6 +17,7 @@ import numpy as np
 
 from storage import CorruptRecordError, ScheduleStore
 from timewheel.clock import Clock
+from timewheel.cancels import producer_id
 from timewheel.timer import TimerDriver
 
 
@@ -32,7 +33,8 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
     for msg_id, key in named:
         if msg_id is not None:
             # an id as a RocketMQ producer knows it (UNIQ_KEY) names the engine ids made from it
-            found += [msg_id] if meta.known([msg_id])[0] else meta.ids_with_prefix(msg_id + ":")
+            found += [msg_id] if meta.known([msg_id])[0] else [
+                i for i in meta.ids_with_prefix(msg_id + ":") if producer_id(i) == msg_id]  # not "A:B:…" for "A"
         else:
             assert key is not None
             found += meta.ids_for_key(key)

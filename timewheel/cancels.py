@@ -31,7 +31,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter, itemgetter, methodcaller
+from operator import attrgetter
 from typing import Sequence
 
 from storage import Tombstone, TombstoneLog
@@ -41,8 +41,14 @@ from timewheel.message import Message
 log = logging.getLogger("timewheel.cancels")
 _ids_of = attrgetter("msg_id")
 _keys_of = attrgetter("keys")
-_split_id = methodcaller("partition", ":")
-_head = itemgetter(0)
+def producer_id(msg_id: str) -> str:
+    """The id a producer's send returned (its UNIQ_KEY) for a message the engine stores as
+    `<UNIQ_KEY>:<checksum>`: what comes before the last ':' (a UNIQ_KEY may hold ':' itself); an
+    id without one is its own."""
+    head, sep, _ = msg_id.rpartition(":")
+    return head if sep else msg_id
+
+
 #: what no message can carry: RocketMQ's separators (\x00-\x02) and U+FFFD (bytes that were not UTF-8)
 _UNCARRIED = re.compile("[\x00-\x02\ufffd]")
 
@@ -193,7 +199,7 @@ class Tombstones:
             if held_ids:
                 named = list(filter(None, msg_ids))
                 id_hit = not held_ids.keys().isdisjoint(named) or not held_ids.keys().isdisjoint(
-                    map(_head, map(_split_id, named)))
+                    map(producer_id, named))
             else:
                 id_hit = False
             key_hit = bool(held_keys) and not held_keys.keys().isdisjoint(chain.from_iterable(keys))
@@ -202,7 +208,7 @@ class Tombstones:
             return [i for i, (mid, ks) in enumerate(zip(msg_ids, keys)) if self._cancels(mid, ks)]
 
     def _cancels(self, msg_id: str | None, keys: Sequence[str]) -> bool:
-        if msg_id and (msg_id in self._ids or msg_id.partition(":")[0] in self._ids):
+        if msg_id and (msg_id in self._ids or producer_id(msg_id) in self._ids):
             return True
         return any(k in self._keys for k in keys)
 

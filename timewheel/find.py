@@ -32,6 +32,7 @@ from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RET
                      CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError,
                      StorageError, Tombstone, broker_message_id, decode, decode_tombstones, read_dispatch_entries_of,
                      records_holding, segment_name, tombstone_log)
+from timewheel.cancels import producer_id
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Found", "MessageFinder", "Step", "Trail"]
 
@@ -159,7 +160,8 @@ class MessageFinder:
 
     def _by_id(self, msg_id: str, now_ms: int, limit: int) -> Found:
         ids = [msg_id] if self.meta.known([msg_id])[0] else []
-        ids += [i for i in self.meta.ids_with_prefix(msg_id + ":", limit + 1) if i != msg_id]
+        ids += [i for i in self.meta.ids_with_prefix(msg_id + ":", limit + 1)
+                if i != msg_id and producer_id(i) == msg_id]  # not "A:B:…", another producer id, for "A"
         extra = self._unflushed(msg_id.encode(), lambda r: r.msg_id == msg_id or r.msg_id.startswith(msg_id + ":"))
         return self._found({"id": msg_id}, ids, extra, now_ms, limit)
 
@@ -225,7 +227,7 @@ class MessageFinder:
             mine = [loc for _, loc in chosen if loc[0] == seg]
             logs[seg] = read_dispatch_entries_of(self.layout.dispatch_log(seg), np.asarray([p for _, p, _ in mine]),
                                                  np.asarray([o for _, _, o in mine]))
-        needles = {t for mid, _ in chosen for t in (mid, mid.partition(":")[0])}
+        needles = {t for mid, _ in chosen for t in (mid, producer_id(mid))}
         needles.update(k for rec in read if isinstance(rec, Record) for k in rec.keys)
         tombstones = self._tombstones(needles)
         out = []
@@ -280,7 +282,7 @@ def _stored_step(mid: str, record: Record | None, seg: int, part: int, offset: i
 
 
 def _cancel_steps(mid: str, record: Record | None, tombstones: list[Tombstone]) -> list[Step]:
-    uniq = mid.partition(":")[0]
+    uniq = producer_id(mid)
     keys = set(record.keys) if record is not None else set()
     out = []
     for t in tombstones:

@@ -45,6 +45,38 @@ def test_cancel_by_full_original_id_names_that_message_only(make_engine: MakeEng
     assert [m for m, _ in sink.sent] == [f"{_uniq(1)}:00000002"]
 
 
+@pytest.mark.parametrize("cancel_first", [True, False])
+def test_a_producer_id_holding_a_colon_names_its_own_messages_only(make_engine: MakeEngine, clock: ManualClock,
+                                                                   sink: RecordingSink, cancel_first: bool) -> None:
+    """An engine id is `<UNIQ_KEY>:<8 hex digits>`, and a UNIQ_KEY a client set may hold ':' itself:
+    a cancel of "ORDER" is not one of "ORDER:42", and one of "ORDER:42" must find it, in either order."""
+    e = make_engine()
+    msgs = [Message("T", b"a", T0 + 10_000, msg_id="ORDER:42:655733ab"),
+            Message("T", b"b", T0 + 10_000, msg_id="ORDER:914a3394")]
+    cancels = [CancelRequest("ORDER:42", None, T0), CancelRequest("NOPE", None, T0)]
+    if cancel_first:
+        e.apply_cancels(cancels)
+        e.schedule(msgs)
+    else:
+        e.schedule(msgs)
+        e.apply_cancels(cancels)
+    e.apply_cancels([CancelRequest("ORDER:4", None, T0)])  # a prefix of the id, not the id
+    drive(e, clock, T0 + 20_000)
+    assert [m for m, _ in sink.sent] == ["ORDER:914a3394"]
+
+
+def test_a_cancel_of_a_producer_id_leaves_a_longer_id_that_starts_with_it(make_engine: MakeEngine,
+                                                                          clock: ManualClock,
+                                                                          sink: RecordingSink) -> None:
+    e = make_engine()
+    e.apply_cancels([CancelRequest("ORDER", None, T0)])
+    e.schedule([Message("T", b"a", T0 + 10_000, msg_id="ORDER:42:655733ab"),
+                Message("T", b"b", T0 + 10_000, msg_id="ORDER:914a3394")])
+    e.apply_cancels([CancelRequest("ORDER", None, T0)])  # again, with both stored
+    drive(e, clock, T0 + 20_000)
+    assert [m for m, _ in sink.sent] == ["ORDER:42:655733ab"]
+
+
 def test_cancel_by_id_after_the_message_is_stored(make_engine: MakeEngine, clock: ManualClock,
                                                   sink: RecordingSink) -> None:
     e = make_engine()
