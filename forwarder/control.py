@@ -4,7 +4,8 @@ A message on the delay topic that carries one of these properties and no TW_TARG
 control message, never scheduled:
     TW_CANCEL_ID    cancel the message with this id: the id its producer got back (UNIQ_KEY), or
                     the TW_ORIGINAL_MSG_ID a delivered copy carries (`<UNIQ_KEY>:<checksum>`)
-    TW_CANCEL_KEY   cancel every message carrying this key (sent no later than the cancel)
+    TW_CANCEL_KEY   cancel every message carrying this key: those stored, and those that arrive while
+                    the cancel is kept (`engine.tombstone_retention_hours`)
 A cancel may come before the message it names (another queue, another replica's pace): the engine
 keeps it as a tombstone and cancels the message when it arrives. A control message that is not
 well-formed goes to the dead-letter topic with the reason, like any message that breaks the contract.
