@@ -157,4 +157,4 @@ def test_the_look_up_needs_the_token_and_bounds_its_answer(world: World) -> None
             world.api(query)
         assert err.value.code == 400, query
     assert world.api(f"key=nobody-{world.run}") == {"query": {"key": f"nobody-{world.run}"}, "count": 0,
-                                                     "truncated": False, "messages": []}
+                                                     "truncated": False, "messages": [], "cancels": []}
