@@ -250,8 +250,6 @@ class Dispatcher:
     def _through_gate(self, gate: DeliveryGate, e: DueEntries) -> DueEntries:
         """Record what another replica delivered (due by its watermark) and hold the rest while this
         replica may not send; return what may go on to be sent."""
-        if self.recovery is not None:
-            self.recovery.observe_takeover(int(getattr(gate, "took_over_ms", 0)))
         elsewhere = e.due <= gate.delivered_elsewhere_up_to()
         peer = 0
         if elsewhere.any():
@@ -273,6 +271,8 @@ class Dispatcher:
             held = len(e.due)
             self._hold(e, counted=False)
             e = e.select(slice(0, 0))
+        if self.recovery is not None:  # after may_send: a takeover that let this pass send widens its look-ups
+            self.recovery.observe_takeover(int(getattr(gate, "took_over_ms", 0)))
         if peer or held:
             gate.count(peer, held)
         return e

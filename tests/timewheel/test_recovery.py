@@ -282,3 +282,34 @@ def test_a_restarts_ambiguous_message_whose_send_times_out_is_looked_up_past_tha
     first, second = (w for _, _, w in finder.asked)
     assert first == counts["quiet_until_ms"] < target.written[mid][0] < second
     assert [o for _, o, _ in _rows(tmp_path / "d")] == [DELIVERED, RETRIED]
+
+
+class TakingOverGate(ScriptedGate):
+    """A standby that becomes the holder while a dispatch pass runs: between the pass's read of the
+    watermark and its look at `may_send`."""
+
+    take_over_at: int | None = None
+
+    def delivered_elsewhere_up_to(self) -> int:
+        if self.take_over_at is not None:
+            self.took_over_ms, self.open, self.take_over_at = self.take_over_at, True, None
+        return super().delivered_elsewhere_up_to()
+
+
+def test_a_takeover_during_a_dispatch_pass_still_looks_up_what_the_last_holder_may_have_sent(
+        tmp_path: Path, clock: ManualClock) -> None:
+    # the pass read the takeover time before the takeover and may_send after it: it sent the last
+    # holder's batch in flight again without a look-up
+    target = Target()
+    gate = TakingOverGate()
+    finder = Finder(target)
+    sink = StoringSink(target)
+    e = _engine(tmp_path / "d", sink, clock, finder, gate)
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000 + i * 100) for i in range(10)])
+    for i in range(10):  # the previous holder sent all of them, and paused before its next mark
+        target.store(ids[i])
+    drive(e, clock, T0 + 2_900)
+    gate.take_over_at = T0 + 2_900
+    drive(e, clock, T0 + 20_000)
+    e.stop()
+    assert set(target.copies.values()) == {1}, {m: n for m, n in target.copies.items() if n > 1}
