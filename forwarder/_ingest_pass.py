@@ -26,7 +26,7 @@ import crc32c
 
 from forwarder.contract import (DEAD_LETTER_MAX_BODY, DELAY_MS, DELIVER_AT_MS, DELIVERY_PROPERTIES_BUDGET, DUE_MS,
                                 ORIGINAL_MSG_ID, START_DELIVER_TIME, TARGET_TOPIC, ContractLimits, ContractViolation,
-                                CONTRACT_PROPERTIES, check_target_topic)
+                                CONTRACT_PROPERTIES, check_target_topic, delay_base)
 from forwarder.control import CONTROL_PROPERTIES
 from forwarder.rocketmq.codec import _I16, _I32, _I64, _MAGIC_V1, _MAGIC_V2, _STORED_HEAD, decode_messages
 from forwarder.rocketmq.compression import COMPRESSED, InflateBudget
@@ -163,7 +163,8 @@ class OnePass:
         rows, at, general, general_at = out.rows, out.at, out.general, out.general_at
         blobs, ids, dues, lengths, key_col, queues, offsets = (rows.blobs, rows.msg_ids, rows.due_ms,
                                                                rows.body_lengths, rows.keys, rows.queues, rows.offsets)
-        head_from, i32_from, i16_from = _STORED_HEAD.unpack_from, _I32.unpack_from, _I16.unpack_from
+        head_from, i32_from, i16_from, i64_from = (_STORED_HEAD.unpack_from, _I32.unpack_from, _I16.unpack_from,
+                                                   _I64.unpack_from)
         targets, target_of = self._targets, self._target
         max_delay, max_body, broker = self.limits.max_delay_ms, self._max_body, out.broker
         queue_id, queue = -1, ""
@@ -239,6 +240,7 @@ class OnePass:
                 fast = False
             # ---- the contract, for messages that meet it without a doubt
             due = -1
+            when = ""  # the id's due part: the due time, or '+' and the delay (`contract.engine_id`)
             if fast:
                 target = d.get(TARGET_TOPIC)
                 tb = None if target is None else (targets.get(target) or target_of(target))
@@ -250,7 +252,9 @@ class OnePass:
                         raw = d.get(DELAY_MS)
                         if raw is not None:
                             if raw.isdigit() and raw.isascii() and len(raw) <= _MAX_DIGITS:
-                                due = (born if born > 0 else now) + int(raw)
+                                delay = int(raw)
+                                due = delay_base(born, i64_from(mv, host - 8)[0], now) + delay
+                                when = f"+{delay}"
                             raw = None
                         else:
                             raw = d.get(START_DELIVER_TIME)
@@ -272,7 +276,7 @@ class OnePass:
                                            + _I64.pack(phys)).hex().upper()
                 due_text = str(due)
                 chosen = join_properties(dict(sorted(carried.items()))) if carried else ""
-                ident = f"{target}\x00{due_text}\x00{tags}\x00{keys}\x00{chosen}".encode()
+                ident = f"{target}\x00{when or due_text}\x00{tags}\x00{keys}\x00{chosen}".encode()
                 payload = mv[b0:b0 + body_len]
                 msg_id = f"{uniq}:{crc32c.crc32c(payload, crc32c.crc32c(ident)):08x}"
                 idb = msg_id.encode()

@@ -137,7 +137,7 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
     cdef int64_t last = -1
     cdef Py_ssize_t end, q, host, store_len, b0, t0, tlen, plen, props, i, k, s, e, sep
     cdef int32_t total, magic, qid, sys_flag, body_len
-    cdef int64_t qoff, phys, born, due, v, base
+    cdef int64_t qoff, phys, born, due, v, base, asked
     cdef Py_ssize_t pair_name[MAX_PAIRS]
     cdef Py_ssize_t pair_name_len[MAX_PAIRS]
     cdef Py_ssize_t pair_value[MAX_PAIRS]
@@ -161,7 +161,7 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
     cdef uint8_t* d
     cdef const uint8_t* kp
     cdef const uint8_t* tp
-    cdef Py_ssize_t lt, lg, lk, lkeys, lp, lchosen, luniq, li, ldue, lident, size, nkeys, ident_at
+    cdef Py_ssize_t lt, lg, lk, lkeys, lp, lchosen, luniq, li, ldue, lwhen, lident, size, nkeys, ident_at
     cdef uint32_t id_crc, rec_crc
     cdef uint64_t phys_bits
     for w in range(MAX_PAIRS):
@@ -294,13 +294,18 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
                 break
             last_tb, last_target_at, last_target_len = tb, slot_at[TARGET], slot_len[TARGET]
         due = -1
+        asked = -1  # a delay: the id holds it, not the due time (a producer's retry is born again)
         if slot_at[DELIVER_AT] >= 0:
             due = _digits(b + slot_at[DELIVER_AT], slot_len[DELIVER_AT], max_digits)
         elif slot_at[DELAY] >= 0:
             v = _digits(b + slot_at[DELAY], slot_len[DELAY], max_digits)
-            base = born if born > 0 else now
+            # born unset: the broker's store time, which every pull and every replica reads alike
+            base = born if born > 0 else _i64(b + host - 8)
+            if base <= 0:
+                base = now
             if v >= 0 and v <= INT64_MAX - base:  # past int64: the Python walk says what is wrong
                 due = base + v
+                asked = v
         elif slot_at[START_DELIVER] >= 0:
             due = _digits(b + slot_at[START_DELIVER], slot_len[START_DELIVER], max_digits)
         if not (0 <= due and due - now <= max_delay and body_len <= max_body):
@@ -350,7 +355,8 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
         # after a NUL, then the body. Written just before the body in the record (the header and the
         # fields overwrite it after) it is one run for one crc32c call; crc32c(body, crc32c(ident))
         # is the CRC of the two run together.
-        lident = lt + ldue + lg + lkeys + lchosen + 4
+        lwhen = ldue if asked < 0 else 1 + _width(asked)
+        lident = lt + lwhen + lg + lkeys + lchosen + 4
         if lident <= size - body_len:
             ident_at = size - body_len - lident
             d = r + ident_at
@@ -361,7 +367,11 @@ def walk(bytes body, Py_ssize_t p, int64_t now, int64_t max_delay, int64_t max_b
             d = <uint8_t*>PyBytes_AS_STRING(ident)
         d = _put(d, <const uint8_t*>PyBytes_AS_STRING(tb), lt)
         d[0] = 0
-        d = _decimal(d + 1, due, ldue)
+        if asked < 0:
+            d = _decimal(d + 1, due, ldue)
+        else:
+            d[1] = 43  # '+'
+            d = _decimal(d + 2, asked, lwhen - 1)
         d[0] = 0
         d = _put(d + 1, tp, lg)
         d[0] = 0

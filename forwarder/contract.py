@@ -132,16 +132,17 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
     if target is None or not target.strip():
         raise ContractViolation(f"no {TARGET_TOPIC} property: the target topic is required")
     check_target_topic(target, limits.reserved_topics)
+    when: int | str
     if DELIVER_AT_MS in props:
-        due = _int_property(props, DELIVER_AT_MS)
+        due = when = _int_property(props, DELIVER_AT_MS)
     elif DELAY_MS in props:
         delay = _int_property(props, DELAY_MS)
         if delay < 0:
             raise ContractViolation(f"{DELAY_MS}={delay} is negative")
-        born = msg.born_timestamp if msg.born_timestamp > 0 else now_ms
-        due = born + delay
+        due = delay_base(msg.born_timestamp, msg.store_timestamp, now_ms) + delay
+        when = f"+{delay}"
     elif START_DELIVER_TIME in props:
-        due = _int_property(props, START_DELIVER_TIME)
+        due = when = _int_property(props, START_DELIVER_TIME)
     else:
         raise ContractViolation(f"no due time: set {DELIVER_AT_MS}, {DELAY_MS} or {START_DELIVER_TIME}")
     if due < 0:
@@ -157,7 +158,7 @@ def to_message(msg: ReceivedMessage, now_ms: int, limits: ContractLimits) -> Mes
     passthrough = {k: v for k, v in user.items() if k not in CONTRACT_PROPERTIES}
     keys = tuple(k for k in msg.keys.split(" ") if k)
     m = Message(target, msg.body, due, msg.tags or None, keys, passthrough or None,
-                engine_id(msg, target, due, passthrough))
+                engine_id(msg, target, when, passthrough))
     check_deliverable(m)
     return m
 
@@ -185,9 +186,19 @@ def check_deliverable(m: Message) -> None:
 _NO_SEPARATORS = str.maketrans("", "", NAME_VALUE_SEPARATOR + PROPERTY_SEPARATOR)
 
 
-def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[str, str] | None = None) -> str:
+def delay_base(born_ms: int, stored_ms: int, now_ms: int) -> int:
+    """When a `TW_DELAY_MS` delay starts: the message's born time, else (a producer that set none)
+    the broker's store time, which every pull and every replica reads alike, else now."""
+    return born_ms if born_ms > 0 else stored_ms if stored_ms > 0 else now_ms
+
+
+def engine_id(msg: ReceivedMessage, target: str, when: int | str, properties: Mapping[str, str] | None = None) -> str:
     """The dedup id: the RocketMQ message id (UNIQ_KEY) and a CRC32C of what the message asks for
-    (target, due time, tags, keys, the properties it carries on, body).
+    (target, when: its due time, or for a `TW_DELAY_MS` message '+' and the delay, tags, keys, the
+    properties it carries on, body).
+
+    A delay is asked for as it is, not as the due time it makes: a producer's retry of a send is born
+    again (RocketMQ's clients stamp each attempt), and both copies must be stored once.
 
     A redelivery carries the same id and content, so it is stored once. The id alone is not
     enough: the client library (0.5.0rc2) has been seen to give two different messages sent from
@@ -195,7 +206,7 @@ def engine_id(msg: ReceivedMessage, target: str, due: int, properties: Mapping[s
     (with the same body and due time, only a property may tell them apart).
     """
     props = join_properties(dict(sorted((properties or {}).items())))
-    head = f"{target}\x00{due}\x00{msg.tags}\x00{msg.keys}\x00{props}".encode()
+    head = f"{target}\x00{when}\x00{msg.tags}\x00{msg.keys}\x00{props}".encode()
     digest = crc32c.crc32c(msg.body, crc32c.crc32c(head))
     # The same library has been seen to send a UNIQ_KEY with a NUL in it; as a property of the
     # delivered message that would be refused forever. Read it as the C API does (up to the NUL),

@@ -90,12 +90,16 @@ class JavaClient:
 
     def produce(self, messages: Iterable[JavaMessage], *, compress: str = "zlib", compress_over: int = 4096,
                 batch: bool = False, group: str = "java-conformance-producer",
-                trace_topic: str | None = None) -> list[dict[str, Any]]:
+                trace_topic: str | None = None, resend_after_ms: int | None = None) -> list[dict[str, Any]]:
         """Send messages (one at a time, or as one batch); one result per send: ok, msgId or error.
-        With `trace_topic`, the client writes RocketMQ's message trace of its sends there."""
+        With `trace_topic`, the client writes RocketMQ's message trace of its sends there; with
+        `resend_after_ms`, each message is sent a second time that much later, as the client's retry
+        of a send does (the same UNIQ_KEY, a new born time)."""
         args = ["produce", "--group", group, "--compress", compress, "--compress-over", str(compress_over)]
         if batch:
             args += ["--as-batch", "true"]
+        if resend_after_ms is not None:
+            args += ["--resend-after-ms", str(resend_after_ms)]
         if trace_topic:
             args += ["--trace", "true", "--trace-topic", trace_topic]
         return self._run(args, "\n".join(m.to_json() for m in messages) + "\n")

@@ -3,8 +3,11 @@
 // against the same Maven jars as the local broker; nothing of timewheel is on its class path.
 //
 //   produce  --namesrv A [--group G] [--compress zlib|lz4|zstd|none] [--compress-over N] [--as-batch true]
-//            [--ak K --sk S]      one JSON message a line on stdin: {"topic","tags","keys","body" (base64),
-//                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each
+//            [--resend-after-ms M] [--ak K --sk S]
+//                                 one JSON message a line on stdin: {"topic","tags","keys","body" (base64),
+//                                 "props":{...}}; prints {"ok":true,"msgId":..} or {"ok":false,"error":..} each;
+//                                 with M, each message is sent again M ms later, as the client's own retry of a
+//                                 send sends it (the same UNIQ_KEY, born again), and that send is reported too
 //                                 (lz4 and zstd need RocketMQ 5's client: 4.9's producer compresses with zlib)
 //   consume  --namesrv A --topic T --group G --count N --timeout-ms M [--ak K --sk S]
 //                                 prints each message received as JSON, then {"done":true,"received":n}
@@ -164,6 +167,7 @@ public final class JavaClient {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         List<Message> pending = new ArrayList<>();
         boolean batch = opt.getOrDefault("as-batch", "false").equals("true");
+        long resendAfterMs = Long.parseLong(opt.getOrDefault("resend-after-ms", "-1"));
         List<String> sent = new ArrayList<>();
         String line;
         while ((line = in.readLine()) != null) {
@@ -175,6 +179,10 @@ public final class JavaClient {
                 pending.add(m);
             } else {
                 sent.addAll(report(() -> p.send(m), 1));
+                if (resendAfterMs >= 0) {
+                    Thread.sleep(resendAfterMs);
+                    sent.addAll(report(() -> p.send(m), 1));
+                }
             }
         }
         if (batch && !pending.isEmpty()) {

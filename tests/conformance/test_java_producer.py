@@ -158,3 +158,21 @@ def test_a_java_batch_of_identical_messages_arrives_whole_under_the_ids_the_prod
     got = _consume(p, p.target, 6, timeout_s=30)
     assert len(got) == 6, f"{len(got)} of 6 identical batched messages delivered"
     assert {delay_message_id(m.props["TW_ORIGINAL_MSG_ID"]) for m in got} == given
+
+
+def test_a_java_producers_resend_of_a_delay_message_is_delivered_once(pipeline: Pipeline) -> None:
+    # The client's retry of a send (after a timeout the broker may have stored the first) sends the same
+    # message again: the same UNIQ_KEY, born again. A TW_DELAY_MS message's due time moves with its born
+    # time; it is still the one message its producer sent.
+    p = pipeline
+    now = int(time.time() * 1000)
+    kinds = [{"TW_DELAY_MS": "1500"}, {"TW_DELIVER_AT_MS": str(now + 2500)}, {"__STARTDELIVERTIME": str(now + 2000)}]
+    sent = [_delay_message(p, f"resent:{n}".encode(), n, "resent", **kinds[n % 3]) for n in range(6)]
+    results = p.java.produce(sent, compress="none", resend_after_ms=300)
+    assert len(results) == 12 and all(r["ok"] for r in results), results
+    assert [r["msgId"] for r in results[::2]] == [r["msgId"] for r in results[1::2]], "each resend keeps its id"
+    got = _consume(p, p.target, 12, timeout_s=30)
+    counts = {m.props["n"]: 0 for m in got}
+    for m in got:
+        counts[m.props["n"]] += 1
+    assert counts == {str(n): 1 for n in range(6)}, f"deliveries of each message: {counts}"

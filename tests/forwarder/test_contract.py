@@ -241,3 +241,29 @@ def test_replay_refuses_system_and_engine_topics_before_sending(topic: str) -> N
             sender.send(topic, b"b", None, [], {})
     finally:
         sender.close()
+
+
+def test_a_producers_resend_of_a_delay_message_keeps_its_id() -> None:
+    # A client's retry sends the same message (its UNIQ_KEY) born again: the id must not move with the
+    # due time it makes, or the retry is stored and delivered a second time.
+    props = {"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "5000"}
+    first = to_message(received(props), NOW + 10, LIMITS)
+    again = to_message(received(props, born=NOW + 400), NOW + 410, LIMITS)
+    assert first.msg_id == again.msg_id
+    assert (first.deliver_at_ms, again.deliver_at_ms) == (NOW + 5000, NOW + 5400)
+    longer = to_message(received({**props, "TW_DELAY_MS": "5001"}), NOW + 10, LIMITS)
+    assert longer.msg_id != first.msg_id, "another delay is another message"
+    # a due time asked for as such stays in the id: the same instant by either name is one message
+    at = to_message(received({"TW_TARGET_TOPIC": "T", "TW_DELIVER_AT_MS": str(NOW + 5000)}), NOW, LIMITS)
+    assert at.msg_id != first.msg_id
+
+
+def test_a_delay_message_without_a_born_time_counts_from_its_store_time() -> None:
+    # Every pull (and every replica) reads the broker's store time alike; "now" would differ on each.
+    m = ReceivedMessage("TW_DELAY", b"b", "", "", "ID1", {"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "100"},
+                        0, 0, 0, 0, 0, NOW - 50)
+    assert to_message(m, NOW, LIMITS).deliver_at_ms == NOW + 50
+    assert to_message(m, NOW + 999, LIMITS).deliver_at_ms == NOW + 50
+    neither = ReceivedMessage("TW_DELAY", b"b", "", "", "ID1", {"TW_TARGET_TOPIC": "T", "TW_DELAY_MS": "100"},
+                              0, 0, 0, 0, -1, 0)
+    assert to_message(neither, NOW, LIMITS).deliver_at_ms == NOW + 100

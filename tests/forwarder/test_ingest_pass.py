@@ -179,11 +179,11 @@ def _compress(codec: int, body: bytes) -> bytes:
 
 
 def stored_message(props: bytes, payload: bytes, sys_flag: int, offset: int, *, born: int, topic: bytes = b"TW_DELAY",
-                   v2: bool = False) -> bytes:
+                   v2: bool = False, stored: int = NOW - 5) -> bytes:
     """The bytes a broker's store (and so a pull answer) holds for one message."""
     born_host = b"\x7f\x00\x00\x01\x00\x00\x10\x00" if not sys_flag & 0x10 else b"\x00" * 20
     store_host = b"\x0a\x00\x00\x02\x00\x00\x27\x11" if not sys_flag & 0x20 else b"\x01" * 20
-    rest = (struct.pack(">q", NOW - 5) + store_host + struct.pack(">iq", 0, 0) + struct.pack(">i", len(payload))
+    rest = (struct.pack(">q", stored) + store_host + struct.pack(">iq", 0, 0) + struct.pack(">i", len(payload))
             + payload + (struct.pack(">h", len(topic)) if v2 else bytes([len(topic)])) + topic
             + struct.pack(">h", len(props)) + props)
     first = struct.pack(">iiiiiqqiq", 0, _V2 if v2 else _V1, 0, 1, 0, offset, 4096 + offset, sys_flag, born) + born_host
@@ -200,7 +200,7 @@ def _stored(draw: st.DrawFn, offset: int) -> bytes:
     sys_flag = (0 if codec is None else 1 | codec << 8) | draw(st.sampled_from([0, 0, 0x10, 0x20, 0x30]))
     topic = draw(st.sampled_from([b"TW_DELAY"] * 9 + [b"\xff\xfe"]))
     return stored_message(draw(_properties(born)), payload, sys_flag, offset, born=born, topic=topic,
-                          v2=draw(st.booleans()))
+                          v2=draw(st.booleans()), stored=draw(st.sampled_from([NOW - 5, NOW - 5, 0])))
 
 
 @st.composite
