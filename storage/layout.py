@@ -36,6 +36,8 @@ log = logging.getLogger("timewheel.storage")
 FORMAT_VERSION = 2
 READABLE_FORMATS = frozenset({1, 2})
 _NAME_FORMAT = "%Y%m%d%H%M"
+#: segment paths a layout keeps made (`segment_dir`, `dispatch_log`)
+_PATHS_KEPT = 256
 PART_LOG_SUFFIX = ".log"
 PART_INDEX_SUFFIX = ".idx"
 DISPATCH_LOG_NAME = "dispatch.log"
@@ -99,6 +101,10 @@ class SegmentLayout:
         self.meta_dir = self.root / "meta"
         self.archive_dir = self.root / "archive"
         self.retiring_dir = self.root / "retiring"
+        # every send records its outcomes in its segment's dispatch log: the paths are made once, not
+        # per send (a few segments are in use at a time; the cache starts over past _PATHS_KEPT)
+        self._segment_dirs: dict[int, Path] = {}
+        self._dispatch_logs: dict[int, Path] = {}
         self._check_format(create)
 
     def _check_format(self, create: bool) -> None:
@@ -146,7 +152,12 @@ class SegmentLayout:
 
     def segment_dir(self, start_ms: int) -> Path:
         """Directory of the segment starting at `start_ms`."""
-        return self.schedule_dir / segment_name(start_ms)
+        path = self._segment_dirs.get(start_ms)
+        if path is None:
+            if len(self._segment_dirs) >= _PATHS_KEPT:
+                self._segment_dirs.clear()
+            path = self._segment_dirs[start_ms] = self.schedule_dir / segment_name(start_ms)
+        return path
 
     def part_log(self, start_ms: int, part: int) -> Path:
         """Record file of a part."""
@@ -162,7 +173,12 @@ class SegmentLayout:
 
     def dispatch_log(self, start_ms: int) -> Path:
         """Dispatch log of a segment."""
-        return self.segment_dir(start_ms) / DISPATCH_LOG_NAME
+        path = self._dispatch_logs.get(start_ms)
+        if path is None:
+            if len(self._dispatch_logs) >= _PATHS_KEPT:
+                self._dispatch_logs.clear()
+            path = self._dispatch_logs[start_ms] = self.segment_dir(start_ms) / DISPATCH_LOG_NAME
+        return path
 
     def list_segments(self, since_ms: int | None = None, until_ms: int | None = None) -> list[int]:
         """Starts of the segment directories on disk, oldest first; with bounds, only the segments
