@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TERMINAL, TOMBSTONE_ID,
+from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TOMBSTONE_ID,
                      CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError,
                      StorageError, Tombstone, broker_message_id, decode, decode_tombstones, read_dispatch_entries_of,
                      records_holding, segment_name, tombstone_log)
@@ -321,11 +321,16 @@ def _dispatch_step(log: Any, row: int, record: Record | None) -> Step:
     return Step(at, f"outcome_{outcome}", {})
 
 
+#: a message's state when its dispatch log holds several terminal outcomes (a standby's cancel read
+#: late beside the lease holder's delivery, a cancel written again): what went out comes first
+_STATE_ORDER = ((DELIVERED, "delivered"), (DEAD_LETTERED, "dead_lettered"), (CANCELLED, "cancelled"),
+                (CORRUPT, "corrupt"))
+
+
 def _state(outcomes: list[int], unreadable: bool) -> str:
-    terminal = [o for o in outcomes if o in TERMINAL]
-    if terminal:
-        return {DELIVERED: "delivered", DEAD_LETTERED: "dead_lettered", CANCELLED: "cancelled",
-                CORRUPT: "corrupt"}[terminal[0]]
+    for outcome, state in _STATE_ORDER:
+        if outcome in outcomes:
+            return state
     if unreadable:
         return "corrupt"
     return "retrying" if RETRIED in outcomes else "pending"

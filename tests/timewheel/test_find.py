@@ -159,6 +159,25 @@ def test_a_standby_shows_what_the_lease_holder_delivered(tmp_path: Path, clock: 
         e.stop()
 
 
+def test_a_message_delivered_after_a_cancel_was_recorded_says_delivered(tmp_path: Path, clock: ManualClock) -> None:
+    # A standby records a cancel read after the message came due (CANCELLED) while the lease holder
+    # had delivered it (DELIVERED, attempts 0, recorded after): it went out, and that is its state.
+    from storage import CANCELLED, DELIVERED, dispatch_entries
+
+    e = Engine(EngineConfig(data_dir=tmp_path / "data"), AnsweringSink(), clock, seed=1).start(background=False)
+    try:
+        e.schedule([Message("ORDERS", b"x", T0 + 5000, keys=("order-1",), msg_id=f"{UNIQ['delivered']}:00000001")])
+        assert e.store is not None
+        seg = e.store.layout.segment_start(T0 + 5000)
+        ix = e.store.segment_index(seg)
+        for at, outcome in ((T0 + 6000, CANCELLED), (T0 + 6500, DELIVERED)):
+            e.store.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, at, outcome, 0), at)
+        m = _one(MessageFinder(e.store.layout, e.store.meta).by_key("order-1", T0 + 7000))
+        assert m["state"] == "delivered", _whats(m)
+    finally:
+        e.stop()
+
+
 def test_a_message_retired_after_the_view_was_taken_is_not_found_rather_than_corrupt(tmp_path: Path,
                                                                                  clock: ManualClock) -> None:
     e = Engine(EngineConfig(data_dir=tmp_path / "data"), AnsweringSink(), clock, seed=1).start(background=False)
