@@ -9,6 +9,8 @@ one batch (one store commit), the compressed bodies of the lot inflating under o
 batch's offsets are committed (piggybacked on the next pull of each queue) only after the callback
 accepted it; a refused batch is pulled again after `retry_backoff_s`. PULL_OFFSET_MOVED is followed
 to where the broker says, and that offset is committed with the next pull (as the Java client does).
+PULL_RETRY_IMMEDIATELY is followed to its nextBeginOffset too, after the pulls a gap gets (`_whole`);
+one with no offset past the queue's is pulled again after `retry_backoff_s`, never at once.
 
 With `linger_ms`, a queue whose answer emptied it (the broker's maxOffset reached), or left less
 than one more answer after an answer cut by the count, is pulled again at the next multiple of that
@@ -390,29 +392,34 @@ class Puller:
                 budget.stopped = False
                 next_offset, caught_up, steady = (batch.last_offset() + 1 if len(batch) else st.offset), False, False
             return st, next_offset, batch, caught_up, steady
-        if resp.code in (PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY):
-            st.offset = max(st.offset, next_offset) if resp.code == PULL_NOT_FOUND else st.offset
-            if resp.code == PULL_NOT_FOUND:
-                st.caught_up_ms = st.sent_ms
-                self.table.accepted_below(q, st.offset)
+        if resp.code == PULL_NOT_FOUND:
+            st.offset = max(st.offset, next_offset)
+            st.caught_up_ms = st.sent_ms
+            self.table.accepted_below(q, st.offset)
+        elif resp.code == PULL_RETRY_IMMEDIATELY and next_offset > st.offset:
+            # Nothing readable below nextBeginOffset (as when a commit-log file is being removed): a gap
+            # like a found answer's, pulled again before it is passed over (the Java client moves at once).
+            if not self._whole(q, st, next_offset, 0):
+                return None
+            st.offset, st.gap_pulls, st.decode_failures = next_offset, 0, 0
         elif resp.code == PULL_OFFSET_MOVED:
             # The offset is gone from the broker, or an operator reset the group on the broker's side:
             # go on where the broker says, and tell it so with the next pull (as the Java client does).
             log.warning("the broker moved %s/%s from offset %d to %d", s.topic, q, st.offset, next_offset)
             self.table.offsets_moved.append(f"{q[0]}:{q[1]} {st.offset} -> {next_offset}")
             st.offset, st.committed = next_offset, -1
-        else:
+        else:  # a PULL_RETRY_IMMEDIATELY with nowhere to move to too: at once again, it might spin for ever
             log.warning("pull of %s/%s answered %s: %s", s.topic, q, resp.code, resp.remark)
             st.retry_at = time.monotonic() + s.retry_backoff_s
         st.in_flight = None
         return None
 
     def _whole(self, q: Queue, st: QueueState, next_offset: int, count: int) -> bool:
-        """Whether a found answer's `count` messages run from the queue's offset up to `next_offset`
-        without a gap. The subscription is `*`, so no filter explains one: a broker counts in its next
-        offset a message whose commit-log read came back empty (a file being rolled or removed). Such
-        an answer is pulled again, `_GAP_PULLS` times, before the gap is taken as given: then it is
-        logged, counted and reported with the offsets the broker moved past (`offsets_moved`)."""
+        """Whether a found answer's `count` messages (none in a PULL_RETRY_IMMEDIATELY) run from the
+        queue's offset up to `next_offset` without a gap. With the subscription `*` no filter explains
+        one: a broker counts in its next offset a message whose commit-log read came back empty (a file
+        being rolled or removed). Such an answer is pulled again, `_GAP_PULLS` times, before the gap is
+        taken as given: then it is logged, counted and reported with the offsets moved past (`offsets_moved`)."""
         gap = next_offset - st.offset - count
         if gap <= 0:
             return True
