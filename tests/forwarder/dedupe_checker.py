@@ -72,6 +72,7 @@ class TopicReader:
     def _read_queue(self, conn: Connection, broker: str, qid: int) -> list[StoredCopy]:
         out: list[StoredCopy] = []
         offset = self.offsets.get((broker, qid), 0)
+        retries = 0
         while True:
             ext = {"consumerGroup": self.group, "topic": self.topic, "queueId": str(qid), "queueOffset": str(offset),
                    "maxMsgNums": "32", "sysFlag": str(_SUBSCRIPTION_FLAG), "commitOffset": "0",
@@ -85,7 +86,16 @@ class TopicReader:
                                           f"{broker}:{qid}@{m.queue_offset}"))
                 offset = nxt
             elif resp.code == PULL_RETRY_IMMEDIATELY:
-                continue
+                # nothing readable up to nxt: asked again a few times, then a gap the checker reports
+                retries += 1
+                if retries < 3:
+                    time.sleep(0.2)
+                    continue
+                if nxt <= offset:
+                    raise AssertionError(f"pull of {self.topic} {broker}:{qid}@{offset} answered {resp.code} "
+                                         f"{retries} times: {resp.remark}")
+                self.problems.append(f"{self.topic} {broker}:{qid}: offsets {offset}..{nxt} could not be read")
+                offset = nxt
             elif resp.code == PULL_OFFSET_MOVED:
                 if nxt > offset:
                     self.problems.append(f"{self.topic} {broker}:{qid}: offsets {offset}..{nxt} are gone")
@@ -94,6 +104,7 @@ class TopicReader:
                 break
             else:
                 raise AssertionError(f"pull of {self.topic} {broker}:{qid}@{offset} answered {resp.code}: {resp.remark}")
+            retries = 0
             if offset >= int(resp.ext.get("maxOffset", offset + 1)):
                 break
         self.offsets[(broker, qid)] = offset
