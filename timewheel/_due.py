@@ -4,7 +4,9 @@ An entry carries everything a sender needs to read its record: due time, wheel r
 far, and its location (segment, part, offset), resolved by the timer when it pushes the entry.
 `DueChunks` holds entries in the order they were pushed (the timer pushes one small chunk a tick,
 catch-up a whole segment sorted by due time); `RetryArrays` holds failed sends until their next
-attempt. Neither locks: their owner does (the dispatch queue, or the timer for its deferred list).
+attempt (by one clock: `timewheel._retry_waits` keeps two, for backoffs and for due times);
+`earliest` picks the earliest few by due time. Nothing locks: the owner does (the dispatch queue,
+or the timer for its deferred list).
 """
 from __future__ import annotations
 
@@ -178,3 +180,21 @@ class RetryArrays:
     def next_ms_min(self) -> int | None:
         """When the next attempt is due, or None."""
         return min(self._next_min) if self._next_min else None
+
+
+def earliest(e: DueEntries, limit: int) -> tuple[int | None, DueEntries]:
+    """The `limit` earliest of `e` by due time, and the earliest due time of the rest (None: no rest).
+
+    A partition, not a sort: in an outage hundreds of thousands wait, and only the `limit` earliest
+    are named. Which of several equal to the next one are set apart does not matter: that one bounds
+    the mark, so none of them passes it.
+    """
+    due = e.due
+    if len(due) > limit:
+        part = np.argpartition(due, limit)
+        rest: int | None = int(due[part[limit]])
+        first = part[:limit]
+        first = first[np.argsort(due[first], kind="stable")]
+    else:
+        rest, first = None, np.argsort(due, kind="stable")
+    return rest, e.select(first)

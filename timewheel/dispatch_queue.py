@@ -57,8 +57,9 @@ from typing import Callable
 
 import numpy as np
 
-from timewheel._due import DueChunks, DueEntries, RetryArrays
+from timewheel._due import DueChunks, DueEntries, earliest
 from timewheel._ref_set import RefSet
+from timewheel._retry_waits import RetryWaits
 from timewheel.clock import Clock, seconds_until
 
 # Due messages wait at most this long for the send in flight before going in a send of their own.
@@ -103,7 +104,7 @@ class DispatchQueue:
         self._cv = threading.Condition(threading.Lock())
         self._ready = DueChunks()
         self._backlog = DueChunks()
-        self._retries = RetryArrays()
+        self._retries = RetryWaits(self._rate_since)  # backoffs, and holds until due (timewheel/_retry_waits.py)
         self._cancelled = RefSet()
         self._withdrawn = RefSet()  # cancelled after due: dropped at take, recorded by the taker
         self._dropped: dict[int, list[DueEntries]] = {}  # per dispatch thread, withdrawn entries it dropped
@@ -127,7 +128,7 @@ class DispatchQueue:
     def _count_due(self, n: int) -> None:
         """Count entries come due; once a window is over, set the linger from the rate it saw."""
         self._rate_count += n
-        now = self._clock.now_ms()
+        now = self._now()
         elapsed = now - self._rate_since
         if elapsed < RATE_WINDOW_MS:
             return
@@ -229,7 +230,7 @@ class DispatchQueue:
         with self._cv:
             if self._closed:
                 return Turn.CLOSED
-            now = self._clock.now_ms()
+            now = self._now()
             waiting = self._ready.size + self._backlog.size
             if not waiting or held_full:
                 # nothing to read: wait for the timer, the next retry or the shaper's next grant
@@ -237,7 +238,7 @@ class DispatchQueue:
                 if held_wake_ms is not None:
                     wake = held_wake_ms if wake is None else min(wake, held_wake_ms)
                 timeout = seconds_until(self._clock, wake, MAX_WAIT_S)
-                if timeout > 0 and not self._retry_ready(now):
+                if timeout > 0 and not self._retries.ready_by(now):
                     self._cv.wait(timeout)
                     return Turn.LOOK_AGAIN
             elif waiting < self._batch_size:
@@ -297,7 +298,7 @@ class DispatchQueue:
         with self._cv:
             batch = self._ready.take(n)
             if batch is None and len(self._retries):
-                retried = self._retries.pop_ready(self._clock.now_ms())
+                retried = self._retries.pop_ready(self._now())
                 if retried is not None:
                     self._ready.push(retried)
                     batch = self._ready.take(n)
@@ -369,17 +370,17 @@ class DispatchQueue:
                 if not late.all():
                     mins.append(int(e.due[~late].min()))
                     e = e.select(late)
-                rest, few = _earliest(e, limit)  # a catch-up backlog can hold millions
+                rest, few = earliest(e, limit)  # a catch-up backlog can hold millions
                 if rest is not None:
                     mins.append(rest)
                 candidates.append(few)
             if len(self._retries):
-                rest, few = _earliest(self._retries.entries, limit)
+                rest, few = earliest(self._retries.entries, limit)
                 if rest is not None:
                     mins.append(rest)
                 candidates.append(few)
             apart = DueEntries.concat(candidates) if candidates else DueEntries.empty()
-            rest, apart = _earliest(apart, limit)
+            rest, apart = earliest(apart, limit)
             if rest is not None:
                 mins.append(rest)
             return (min(mins) if mins else None), apart
@@ -392,15 +393,17 @@ class DispatchQueue:
         return out
 
     def retry(self, next_ms: np.ndarray, entries: DueEntries) -> None:
-        """Failed entries, to be taken again from `next_ms` on (their location goes with them)."""
+        """Failed entries, to be taken again from `next_ms` on (their location goes with them): now
+        plus a backoff, which a step back of the clock does not lengthen; one at its own due time
+        waits for that wall-clock instant, as `hold_until_due`'s do."""
         with self._cv:
-            self._retries.add(next_ms, entries)
+            self._retries.add(next_ms, entries, self._now())
 
     def hold_until_due(self, entries: DueEntries) -> None:
         """Entries not due yet that the timer cannot keep (its wheel turned past them: the clock went
-        back), taken from their due time on as retries are; the waiting threads look again."""
+        back), taken from their due time on by the wall clock; the waiting threads look again."""
         with self._cv:
-            self._retries.add(entries.due, entries)
+            self._retries.hold_until_due(entries)
             self._cv.notify_all()
 
     def count_done(self, segment_ms: int, n: int) -> None:
@@ -411,7 +414,7 @@ class DispatchQueue:
     def sendable(self) -> bool:
         """Something could be taken now."""
         with self._cv:
-            return bool(self._ready.size or self._backlog.size) or self._retry_ready(self._clock.now_ms())
+            return bool(self._ready.size or self._backlog.size) or self._retries.ready_by(self._now())
 
     def next_send_ms(self, now: int, held_full: bool) -> int | None:
         """When something can be taken next (now if it can), for a caller that drives by hand."""
@@ -426,24 +429,9 @@ class DispatchQueue:
         with self._cv:
             return self._ready.size, self._backlog.size, len(self._retries)
 
-    def _retry_ready(self, now: int) -> bool:
-        nr = self._retries.next_ms_min()
-        return nr is not None and nr <= now
+    def _now(self) -> int:
+        """The clock, read under the lock: readings in order, so the retries see a step back."""
+        now = self._clock.now_ms()
+        self._retries.observe(now)
+        return now
 
-
-def _earliest(e: DueEntries, limit: int) -> tuple[int | None, DueEntries]:
-    """The `limit` earliest of `e` by due time, and the earliest due time of the rest (None: no rest).
-
-    A partition, not a sort: in an outage hundreds of thousands wait, and only the `limit` earliest
-    are named. Which of several equal to the next one are set apart does not matter: that one bounds
-    the mark, so none of them passes it.
-    """
-    due = e.due
-    if len(due) > limit:
-        part = np.argpartition(due, limit)
-        rest: int | None = int(due[part[limit]])
-        earliest = part[:limit]
-        earliest = earliest[np.argsort(due[earliest], kind="stable")]
-    else:
-        rest, earliest = None, np.argsort(due, kind="stable")
-    return rest, e.select(earliest)

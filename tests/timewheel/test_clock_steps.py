@@ -83,3 +83,22 @@ def test_a_step_back_is_logged_once_not_per_commit(running: tuple[Engine, Steppi
     assert len(steps) == 2 and f"is {30 * MIN + 1} ms behind" in steps[1].getMessage(), [r.getMessage() for r in steps]
     drive(e, clock, new_now + 5_004)
     assert len(sink.sent) == 6
+
+
+@pytest.mark.parametrize("back_ms", [60 * MIN, 2 * 60 * MIN + 10 * MIN], ids=["1 h", "2 h 10 min"])
+def test_a_retry_after_a_step_back_waits_its_backoff_not_the_step(
+        running: tuple[Engine, SteppingClock, RecordingSink], back_ms: int) -> None:
+    e, clock, sink = running
+    due = OLD_NOW + 10_000
+    [msg] = e.schedule([Message("T", b"r", due, msg_id=f"{3:032X}:00000001")])
+    sink.fail_next = 1
+    drive(e, clock, due)
+    assert sink.sent == [] and e.stats().retrying == 1, "the first attempt failed: it waits its backoff"
+    new_now = due - back_ms
+    clock.step_back_to(new_now)
+    e.step()
+    # the backoff is retry_base_ms (1 s) with +-20% jitter: over 1.2 s after the failure at the latest
+    drive(e, clock, new_now + 1_200)
+    assert [m for m, _ in sink.sent] == [msg], "the retry waited for the wall clock to come back, not its backoff"
+    [(_, sent_at)] = sink.sent
+    assert new_now + 800 <= sent_at <= new_now + 1_200

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from timewheel import ManualClock
 from timewheel._due import DueEntries
 from timewheel.dispatch_queue import BESIDE_AFTER_MS, FULL_LINGER_RATE, RATE_WINDOW_MS, DispatchQueue, Turn
+from tests.timewheel.test_clock_steps import SteppingClock
 
 T0 = 1_800_000_000_000
 
@@ -285,3 +286,44 @@ def test_stragglers_anywhere_are_set_apart_with_the_retries(entries: list[tuple[
     assert sorted(apart.refs[below].tolist()) == sorted(want.tolist())
     assert q.earliest_due() == (int(due.min()) if len(due) else None)
     q.clear_in_hand()
+
+
+def test_a_step_back_does_not_lengthen_a_backoff_but_a_hold_until_due_waits_for_the_wall_clock() -> None:
+    clock = SteppingClock(T0)
+    q, _ = _queue(clock)
+    hour = 3_600_000
+    q.retry(np.array([T0 + 1000], np.int64), _e(np.array([T0 - 5], np.int64), _refs(1), np.array([1], np.int16)))
+    q.hold_until_due(_e(np.array([T0 + 2000], np.int64), _refs(2)))
+    # a record rescheduled at its own due time: it waits for that time, as a hold does
+    q.retry(np.array([T0 + 3000], np.int64), _e(np.array([T0 + 3000], np.int64), _refs(3)))
+    clock.advance(400)
+    assert q.take(4) is None  # the queue reads the clock (a waiting dispatch thread does, every 50 ms at most)
+    clock.step_back_to(T0 + 400 - hour)
+    assert q.take(4) is None
+    assert q.next_send_ms(clock.now_ms(), held_full=False) == T0 + 1000 - hour, "the backoff's 600 ms left"
+    clock.set(T0 + 1000 - hour)
+    e, _ = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [1], "a one-second backoff is one second, however far the clock stepped back"
+    assert q.next_send_ms(clock.now_ms(), held_full=False) == T0 + 2000, "due times stay wall-clock instants"
+    clock.set(T0 + 2000 - 1)
+    assert q.take(4) is None and not q.sendable()
+    clock.set(T0 + 3000)
+    e, _ = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [2, 3] and q.idle()
+
+
+def test_steps_back_add_up_and_a_retry_queued_after_one_waits_its_backoff() -> None:
+    clock = SteppingClock(T0)
+    q, _ = _queue(clock)
+    q.retry(np.array([T0 + 5000], np.int64), _e(np.array([T0], np.int64), _refs(1), np.array([1], np.int16)))
+    clock.step_back_to(T0 - 60_000)
+    assert q.take(4) is None  # the queue reads the clock: the first step is seen
+    clock.step_back_to(T0 - 90_000)
+    q.retry(np.array([T0 - 90_000 + 1000], np.int64), _e(np.array([T0], np.int64), _refs(2), np.array([1], np.int16)))
+    assert q.next_send_ms(clock.now_ms(), held_full=False) == T0 - 90_000 + 1000
+    clock.set(T0 - 90_000 + 1000)
+    e, _ = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [2]
+    clock.set(T0 - 90_000 + 5000)
+    e, _ = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [1] and q.idle()
