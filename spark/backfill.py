@@ -7,7 +7,11 @@ text) and `msg_id`. The job:
 
 1. `check_rows`: every row gets a `reason` when it breaks the producer contract (no topic, a topic
    ingest would not deliver to (a RocketMQ system topic, the engine's own), no body, no or unparsable time, due in a segment already past, delay past the maximum, body too large,
-   a field too long to encode); rejected rows are written out with their reason, never dropped;
+   a property named like the contract's or RocketMQ's own, a separator (\\x00-\\x02) in an id, tags,
+   keys or properties, a field too long to encode, properties too large to deliver): the rules of
+   ingest (`forwarder.contract.to_message`, `check_deliverable`), as columns, so that nothing
+   stored is dead-lettered for them at its due time; rejected rows are written out with their
+   reason, never dropped;
 2. `with_ids`: rows without an id get one derived from their content (so a rerun derives the same);
 3. `plan`: one row per id, marked "existing" when the data directory already holds it, with the
    number of input rows that carried it;
@@ -31,9 +35,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (ArrayType, BinaryType, MapType, NumericType, StringType, StructType,
                                TimestampNTZType, TimestampType)
 
-from forwarder.contract import SYSTEM_TOPIC_PREFIXES, TOPIC_PATTERN
-from storage import MAX_BODY, TWO_YEARS_MS, SegmentLayout
+from forwarder.contract import (CONTRACT_PROPERTIES, DEAD_LETTER_MAX_BODY, DELIVERY_PROPERTIES_BUDGET, DUE_MS,
+                                ORIGINAL_MSG_ID, SYSTEM_TOPIC_PREFIXES, TOPIC_PATTERN)
+from forwarder.rocketmq.message import KEYS, SYSTEM_PROPERTIES, TAGS
+from storage import TWO_YEARS_MS, SegmentLayout
 from storage.record import MAX_FIELD
+from timewheel.config import DEFAULT_MAX_BODY_BYTES
 
 PastDue = Literal["reject", "now"]
 REASONS = {
@@ -47,8 +54,19 @@ REASONS = {
     "too_late": "delay past the maximum",
     "body_too_large": "body too large",
     "bad_properties": "properties are not a map of strings (or JSON text of one)",
+    "reserved_property": "a property named like one of the contract's (TW_TARGET_TOPIC, TW_DELAY_MS, ...) or "
+                         "RocketMQ's own (UNIQ_KEY, DELAY, ...), which ingest never carries to the delivered message",
+    "separator": "an id, tags, keys or a property holding \\x00, \\x01 or \\x02, the separators RocketMQ uses",
     "field_too_long": "a field is too long to encode",
+    "properties_too_large": f"properties, tags and keys take more than the {DELIVERY_PROPERTIES_BUDGET} bytes "
+                            f"delivery can send beside the engine's own",
 }
+#: property names ingest drops (`forwarder._ingest_pass`): a row carrying one is refused, not altered
+_NOT_CARRIED = sorted(SYSTEM_PROPERTIES | CONTRACT_PROPERTIES)
+_TRANSIENT_PREFIX = "__RMQ.TRANSIENT."
+_SEPARATORS = r"[\x00-\x02]"  # java.util.regex, as Spark's rlike reads it
+#: a derived id's length (`content_id`), for rows without one
+_CONTENT_ID_LEN = 32
 _RECORD_COLUMNS = ("msg_id", "topic", "body", "due_ms", "tags", "keys", "properties")
 
 
@@ -164,8 +182,33 @@ def _not_a_target(topic: Column, reserved: frozenset[str]) -> Column:
     return bad | topic.isin(*sorted(reserved)) if reserved else bad
 
 
+def _reserved_name(props: Column) -> Column:
+    """True where a property is named like one ingest never carries to the delivered message."""
+    return F.exists(F.map_keys(props), lambda k: k.isin(*_NOT_CARRIED) | k.startswith(_TRANSIENT_PREFIX))
+
+
+def _has_separator(msg_id: Column, tags: Column, keys: Column, props: Column) -> Column:
+    """True where the id, tags, a key or a property's name or value holds a RocketMQ separator."""
+    def sep(c: Column) -> Column:
+        return F.coalesce(c.rlike(_SEPARATORS), F.lit(False))
+    return (sep(msg_id) | sep(tags) | F.exists(keys, sep) | F.exists(F.map_keys(props), sep)
+            | F.exists(F.map_values(props), sep))
+
+
+def _delivered_size(msg_id: Column, due: Column, tags: Column, keys: Column, props: Column) -> Column:
+    """The bytes properties, tags and keys take as delivered (`forwarder.contract.properties_size` of
+    `to_outgoing`): name \\x01 value \\x02 each, with the id and the due time the engine adds."""
+    def pair(name: str, value: Column) -> Column:
+        return F.lit(len(name) + 2) + F.octet_length(value)
+    own = F.aggregate(F.map_entries(props), F.lit(0).cast("long"),
+                      lambda acc, e: acc + F.octet_length(e["key"]) + F.octet_length(e["value"]) + 2)
+    added = pair(ORIGINAL_MSG_ID, F.coalesce(msg_id, F.lit("x" * _CONTENT_ID_LEN))) + pair(DUE_MS, due.cast("string"))
+    return (own + added + F.coalesce(pair(TAGS, tags), F.lit(0))
+            + F.when(F.size(keys) > 0, pair(KEYS, F.array_join(keys, " "))).otherwise(F.lit(0)))
+
+
 def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int = TWO_YEARS_MS,
-               max_body_bytes: int = MAX_BODY, past_due: PastDue = "reject",
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, past_due: PastDue = "reject",
                body_encoding: str = "utf-8", reserved_topics: frozenset[str] = frozenset()) -> DataFrame:
     """The input with `reason` (null for a row that keeps the contract, else a key of REASONS) and
     `record` (the row as msg_id, topic, body, due_ms, tags, keys, properties; `due_ms` moved to
@@ -180,12 +223,15 @@ def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int
     current = now_ms - now_ms % segment_ms
     past = due < F.lit(current)
     moved = F.when(past, F.lit(now_ms)).otherwise(due) if past_due == "now" else due
+    # delivery cannot send a larger body whatever the engine allows (`contract.check_deliverable`)
+    max_body = min(max_body_bytes, DEAD_LETTER_MAX_BODY)
+    msg_id, tags = _text(df, "msg_id"), _text(df, "tags")
     # conservative sizes: JSON text is never shorter than the encoded keys or properties
     nested_large = (F.octet_length(F.to_json(keys)) > MAX_FIELD) | \
         (F.octet_length(F.to_json(props)) > MAX_FIELD)
-    too_long = ((F.coalesce(F.octet_length(_text(df, "msg_id")), F.lit(0)) > MAX_FIELD)
+    too_long = ((F.coalesce(F.octet_length(msg_id), F.lit(0)) > MAX_FIELD)
                 | (F.octet_length(topic) > MAX_FIELD)
-                | (F.coalesce(F.octet_length(_text(df, "tags")), F.lit(0)) > MAX_FIELD)
+                | (F.coalesce(F.octet_length(tags), F.lit(0)) > MAX_FIELD)
                 | nested_large)
     reason = (F.when(topic.isNull(), F.lit("no_topic"))
               .when(_not_a_target(topic, reserved_topics), F.lit("bad_topic"))
@@ -194,11 +240,15 @@ def check_rows(df: DataFrame, *, now_ms: int, segment_ms: int, max_delay_ms: int
               .when(due.isNull() | (due < 0), F.lit("bad_time"))
               .when(past & F.lit(past_due == "reject"), F.lit("past_segment"))
               .when(due - F.lit(now_ms) > F.lit(max_delay_ms), F.lit("too_late"))
-              .when(F.octet_length(body) > F.lit(max_body_bytes), F.lit("body_too_large"))
+              .when(F.octet_length(body) > F.lit(max_body), F.lit("body_too_large"))
               .when(~props_ok, F.lit("bad_properties"))
-              .when(too_long, F.lit("field_too_long")))
-    record = F.struct(_text(df, "msg_id").alias("msg_id"), topic.alias("topic"), body.alias("body"),
-                      moved.alias("due_ms"), _text(df, "tags").alias("tags"), keys.alias("keys"),
+              .when(_reserved_name(props), F.lit("reserved_property"))
+              .when(_has_separator(msg_id, tags, keys, props), F.lit("separator"))
+              .when(too_long, F.lit("field_too_long"))
+              .when(_delivered_size(msg_id, moved, tags, keys, props) > DELIVERY_PROPERTIES_BUDGET,
+                    F.lit("properties_too_large")))
+    record = F.struct(msg_id.alias("msg_id"), topic.alias("topic"), body.alias("body"),
+                      moved.alias("due_ms"), tags.alias("tags"), keys.alias("keys"),
                       props.alias("properties"), due.alias("content_due_ms"))
     out = df.withColumn("reason", reason).withColumn("record", record) \
         .withColumn("_tw_check", F.col("reason").isNull() & nested_large)
@@ -280,7 +330,7 @@ class BackfillResult:
 
 def backfill(spark: SparkSession, data_dir: str | Path, source: DataFrame, *, now_ms: int | None = None,
              rejects_path: str | Path | None = None, max_delay_ms: int = TWO_YEARS_MS,
-             max_body_bytes: int = MAX_BODY, past_due: PastDue = "reject", body_encoding: str = "utf-8",
+             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, past_due: PastDue = "reject", body_encoding: str = "utf-8",
              partitions: int | None = None, max_part_bytes: int = 1 << 30,
              reserved_topics: frozenset[str] = frozenset()) -> BackfillResult:
     """Schedule the rows of `source` into `data_dir`; see the module docstring."""

@@ -185,3 +185,51 @@ def test_a_topic_ending_in_a_line_break_is_refused_as_ingest_refuses_it(spark: S
     for t in bad:
         with pytest.raises(ContractViolation):
             check_target_topic(t)
+
+
+@pytest.mark.spark
+def test_rows_delivery_would_refuse_are_rejected_up_front_as_ingest_refuses_them(spark: SparkSession,
+                                                                                 tmp_path: Path) -> None:
+    from forwarder.contract import (DELIVERY_PROPERTIES_BUDGET, ContractViolation, check_deliverable,
+                                    properties_size, to_outgoing)
+    from timewheel.config import EngineConfig
+    from timewheel.message import Message
+
+    data = tmp_path / "data"
+    SegmentLayout(data)
+    due = T0 + 5000
+
+    def delivered_size(msg_id: str, value: str) -> int:
+        out = to_outgoing(Message("ORDERS", b"x", due, "t\u00e9", ("k1", "k2"), {"p\u00e9": value}, msg_id))
+        return properties_size(out.properties, out.tags, out.keys)
+
+    # properties, tags and keys exactly at the budget as RocketMQ serialises them (UTF-8 bytes), and one byte over
+    fill = "\u00e9" + "x" * (DELIVERY_PROPERTIES_BUDGET - delivered_size("at-budget", "\u00e9"))
+    assert delivered_size("at-budget", fill) == DELIVERY_PROPERTIES_BUDGET
+    check_deliverable(Message("ORDERS", b"x", due, "t\u00e9", ("k1", "k2"), {"p\u00e9": fill}, "at-budget"))
+    with pytest.raises(ContractViolation):
+        check_deliverable(Message("ORDERS", b"x", due, "t\u00e9", ("k1", "k2"), {"p\u00e9": fill}, "over-budget"))
+
+    def row(msg_id: str, **kw: Any) -> dict[str, Any]:
+        return {"msg_id": msg_id, "topic": "ORDERS", "body": "x", "deliver_at_ms": due, **kw}
+
+    big = {"tags": "t\u00e9", "keys": ["k1", "k2"]}
+    rows = [row("ok-1", properties={"p": "v"}),
+            row("at-budget", properties={"p\u00e9": fill}, **big),
+            row("over-budget", properties={"p\u00e9": fill + "x"}, **big),
+            row("sep-value", properties={"p": "a\x01b"}), row("sep-name", properties={"p\x02": "v"}),
+            row("sep-tags", tags="t\x00"), row("sep-key", keys=["k\x01"]), row("sep\x02id"),
+            row("target", properties={"TW_TARGET_TOPIC": "OTHER"}), row("delay", properties={"TW_DELAY_MS": "5"}),
+            row("uniq", properties={"UNIQ_KEY": "0" * 32}), row("broker-delay", properties={"DELAY": "3"}),
+            row("transient", properties={"__RMQ.TRANSIENT.X": "1"}),
+            row("large-body", body="x" * (EngineConfig.max_body_bytes + 1))]
+    src = _jsonl(tmp_path / "in.jsonl", rows)
+    rejects = tmp_path / "rejects"
+    # the Python default of max_body_bytes is the engine's
+    res = backfill(spark, data, read_input(spark, [str(src)]), now_ms=T0, rejects_path=rejects)
+    assert res.rejected_by_reason == {"properties_too_large": 1, "separator": 5, "reserved_property": 5,
+                                      "body_too_large": 1}
+    assert sorted(_stored(data)) == ["at-budget", "ok-1"] and res.scheduled == 2
+    back = {r["msg_id"]: r["reason"] for r in spark.read.parquet(str(rejects)).collect()}
+    assert back["over-budget"] == "properties_too_large" and back["sep\x02id"] == "separator"
+    assert back["target"] == "reserved_property" and back["large-body"] == "body_too_large"
