@@ -2,7 +2,8 @@
 
 A shard of the delay topic (its queues with id mod `shards` == `shard`) is served by several
 replicas, each a whole engine with its own consumer group and data directory. `ShardReplica`
-holds or follows the shard's lease and is its engine's `timewheel.gate.DeliveryGate`;
+holds or follows the shard's lease and is its engine's `timewheel.gate.DeliveryGate` (refused at
+start, `ReplicaSetMismatch`, when a live replica of its delay topic has another root or shard count);
 `FencedSink` is where a send batch's fence is decided (before it goes, at the write, after it
 failed); `EpochStampingSink` marks what the holder sends with its epoch; `shard_status` reads every shard's
 holder, epoch and watermark for `timewheel status`. `LocalZooKeeper` runs a real server from
@@ -14,10 +15,12 @@ from coordination.fencing import FencingDeadline
 from coordination.local_zookeeper import LocalZooKeeper, ruok
 from coordination.epoch_sink import EPOCH_PROPERTY, EpochStampingSink
 from coordination.fenced_sink import FencedSink
+from coordination.members import ReplicaSetMismatch
 from coordination.replica import ReplicaCounters, ReplicaIdTaken, ShardReplica
 from coordination.status import ShardStatus, shard_status
 from coordination.watermark import Watermark, publish_watermark, read_watermark
 
 __all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencedSink", "FencingDeadline", "HAConfig",
-           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ReplicaIdTaken", "ShardReplica", "ShardStatus", "Watermark",
-           "ZooKeeperJoinError", "ZooKeeperUnreachableError", "publish_watermark", "read_watermark", "ruok", "shard_status"]
+           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ReplicaIdTaken", "ReplicaSetMismatch",
+           "ShardReplica", "ShardStatus", "Watermark", "ZooKeeperJoinError", "ZooKeeperUnreachableError",
+           "publish_watermark", "read_watermark", "ruok", "shard_status"]

@@ -42,6 +42,7 @@ from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
 from coordination.lease import ReplicaCounters, ReplicaIdTaken, epoch_of, lease_sequence
+from coordination.members import Membership
 from coordination.watermark import (MAX_EXCEPTIONS, MalformedWatermark, Watermark, covered_by, publish_watermark,
                                     read_watermark)
 from timewheel.gate import NO_WATERMARK, DeliveredMark
@@ -60,13 +61,15 @@ class ShardReplica:
     """The lease, fence and watermark of one replica of one shard; the delivery gate of its engine."""
 
     def __init__(self, cfg: HAConfig, delay_topic: str, *, now_ms: Callable[[], int],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, namesrv: str = "") -> None:
+        """`namesrv`: the NameServer list the delay topic is read from (`coordination.members`; "": unknown)."""
         self.cfg = cfg
         self.delay_topic = delay_topic
         self.path = cfg.shard_path(delay_topic)
         self.hold_ms = cfg.hold_ms
         self.fence = FencingDeadline(cfg.session_timeout_s, cfg.fence_fraction, monotonic)
         self.counters = ReplicaCounters()
+        self._members = Membership(cfg, delay_topic, namesrv)
         self._now_ms = now_ms
         self._monotonic = monotonic
         self._lock = threading.Lock()  # the fields below, read by dispatch threads
@@ -164,8 +167,8 @@ class ShardReplica:
         except KazooTimeoutError as e:
             raise ZooKeeperUnreachableError(self.cfg.zookeeper, timeout) from e
         try:
+            self._claim_identity()  # first: a replica refused creates nothing under its root
             self._client.ensure_path(f"{self.path}/lease")
-            self._claim_identity()
         except BaseException as e:
             self._client.stop()
             self._client.close()
@@ -292,7 +295,7 @@ class ShardReplica:
             self._lose("session changed")
             self._claim_identity()
             if not eligible:  # a directory with a gap, or still catching up: a standby without a lease node
-                self._follow(self._read_mark())
+                self._remember(self._read_mark())
                 return False
             self._node = self._our_node(session) or client.create(
                 f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
@@ -310,7 +313,7 @@ class ShardReplica:
             return False
         if children[0] != self._node:
             self._lose("another replica holds the lease")
-            self._follow(self._read_mark())
+            self._remember(self._read_mark())
             return False
         stat = client.exists(f"{self.path}/lease/{self._node}")
         if stat is None or stat.ephemeralOwner != self._session:
@@ -360,7 +363,9 @@ class ShardReplica:
         return None
 
     def _claim_identity(self) -> None:
-        """Hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused."""
+        """Register with the delay topic's members (ReplicaSetMismatch at start: `coordination.members`), then
+        hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused."""
+        self._members.join(self._client)
         path = f"{self.path}/replicas/{self.cfg.replica_id}"
         try:
             self._client.create(path, b"", ephemeral=True, makepath=True)
@@ -376,9 +381,6 @@ class ShardReplica:
                 return
         raise ReplicaIdTaken(f"ha.replica_id = {self.cfg.replica_id!r} is already live in shard {self.path} (another "
                              "process holds it): give each replica of a shard its own id")
-
-    def _follow(self, mark: Watermark) -> None:
-        self._remember(mark)
 
     def _take_over(self, mark: Watermark) -> None:
         epoch = epoch_of(self._node) if self._node else 0
