@@ -1,13 +1,14 @@
 """Cancelling stored messages: the records a cancel names, recorded CANCELLED segment by segment.
 
 Each segment is whole before the next is begun: its CANCELLED frame written, its entries kept from
-being sent (`TimerDriver.cancel`), its ids marked cancelled in the meta store. A write that fails on
-a later segment (a full disk) so leaves the earlier ones done and known to be done: the cancel,
-applied again (its batch pulled again, the admin call repeated), finds only what is left, and no
-record gets a second outcome nor is counted off its segment twice. One window is left: a crash, or a
-meta-store write refused, between a segment's frame and its ids' marks. The retry then writes the
-frame again (a load reads a repeated outcome once), and until the next start that segment's count
-of entries left is low by those records.
+being sent (`TimerDriver.cancel`; on a standby, those already due too: `TimerDriver.withdraw`), its
+ids marked cancelled in the meta store. A write that fails on a later segment (a full disk) so
+leaves the earlier ones done and known to be done: the cancel, applied again (its batch pulled
+again, the admin call repeated), finds only what is left, and no record gets a second outcome nor is
+counted off its segment twice. One window is left: a crash, or a meta-store write refused, between
+a segment's frame and its ids' marks. The retry then writes the frame again (a load reads a repeated
+outcome once), and until the next start that segment's count of entries left is low by those
+records.
 """
 from __future__ import annotations
 
@@ -46,8 +47,7 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
     # withdrawn rather than kept, or it would go out once this replica holds the lease.
     held = standby()
     by_seg: dict[int, tuple[list[tuple[int, int, int]], list[str]]] = {}
-    late: dict[int, list[tuple[int, int, int]]] = {}
-    late_ids: list[str] = []
+    late: dict[int, tuple[list[tuple[int, int, int]], list[str]]] = {}
     for mid, loc in zip(ids, meta.locations(ids)):
         if loc is None:
             continue
@@ -57,8 +57,9 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
             continue
         if rec.due_ms <= now:
             if held:
-                late.setdefault(loc.segment_ms, []).append((loc.part, loc.offset, rec.due_ms))
-                late_ids.append(mid)
+                rows, mids = late.setdefault(loc.segment_ms, ([], []))
+                rows.append((loc.part, loc.offset, rec.due_ms))
+                mids.append(mid)
             continue  # already due: it is being, or has been, delivered
         rows, mids = by_seg.setdefault(loc.segment_ms, ([], []))
         rows.append((loc.part, loc.offset, rec.due_ms))
@@ -69,9 +70,9 @@ def cancel_stored(store: ScheduleStore, timer: TimerDriver, clock: Clock,
         meta.mark_cancelled(mids, now)
         count(len(mids))
         total += len(mids)
-    if late:
-        timer.withdraw({seg: np.array(items, dtype=np.int64) for seg, items in late.items()}, now)
-        meta.mark_cancelled(late_ids, now)
-        count(len(late_ids))
-        total += len(late_ids)
+    for seg, (rows, mids) in late.items():
+        timer.withdraw({seg: np.array(rows, dtype=np.int64)}, now)
+        meta.mark_cancelled(mids, now)
+        count(len(mids))
+        total += len(mids)
     return total

@@ -1,9 +1,29 @@
-"""Cancels a standby reads after their message came due, for a segment not loaded yet."""
+"""Cancels a standby reads after their message came due: each recorded CANCELLED at once, exactly once.
+
+A standby sends nothing while another replica holds the lease, so a cancel it reads after its
+message came due still finds that message unsent: it is withdrawn (`TimerDriver.withdraw`). The
+outcome goes to the dispatch log before the cancel is acknowledged, wherever the entry is: a
+CANCELLED kept only in memory would be lost by a crash, and the restarted replica would load the
+message as due and send it once it holds the lease. Exactly one terminal outcome per entry, and one
+count off its segment, come from who holds the entry when the cancel arrives:
+- a segment not loaded: nothing of it is in memory; its load reads this row (`record_cancelled`);
+- an entry the timer still holds (in the wheel, not released yet, or deferred behind the catch-up):
+  cancelled as one not yet due is (`held_by_timer`), under the timer's lock;
+- an entry waiting in the dispatch queue: recorded under the queue's lock, so that no `take()` gets
+  between, and then dropped unrecorded (`waiting_among`, `record_claimed`);
+- any other (a dispatch pass has it in hand, or the traffic shaper holds it, or its outcome is
+  recorded already): the `take()` that meets it again, if one does, drops it for its thread to
+  record (`DispatchQueue.drain_withdrawn`); until then a crash leaves it unrecorded, due and unsent.
+"""
 from __future__ import annotations
+
+from typing import Iterable
 
 import numpy as np
 
 from storage import CANCELLED, TERMINAL, ScheduleStore, dispatch_entries, record_keys
+from timewheel._due import DueChunks, DueEntries
+from timewheel._ref_set import RefSet
 
 
 def record_cancelled(store: ScheduleStore, segment_ms: int, rows: np.ndarray, now_ms: int) -> int:
@@ -21,3 +41,32 @@ def record_cancelled(store: ScheduleStore, segment_ms: int, rows: np.ndarray, no
         store.record_dispatch(segment_ms, dispatch_entries(todo[:, 0], todo[:, 1], todo[:, 2], now_ms, CANCELLED, 0),
                               now_ms)
     return len(todo)
+
+
+def held_by_timer(refs: np.ndarray, due: np.ndarray, wheel_time_ms: int, deferred: DueChunks) -> np.ndarray:
+    """A mask: which entries of a loaded segment the timer still holds, none of them released to the
+    dispatch queue yet: due at or after the wheel's first millisecond not released, or deferred."""
+    mine = due >= wheel_time_ms
+    if deferred.size and not mine.all():
+        mine |= np.isin(refs, waiting_among(refs[~mine], deferred.chunks).refs)
+    return mine
+
+
+def waiting_among(refs: np.ndarray, waiting: Iterable[DueEntries]) -> DueEntries:
+    """The entries of `waiting` (chunks of due entries) whose refs are among `refs`, each once."""
+    wanted = RefSet()
+    wanted.add(refs)
+    found = [hit for e in waiting if len(e.due) and len((hit := e.select(wanted.contains(e.refs))).due)]
+    if not found:
+        return DueEntries.empty()
+    got = DueEntries.concat(found)
+    _, first = np.unique(got.refs, return_index=True)
+    return got if len(first) == len(got.due) else got.select(np.sort(first))
+
+
+def record_claimed(store: ScheduleStore, now_ms: int, entries: DueEntries) -> None:
+    """Record CANCELLED for entries withdrawn while waiting in the dispatch queue (one frame a segment)."""
+    for seg in np.unique(entries.segs).tolist():
+        m = entries.segs == seg
+        store.record_dispatch(seg, dispatch_entries(entries.parts[m], entries.offsets[m], entries.due[m], now_ms,
+                                                    CANCELLED, entries.attempts[m]), now_ms)

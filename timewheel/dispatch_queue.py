@@ -11,9 +11,9 @@ Kafka's SystemTimer hands expired tasks to its executor:
 - outcomes go back the other way: a dispatch thread counts the terminal outcomes it recorded per
   segment (`count_done()`), and the timer takes the counts on its own thread (`take_done()`);
 - `cancel()` marks refs that must not be sent even if they are already here; `withdraw()` does the
-  same for entries cancelled after they came due, and hands each one it drops to the dispatcher
-  that took it (`drain_withdrawn()`), which records it cancelled: only an entry still here is
-  withdrawn, so none gets two outcomes. Both are remembered (`timewheel._ref_set.RefSet`: a
+  same for entries cancelled after they came due: those here are recorded cancelled at once, under
+  the lock, any other by the dispatcher whose `take()` drops it (`drain_withdrawn()`), so none gets
+  two outcomes (`timewheel._withdrawn`). Both are remembered (`timewheel._ref_set.RefSet`: a
   take tests its batch by binary search, however many are held) until the timer lets their
   segment go (`forget()`).
 
@@ -60,6 +60,7 @@ import numpy as np
 from timewheel._due import DueChunks, DueEntries, earliest
 from timewheel._ref_set import RefSet
 from timewheel._retry_waits import RetryWaits
+from timewheel._withdrawn import waiting_among
 from timewheel.clock import Clock, seconds_until
 
 # Due messages wait at most this long for the send in flight before going in a send of their own.
@@ -186,11 +187,22 @@ class DispatchQueue:
         with self._cv:
             self._cancelled.add(refs)
 
-    def withdraw(self, refs: np.ndarray) -> None:
+    def withdraw(self, refs: np.ndarray, record: Callable[[DueEntries], None]) -> int:
         """Never hand out these refs, though already due (cancelled late on a replica that sent none of
-        them); the thread whose `take()` drops one gets it from `drain_withdrawn()` to record."""
+        them). Those waiting here are recorded now by `record`, under this lock (no `take()` gets in
+        between, and none hands them out after), and how many is returned, for their segment's count;
+        the thread whose `take()` meets any other (in a dispatch thread's hands now) records it
+        (`drain_withdrawn()`). Should `record` fail, every one is still withdrawn, for its taker."""
         with self._cv:
+            if self._cancelled:
+                refs = refs[~self._cancelled.contains(refs)]  # recorded cancelled already
             self._withdrawn.add(refs)
+            here = waiting_among(refs, [*self._ready.chunks, *self._backlog.chunks, self._retries.entries])
+            if len(here.due):
+                record(here)
+                self._withdrawn.discard(here.refs)
+                self._cancelled.add(here.refs)
+            return len(here.due)
 
     def forget(self, where: Callable[[np.ndarray], np.ndarray]) -> int:
         """Let go of the cancelled and withdrawn refs for which `where(refs)` (a mask) is True: the

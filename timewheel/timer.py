@@ -54,13 +54,14 @@ from storage import CANCELLED, ScheduleStore, dispatch_entries, reopen_segments
 from timewheel._arrays import same
 from timewheel._due import DueChunks, DueEntries
 from timewheel._memory import release_free_memory
+from timewheel._past_segments import reopened, unseen
 from timewheel.clock import Clock, seconds_until
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.loader import SegmentLoader
 from timewheel.wheel import BEYOND, EXPIRED, TimeWheel
 from timewheel._threads import guarded
-from timewheel._withdrawn import record_cancelled
+from timewheel._withdrawn import held_by_timer, record_cancelled, record_claimed
 
 log = logging.getLogger("timewheel.timer")
 _MAX_WAIT_S = 0.05  # the timer thread's longest sleep: new work it was not woken for waits this long
@@ -71,9 +72,6 @@ _INBOUND_WAKE_MS = 2 * int(_MAX_WAIT_S * 1000)
 # dispatch queue keeps them from being sent (`DispatchQueue.cancel`), and they cost only memory.
 _REMOVAL_DELAY_MS = 1000
 _REMOVAL_BATCH = 4096
-# Done segments whose directories a rescan lists, at most (newest first, then on at the next): with
-# retention off they add up to one an hour, and the pass holds the timer's lock (20 to 70 µs each)
-_DONE_CHECKS = 16
 
 
 class TimerDriver:
@@ -188,30 +186,41 @@ class TimerDriver:
         """
         with self._lock:
             for seg, arr in by_segment.items():
-                self.store.record_dispatch(seg, dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now, CANCELLED, 0),
-                                           now)
-                if seg in self.loader.loaded:
-                    refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
-                    self.queue.cancel(refs)
-                    if not self._pending_removals:
-                        self._removals_due = now + _REMOVAL_DELAY_MS
-                    self._pending_removals.append(refs)
-                    self._removals_waiting += len(refs)
-                    self.loader.note_done({seg: len(arr)})
+                self._cancel_rows(seg, arr, now)
             removals_now = self._removals_waiting >= _REMOVAL_BATCH
         if removals_now:
             self._wake.set()
 
     def withdraw(self, by_segment: dict[int, np.ndarray], now: int) -> None:
-        """Keep entries already due from being sent (rows of part, offset, due per segment): dropped in
-        the dispatch queue (its dispatcher records them), or recorded here for a segment not loaded."""
+        """Keep entries already due from being sent (rows of part, offset, due per segment), each recorded
+        CANCELLED now, once, and counted off its segment once (`timewheel._withdrawn` says by whom)."""
         with self._lock:
             for seg, arr in by_segment.items():
-                if seg in self.loader.loaded:
-                    self.queue.withdraw(self.loader.refs(seg, arr[:, 0].astype(np.uint16),
-                                                         arr[:, 1].astype(np.uint32)))
-                else:  # under this lock: its load, when the catch-up gets to it, reads this outcome
+                if seg not in self.loader.loaded:  # under this lock: its load (the catch-up's) reads this outcome
                     record_cancelled(self.store, seg, arr, now)
+                    continue
+                refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
+                mine = held_by_timer(refs, arr[:, 2], self.wheel.time_ms, self._deferred)
+                if not mine.all():  # first: applied again after a failed write, the queue records none twice
+                    claimed = self.queue.withdraw(refs[~mine], functools.partial(record_claimed, self.store, now))
+                    self.loader.note_done({seg: claimed})
+                if mine.any():  # none of them reached the queue yet: cancelled as if not due
+                    self._cancel_rows(seg, arr[mine], now)
+            removals_now = self._removals_waiting >= _REMOVAL_BATCH
+        if removals_now:
+            self._wake.set()
+
+    def _cancel_rows(self, seg: int, arr: np.ndarray, now: int) -> None:
+        """Record rows cancelled; those of a loaded segment are kept from being sent and counted off."""
+        self.store.record_dispatch(seg, dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now, CANCELLED, 0), now)
+        if seg in self.loader.loaded:
+            refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
+            self.queue.cancel(refs)
+            if not self._pending_removals:
+                self._removals_due = now + _REMOVAL_DELAY_MS
+            self._pending_removals.append(refs)
+            self._removals_waiting += len(refs)
+            self.loader.note_done({seg: len(arr)})
 
     def catch_up_again(self, segments: list[int]) -> None:
         """Past segments to read again whole, as a catch-up (retired, then made again by a part
@@ -280,7 +289,9 @@ class TimerDriver:
         before, self._current_before = self._current_before, current
         # a segment that passed with no pass in it (a pause): no load below nor a start's listing takes it
         if current > before and (current - before > seg_ms or before not in loader.loaded):
-            self._catch_up_unseen(before, current)
+            # past now, they are loaded as a start loads them
+            if passed := unseen(self.store, loader.loaded, before, current):
+                self._catch_up = deque(sorted({*self._catch_up, *passed}))
         loads = [seg for seg in (current, current + seg_ms) if seg not in loader.loaded
                  and (seg == current or now >= seg - self.config.preload_seconds * 1000)]
         if loads and loads[-1] + seg_ms > wheel.horizon_ms:
@@ -302,9 +313,10 @@ class TimerDriver:
             self._next_rescan = now + int(self.config.rescan_seconds * 1000)
             for seg in list(loader.loaded):
                 self._add(*loader.refresh(seg), now)
-            reopened = self._reopened(current)  # their marks are cleared: a start loads them too
-            if reopened:  # caught up as any past segment is: oldest first, while the backlog has room
-                self._catch_up = deque(sorted({*self._catch_up, *reopened}))
+            # their marks are cleared: a start loads them too
+            again = reopened(self.store, self._done_to_check, loader.loaded, current)
+            if again:  # caught up as any past segment is: oldest first, while the backlog has room
+                self._catch_up = deque(sorted({*self._catch_up, *again}))
         if self._pending_removals and (now >= self._removals_due or self._removals_waiting >= _REMOVAL_BATCH):
             refs = np.concatenate(self._pending_removals)
             self._pending_removals, self._removals_waiting = [], 0
@@ -360,23 +372,6 @@ class TimerDriver:
                 self.queue.push_backlog(entries)
         if (status == BEYOND).any():  # the wheel spans two segments and the preload: cannot happen
             raise AssertionError("a loaded entry lies beyond the wheel's horizon")
-
-    def _catch_up_unseen(self, since: int, current: int) -> None:
-        """Catch up the segments from `since` to `current` that no pass saw as current or next (the
-        timer did not run while they passed): past now, they are loaded as a start loads them."""
-        done = self.store.meta.done_now()
-        unseen = [s for s in self.store.layout.list_segments(since, current)
-                  if s not in self.loader.loaded and s not in done]
-        if unseen:
-            self._catch_up = deque(sorted({*self._catch_up, *unseen}))
-
-    def _reopened(self, current: int) -> list[int]:
-        """Past segments marked done, of the next slice, that a part published since makes pending again."""
-        if not self._done_to_check:
-            self._done_to_check.extend(sorted(self.store.meta.done_now(), reverse=True))
-        batch = [self._done_to_check.popleft() for _ in range(min(_DONE_CHECKS, len(self._done_to_check)))]
-        return reopen_segments(self.store.layout, self.store.meta,
-                               [s for s in batch if s < current and s not in self.loader.loaded])
 
     def _entries(self, due: np.ndarray, refs: np.ndarray) -> DueEntries:
         """Due entries with their records' locations, for the queue (no attempt yet)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,13 +179,54 @@ def test_cancelled_and_withdrawn_refs_are_let_go_when_their_segment_is() -> None
     clock = ManualClock(T0)
     q, _ = _queue(clock)
     q.cancel(_refs(1, 2, 3))
-    q.withdraw(_refs(4, 5))
+    q.withdraw(_refs(4, 5), lambda e: None)  # none waits here: withdrawn for a take to meet
     assert q.cancelled_held() == 5
     assert q.forget(lambda refs: refs <= np.uint64(4)) == 4
     assert q.cancelled_held() == 1
     q.push_ready(_e(np.array([T0] * 3, np.int64), _refs(2, 5, 6)))
     e, n = q.take(4) or (DueEntries.empty(), 0)
     assert e.refs.tolist() == [2, 6] and n == 3, "a ref let go is handed out again; one still held is not"
+
+
+def test_a_withdraw_records_at_once_what_waits_here_and_leaves_the_rest_to_the_take_that_meets_it() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=10)
+    q.push_ready(_e(np.array([T0] * 2, np.int64), _refs(1, 2)))
+    q.push_backlog(_e(np.array([T0 - 5] * 2, np.int64), _refs(3, 4)))
+    q.retry(np.array([T0 + 100], np.int64), _e(np.array([T0 - 9], np.int64), _refs(5)))
+    in_hand, n = q.take(1) or (DueEntries.empty(), 0)  # ref 1: a dispatch pass holds it now
+    assert in_hand.refs.tolist() == [1] and n == 1
+    q.cancel(_refs(4))  # recorded cancelled already
+    recorded: list[DueEntries] = []
+    assert q.withdraw(_refs(1, 2, 3, 4, 5, 5), recorded.append) == 3
+    assert [sorted(e.refs.tolist()) for e in recorded] == [[2, 3, 5]]  # each once, located
+    assert recorded[0].offsets.tolist() == [10 * r for r in recorded[0].refs.tolist()]
+    q.retry(np.array([T0 + 100], np.int64), in_hand)  # the pass held it again (a standby)
+    clock.set(T0 + 100)
+    handed: list[int] = []
+    taken = 0
+    while (got := q.take(10)) is not None:
+        handed += got[0].refs.tolist()
+        taken += got[1]
+    assert handed == [] and taken == 5, "a withdrawn entry is handed out"
+    dropped = q.drain_withdrawn()
+    assert dropped is not None and dropped.refs.tolist() == [1], "only what this take met is its to record"
+
+
+def test_a_withdraw_whose_record_fails_leaves_every_entry_withdrawn_for_its_taker() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.push_ready(_e(np.array([T0] * 2, np.int64), _refs(1, 2)))
+
+    def full_disk(entries: DueEntries) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        q.withdraw(_refs(1, 2), full_disk)
+    e, n = q.take(4) or (DueEntries.empty(), 0)
+    assert e.refs.tolist() == [] and n == 2
+    dropped = q.drain_withdrawn()
+    assert dropped is not None and dropped.refs.tolist() == [1, 2]
 
 
 @settings(max_examples=100, deadline=None)

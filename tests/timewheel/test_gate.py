@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import pytest
 
 from coordination.watermark import Watermark, covered_by
 from forwarder.shaping import TrafficShaper, parse_rules
@@ -378,4 +379,113 @@ def test_a_late_cancel_of_a_message_in_a_past_segment_not_yet_caught_up_is_kept_
     standby.stop()
     assert [mid for mid, _ in sink.sent] == ["kept"]
     rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
+
+
+_LATE = dict(segment_minutes=1, preload_seconds=5, catch_up_chunk=1)
+_WHERE = ["held in the dispatch queue", "due but not popped yet", "deferred behind the catch-up"]
+
+
+def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedGate, where: str) -> Engine:
+    """A standby holding "doomed" and "kept" (and, behind the catch-up, two older ones), come due and
+    unsent, `where` the timer and the dispatch queue keep them when the cancel is read."""
+    def doomed_and_kept(due: int) -> list[Message]:
+        return [Message("T", b"doomed", due, msg_id="doomed"), Message("T", b"kept", due, msg_id="kept")]
+
+    if where == "deferred behind the catch-up":
+        first = _engine(path, sink, clock, gate, **_LATE)
+        first.schedule([Message("T", b"a", T0 + 61_000, msg_id="a"), Message("T", b"b", T0 + 121_000, msg_id="b"),
+                        *doomed_and_kept(T0 + 185_000)], [("broker-a:0", i) for i in range(4)])
+        first.stop()  # down while they come due
+        clock.set(T0 + 190_000)
+        standby = _engine(path, sink, clock, gate, **_LATE)
+        standby.step()  # loads their segment while two past ones wait: its overdue entries wait behind them
+        return standby
+    standby = _engine(path, sink, clock, gate, **_LATE)
+    standby.schedule(doomed_and_kept(T0 + 1000), [("broker-a:0", 0), ("broker-a:0", 1)])
+    if where == "held in the dispatch queue":
+        drive(standby, clock, T0 + 2_000)  # both came due, were taken and are held: no lease
+        assert gate.held >= 2
+    else:
+        drive(standby, clock, T0 + 900)
+        clock.set(T0 + 1_500)  # due, and no timer pass since
+    return standby
+
+
+def _crash(engine: Engine) -> None:
+    """Abandon an engine as a kill -9 does: no stop, nothing recorded on the way out. Only its meta
+    store is closed, to let go of the lock the operating system lets go of for a killed process."""
+    engine._require_started().store.meta.close()
+
+
+@pytest.mark.parametrize("where", _WHERE)
+def test_a_late_cancel_a_standby_applied_before_a_crash_is_kept_when_it_takes_over(
+        tmp_path: Path, clock: ManualClock, where: str) -> None:
+    """The cancel is acknowledged once applied: the CANCELLED outcome must be in the dispatch log by
+    then. Before this, for a loaded segment it was only remembered in memory and recorded when a
+    dispatch pass met the entry again (a hold later): killed in between, the replica loaded the
+    message again as due and unsent after its restart, and sent it once it held the lease."""
+    from timewheel.cancels import CancelRequest
+
+    sink = RecordingSink(clock)
+    standby = _due_on_a_standby(tmp_path / "b", sink, clock, ScriptedGate(), where)
+    assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
+    _crash(standby)
+    gate = ScriptedGate()
+    restarted = _engine(tmp_path / "b", sink, clock, gate, **_LATE)
+    now = clock.now_ms()
+    drive(restarted, clock, now + 2_000)
+    assert sink.sent == []  # still a standby
+    gate.open = True  # it takes the lease
+    drive(restarted, clock, now + 4_000)
+    restarted.stop()
+    sent = [mid for mid, _ in sink.sent]
+    assert "doomed" not in sent and "kept" in sent, sent
+    rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED] + [DELIVERED] * len(sent))  # one outcome each
+
+
+class _CancelMidPass(ScriptedGate):
+    """Has the engine read the late cancel while a dispatch pass holds its message in hand (taken,
+    not held again yet): the one place the queue cannot record it at once."""
+
+    engine: Engine | None = None
+
+    def may_send(self) -> bool:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            from timewheel.cancels import CancelRequest
+            assert engine.apply_cancels([CancelRequest("doomed", None, T0)]) == 1
+        return self.open
+
+
+@pytest.mark.parametrize("where", [*_WHERE, "in a dispatch pass's hands"])
+def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
+        tmp_path: Path, clock: ManualClock, where: str) -> None:
+    """Whoever records the CANCELLED outcome (the cancel itself, or the dispatch pass that meets the
+    entry), it is recorded once and counted off the segment once: counted twice, the segment would be
+    marked done with a message left, which a restart would never load; not at all, never done."""
+    from timewheel.cancels import CancelRequest
+
+    sink = RecordingSink(clock)
+    gate = _CancelMidPass()
+    in_hand = where == "in a dispatch pass's hands"
+    standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if in_hand else where)
+    timer = standby._require_started().timer
+    seg = T0 + (180_000 if where == "deferred behind the catch-up" else 0)
+    if in_hand:
+        gate.engine = standby
+        standby.step()  # the pass that takes both reads the cancel, then holds them
+        assert gate.engine is None
+    else:
+        assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1
+    assert timer.snapshot()[3][str(seg)] == 1 + in_hand  # "kept" (and "doomed" until the pass meets it again)
+    drive(standby, clock, clock.now_ms() + 1_000)  # held, taken and held again: still a standby
+    assert timer.snapshot()[3][str(seg)] == 1
+    gate.open = True
+    drive(standby, clock, seg + 61_000)  # the segment is over: done once "kept" is delivered
+    assert seg in standby._require_started().store.meta.done_segments()
+    standby.stop()
+    assert [mid for mid, _ in sink.sent if mid in ("doomed", "kept")] == ["kept"]
+    rows = [r for r in _dispatch_rows(tmp_path / "b", segment_minutes=1) if r[0] >= seg]
     assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
