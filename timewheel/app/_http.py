@@ -32,6 +32,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from timewheel.errors import TimewheelError
+
 log = logging.getLogger("timewheel.app.http")
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"})
@@ -68,6 +70,10 @@ def connection_cap(max_connections: int) -> int:
     """`max_connections`, held to a quarter of the soft limit on open files (the rest is the engine's)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max_connections if soft == resource.RLIM_INFINITY else max(1, min(max_connections, soft // 4))
+
+
+class HttpStartError(TimewheelError, RuntimeError):
+    """The server did not start serving: its event loop could not listen, or did not within the bound."""
 
 
 class HttpError(Exception):
@@ -148,11 +154,11 @@ def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
             headers[key] = headers[key] + ", " + value
         else:
             headers[key] = value
-    url = urlsplit(target)
     try:
+        url = urlsplit(target)  # "/[" reads as an unclosed IPv6 host
         query = parse_qs(url.query, keep_blank_values=True, max_num_fields=32, strict_parsing=False)
     except ValueError as e:
-        raise HttpError(400, f"malformed query: {e}") from e
+        raise HttpError(400, f"malformed target or query: {e}") from e
     return Request(method, url.path, query, headers, b"", version)
 
 
@@ -197,6 +203,7 @@ class HttpServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = threading.Event()
+        self._start_failure: Exception | None = None  # why the event loop could not listen, for start()
         self._server: asyncio.AbstractServer | None = None
         self.open_connections = 0
         #: connections served at once: `limits.max_connections` within a quarter of the open-files limit
@@ -208,37 +215,56 @@ class HttpServer:
         host, port = self._sock.getsockname()[:2]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def start(self) -> "HttpServer":
-        """Serve in the background; returns once listening."""
+    def start(self, timeout_s: float = 10.0) -> "HttpServer":
+        """Serve in the background; returns once listening. HttpStartError, the server stopped and its
+        port let go, if its event loop cannot listen or does not within `timeout_s` seconds."""
         self._thread.start()
-        self._started.wait()
-        return self
+        came_up = self._started.wait(timeout_s)
+        failure = self._start_failure
+        if came_up and failure is None:
+            return self
+        address = self.address
+        self.stop()
+        if failure is not None:
+            raise HttpStartError(f"the HTTP server on {address} could not start serving: {failure}") from failure
+        raise HttpStartError(f"the HTTP server on {address} did not start serving within {timeout_s:g} s (its "
+                             "event-loop thread did not get to listen: a process short of CPU, or stuck?); it was stopped")
 
     def stop(self) -> None:
         """Stop accepting, close every connection and the thread pool."""
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
-        elif self._thread.ident is None:  # never served (a start that failed after binding): its thread closes nothing
+        # never served, or its start failed: its thread did not close the loop (and its descriptors)
+        if not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._sock.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve, sock=self._sock, limit=self.limits.max_head_bytes + 4))
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._serve, sock=self._sock, limit=self.limits.max_head_bytes + 4))
+        except Exception as e:  # start() raises it: a thread that ended must not leave start() waiting
+            self._end_tasks()
+            self._start_failure = e
+            self._started.set()
+            return
         self._started.set()
         try:
             self._loop.run_forever()
         finally:
             self._server.close()
-            tasks = asyncio.all_tasks(self._loop)
-            for task in tasks:
-                task.cancel()
-            # let every connection's task end (its socket closed) before the loop goes
-            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._end_tasks()
             self._loop.close()
+
+    def _end_tasks(self) -> None:
+        """Cancel what still runs on the loop (not running) and let it end: every connection's socket closed."""
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open_connections >= self.max_connections:

@@ -53,6 +53,13 @@ def test_structured_heads_parse_or_are_refused_with_a_status(method: str, path: 
         assert 400 <= e.status < 600
 
 
+@pytest.mark.parametrize("target", ["//[", "//[::1", "//a]"])
+def test_a_target_that_reads_as_a_broken_host_is_refused_with_400(target: str) -> None:
+    with pytest.raises(HttpError) as e:
+        parse_head(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), LIMITS)
+    assert e.value.status == 400
+
+
 @pytest.mark.parametrize("value,status", [("-1", 400), ("abc", 400), ("+5", 400), (" 5x", 400), ("１２", 400),
                                           ("99999999999999999999", 400), (str(64 << 20), 413), (str(1 << 20), None)])
 def test_content_length_must_be_a_byte_count_within_the_limit(value: str, status: int | None) -> None:
@@ -261,3 +268,67 @@ def test_the_soft_open_files_limit_is_raised_within_the_hard_one() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3])})
     assert out.stdout.split() == ["1024", "(1024,", "1024)"]
+
+
+def _start_in_background(srv: HttpServer) -> tuple[threading.Thread, list[BaseException]]:
+    """Call `srv.start()` on a thread of its own, so that a start that never returns cannot hang the tests."""
+    raised: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            srv.start(timeout_s=0.5)
+        except BaseException as e:
+            raised.append(e)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(30)
+    return starting, raised
+
+
+def test_a_server_whose_event_loop_cannot_listen_says_why_instead_of_waiting_for_ever(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from timewheel.app._http import HttpStartError
+
+    async def refused(*args: object, **kwargs: object) -> asyncio.AbstractServer:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(asyncio, "start_server", refused)
+    srv = HttpServer("127.0.0.1", 0, _handler, name="timewheel-http-test")
+    address = srv.address
+    starting, raised = _start_in_background(srv)
+    try:
+        assert not starting.is_alive(), "start() still waits for a server thread that ended"
+        assert len(raised) == 1 and isinstance(raised[0], HttpStartError), raised
+        assert address in str(raised[0]) and "Too many open files" in str(raised[0])
+        assert isinstance(raised[0].__cause__, OSError)
+        assert not any(t.name == "timewheel-http-test" for t in threading.enumerate())
+        socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1]))).close()  # the port was let go
+    finally:
+        srv.stop()
+
+
+def test_a_server_that_does_not_come_up_within_the_bound_is_an_error_and_lets_its_port_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from timewheel.app._http import HttpStartError
+
+    async def stuck(*args: object, **kwargs: object) -> asyncio.AbstractServer:
+        await asyncio.Event().wait()  # never set: the loop never gets to listen
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(asyncio, "start_server", stuck)
+    srv = HttpServer("127.0.0.1", 0, _handler, name="timewheel-http-test")
+    address = srv.address
+    starting, raised = _start_in_background(srv)
+    try:
+        assert not starting.is_alive(), "start() still waits for a server that never listens"
+        assert len(raised) == 1 and isinstance(raised[0], HttpStartError), raised
+        assert address in str(raised[0]) and "0.5 s" in str(raised[0])
+        assert not any(t.name == "timewheel-http-test" for t in threading.enumerate())
+        socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1]))).close()
+    finally:
+        srv.stop()
