@@ -1,11 +1,14 @@
-"""What `serve` checks before anything connects, and the error a start refused raises.
+"""What `serve` checks before anything connects, the error a start refused raises, and how a failed
+start is undone.
 
 Each refusal is a `StartError` whose text is the one line the command prints (exit 2): what is
 wrong and what to do.
 """
 from __future__ import annotations
 
+import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +18,9 @@ if TYPE_CHECKING:
     from coordination import HAConfig
     from coordination.identity import ReplicaDataDir
 
-__all__ = ["StartError", "check_zookeeper_reachable", "claim_data_dir"]
+__all__ = ["StartError", "check_zookeeper_reachable", "claim_data_dir", "undo_failed_start"]
+
+log = logging.getLogger("timewheel.app.service")
 
 
 class StartError(TimewheelError, RuntimeError):
@@ -47,3 +52,14 @@ def claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "Replica
         return ReplicaDataDir(data_dir, ha, delay_topic)
     except ReplicaIdentityMismatch as e:
         raise StartError(str(e)) from e
+
+
+def undo_failed_start(stop: Callable[[], None]) -> None:
+    """Run `stop` for a start that failed; an error of its own is logged, never raised, so that the
+    caller raises the start's error, the one that says what to fix."""
+    try:
+        stop()
+    except Exception:
+        log.critical("a failed start did not stop cleanly either (this error follows; the start's own is raised): "
+                     "what the last checkpoint did not make durable is replayed from the ingest log at the next start",
+                     exc_info=True)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from storage import StorageError
-from timewheel.app._start_checks import StartError, check_zookeeper_reachable, claim_data_dir as _claim_data_dir
+from timewheel.app._start_checks import (StartError, check_zookeeper_reachable, claim_data_dir as _claim_data_dir,
+                                         undo_failed_start)
 from timewheel.app._write_gate import WriteGate
 from timewheel.app.admin import AdminServer
 from timewheel.app.datadir import os_error_at_start
@@ -78,12 +79,21 @@ class Service:
         self.gc_pauses = GcPauses()  # timed while started
 
     def start(self) -> "Service":
-        """Open the store, connect to RocketMQ, start delivering, then start consuming."""
+        """Open the store, connect to RocketMQ, start delivering, then start consuming. A start that fails
+        at any step stops what it started (as `stop()` does) and raises that step's error as it was."""
         self._writes.reopen()
+        try:
+            return self._start()
+        except BaseException:
+            # an engine left running behind the error would go on sending with nobody to stop it
+            undo_failed_start(self.stop)
+            raise
+
+    def _start(self) -> "Service":
         from forwarder import ContractLimits, connect_rocketmq
         from forwarder.shaping_control import ShapingControl
 
-        from timewheel.app._http import raise_open_files_limit
+        from timewheel.app._http import HttpStartError, raise_open_files_limit
 
         # part files, the meta store and connections all take descriptors: the soft limit (often
         # 1024) is raised to what the hard limit allows, and the admin port keeps to a quarter of it
@@ -123,7 +133,7 @@ class Service:
             from coordination import EpochStampingSink, FencedSink, ShardReplica
             from coordination.watermark import MAX_EXCEPTIONS
 
-            self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms)
+            self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms, namesrv=rmq.namesrv)
             # the fence decided in one place: before each batch, at the write, after a failed send
             delivery = FencedSink(EpochStampingSink(delivery, self.replica), self.replica.may_send)
         if rmq.dedupe:  # look up what a crash or takeover left ambiguous before sending it again
@@ -135,7 +145,6 @@ class Service:
             self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
                                  gate=self.replica, copy_finder=self.copy_finder).start()
         except (StorageError, OSError) as e:  # in use by another engine, another format, unreadable: one line
-            self.stop()
             raise StartError(str(e) if isinstance(e, StorageError) else os_error_at_start(e, cfg.data_dir)) from e
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
@@ -152,9 +161,9 @@ class Service:
                                    offsets_source=self._endpoints.source.stored_offsets)
             except (ConnectionError, ReplicaIdTaken) as e:
                 # refused: the engine (and its store) stops cleanly and the command says why in one line
-                self.stop()
                 raise StartError(str(e)) from e
-        self.shaping = shaping.start(self.engine.store.meta)
+        self.shaping = shaping  # before its start: a start that fails halfway leaves its watch thread to stop
+        shaping.start(self.engine.store.meta)
         schedule: ScheduleFn = self.engine.schedule
         if self.trace is not None:
             from forwarder.trace import traced_schedule
@@ -170,20 +179,23 @@ class Service:
             self._endpoints.source.start(schedule, self.engine.apply_cancels,
                                          encoded=self.engine if self.trace is None else None)
         except RemotingError as e:  # no NameServer, no route, refused: the command says why in one line
-            self.stop()
             raise StartError(f"cannot start consuming {rmq.delay_topic} through the NameServer at {rmq.namesrv}: {e}. "
                              "Start RocketMQ (`timewheel broker` runs a local one) or fix rocketmq.namesrv; the "
                              "engine stopped cleanly and consumed nothing") from e
         self._consuming = True
         self._start_sampling(self.engine)
         if self.admin is not None:
-            self.admin.start()
+            try:
+                self.admin.start()
+            except HttpStartError as e:  # the engine stops with the start: the command says why in one line
+                raise StartError(f"cannot serve the admin endpoint on admin.listen = {self.settings.admin.listen!r}: "
+                                 f"{e}; the engine stopped cleanly") from e
         log.info("serving: delay topic %s on %s, data in %s", self.settings.rocketmq.delay_topic,
                  self.settings.rocketmq.namesrv, cfg.data_dir)
         return self
 
     def _bind_admin(self, engine: Engine) -> AdminServer:
-        """The admin endpoint, listening but not serving yet; StartError, the service stopped, if it cannot listen."""
+        """The admin endpoint, listening but not serving yet; StartError if it cannot listen."""
         registry = CollectorRegistry()
         registry.register(EngineCollector(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats))
         registry.register(GcPausesCollector(self.gc_pauses))
@@ -191,7 +203,6 @@ class Service:
         try:
             return AdminServer(listen, self.settings.admin.token, self, registry)
         except OSError as e:  # a port another process holds (another engine on this host), an address not this host's
-            self.stop()
             raise StartError(f"cannot serve the admin endpoint on admin.listen = {listen!r}: {e.strerror or e}. Give "
                              "this engine an address of its own (--admin HOST:PORT) or stop what holds it; the engine "
                              "stopped cleanly and consumed nothing") from e
