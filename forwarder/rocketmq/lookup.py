@@ -187,7 +187,8 @@ class MessageLookup:
         return {k: KeyLookup(k, tuple(copies[k]), tuple(errors[k])) for k in keys}
 
     def brokers(self, topic: str) -> dict[str, str]:
-        """The master of every broker holding queues of `topic` (readable or writable), cached."""
+        """The master of every broker holding queues of `topic` (readable or writable), cached; a route
+        without a broker, or a broker set without a master, raises (its keys are unknown, never missing)."""
         with self._lock:
             cached = self._routes.get(topic)
             if cached is not None and time.monotonic() - cached[0] < self.route_ttl_s:
@@ -203,6 +204,9 @@ class MessageLookup:
         except (KeyError, TypeError, AttributeError) as e:
             raise ProtocolError(f"the NameServer's route of {topic} has an unexpected shape: "
                                 f"{json.dumps(doc)[:200]}") from e
+        if not named:
+            # no broker asked is no broker that answered: never a "missing"
+            raise TopicNotFoundError(f"the NameServer's route of {topic} names no broker", code=TOPIC_NOT_EXIST)
         if len(brokers) < len(named):
             # a broker set without a master cannot answer; say so rather than count it as "missing"
             raise ConnectionFailedError(f"broker(s) {sorted(named - set(brokers))} of {topic} have no master")

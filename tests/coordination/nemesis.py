@@ -54,6 +54,7 @@ from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.coordination.cluster import (Deliveries, Delivery, Replica, Sent, TcpProxy, Workload,
                                      at_most_one_send_batch, now_ms, stored_where, wait_for)
+from tests.forwarder.dedupe_checker import TopicReader
 from tests.reliability.kill_loop import serve_env
 
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
@@ -439,10 +440,14 @@ class Cluster:
         time.sleep(3.0)  # a late duplicate shows up before counting
 
     def report(self) -> "Report":
-        """The checker's verdict on what the target topic received."""
+        """The checker's verdict on what the target topic received (the delay topic read again from
+        offset 0: how many delay messages hold each body)."""
         assert self.workload is not None and self.deliveries is not None
+        produced: dict[bytes, set[str]] = {}
+        for c in TopicReader(self.mq.namesrv_addr, self.delay_topic).read():
+            produced.setdefault(c.body, set()).add(c.msg_id)
         return check(self.rounds, self.workload.snapshot(), self.deliveries.snapshot(), self.monitor.epochs,
-                     self.workload.unacked)
+                     self.workload.unacked, {b: len(ids) for b, ids in produced.items()})
 
 
 def answers_as_standby(r: Replica) -> bool:
@@ -477,8 +482,14 @@ class Report:
 
 
 def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list[Delivery]], epochs: dict[int, tuple[str, int]],
-          unacked: int) -> Report:
-    """Compare what was acknowledged with what the target topic received, round by round."""
+          unacked: int, produced: dict[bytes, int] | None = None) -> Report:
+    """Compare what was acknowledged with what the target topic received, round by round.
+
+    Copies are counted as the broker stored them (one the consumer received twice counts once).
+    `produced`: per body, how many delay messages (distinct ids) the delay topic holds. A send the
+    workload saw fail may have been stored all the same, and it sends the body again under a new id:
+    each of those delay messages is delivered once, and only copies beyond them are sent again.
+    """
     failures: list[str] = []
     skew = max((abs(r.skew_ms) for r in rounds), default=0)
 
@@ -524,13 +535,15 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
         else:
             bucket["lost"] += 1
             lost_examples.append(f"{body.decode()} (due {s.due_ms}, sent {s.sent_ms}, round {r.number if r else 0})")
-        if len(got) > 1:
-            e = max(d.epoch for d in got)
-            if len({d.epoch for d in got}) > 1 and e in failover_of:
-                per[failover_of[e][0].number]["dups"] += len(got) - 1
-                failover_of[e][1].dups += len(got) - 1
+        stored = set(got)
+        extra = len(stored) - (produced or {}).get(body, 1)
+        if extra > 0:
+            e = max(d.epoch for d in stored)
+            if len({d.epoch for d in stored}) > 1 and e in failover_of:
+                per[failover_of[e][0].number]["dups"] += extra
+                failover_of[e][1].dups += extra
             else:
-                bucket["resent"] += len(got) - 1
+                bucket["resent"] += extra
     # the bound of each failover: what was to go out from two watermark intervals (+0.5 s) before the
     # fault to the fault, or to the old holder's last possible send (fencing period, clock ahead)
     eff = sorted(s.effective_ms for s in sent.values())
@@ -581,6 +594,8 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
                   lost=sum(p["lost"] for p in per.values()) + warm["lost"],
                   duplicates=sum(p["dups"] for p in per.values()),
                   resent=sum(p["resent"] for p in per.values()) + warm["resent"],
+                  # of the workload's bodies (the admin API puts each cancel on every queue, under an id each)
+                  resent_by_producer=sum(1 for b in sent if (produced or {}).get(b, 1) > 1),
                   cancels=sum(1 for s in sent.values() if s.cancel_acked_ms is not None),
                   cancelled_delivered=len(cancel_examples), unacked=unacked)
     return Report(rows, failures, totals, cancel_examples)

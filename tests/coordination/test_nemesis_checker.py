@@ -68,3 +68,26 @@ def test_a_cut_off_holder_may_store_nothing_late() -> None:
 
 def test_no_copies_are_not_a_batch_too_many() -> None:
     assert at_most_one_send_batch([])
+
+
+def _resent(copies: dict[bytes, list[Delivery]], produced: dict[bytes, int] | None = None) -> dict[str, int]:
+    rnd = Round(1, "broker", start_ms=0, end_ms=5000)
+    sent = {b: Sent(0, 100, b.decode()) for b in copies}
+    if produced is None:
+        return check([rnd], sent, copies, {2: ("r0", 0)}, 0).totals
+    return check([rnd], sent, copies, {2: ("r0", 0)}, 0, produced=produced).totals
+
+
+def test_a_body_the_producer_stored_under_two_ids_is_two_messages_not_a_resend() -> None:
+    # A send the producer saw fail (a broker killed or starting under load) may have been stored: the
+    # workload sends the body again under a new id, and the holder delivers each delay message once.
+    copies = {b"twice": [Delivery(2, 1500, "", 1, 7), Delivery(2, 9500, "", 2, 3)],
+              b"once": [Delivery(2, 1500, "", 1, 8), Delivery(2, 1600, "", 3, 4)]}
+    totals = _resent(copies, produced={b"twice": 2, b"once": 1, b"TW_CANCEL_ID=x": 4})
+    assert totals["resent"] == 1  # "once" only: one delay message, two stored copies
+    assert totals["resent_by_producer"] == 1  # a cancel on every queue is not the workload's body
+
+
+def test_a_copy_the_consumer_received_twice_is_one_stored_copy_not_a_resend() -> None:
+    totals = _resent({b"m0": [Delivery(2, 1500, "", 1, 7)] * 2})
+    assert totals["resent"] == 0

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 from forwarder.contract import delivered_id
 from forwarder.rocketmq import KeyLookup, LookupState, MessageLookup, ProtocolError, UNIQ_KEY
 from forwarder.rocketmq.codec import derived_id
-from forwarder.rocketmq.errors import BrokerUnavailableError, ConnectionFailedError
+from forwarder.rocketmq.errors import BrokerUnavailableError, ConnectionFailedError, TopicNotFoundError
 from forwarder.rocketmq.lookup import UNIQUE_KEY_QUERY_MAX, answer_copies, query_broker
 from forwarder.rocketmq.protocol import QUERY_NOT_FOUND, SUCCESS, SYSTEM_ERROR
 from tests.forwarder.rocketmq.test_codec import stored
@@ -121,3 +121,12 @@ class _DeadConnection:
 def test_a_broker_failing_mid_query_leaves_the_rest_unknown() -> None:
     got = query_broker(_DeadConnection(), "b1", "T", ["a", "b"], DUE - 2000, DUE, time.monotonic() + 1)  # type: ignore[arg-type]
     assert all(isinstance(v, ConnectionFailedError) for v in got.values())
+
+
+def test_a_route_naming_no_broker_leaves_every_key_unknown_never_missing() -> None:
+    with MessageLookup("127.0.0.1:1", timeout_ms=500) as lookup:
+        lookup._namesrv.route_document = lambda topic: {"queueDatas": [], "brokerDatas": []}  # type: ignore[method-assign]
+        with pytest.raises(TopicNotFoundError):
+            lookup.brokers("T")
+        got = lookup.lookup("T", ["a"], DUE - 2000, DUE)
+    assert got["a"].state is LookupState.UNKNOWN and "TopicNotFoundError" in got["a"].errors[0]
