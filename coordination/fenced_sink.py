@@ -7,8 +7,10 @@ time"). `FencedSink` wraps the delivery sink and is where a send batch's fence i
 - at the write: the fence goes down to the producer as its last check, under each broker
   connection's lock (`RemotingProducer.send_encoded(fence=...)`), so a pause that lands while the
   batch is encoded still finds the deadline passed; what it stops comes back not sent;
-- after the send: rows that failed while the fence closed (the lease ran out on the way) are held
-  too, not counted as failed attempts.
+- after the send: only rows the write's check stopped (the inner sink marks them held) are held.
+  A row that failed after its request was written (a timeout) may be stored by the broker, even if
+  the fence closed meanwhile: it stays a failed attempt, so it is looked up before it is sent
+  again, by this replica once its fence opens or by the next holder.
 
 Held rows are marked in `SendResults.held`; the dispatcher queues them again without spending an
 attempt (for whoever holds the lease), never records them delivered.
@@ -40,35 +42,13 @@ class FencedSink:
         """Send stored records unless fenced; the fence is also the write's last check."""
         if not self.fence():
             return _all_held(len(records))
-        try:
-            results = self.inner.send_records(records, extra, self.fence)
-        except Exception:
-            if not self.fence():
-                return _all_held(len(records))
-            raise
-        return self._held_if_fenced(results)
+        return self.inner.send_records(records, extra, self.fence)
 
     def send_batch(self, messages: Sequence[Message]) -> list[bool]:
         """Send messages unless fenced; one bool per message."""
         if not self.fence():
             return _all_held(len(messages))
-        try:
-            results = self.inner.send_batch(messages)
-        except Exception:
-            if not self.fence():
-                return _all_held(len(messages))
-            raise
-        return self._held_if_fenced(results)
-
-    def _held_if_fenced(self, results: list[bool]) -> list[bool]:
-        """Mark failed rows held when the fence closed while they were on their way."""
-        ok = np.asarray(results, bool)
-        if ok.all() or self.fence():
-            return results
-        if isinstance(results, SendResults):
-            results.held = ~ok
-            return results
-        return SendResults(results, held=~ok)
+        return self.inner.send_batch(messages)
 
 
 def _all_held(n: int) -> SendResults:

@@ -183,7 +183,8 @@ class RocketMQSink:
                 answers: np.ndarray | None = None, by_topic: dict[str, list[int]] | None = None) -> SendResults:
         """Count a send's outcomes (a Receipt or None: stored), feed the breaker, log each failed request
         once (`topics_of()`: each message's topic); the results carry the broker's answers, each
-        failure's error and `by_topic` (each topic's rows, as the cut grouped them)."""
+        failure's error, the rows the fence stopped before their write (`held`) and `by_topic` (each
+        topic's rows, as the cut grouped them)."""
         if outcomes.count(None) == len(outcomes):  # the usual answer of send_batches, without a test per message
             self.breaker.record(len(outcomes), 0)
             self._count(sent=len(outcomes))
@@ -210,6 +211,8 @@ class RocketMQSink:
                     retriable += 1
                 else:
                     rejected += 1
+        if fenced:  # stopped by the fence before the write: nothing reached a broker, no attempt spent
+            results.held = np.fromiter((isinstance(o, FencedError) for o in outcomes), bool, len(outcomes))
         self.breaker.record(ok, retriable)
         self._count(sent=ok, failed=len(results) - ok - fenced, rejected=rejected)
         for topic, err in errors.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import pytest
 
 from coordination import FencedSink, FencingDeadline, HAConfig
@@ -109,7 +110,8 @@ class RecordsSink:
         if fence is not None:
             self.fence_seen.append(fence())
             if not self.fence_seen[-1]:
-                return [False] * len(records)  # stopped at the write: unsent
+                n = len(records)  # stopped at the write: unsent, held as the producer's FencedError is
+                return SendResults([False] * n, errors=["FencedError: not sent"] * n, held=np.ones(n, bool))
         self.sent += [records.record(i).msg_id for i in range(len(records))]
         return [True] * len(records)
 
@@ -137,7 +139,7 @@ def test_a_closed_fence_sends_nothing_and_holds_every_row() -> None:
     assert isinstance(out, SendResults) and out.held is not None and out.held.tolist() == [True]
 
 
-def test_the_fence_decides_before_the_batch_at_the_write_and_after_a_failed_send(tmp_path: Path) -> None:
+def test_the_fence_decides_before_the_batch_and_at_the_write(tmp_path: Path) -> None:
     """One engine, no gate: the fence alone holds; held rows spend no attempt and go once it opens."""
     clock = ManualClock(T0)
     inner, fence = RecordsSink(clock), Toggle()

@@ -9,6 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pytest
 
+from coordination import FencedSink
 from storage import DELIVERED, RETRIED, RecordBytes, ScheduleStore, no_answers, read_dispatch_log
 from tests.timewheel.conftest import T0, drive
 from tests.timewheel.test_gate import ScriptedGate
@@ -313,3 +314,54 @@ def test_a_takeover_during_a_dispatch_pass_still_looks_up_what_the_last_holder_m
     drive(e, clock, T0 + 20_000)
     e.stop()
     assert set(target.copies.values()) == {1}, {m: n for m, n in target.copies.items() if n > 1}
+
+
+class Toggle:
+    """The replica's fence, opened and closed by the test."""
+
+    open = True
+
+    def __call__(self) -> bool:
+        return self.open
+
+
+class LeaseLostOnTheWaySink(StoringSink):
+    """Stores the batch, then the fence closes while the answer is awaited and the request times out:
+    the broker has the copies, this replica's fence is down when the failure comes back."""
+
+    def __init__(self, target: Target, fence: Toggle) -> None:
+        super().__init__(target)
+        self.fence = fence
+        self.time_outs = 1
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: object = None) -> list[bool]:
+        results = super().send_records(records, extra, fence)
+        if not self.time_outs:
+            return results
+        self.time_outs -= 1
+        self.fence.open = False  # the lease deadline passed while the request was on its way
+        n = len(records)
+        return SendResults([False] * n, errors=["RequestTimeoutError: no answer in time"] * n)
+
+
+def test_a_send_that_timed_out_as_the_fence_closed_is_looked_up_before_the_fence_opens_it_again(
+        tmp_path: Path, clock: ManualClock) -> None:
+    # the fence held every failed row of a batch it closed after: a request that was written and timed
+    # out went back without an attempt, skipped the look-up, and went out a second time once the
+    # same replica's fence opened again in the same epoch
+    target, fence = Target(), Toggle()
+    finder = Finder(target)
+    sink = FencedSink(LeaseLostOnTheWaySink(target, fence), fence)
+    e = Engine(EngineConfig(tmp_path / "d", send_batch_size=10), sink, clock, seed=1, copy_finder=finder).start(
+        background=False)
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000) for i in range(3)])
+    drive(e, clock, T0 + 1_500)
+    assert target.copies == {m: 1 for m in ids} and not fence.open
+    drive(e, clock, T0 + 5_000)  # fenced: nothing goes
+    fence.open = True  # a confirmation came: the same replica, the same epoch
+    drive(e, clock, T0 + 30_000)
+    counts = e.recovery.snapshot() if e.recovery else {}
+    e.stop()
+    assert target.copies == {m: 1 for m in ids}, f"look-ups: {finder.asked}"
+    assert counts["found"] == 3 and len(finder.asked) >= 1

@@ -664,8 +664,8 @@ def test_the_fence_is_asked_once_the_request_is_encoded_right_before_the_write(
 def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_row(server: FakeServer,
                                                                                    tmp_path: Path) -> None:
     """`RocketMQSink.send_records` on the one-pass batches: a closed fence sends nothing, an open one
-    sends each row under its derived id; a row too large fails alone, a row for a topic that is no
-    target is refused the general path's way."""
+    sends each row under its derived id (the fenced rows come back held); a row too large fails
+    alone, a row for a topic that is no target is refused the general path's way."""
     import numpy as np
 
     from forwarder.contract import delivered_id
@@ -683,6 +683,8 @@ def test_stored_records_go_through_the_sink_fenced_at_the_write_and_refused_per_
         held = sink.send_records(rows, fence=lambda: False)
         assert isinstance(held, SendResults) and list(held) == [False] * 4 and server.batches() == []
         assert held.errors is not None and "FencedError" in str(held.errors[0]) and "MessageRejected" in str(held.errors[1])
+        # the rows the fence stopped are held (no attempt spent); the one refused before it, not
+        assert held.held is not None and held.held.tolist() == [True, False, True, True]
         sent = sink.send_records(rows, fence=lambda: True)
         assert isinstance(sent, SendResults) and list(sent) == [True, False, True, True]
         assert sent.by_topic == {"T": [0, 2, 3, 1]}  # the row too large too: the cut's batches, then its refused
