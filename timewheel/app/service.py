@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from storage import StorageError
+from timewheel.app._stop_steps import StopSteps
 from timewheel.app._start_checks import (StartError, check_zookeeper_reachable, claim_data_dir as _claim_data_dir,
                                          undo_failed_start)
 from timewheel.app._write_gate import WriteGate
@@ -208,42 +209,50 @@ class Service:
                              "stopped cleanly and consumed nothing") from e
 
     def stop(self) -> None:
-        """Stop taking messages, finish in-flight sends, checkpoint and close."""
+        """Stop taking messages, finish in-flight sends, checkpoint and close. Every step runs even when
+        one before it failed (a replica that could not hand its lease on still closes the store); the
+        first failure is raised once all have run, the others logged."""
         self._writes.close(timeout=30.0)  # a cancel or rule change under way finishes first; later ones get 503
         self._consuming = False
         self._stop_sampling.set()
-        if self._sampler is not None:
-            self._sampler.join()
-            self._sampler = None
-        if self.shaping is not None:
-            self.shaping.stop()
-        if self.replica is not None:  # stop sending, publish the last watermark, hand the lease on
-            self.replica.stop()
-            self.replica = None
-        if self._endpoints is not None:
-            self._endpoints.source.stop()
-        failure: Exception | None = None
-        if self.engine is not None:
-            try:
-                self.engine.stop()
-            except Exception as e:  # raised once everything else is closed too
-                failure = e
-            self.engine = None
-        if self.copy_finder is not None:
-            self.copy_finder.close()
-            self.copy_finder = None
-        if self.trace is not None:  # what was traced is sent before its producer closes
-            self.trace.stop()
-            self.trace = None
-        if self._endpoints is not None:
-            self._endpoints.close()  # the source is stopped already; this closes the senders
-            self._endpoints = None
-        if self.admin is not None:
-            self.admin.stop()
-            self.admin = None
-        self.gc_pauses.remove()
-        if failure is not None:
-            raise failure
+        steps = StopSteps()
+        sampler, self._sampler = self._sampler, None
+        with steps("the sampler"):
+            if sampler is not None:
+                sampler.join()
+        with steps("the traffic rules' watcher"):
+            if self.shaping is not None:
+                self.shaping.stop()
+        replica, self.replica = self.replica, None
+        with steps("the replica"):  # stop sending, publish the last watermark, hand the lease on
+            if replica is not None:
+                replica.stop()
+        with steps("consuming the delay topic"):
+            if self._endpoints is not None:
+                self._endpoints.source.stop()
+        engine, self.engine = self.engine, None
+        with steps("the engine"):
+            if engine is not None:
+                engine.stop()
+        finder, self.copy_finder = self.copy_finder, None
+        with steps("the copy finder"):
+            if finder is not None:
+                finder.close()
+        trace, self.trace = self.trace, None
+        with steps("the trace"):  # what was traced is sent before its producer closes
+            if trace is not None:
+                trace.stop()
+        endpoints, self._endpoints = self._endpoints, None
+        with steps("the RocketMQ connections"):
+            if endpoints is not None:
+                endpoints.close()  # the source is stopped already; this closes the senders
+        admin, self.admin = self.admin, None
+        with steps("the admin endpoint"):
+            if admin is not None:
+                admin.stop()
+        with steps("the GC pause watch"):
+            self.gc_pauses.remove()
+        steps.raise_first()
 
     # ---- what the admin endpoint drives ----------------------------------------------------------
 
