@@ -4,8 +4,8 @@ A shard of the delay topic (its queues with id mod `shards` == `shard`) is serve
 replicas, each a whole engine with its own consumer group and data directory. `ShardReplica`
 holds or follows the shard's lease and is its engine's `timewheel.gate.DeliveryGate` (refused at
 start, `ReplicaSetMismatch`, when a live replica of its delay topic has another root or shard count);
-`FencedSink` is where a send batch's fence is decided (before it goes, at the write, after it
-failed); `EpochStampingSink` marks what the holder sends with its epoch; `shard_status` reads every shard's
+`FencedSink` is where a send batch's fence is decided (before it goes and at the write), and
+`FencedDeadLetters` keeps a replica that may not send from dead-lettering; `EpochStampingSink` marks what the holder sends with its epoch; `shard_status` reads every shard's
 holder, epoch and watermark for `timewheel status`. `LocalZooKeeper` runs a real server from
 Maven Central jars for tests, the demo and `timewheel zookeeper`.
 """
@@ -14,13 +14,13 @@ from coordination.errors import CoordinationError, LocalZooKeeperError, ZooKeepe
 from coordination.fencing import FencingDeadline
 from coordination.local_zookeeper import LocalZooKeeper, ruok
 from coordination.epoch_sink import EPOCH_PROPERTY, EpochStampingSink
-from coordination.fenced_sink import FencedSink
+from coordination.fenced_sink import FencedDeadLetters, FencedSink, NotHoldingError
 from coordination.members import ReplicaSetMismatch
 from coordination.replica import ReplicaCounters, ReplicaIdTaken, ShardReplica
 from coordination.status import ShardStatus, shard_status
 from coordination.watermark import Watermark, publish_watermark, read_watermark
 
-__all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencedSink", "FencingDeadline", "HAConfig",
-           "LocalZooKeeper", "LocalZooKeeperError", "ReplicaCounters", "ReplicaIdTaken", "ReplicaSetMismatch",
+__all__ = ["EPOCH_PROPERTY", "CoordinationError", "EpochStampingSink", "FencedDeadLetters", "FencedSink", "FencingDeadline", "HAConfig",
+           "LocalZooKeeper", "LocalZooKeeperError", "NotHoldingError", "ReplicaCounters", "ReplicaIdTaken", "ReplicaSetMismatch",
            "ShardReplica", "ShardStatus", "Watermark", "ZooKeeperJoinError", "ZooKeeperUnreachableError",
            "publish_watermark", "read_watermark", "ruok", "shard_status"]

@@ -14,6 +14,11 @@ time"). `FencedSink` wraps the delivery sink and is where a send batch's fence i
 
 Held rows are marked in `SendResults.held`; the dispatcher queues them again without spending an
 attempt (for whoever holds the lease), never records them delivered.
+
+Dead letters are sends too: `FencedDeadLetters` refuses them while the fence is closed. A replica
+whose last attempt of a message failed as its lease ran out must not park it on the dead-letter
+topic while the next holder looks it up and delivers it; the refusal keeps it for another attempt
+(the dead-letter path's own failure handling), made once this replica may send again.
 """
 from __future__ import annotations
 
@@ -22,9 +27,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from storage import RecordBytes
-from timewheel.message import Fence, Message, RecordSink, SendResults
+from coordination.errors import CoordinationError
+from timewheel.message import DeadLetterSink, Fence, Message, RecordSink, SendResults
 
-__all__ = ["FencedSink"]
+__all__ = ["FencedDeadLetters", "FencedSink", "NotHoldingError"]
+
+
+class NotHoldingError(CoordinationError):
+    """Not sent: this replica may not send now (its lease fence is closed); kept for another attempt."""
 
 
 class FencedSink:
@@ -54,3 +64,19 @@ class FencedSink:
 def _all_held(n: int) -> SendResults:
     """Nothing sent: every row held."""
     return SendResults([False] * n, errors=["held: this replica may not send now"] * n, held=np.ones(n, bool))
+
+
+class FencedDeadLetters:
+    """A DeadLetterSink that parks messages through `inner` only while `fence()` answers True."""
+
+    def __init__(self, inner: DeadLetterSink, fence: Fence) -> None:
+        """Wrap the dead-letter sink; `fence` is the replica's `may_send`."""
+        self.inner = inner
+        self.fence = fence
+
+    def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+        """Park messages unless fenced; raises NotHoldingError (nothing sent) when fenced."""
+        if not self.fence():
+            raise NotHoldingError(f"{len(messages)} message(s) not dead-lettered: this replica may not send now "
+                                  f"(its lease fence is closed); kept for another attempt")
+        self.inner.dead_letter(messages, reason)

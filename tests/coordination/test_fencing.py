@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pytest
 
-from coordination import FencedSink, FencingDeadline, HAConfig
+from coordination import FencedDeadLetters, FencedSink, FencingDeadline, HAConfig, NotHoldingError
 from storage import RecordBytes
 from tests.timewheel.conftest import T0, drive
 from timewheel import Engine, EngineConfig, ManualClock, Message, SendResults
@@ -158,3 +158,58 @@ def test_the_fence_decides_before_the_batch_and_at_the_write(tmp_path: Path) -> 
     drive(e, clock, T0 + 11_000)
     e.stop()
     assert sorted(inner.sent) == sorted(ids) and len(inner.sent) == len(ids)
+
+
+class DeadLetters:
+    """A dead-letter sink that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.parked: list[str] = []
+
+    def dead_letter(self, messages: Sequence[Message], reason: str) -> None:
+        self.parked += [m.msg_id or "" for m in messages]
+
+
+class TimesOutAsTheFenceCloses(RecordsSink):
+    """The first batch is written, then the lease runs out before its answer: a timeout."""
+
+    def __init__(self, clock: ManualClock, fence: Toggle) -> None:
+        super().__init__(clock)
+        self.fence = fence
+        self.time_outs = 1
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Callable[[], bool] | None = None) -> list[bool]:
+        if not self.time_outs:
+            return super().send_records(records, extra, fence)
+        self.time_outs -= 1
+        self.fence.open = False
+        n = len(records)
+        return SendResults([False] * n, errors=["RequestTimeoutError: no answer in time"] * n)
+
+
+def test_a_replica_whose_last_attempt_failed_as_its_fence_closed_does_not_dead_letter_it_while_fenced(
+        tmp_path: Path) -> None:
+    # its next holder looks the message up and delivers it: dead-lettered too, it would be both
+    clock, fence = ManualClock(T0), Toggle()
+    inner, parked = TimesOutAsTheFenceCloses(clock, fence), DeadLetters()
+    e = Engine(EngineConfig(tmp_path / "d", max_attempts=1), FencedSink(inner, fence), clock, seed=1,
+               dead_letter_sink=FencedDeadLetters(parked, fence)).start(background=False)
+    [mid] = e.schedule([Message("T", b"x", T0 + 1000)])
+    drive(e, clock, T0 + 30_000)
+    assert parked.parked == [] and inner.sent == []  # fenced: neither sent nor parked
+    fence.open = True
+    drive(e, clock, T0 + 60_000)
+    e.stop()
+    assert inner.sent == [mid] and parked.parked == []
+
+
+def test_fenced_dead_letters_refuse_while_closed_and_pass_on_while_open() -> None:
+    fence, parked = Toggle(), DeadLetters()
+    sink = FencedDeadLetters(parked, fence)
+    fence.open = False
+    with pytest.raises(NotHoldingError, match="may not send now"):
+        sink.dead_letter([Message("T", b"x", 0, msg_id="a")], "why")
+    fence.open = True
+    sink.dead_letter([Message("T", b"x", 0, msg_id="b")], "why")
+    assert parked.parked == ["b"]

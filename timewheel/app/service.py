@@ -31,7 +31,7 @@ from timewheel.app.runtime import log_hot_paths, name_os_threads
 from timewheel.app.readiness import must_stop, not_ready_why
 from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
-from timewheel.message import RecordSink, ScheduleFn
+from timewheel.message import DeadLetterSink, RecordSink, ScheduleFn
 from timewheel.errors import ConfigError, EngineStateError
 from timewheel.app.metrics import EngineCollector, GcPausesCollector
 from timewheel.app.settings import Settings
@@ -118,6 +118,7 @@ class Service:
                                            queue_ids=ha.owns_queue if ha.enabled else None)
         sink = self._endpoints.sink
         delivery: RecordSink = sink
+        dead_letters: DeadLetterSink = sink
         if rmq.fault_after_sends:  # the fault harness's crash between a send and its record
             from forwarder.faults import SignalAfterSends
 
@@ -131,19 +132,20 @@ class Service:
                                      rmq.producer_group).start()
             delivery = TracingSink(delivery, self.trace, self.clock.now_ms)
         if ha.enabled:
-            from coordination import EpochStampingSink, FencedSink, ShardReplica
+            from coordination import EpochStampingSink, FencedDeadLetters, FencedSink, ShardReplica
             from coordination.watermark import MAX_EXCEPTIONS
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms, namesrv=rmq.namesrv)
-            # the fence decided in one place: before each batch, at the write, after a failed send
+            # the fence decided in one place: before each batch and at the write; dead letters too
             delivery = FencedSink(EpochStampingSink(delivery, self.replica), self.replica.may_send)
+            dead_letters = FencedDeadLetters(sink, self.replica.may_send)
         if rmq.dedupe:  # look up what a crash or takeover left ambiguous before sending it again
             from forwarder.copy_finder import BrokerCopyFinder
 
             self.copy_finder = BrokerCopyFinder(rmq, self.clock.now_ms)
         # the shaper grants nothing until the rules in force are settled from the meta store
         try:
-            self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=sink, shaper=shaping.shaper,
+            self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=dead_letters, shaper=shaping.shaper,
                                  gate=self.replica, copy_finder=self.copy_finder).start()
         except (StorageError, OSError) as e:  # in use by another engine, another format, unreadable: one line
             raise StartError(str(e) if isinstance(e, StorageError) else os_error_at_start(e, cfg.data_dir)) from e
