@@ -64,7 +64,9 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
         # a message long past due is stored in the old segment of its due time: if one came in since
         # `files` was taken, the segment stays (decided again at the next checkpoint)
         holder = layout.archive_dir if archive else layout.retiring_dir
-        holder.mkdir(parents=True, exist_ok=True)
+        if not holder.is_dir():
+            holder.mkdir(parents=True, exist_ok=True)
+            fsync_path(layout.root)  # the new archive/ (or retiring/) itself survives a power loss
         dst = holder / seg_dir.name
         if dst.exists() and not archive:  # the same segment's leftover (stored to again since)
             shutil.rmtree(dst)
@@ -76,7 +78,9 @@ def retire(store: "ScheduleStore", now_ms: int, min_age_ms: int, *, archive: boo
             # the segment stays, and its records with it: a look-up must go on finding them
             put_back_segment_records(store, seg, forgotten)
             continue
-        if not archive:
+        if archive:
+            fsync_path(holder)  # in archive/ for good: the archived copy outlives a power loss
+        else:
             shutil.rmtree(dst)
         retired.append(seg)
     return retired

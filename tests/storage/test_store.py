@@ -281,6 +281,31 @@ def test_retention_removes_only_fully_done_old_segments(tmp_path: Path) -> None:
     s.close()
 
 
+def test_an_archived_segment_and_the_archive_directory_are_synced_in_place(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move is durable only once the directory it lands in is synced (and a new directory once its
+    parent is): schedule/ alone was, so a power loss could lose the archived copy."""
+    synced: list[Path] = []
+    real = retention_module.fsync_path
+
+    def fsync_path(path: Path) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(retention_module, "fsync_path", fsync_path)
+    s = ScheduleStore(tmp_path / "d")
+    s.append(recs(1), NOW)
+    [seg] = s.layout.list_segments()
+    s.seal_live_parts(NOW + 10 * HOUR)
+    ix = s.segment_index(seg)
+    s.record_dispatch(seg, dispatch_entries(ix.part, ix.offset, ix.due_ms, NOW, DELIVERED), NOW)
+    s.checkpoint()
+    assert s.retire(NOW + 10 * HOUR, min_age_ms=HOUR, archive=True) == [seg]
+    s.close()
+    assert s.layout.root in synced and s.layout.archive_dir in synced
+    assert synced.index(s.layout.root) < synced.index(s.layout.archive_dir)
+
+
 def test_check_reports_unknown_files(tmp_path: Path) -> None:
     s = ScheduleStore(tmp_path / "d")
     s.append(recs(1), NOW)
