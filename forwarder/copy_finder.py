@@ -9,9 +9,11 @@ whoever sent it. Two things make "no copy" trustworthy:
 - a barrier: indexing is one thread per broker, in commit-log order. A sentinel message sent to a
   broker (`dedupe_sentinel_topic`, one queue on every broker) after the writes in question, once
   found in its index, proves that everything that broker stored before it is indexed too;
-- every broker must answer: one that cannot (down, restarting, no master), or a broker this
-  process saw serve the topic that the route no longer lists, leaves its keys unknown (the engine
-  waits and asks again), never missing.
+- every broker must answer: one that cannot (down, restarting, no master), or a broker seen serving
+  the topic that the route no longer lists, leaves its keys unknown (the engine waits and asks
+  again), never missing. The NameServer drops a killed broker from the route at once, so the
+  brokers seen serving each topic (in the delivery producer's routes, `note_route`, and in the
+  look-ups' own) are remembered in the data directory across restarts (`forwarder._served_brokers`).
 Brokers must keep their index across a crash (`messageIndexSafe=true`): `index_settings` reads what
 each broker says, and `status()` warns about the ones that do not.
 """
@@ -21,16 +23,22 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from forwarder._served_brokers import SERVED_BROKERS_FILE, ServedBrokers
 from forwarder.config import RocketMQConfig
 from forwarder.record_encoding import delivered_ids
 from forwarder.rocketmq import (Copy, LookupState, MessageLookup, OutgoingMessage, Receipt, RemotingError,
                                 RemotingProducer, broker_config)
 from storage import RecordBytes, no_answers
 from timewheel.message import CopyCheck
+
+if TYPE_CHECKING:
+    from forwarder.delivery import RocketMQSink
 
 __all__ = ["BrokerCopyFinder", "INDEX_SLACK_MS", "UNPROVEN_SETTLE_MS"]
 
@@ -47,8 +55,12 @@ class BrokerCopyFinder:
     """Looks stored records up on their target topics' brokers; thread-safe (one barrier at a time)."""
 
     def __init__(self, cfg: RocketMQConfig, now_ms: Callable[[], int], *, lookup: MessageLookup | None = None,
-                 producer: RemotingProducer | None = None) -> None:
-        """Connects lazily; `lookup` and `producer` (for the sentinels) are made from `cfg` unless given."""
+                 producer: RemotingProducer | None = None, data_dir: Path | None = None,
+                 delivery: RocketMQSink | None = None) -> None:
+        """Connects lazily; `lookup` and `producer` (for the sentinels) are made from `cfg` unless given;
+        `data_dir`: the engine's, where the brokers seen serving each topic are remembered (None: in
+        this process only, and a look-up right after a start trusts the route it finds); `delivery`:
+        the engine's sink, whose routes are remembered as it looks them up."""
         self.cfg = cfg
         self.quiet_ms = cfg.dedupe_quiet_ms
         self.clock_skew_ms = cfg.dedupe_clock_skew_ms
@@ -59,7 +71,9 @@ class BrokerCopyFinder:
                                                       security=cfg.security())
         self._barrier_lock = threading.Lock()
         self._proven: dict[str, int] = {}  # broker name -> when (engine clock) its last proven sentinel was sent
-        self._served: dict[str, set[str]] = {}  # topic -> every broker seen serving it
+        self.served = ServedBrokers(None if data_dir is None else Path(data_dir) / SERVED_BROKERS_FILE)
+        if delivery is not None:
+            delivery.watch_routes(self.note_route)
         self._addrs: dict[str, str] = {}  # broker name -> address
         self._settings: dict[str, dict[str, str] | str] = {}  # broker name -> its index settings, or why unknown
         self.counters = {"barriers": 0, "barrier_failures": 0, "lookups": 0}
@@ -100,6 +114,10 @@ class BrokerCopyFinder:
 
     # ---- the brokers -------------------------------------------------------------------------------------
 
+    def note_route(self, topic: str, brokers: Iterable[str]) -> None:
+        """Remember that `brokers` serve `topic` (the delivery producer's routes: `RocketMQSink.watch_routes`)."""
+        self.served.note(topic, brokers)
+
     def _brokers_ready(self, topic: str, written_before_ms: int) -> list[str] | str:
         """Make sure every broker of `topic` has indexed what it stored before `written_before_ms`: the
         brokers that could not be proven (why, one entry each); a str when the topic's route itself failed."""
@@ -107,12 +125,9 @@ class BrokerCopyFinder:
             brokers = self._lookup.brokers(topic)
         except RemotingError as e:
             return f"the route of {topic}: {type(e).__name__}: {e}"
-        seen = self._served.setdefault(topic, set())
-        seen |= set(brokers)
+        self.served.note(topic, brokers)
         self._addrs.update(brokers)
-        gone = sorted(seen - set(brokers))
-        problems = [f"broker {b} served {topic} and is not in its route now (down?)" for b in gone]
-        return problems + self._barrier(sorted(brokers), written_before_ms)
+        return self.served.problems(topic, brokers) + self._barrier(sorted(brokers), written_before_ms)
 
     def _barrier(self, brokers: Sequence[str], written_before_ms: int) -> list[str]:
         """Send a sentinel to each broker not proven since `written_before_ms` and wait until each is
@@ -181,7 +196,7 @@ class BrokerCopyFinder:
         try:
             sentinel_brokers = self._lookup.brokers(self.sentinel_topic)
             self.index_settings(sentinel_brokers)
-            lacking = sorted(set().union(*self._served.values()) - set(sentinel_brokers)) if self._served else []
+            lacking = sorted(self.served.brokers() - set(sentinel_brokers))
             warnings += [f"broker {b} serves target topics but has no queue of {self.sentinel_topic}: its look-ups "
                          f"wait {UNPROVEN_SETTLE_MS} ms instead of a proof" for b in lacking]
         except RemotingError as e:
@@ -192,6 +207,7 @@ class BrokerCopyFinder:
                     if isinstance(s, dict) and s.get("messageIndexSafe", "").lower() != "true"]
         warnings += [f"broker {b}: its index settings could not be read: {s}"
                      for b, s in sorted(self._settings.items()) if isinstance(s, str)]
+        warnings += [w for w in (self.served.unreadable, self.served.write_error) if w]
         return {**self.counters, "brokers": dict(self._settings), "warnings": warnings}
 
     def index_settings(self, brokers: dict[str, str]) -> None:

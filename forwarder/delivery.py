@@ -23,7 +23,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
@@ -220,6 +220,11 @@ class RocketMQSink:
             log.log(logging.DEBUG if err.retriable else logging.WARNING, "delivery to %s failed (%s): %s", topic,
                     type(err).__name__, err)
         return results
+
+    def watch_routes(self, on_route: Callable[[str, Collection[str]], None]) -> None:
+        """Call `on_route(topic, broker names)` with every target route a sender looks up from now on."""
+        for s in self.senders:
+            s.watch_routes(on_route)
 
     def close(self) -> None:
         """Close every sender's connections."""

@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from forwarder.rocketmq.errors import MessageRejectedError, RemotingError, TopicNotFoundError
@@ -41,6 +41,8 @@ class RouteCache:
         self._routes: dict[str, TopicRoute] = {}
         self._stale: set[str] = set()  # topics whose route must be looked up again before use
         self._tried: dict[str, float] = {}  # topic -> monotonic time of the last look-up
+        #: called with each route looked up on the NameServer (topic, its brokers' names), not with cached ones
+        self.on_route: Callable[[str, Collection[str]], None] | None = None
 
     def routes_of(self, topics: Iterable[str]) -> dict[str, TopicRoute | RemotingError]:
         """Each distinct topic's route, or why it has none."""
@@ -80,6 +82,8 @@ class RouteCache:
         with self._lock:
             self._routes[topic] = route
             self._stale.discard(topic)
+        if self.on_route is not None:
+            self.on_route(topic, route.brokers.keys())
         return route
 
     def mark_stale(self, topic: str) -> None:

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -349,6 +349,10 @@ class RemotingProducer:
     def route_document(self, topic: str) -> dict[str, Any] | None:
         """The NameServer's TopicRouteData for `topic`, or None if it has none."""
         return self._routes.route_document(topic)
+
+    def watch_routes(self, on_route: Callable[[str, Collection[str]], None]) -> None:
+        """Call `on_route(topic, broker names)` with every route looked up on the NameServer from now on."""
+        self._routes.on_route = on_route
 
     # -- connections --
 

@@ -140,3 +140,81 @@ def test_a_broker_without_the_sentinel_topic_is_trusted_only_well_after_the_writ
     assert soon.unknown.all() and "no queue there" in (soon.errors[0] or "")  # type: ignore[index]
     later = finder.find_copies(records, T, T + 5000 - UNPROVEN_SETTLE_MS)
     assert not later.unknown.any()
+
+
+# ---- brokers remembered across a restart (the data directory's dedupe-brokers.txt) ---------------------------
+
+def _restartable(brokers: Brokers, data_dir: Path) -> BrokerCopyFinder:
+    return BrokerCopyFinder(RocketMQConfig(), lambda: T + 5000, data_dir=data_dir,
+                            lookup=brokers, producer=brokers)  # type: ignore[arg-type]
+
+
+def test_a_broker_seen_before_a_restart_and_gone_from_the_route_now_leaves_keys_unknown(records: RecordBytes,
+                                                                                      tmp_path: Path) -> None:
+    brokers = Brokers()
+    before = _restartable(brokers, tmp_path / "d")
+    assert not before.find_copies(records, T, T + 4000).unknown.any()  # broker-a and broker-b both answered
+    brokers.held["broker-b"].add(_keys(before, records)[0])  # a copy stored on broker-b before the crash
+    del before  # the engine crashed
+    del brokers.route["broker-b"]  # killed: the NameServer drops it from the route at once
+    after = _restartable(brokers, tmp_path / "d")  # started again over the same data directory
+    check = after.find_copies(records, T, T + 4000)
+    assert not check.found.any() and check.unknown.all(), "broker-b may hold copies: never missing"
+    assert check.errors is not None and "broker broker-b served T" in (check.errors[0] or "")
+    assert "dedupe-brokers.txt" in (check.errors[0] or ""), "the error says how to forget a broker gone for good"
+
+
+def test_a_broker_the_delivery_sent_through_before_a_restart_is_waited_for(records: RecordBytes,
+                                                                          tmp_path: Path) -> None:
+    from forwarder.delivery import RocketMQSink
+    from tests.forwarder.rocketmq.test_producer import FakeServer
+
+    server = FakeServer(routes={"T": 2})  # NameServer and a broker named "b"
+    sink = RocketMQSink(RocketMQConfig(namesrv=server.addr), producer=None)  # type: ignore[arg-type]
+    BrokerCopyFinder(RocketMQConfig(), lambda: T + 5000, lookup=Brokers(), producer=Brokers(),  # type: ignore[arg-type]
+                     data_dir=tmp_path / "d", delivery=sink)  # as the service builds it
+    try:
+        assert sink.send_batch([Message("T", b"x", T)]) == [True]  # no look-up in this run, only a delivery
+    finally:
+        sink.close()
+        server.close()
+    after = _restartable(Brokers(), tmp_path / "d")  # b is down now: the route lists broker-a and broker-b only
+    check = after.find_copies(records, T, T + 4000)
+    assert check.unknown.all() and "broker b served T" in (check.errors[0] or "")  # type: ignore[index]
+
+
+def test_a_remembered_broker_an_operator_removed_is_forgotten_at_the_next_look_up(records: RecordBytes,
+                                                                                tmp_path: Path) -> None:
+    brokers = Brokers()
+    finder = _restartable(brokers, tmp_path / "d")
+    finder.find_copies(records, T, T + 4000)
+    del brokers.route["broker-b"]
+    assert finder.find_copies(records, T, T + 4000).unknown.all()
+    memory = tmp_path / "d" / "dedupe-brokers.txt"
+    lines = memory.read_text().splitlines()
+    assert lines[0].startswith("#") and '["broker-b", "T"]' in lines
+    memory.write_text("\n".join(line for line in lines if not line.startswith('["broker-b"')) + "\n")  # gone for good
+    check = finder.find_copies(records, T, T + 4000)
+    assert not check.unknown.any() and not check.found.any()  # missing: sent
+    assert '["broker-b", "T"]' not in memory.read_text()
+
+
+def test_an_unreadable_memory_of_brokers_leaves_keys_unknown_naming_the_file(records: RecordBytes,
+                                                                             tmp_path: Path) -> None:
+    (tmp_path / "d" / "dedupe-brokers.txt").write_text('["broker-b", "T"\n')  # a hand edit gone wrong
+    brokers = Brokers()
+    check = _restartable(brokers, tmp_path / "d").find_copies(records, T, T + 4000)
+    assert check.unknown.all() and "dedupe-brokers.txt" in (check.errors[0] or "")  # type: ignore[index]
+    assert (tmp_path / "d" / "dedupe-brokers.txt").read_text() == '["broker-b", "T"\n', "left for the operator to mend"
+
+
+def test_the_memory_is_written_only_when_a_broker_is_new(records: RecordBytes, tmp_path: Path) -> None:
+    finder = _restartable(Brokers(), tmp_path / "d")
+    finder.find_copies(records, T, T + 4000)
+    memory = tmp_path / "d" / "dedupe-brokers.txt"
+    first = memory.stat().st_mtime_ns, memory.stat().st_ino
+    finder.note_route("T", ["broker-a", "broker-b"])
+    finder.find_copies(records, T, T + 4000)
+    assert (memory.stat().st_mtime_ns, memory.stat().st_ino) == first
+    finder.note_route("T", ["broker-c"])
+    assert '["broker-c", "T"]' in memory.read_text().splitlines()

@@ -142,7 +142,7 @@ class Service:
         if rmq.dedupe:  # look up what a crash or takeover left ambiguous before sending it again
             from forwarder.copy_finder import BrokerCopyFinder
 
-            self.copy_finder = BrokerCopyFinder(rmq, self.clock.now_ms)
+            self.copy_finder = BrokerCopyFinder(rmq, self.clock.now_ms, data_dir=cfg.data_dir, delivery=sink)
         # the shaper grants nothing until the rules in force are settled from the meta store
         try:
             self.engine = Engine(cfg, delivery, self.clock, dead_letter_sink=dead_letters, shaper=shaping.shaper,
