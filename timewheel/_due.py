@@ -198,3 +198,40 @@ def earliest(e: DueEntries, limit: int) -> tuple[int | None, DueEntries]:
     else:
         rest, first = None, np.argsort(due, kind="stable")
     return rest, e.select(first)
+
+
+def earliest_apart(waiting: list[DueEntries], retrying: DueEntries | None, limit: int,
+                   stragglers_before_ms: int | None) -> tuple[int | None, DueEntries]:
+    """`DispatchQueue.earliest_due_apart` over its chunks `waiting` (ready, backlog, in hand) and the
+    entries `retrying` (None: none): the earliest due time of everything not set apart, and up to
+    `limit` of the earliest entries set apart (those retrying and, with `stragglers_before_ms`, those
+    waiting that were due before it), by due time."""
+    mins: list[int] = []
+    candidates: list[DueEntries] = []
+    for e in waiting:
+        if not len(e.due):
+            continue
+        if stragglers_before_ms is None:
+            mins.append(int(e.due.min()))
+            continue
+        late = e.due < stragglers_before_ms
+        if not late.any():
+            mins.append(int(e.due.min()))
+            continue
+        if not late.all():
+            mins.append(int(e.due[~late].min()))
+            e = e.select(late)
+        rest, few = earliest(e, limit)  # a catch-up backlog can hold millions
+        if rest is not None:
+            mins.append(rest)
+        candidates.append(few)
+    if retrying is not None:
+        rest, few = earliest(retrying, limit)
+        if rest is not None:
+            mins.append(rest)
+        candidates.append(few)
+    apart = DueEntries.concat(candidates) if candidates else DueEntries.empty()
+    rest, apart = earliest(apart, limit)
+    if rest is not None:
+        mins.append(rest)
+    return (min(mins) if mins else None), apart

@@ -124,3 +124,26 @@ class HeldQueues:
         parts = [b.select(np.asarray(idx, np.int64)) for b, idx, _ in by_batch.values()]
         held_since = np.array([s for _, _, since in by_batch.values() for s in since], np.int64)
         return Batch.concat(parts), held_since
+
+    def take_refs(self, refs: np.ndarray) -> DueEntries | None:
+        """Take out the messages held whose refs are among `refs`, wherever they wait (None: none is)."""
+        if not self.size:
+            return None
+        batches = {id(b): b for q in self.queues.values() for b, _, _ in q}
+        hits = {key: named for key, b in batches.items() if (named := np.isin(b.refs, refs)).any()}
+        if not hits:
+            return None
+        rows: dict[int, list[int]] = {}
+        for topic, q in self.queues.items():
+            kept: deque[tuple[Batch, int, int]] = deque()
+            for b, i, since in q:
+                m = hits.get(id(b))
+                if m is not None and m[i]:
+                    rows.setdefault(id(b), []).append(i)
+                else:
+                    kept.append((b, i, since))
+            self.queues[topic] = kept
+        if not rows:  # the rows named left already (granted): only others of their batches are held
+            return None
+        self.size -= sum(map(len, rows.values()))
+        return DueEntries.concat([batches[key].entries().select(np.asarray(idx, np.int64)) for key, idx in rows.items()])

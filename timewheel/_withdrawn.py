@@ -11,9 +11,19 @@ count off its segment, come from who holds the entry when the cancel arrives:
   cancelled as one not yet due is (`held_by_timer`), under the timer's lock;
 - an entry waiting in the dispatch queue: recorded under the queue's lock, so that no `take()` gets
   between, and then dropped unrecorded (`waiting_among`, `record_claimed`);
-- any other (a dispatch pass has it in hand, or the traffic shaper holds it, or its outcome is
-  recorded already): the `take()` that meets it again, if one does, drops it for its thread to
-  record (`DispatchQueue.drain_withdrawn`); until then a crash leaves it unrecorded, due and unsent.
+- an entry a dispatch pass has in hand: a pass with a gate takes without claiming (`DispatchQueue.take`,
+  `claim=False`), puts back what it may not send (the gate's hold) and only then `claim()`s the rest,
+  under the queue's lock: before that claim the entry is recorded like one waiting (and the claim
+  leaves it out), after it the pass may be sending it, and a replica that got `may_send()` True in
+  the meantime is a holder, which skips a cancel read late;
+- an entry the traffic shaper holds (read while this replica held the lease, kept after it ran out):
+  taken out of the held queues and queued again under the dispatcher's lock
+  (`Dispatcher.release_held`, called by the timer first), then recorded as one waiting;
+- any other (a pass claimed it and it is on its way to the sink, or its outcome is recorded already):
+  the `take()` that meets it again, if one does, drops it for its thread to record
+  (`DispatchQueue.drain_withdrawn`). So one a fence held on its way (`SendResults.held`: the lease ran
+  out while the pass was sending) comes back to the queue withdrawn only in memory, until that take:
+  a crash in between leaves it unrecorded, due and unsent.
 """
 from __future__ import annotations
 

@@ -11,11 +11,12 @@ Kafka's SystemTimer hands expired tasks to its executor:
 - outcomes go back the other way: a dispatch thread counts the terminal outcomes it recorded per
   segment (`count_done()`), and the timer takes the counts on its own thread (`take_done()`);
 - `cancel()` marks refs that must not be sent even if they are already here; `withdraw()` does the
-  same for entries cancelled after they came due: those here are recorded cancelled at once, under
-  the lock, any other by the dispatcher whose `take()` drops it (`drain_withdrawn()`), so none gets
-  two outcomes (`timewheel._withdrawn`). Both are remembered (`timewheel._ref_set.RefSet`: a
-  take tests its batch by binary search, however many are held) until the timer lets their
-  segment go (`forget()`).
+  same for entries cancelled after they came due: those here, or taken by a pass that has not
+  `claim()`ed them yet (a gate's pass claims only once it may send), are recorded cancelled at once,
+  under the lock; any other (being sent) by the dispatcher whose `take()` or `claim()` drops it
+  (`drain_withdrawn()`), so none gets two outcomes (`timewheel._withdrawn`). Both are remembered
+  (`timewheel._ref_set.RefSet`: a take tests its batch by binary search, however many are held)
+  until the timer lets their segment go (`forget()`).
 
 The dispatch policy lives here, because only here are both sides visible under one lock:
 - one thread sends unless there is a backlog: a second goes beside a send in flight only when a
@@ -57,7 +58,7 @@ from typing import Callable
 
 import numpy as np
 
-from timewheel._due import DueChunks, DueEntries, earliest
+from timewheel._due import DueChunks, DueEntries, earliest_apart
 from timewheel._ref_set import RefSet
 from timewheel._retry_waits import RetryWaits
 from timewheel._withdrawn import waiting_among
@@ -114,6 +115,7 @@ class DispatchQueue:
         # what each dispatch thread took and has not finished with (the delivered-up-to watermark
         # must not pass it unless it names it)
         self._in_hand: dict[int, list[DueEntries]] = {}
+        self._unclaimed: dict[int, list[DueEntries]] = {}  # taken with claim=False, not claimed yet
         self._lingering = False  # a dispatch thread waits for a small batch to fill
         self._catch_up_waiting = False  # the timer has past segments to add once the backlog has room
         self._closed = False
@@ -189,15 +191,17 @@ class DispatchQueue:
 
     def withdraw(self, refs: np.ndarray, record: Callable[[DueEntries], None]) -> int:
         """Never hand out these refs, though already due (cancelled late on a replica that sent none of
-        them). Those waiting here are recorded now by `record`, under this lock (no `take()` gets in
-        between, and none hands them out after), and how many is returned, for their segment's count;
-        the thread whose `take()` meets any other (in a dispatch thread's hands now) records it
-        (`drain_withdrawn()`). Should `record` fail, every one is still withdrawn, for its taker."""
+        them). Those waiting here or in a pass's hands unclaimed are recorded now by `record`, under this
+        lock (no `take()` or `claim()` gets in between, and none hands them out after), and how many is
+        returned, for their segment's count; the thread whose `take()` or `claim()` meets any other (a
+        pass claimed it: it may be on its way to the sink) records it (`drain_withdrawn()`). Should
+        `record` fail, every one is still withdrawn, for its taker."""
         with self._cv:
             if self._cancelled:
                 refs = refs[~self._cancelled.contains(refs)]  # recorded cancelled already
             self._withdrawn.add(refs)
-            here = waiting_among(refs, [*self._ready.chunks, *self._backlog.chunks, self._retries.entries])
+            unclaimed = [c for taken in self._unclaimed.values() for c in taken]
+            here = waiting_among(refs, [*self._ready.chunks, *self._backlog.chunks, self._retries.entries, *unclaimed])
             if len(here.due):
                 record(here)
                 self._withdrawn.discard(here.refs)
@@ -301,11 +305,12 @@ class DispatchQueue:
         with self._cv:
             self._sending -= 1
 
-    def take(self, n: int) -> tuple[DueEntries, int] | None:
+    def take(self, n: int, claim: bool = True) -> tuple[DueEntries, int] | None:
         """Up to n entries to send: ready first, then retries that are due, then backlog.
 
         Returns the entries not cancelled, and how many were taken (cancelled ones included); None
-        when nothing waits.
+        when nothing waits. `claim=False`: a late cancel still records them (`withdraw`) until the
+        caller `claim()`s them.
         """
         with self._cv:
             batch = self._ready.take(n)
@@ -325,15 +330,32 @@ class DispatchQueue:
             taken = len(batch.due)
             if taken:
                 self._note_in_hand(batch)
-            if self._cancelled:
-                batch = batch.select(~self._cancelled.contains(batch.refs))
-            if self._withdrawn:
-                w = self._withdrawn.contains(batch.refs)
-                if w.any():
-                    self._dropped.setdefault(threading.get_ident(), []).append(batch.select(w))
-                    self._withdrawn.discard(batch.refs[w])
-                    batch = batch.select(~w)
+            if self._cancelled or self._withdrawn:
+                batch = batch.select(self._screen(batch))
+            if not claim and len(batch.due):
+                self._unclaimed.setdefault(threading.get_ident(), []).append(batch)
             return batch, taken
+
+    def claim(self, entries: DueEntries) -> np.ndarray:
+        """The calling thread will send or record `entries`, of what it took with `claim=False`: from
+        now on a late cancel leaves them to it (`withdraw`). Whatever else it took must be back here
+        by then. A mask: those still its own (not recorded cancelled meanwhile, nor dropped for it to
+        record: `drain_withdrawn()`)."""
+        with self._cv:
+            self._unclaimed.pop(threading.get_ident(), None)
+            return self._screen(entries)
+
+    def _screen(self, e: DueEntries) -> np.ndarray:
+        """A mask: which of `e` may be handed out; the withdrawn are dropped for the calling thread to
+        record (`drain_withdrawn()`), and withdrawn no more (under the lock)."""
+        keep = ~self._cancelled.contains(e.refs) if self._cancelled else np.ones(len(e.due), bool)
+        if self._withdrawn:
+            w = self._withdrawn.contains(e.refs) & keep
+            if w.any():
+                self._dropped.setdefault(threading.get_ident(), []).append(e.select(w))
+                self._withdrawn.discard(e.refs[w])
+                keep &= ~w
+        return keep
 
     def note_in_hand(self, entries: DueEntries) -> None:
         """The calling thread holds `entries` outside the queue until `clear_in_hand()`."""
@@ -347,6 +369,7 @@ class DispatchQueue:
         """The calling thread finished with what it took (recorded, retried or held again)."""
         with self._cv:
             self._in_hand.pop(threading.get_ident(), None)
+            self._unclaimed.pop(threading.get_ident(), None)
 
     def earliest_due(self) -> int | None:
         """Earliest due time of any entry here or in a dispatch thread's hands (None: nothing)."""
@@ -367,35 +390,8 @@ class DispatchQueue:
         due time meanwhile).
         """
         with self._cv:
-            mins: list[int] = []
-            candidates: list[DueEntries] = []
-            for e in self._waiting():
-                if not len(e.due):
-                    continue
-                if stragglers_before_ms is None:
-                    mins.append(int(e.due.min()))
-                    continue
-                late = e.due < stragglers_before_ms
-                if not late.any():
-                    mins.append(int(e.due.min()))
-                    continue
-                if not late.all():
-                    mins.append(int(e.due[~late].min()))
-                    e = e.select(late)
-                rest, few = earliest(e, limit)  # a catch-up backlog can hold millions
-                if rest is not None:
-                    mins.append(rest)
-                candidates.append(few)
-            if len(self._retries):
-                rest, few = earliest(self._retries.entries, limit)
-                if rest is not None:
-                    mins.append(rest)
-                candidates.append(few)
-            apart = DueEntries.concat(candidates) if candidates else DueEntries.empty()
-            rest, apart = earliest(apart, limit)
-            if rest is not None:
-                mins.append(rest)
-            return (min(mins) if mins else None), apart
+            return earliest_apart(self._waiting(), self._retries.entries if len(self._retries) else None, limit,
+                                  stragglers_before_ms)
 
     def _waiting(self) -> list[DueEntries]:
         """Every chunk of entries not yet done but the retries: ready, backlog, in hand (under the lock)."""

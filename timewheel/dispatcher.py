@@ -40,9 +40,10 @@ from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue, Turn
 from timewheel.gate import DeliveryGate
 from timewheel.lateness import LatenessRecorder
-from timewheel.message import DeadLetterSink, RecordSink, SendResults, Shaper, Sink
+from timewheel.message import DeadLetterSink, RecordSink, Shaper, Sink
 from timewheel._read_batch import read_bytes, read_messages
 from timewheel._recovery import FOUND_NOTE, Recovery
+from timewheel._sink_send import SinkAnswer, sink_send
 from timewheel._threads import guarded
 
 log = logging.getLogger("timewheel.dispatcher")
@@ -209,7 +210,9 @@ class Dispatcher:
         back: DueEntries | None = None
         try:
             held_full, _ = self._held_state(self.clock.now_ms())
-            taken = None if held_full else self.queue.take(self.config.send_batch_size)
+            # a gate's pass claims what it took only once it may send (`_through_gate`): until then a
+            # late cancel records it (`DispatchQueue.withdraw`)
+            taken = None if held_full else self.queue.take(self.config.send_batch_size, claim=self.gate is None)
             if taken is None:
                 return self._deliver_granted() if self.shaper is not None and self.held_size() else 0
             back, n = taken
@@ -242,6 +245,16 @@ class Dispatcher:
             return
         self.outcomes.record(Batch([], *dropped), self.clock.now_ms(), CANCELLED, dropped.attempts)
 
+    def release_held(self, refs: np.ndarray) -> None:
+        """Queue again, unsent, what the shaper holds among `refs` (cancelled after they came due, on a
+        replica that may not send): `DispatchQueue.withdraw` then finds them waiting and records them."""
+        if self.shaper is None:
+            return
+        with self._lock:  # back in the queue before the lock goes: the watermark sees them in one or the other
+            out = self._held.take_refs(refs)
+            if out is not None:
+                self._hold(out, counted=False)
+
     def earliest_held_due(self) -> int | None:
         """Earliest due time of what the shaper holds (None: nothing)."""
         with self._lock:
@@ -249,33 +262,35 @@ class Dispatcher:
 
     def _through_gate(self, gate: DeliveryGate, e: DueEntries) -> DueEntries:
         """Record what another replica delivered (due by its watermark) and hold the rest while this
-        replica may not send; return what may go on to be sent."""
+        replica may not send; return what may go on to be sent. What it holds is back in the queue
+        before it claims the rest (`DispatchQueue.claim`): a late cancel records each, here or there."""
         elsewhere = e.due <= gate.delivered_elsewhere_up_to()
-        peer = 0
         if elsewhere.any():
             # due by the holder's watermark: delivered there only if the holder had stored it (its origin)
             cand = np.flatnonzero(elsewhere)
             origins = self.store.read_origins(e.segs[cand], e.parts[cand], e.offsets[cand])
             by_peer = np.asarray(gate.delivered_elsewhere(e.due[cand], origins, self.store.queues.names()), bool)
             elsewhere[cand[~by_peer]] = False
-            peer = int(by_peer.sum())
-        if peer:
-            # attempts 0: delivered, by the replica that held the lease; this one never sent it
-            self.outcomes.record(Batch([], *e.select(elsewhere)), self.clock.now_ms(), DELIVERED, np.zeros(peer, np.int64))
-            e = e.select(~elsewhere)
         held = 0
         # A standby reads nothing it could not send: what is left waits whole, unread. Whether a batch
         # that was read may go out is the sink's to decide (`coordination.FencedSink`), right before
         # the send and again at the write.
-        if len(e.due) and not gate.may_send():
-            held = len(e.due)
-            self._hold(e, counted=False)
-            e = e.select(slice(0, 0))
+        if not elsewhere.all() and not gate.may_send():
+            held = int((~elsewhere).sum())
+            self._hold(e.select(~elsewhere), counted=False)
+            e, elsewhere = e.select(elsewhere), elsewhere[elsewhere]
         if self.recovery is not None:  # after may_send: a takeover that let this pass send widens its look-ups
             self.recovery.observe_takeover(int(getattr(gate, "took_over_ms", 0)))
+        keep = self.queue.claim(e)  # what a late cancel recorded since the take is left out
+        self._record_withdrawn()  # and what it left withdrawn (its record failed) is this thread's to record
+        peer = int((elsewhere & keep).sum())
+        if peer:
+            # attempts 0: delivered, by the replica that held the lease; this one never sent it
+            self.outcomes.record(Batch([], *e.select(elsewhere & keep)), self.clock.now_ms(), DELIVERED,
+                                 np.zeros(peer, np.int64))
         if peer or held:
             gate.count(peer, held)
-        return e
+        return e.select(~elsewhere & keep)
 
     def _hold(self, e: DueEntries, *, counted: bool = True) -> None:
         """Queue entries again without counting an attempt: this replica may not send them now
@@ -426,25 +441,6 @@ class Dispatcher:
                 self.shaper.release(topic, n)
         return b.select(keep), None if held_since is None else held_since[keep]
 
-    def _sink_send(self, b: Batch) -> tuple[np.ndarray, np.ndarray | None, list[str | None] | None,
-                                            np.ndarray | None, Mapping[str, list[int]] | None]:
-        """One send batch through the sink: delivered or not per row, with the broker's answers, the
-        errors, the rows held by a fence and each topic's rows when the sink gives them (raises if
-        the sink fails whole)."""
-        if b.raw is not None:
-            assert self._record_sink is not None  # only such a sink is handed stored bytes
-            results = self._record_sink.send_records(b.raw)
-        else:
-            results = self.sink.send_batch(b.messages)
-        n = len(b)
-        if len(results) != n:
-            raise RuntimeError(f"sink answered {len(results)} results for {n} messages")
-        if isinstance(results, SendResults):
-            answers = results.answers if results.answers is not None and len(results.answers) == n else None
-            errors = results.errors if results.errors is not None and len(results.errors) == n else None
-            held = results.held if results.held is not None and len(results.held) == n else None
-            by_topic = results.by_topic
-            if by_topic is not None and sum(map(len, by_topic.values())) != n:
-                by_topic = None  # not every row once: the batch's own topics answer instead
-            return np.asarray(results, bool), answers, errors, held, by_topic
-        return np.asarray(results, bool), None, None, None, None
+    def _sink_send(self, b: Batch) -> SinkAnswer:
+        """One send batch through the sink (`timewheel._sink_send`; raises if the sink fails whole)."""
+        return sink_send(self.sink, self._record_sink, b)

@@ -24,8 +24,10 @@ Condition and holds the dispatch policy (linger, wait for the send in flight unl
 waits or 20 ms went by). The timer never reads a dispatcher's state, and a dispatcher never calls
 into the timer: each entry carries its record's location from the timer, and the terminal outcomes
 a dispatcher recorded go back as counts per segment through the queue (`count_done`), which the
-timer takes on its own thread (`take_done`). Locks are taken in one order: timer or dispatcher,
-then queue; the queue calls out to nobody but the timer's wake-up event.
+timer takes on its own thread (`take_done`). Locks are taken in one order: timer, dispatcher, queue
+(the timer takes the dispatcher's only through `Dispatcher.release_held`, handed to it as a
+callable: a late cancel on a standby moves what the shaper holds back to the queue); the queue calls
+out to nobody but the timer's wake-up event.
 
 `start(background=False)` starts no thread: `step()` runs one timer pass and then dispatch passes
 until nothing is left, on the caller's thread, for tests driven by a ManualClock.
@@ -157,7 +159,8 @@ class Engine:
             dispatcher = Dispatcher(cfg, store, queue, self.sink, self.clock, self._lateness, shaper=self.shaper,
                                     dead_letter_sink=self._dead_letter_sink, seed=self._seed,
                                     counters=self._dispatch_counters, gate=self.gate, recovery=self.recovery)
-            timer = TimerDriver(cfg, store, self.clock, queue, timer_wake, send_now=dispatcher.send_if_idle)
+            timer = TimerDriver(cfg, store, self.clock, queue, timer_wake, send_now=dispatcher.send_if_idle,
+                                release_held=dispatcher.release_held)
             tombstones = Tombstones(TombstoneLog(cfg.data_dir, sync=cfg.flush == "sync"), cfg.tombstone_retention_ms,
                                     cfg.max_tombstones)
             tombstones.load(self.clock.now_ms())

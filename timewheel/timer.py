@@ -78,12 +78,14 @@ class TimerDriver:
     """Drives the wheel and the segment loader with the clock; produces due entries into a queue."""
 
     def __init__(self, config: EngineConfig, store: ScheduleStore, clock: Clock, queue: DispatchQueue,
-                 wake: threading.Event | None = None, send_now: Callable[[], bool] | None = None) -> None:
+                 wake: threading.Event | None = None, send_now: Callable[[], bool] | None = None,
+                 release_held: Callable[[np.ndarray], None] = lambda refs: None) -> None:
         """`wake`: the event that makes the timer thread run a pass (the queue sets it for catch-up);
         `send_now`: after a pass, sends what it popped on this thread if that should go now and no
         dispatch thread is on it, and says whether it did (`Dispatcher.send_if_idle`); else, and
-        without it, the queue is nudged for a dispatch thread."""
-        self._send_now = send_now
+        without it, the queue is nudged for a dispatch thread; `release_held`: queues again what the
+        shaper holds among refs withdrawn (`Dispatcher.release_held`)."""
+        self._send_now, self._release_held = send_now, release_held
         self.config = config
         self.store = store
         self.clock = clock
@@ -202,6 +204,7 @@ class TimerDriver:
                 refs = self.loader.refs(seg, arr[:, 0].astype(np.uint16), arr[:, 1].astype(np.uint32))
                 mine = held_by_timer(refs, arr[:, 2], self.wheel.time_ms, self._deferred)
                 if not mine.all():  # first: applied again after a failed write, the queue records none twice
+                    self._release_held(refs[~mine])  # what the shaper holds: into the queue, to record there
                     claimed = self.queue.withdraw(refs[~mine], functools.partial(record_claimed, self.store, now))
                     self.loader.note_done({seg: claimed})
                 if mine.any():  # none of them reached the queue yet: cancelled as if not due

@@ -229,6 +229,46 @@ def test_a_withdraw_whose_record_fails_leaves_every_entry_withdrawn_for_its_take
     assert dropped is not None and dropped.refs.tolist() == [1, 2]
 
 
+def test_a_withdraw_records_what_a_pass_took_unclaimed_and_leaves_what_it_claimed_to_the_pass() -> None:
+    """A gate's pass takes without claiming and claims only once it may send: a late cancel before the
+    claim records the entry at once, and the claim leaves it out; after the claim the entry may be on
+    its way to the sink, and only the take that meets it again drops it for its thread to record."""
+    clock = ManualClock(T0)
+    q, _ = _queue(clock, batch_size=10)
+    q.push_ready(_e(np.array([T0] * 4, np.int64), _refs(1, 2, 3, 4)))
+    taken, _ = q.take(10, claim=False) or (DueEntries.empty(), 0)
+    recorded: list[DueEntries] = []
+    assert q.withdraw(_refs(1, 2), recorded.append) == 2
+    assert [e.refs.tolist() for e in recorded] == [[1, 2]] and recorded[0].offsets.tolist() == [10, 20]
+    assert q.withdraw(_refs(1, 2), recorded.append) == 0  # applied again: recorded already
+    keep = q.claim(taken)
+    assert taken.refs[keep].tolist() == [3, 4] and q.drain_withdrawn() is None
+    assert q.withdraw(_refs(3), recorded.append) == 0  # claimed: maybe on its way to the sink
+    assert len(recorded) == 1
+    q.retry(np.full(2, T0, np.int64), taken.select(keep))  # the fence held both: back here
+    q.clear_in_hand()
+    again, n = q.take(10) or (DueEntries.empty(), 0)
+    assert again.refs.tolist() == [4] and n == 2
+    dropped = q.drain_withdrawn()
+    assert dropped is not None and dropped.refs.tolist() == [3]
+
+
+def test_entries_a_pass_took_unclaimed_and_a_failed_withdraw_left_withdrawn_are_its_own_to_record() -> None:
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    q.push_ready(_e(np.array([T0] * 2, np.int64), _refs(1, 2)))
+    taken, _ = q.take(4, claim=False) or (DueEntries.empty(), 0)
+
+    def full_disk(entries: DueEntries) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        q.withdraw(_refs(1), full_disk)
+    assert taken.refs[q.claim(taken)].tolist() == [2]
+    dropped = q.drain_withdrawn()
+    assert dropped is not None and dropped.refs.tolist() == [1]
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 30), max_size=40), st.integers(0, 45), st.integers(1, 3))
 def test_the_earliest_retries_set_apart_are_those_a_sort_would_pick(dues: list[int], limit: int,

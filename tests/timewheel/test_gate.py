@@ -49,8 +49,10 @@ class ScriptedGate:
         self.held += held
 
 
-def _engine(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedGate | None, **kw: object) -> Engine:
-    return Engine(EngineConfig(path, **kw), sink, clock, seed=1, gate=gate).start(background=False)  # type: ignore[arg-type]
+def _engine(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedGate | None,
+            *, shaper: TrafficShaper | None = None, **kw: object) -> Engine:
+    return Engine(EngineConfig(path, **kw), sink, clock, seed=1, gate=gate,  # type: ignore[arg-type]
+                  shaper=shaper).start(background=False)
 
 
 def _dispatch_rows(path: Path, segment_minutes: int = 60) -> list[tuple[int, int, int]]:
@@ -382,13 +384,27 @@ def test_a_late_cancel_of_a_message_in_a_past_segment_not_yet_caught_up_is_kept_
     assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
 
 
-_LATE = dict(segment_minutes=1, preload_seconds=5, catch_up_chunk=1)
+_LATE: dict[str, Any] = dict(segment_minutes=1, preload_seconds=5, catch_up_chunk=1)
 _WHERE = ["held in the dispatch queue", "due but not popped yet", "deferred behind the catch-up"]
+_IN_HAND = "in a dispatch pass's hands"
+_SHAPED = "held by the traffic shaper after the lease ran out"
+
+
+class _GateFenced(RecordingSink):
+    """Holds every batch while its gate is closed, as `coordination.FencedSink` does once the lease's
+    fencing deadline passed; sends while it is open (or without a gate)."""
+
+    gate: ScriptedGate | None = None
+
+    def send_batch(self, messages: Sequence[Message]) -> SendResults:
+        if self.gate is not None and not self.gate.open:
+            return SendResults([False] * len(messages), held=np.ones(len(messages), bool))
+        return SendResults(super().send_batch(messages))
 
 
 def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedGate, where: str) -> Engine:
     """A standby holding "doomed" and "kept" (and, behind the catch-up, two older ones), come due and
-    unsent, `where` the timer and the dispatch queue keep them when the cancel is read."""
+    unsent, `where` the timer, the dispatch queue or the shaper keep them when the cancel is read."""
     def doomed_and_kept(due: int) -> list[Message]:
         return [Message("T", b"doomed", due, msg_id="doomed"), Message("T", b"kept", due, msg_id="kept")]
 
@@ -401,6 +417,20 @@ def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate:
         standby = _engine(path, sink, clock, gate, **_LATE)
         standby.step()  # loads their segment while two past ones wait: its overdue entries wait behind them
         return standby
+    if where == _SHAPED:
+        # The shaper holds only what was read while this replica held the lease (a standby's gate holds
+        # its due entries in the queue, unread): one a second for topic T, so "early" takes the token.
+        assert isinstance(sink, _GateFenced)
+        sink.gate = gate
+        shaper = TrafficShaper(parse_rules({"topics": {"T": {"rate": 1, "burst": 1}}}))
+        holder = _engine(path, sink, clock, gate, shaper=shaper, **_LATE)
+        gate.open = True
+        holder.schedule([Message("T", b"early", T0 + 500, msg_id="early"), *doomed_and_kept(T0 + 1000)],
+                        [("broker-a:0", i) for i in range(3)])
+        drive(holder, clock, T0 + 1_000)
+        assert [mid for mid, _ in sink.sent] == ["early"] and holder.stats().held_by_shaping == 2
+        gate.open = False  # the lease ran out: a standby now, whose shaper still holds the two
+        return holder
     standby = _engine(path, sink, clock, gate, **_LATE)
     standby.schedule(doomed_and_kept(T0 + 1000), [("broker-a:0", 0), ("broker-a:0", 1)])
     if where == "held in the dispatch queue":
@@ -412,42 +442,9 @@ def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate:
     return standby
 
 
-def _crash(engine: Engine) -> None:
-    """Abandon an engine as a kill -9 does: no stop, nothing recorded on the way out. Only its meta
-    store is closed, to let go of the lock the operating system lets go of for a killed process."""
-    engine._require_started().store.meta.close()
-
-
-@pytest.mark.parametrize("where", _WHERE)
-def test_a_late_cancel_a_standby_applied_before_a_crash_is_kept_when_it_takes_over(
-        tmp_path: Path, clock: ManualClock, where: str) -> None:
-    """The cancel is acknowledged once applied: the CANCELLED outcome must be in the dispatch log by
-    then. Before this, for a loaded segment it was only remembered in memory and recorded when a
-    dispatch pass met the entry again (a hold later): killed in between, the replica loaded the
-    message again as due and unsent after its restart, and sent it once it held the lease."""
-    from timewheel.cancels import CancelRequest
-
-    sink = RecordingSink(clock)
-    standby = _due_on_a_standby(tmp_path / "b", sink, clock, ScriptedGate(), where)
-    assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
-    _crash(standby)
-    gate = ScriptedGate()
-    restarted = _engine(tmp_path / "b", sink, clock, gate, **_LATE)
-    now = clock.now_ms()
-    drive(restarted, clock, now + 2_000)
-    assert sink.sent == []  # still a standby
-    gate.open = True  # it takes the lease
-    drive(restarted, clock, now + 4_000)
-    restarted.stop()
-    sent = [mid for mid, _ in sink.sent]
-    assert "doomed" not in sent and "kept" in sent, sent
-    rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
-    assert sorted(r[1] for r in rows) == sorted([CANCELLED] + [DELIVERED] * len(sent))  # one outcome each
-
-
 class _CancelMidPass(ScriptedGate):
     """Has the engine read the late cancel while a dispatch pass holds its message in hand (taken,
-    not held again yet): the one place the queue cannot record it at once."""
+    not held again yet): asked whether it may send, it applies the cancel first."""
 
     engine: Engine | None = None
 
@@ -459,27 +456,66 @@ class _CancelMidPass(ScriptedGate):
         return self.open
 
 
-@pytest.mark.parametrize("where", [*_WHERE, "in a dispatch pass's hands"])
-def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
-        tmp_path: Path, clock: ManualClock, where: str) -> None:
-    """Whoever records the CANCELLED outcome (the cancel itself, or the dispatch pass that meets the
-    entry), it is recorded once and counted off the segment once: counted twice, the segment would be
-    marked done with a message left, which a restart would never load; not at all, never done."""
+def _cancel_late(standby: Engine, gate: _CancelMidPass, where: str) -> None:
+    """Have the standby apply the cancel of "doomed", come due already, while `where` holds it."""
     from timewheel.cancels import CancelRequest
 
-    sink = RecordingSink(clock)
-    gate = _CancelMidPass()
-    in_hand = where == "in a dispatch pass's hands"
-    standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if in_hand else where)
-    timer = standby._require_started().timer
-    seg = T0 + (180_000 if where == "deferred behind the catch-up" else 0)
-    if in_hand:
+    if where == _IN_HAND:
         gate.engine = standby
         standby.step()  # the pass that takes both reads the cancel, then holds them
         assert gate.engine is None
     else:
-        assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1
-    assert timer.snapshot()[3][str(seg)] == 1 + in_hand  # "kept" (and "doomed" until the pass meets it again)
+        assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
+
+
+def _crash(engine: Engine) -> None:
+    """Abandon an engine as a kill -9 does: no stop, nothing recorded on the way out. Only its meta
+    store is closed, to let go of the lock the operating system lets go of for a killed process."""
+    engine._require_started().store.meta.close()
+
+
+@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED])
+def test_a_late_cancel_a_standby_applied_before_a_crash_is_kept_when_it_takes_over(
+        tmp_path: Path, clock: ManualClock, where: str) -> None:
+    """The cancel is acknowledged once applied: the CANCELLED outcome must be in the dispatch log by
+    then. Before this, for a loaded segment it was only remembered in memory and recorded when a
+    dispatch pass met the entry again (a hold later): killed in between, the replica loaded the
+    message again as due and unsent after its restart, and sent it once it held the lease. So it was
+    still for an entry a dispatch pass had in hand, or the shaper held, when the cancel came."""
+    sink = _GateFenced(clock)
+    gate = _CancelMidPass()
+    standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if where == _IN_HAND else where)
+    _cancel_late(standby, gate, where)
+    _crash(standby)
+    sink.gate = restarted_gate = ScriptedGate()
+    restarted = _engine(tmp_path / "b", sink, clock, restarted_gate, **_LATE)
+    now = clock.now_ms()
+    drive(restarted, clock, now + 2_000)
+    assert [mid for mid, _ in sink.sent if mid != "early"] == []  # still a standby
+    restarted_gate.open = True  # it takes the lease
+    drive(restarted, clock, now + 4_000)
+    restarted.stop()
+    sent = [mid for mid, _ in sink.sent]
+    assert "doomed" not in sent and "kept" in sent, sent
+    rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED] + [DELIVERED] * len(sent))  # one outcome each
+
+
+@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED])
+def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
+        tmp_path: Path, clock: ManualClock, where: str) -> None:
+    """The CANCELLED outcome is recorded when the cancel is applied, once, and counted off the segment
+    once: counted twice, the segment would be marked done with a message left, which a restart would
+    never load; not at all, never done."""
+    sink = _GateFenced(clock)
+    gate = _CancelMidPass()
+    standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if where == _IN_HAND else where)
+    timer = standby._require_started().timer
+    seg = T0 + (180_000 if where == "deferred behind the catch-up" else 0)
+    _cancel_late(standby, gate, where)
+    assert timer.snapshot()[3][str(seg)] == 1  # "kept" only: "doomed" is recorded and counted off
+    log = standby._require_started().store.dispatch_log(seg).entries
+    assert (log["outcome"] == CANCELLED).sum() == 1  # in the dispatch log by the cancel's acknowledgement
     drive(standby, clock, clock.now_ms() + 1_000)  # held, taken and held again: still a standby
     assert timer.snapshot()[3][str(seg)] == 1
     gate.open = True
@@ -488,4 +524,33 @@ def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
     standby.stop()
     assert [mid for mid, _ in sink.sent if mid in ("doomed", "kept")] == ["kept"]
     rows = [r for r in _dispatch_rows(tmp_path / "b", segment_minutes=1) if r[0] >= seg]
-    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED])  # one outcome each
+    early = [DELIVERED] if where == _SHAPED else []  # the one sent while this replica held the lease
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED, *early])  # one outcome each
+
+
+class _TakesOverMidPass(_CancelMidPass):
+    """The late cancel is read while this replica is still a standby, in the middle of a pass that has
+    the message in hand; the same pass is then told it may send (the replica took the lease)."""
+
+    def may_send(self) -> bool:
+        if self.engine is None:
+            return self.open
+        super().may_send()  # the cancel, read as a standby
+        self.open = True
+        return True
+
+
+def test_a_pass_that_may_send_after_a_late_cancel_recorded_its_entry_leaves_that_entry_out(
+        tmp_path: Path, clock: ManualClock) -> None:
+    """The cancel records what a pass took and has not claimed; the pass claims only once it may send,
+    and the claim leaves out what was recorded meanwhile: not sent, one outcome each."""
+    sink = _GateFenced(clock)
+    gate = _TakesOverMidPass()
+    standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet")
+    _cancel_late(standby, gate, _IN_HAND)
+    assert [mid for mid, _ in sink.sent] == ["kept"]  # by the same pass, once it held the lease
+    drive(standby, clock, T0 + 61_000)
+    assert T0 in standby._require_started().store.meta.done_segments()
+    standby.stop()
+    assert [mid for mid, _ in sink.sent] == ["kept"]
+    assert sorted(r[1] for r in _dispatch_rows(tmp_path / "b", segment_minutes=1)) == sorted([CANCELLED, DELIVERED])
