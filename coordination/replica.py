@@ -13,13 +13,16 @@ The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
   its fencing deadline (`coordination.fencing`); its engine sends only before that deadline;
 - publishes its engine's delivered-up-to watermark every `watermark_interval_s`
   (`coordination.watermark`);
-- stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`).
+- stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`);
+- publishes the brokers its data directory saw serve each target topic (`share_brokers`,
+  `coordination._shared_brokers`), and sends nothing from the moment it learns one until it has.
 
 A replica that does not hold the lease follows the published watermark: its engine records what is
-due up to it as delivered elsewhere and holds the rest. When it becomes the holder it reads the
-watermark once more, and its engine sends everything due after it, overdue messages first; what
-was due between that watermark and the takeover may have been sent by the previous holder too
-(counted as `possible_duplicates`: those due by the time its next watermark was due).
+due up to it as delivered elsewhere and holds the rest; the holder's brokers join its data
+directory's, for its look-ups after a takeover. When it becomes the holder it reads both once more,
+and its engine sends everything due after the watermark, overdue messages first; what was due
+between that watermark and the takeover may have been sent by the previous holder too (counted as
+`possible_duplicates`: those due by the time its next watermark was due).
 
 Cancels need no lease: each replica's own ingest stores what the delay topic carries, control
 messages included, into its own engine, so a cancel sent on the delay topic reaches every replica.
@@ -34,14 +37,16 @@ from typing import Callable, Sequence
 
 import numpy as np
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionLoss, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from coordination._shared_brokers import RememberedBrokers, SharedBrokers
 from coordination.errors import ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
-from coordination.lease import ReplicaCounters, ReplicaIdTaken, epoch_of, lease_sequence
+from coordination.lease import (ReplicaCounters, ReplicaIdTaken, claim_replica_id, epoch_of, lease_sequence,
+                                our_node)
 from coordination.members import Membership
 from coordination.watermark import (MAX_EXCEPTIONS, MalformedWatermark, Watermark, covered_by, publish_watermark,
                                     read_watermark)
@@ -94,14 +99,21 @@ class ShardReplica:
         self._offsets_source: Callable[[], dict[str, int]] | None = None
         #: whether this replica may contend (its data directory caught up, no gap); None: always
         self.eligibility: Eligibility | None = None
+        self._brokers: SharedBrokers | None = None  # the brokers its copies went to, shared with the other replicas
         self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
         self._client.add_listener(self._on_state)
 
     # ---- the delivery gate --------------------------------------------------------------------------
 
     def may_send(self) -> bool:
-        """True while this replica holds the lease and its fencing deadline has not passed."""
-        return self._active and self.fence.may_send()
+        """True while this replica holds the lease, its fencing deadline has not passed and every broker
+        its data directory learnt is published (a successor knows where its copies went)."""
+        return self._active and self.fence.may_send() and (self._brokers is None or self._brokers.settled())
+
+    def share_brokers(self, remembered: RememberedBrokers) -> None:
+        """Before `start`: publish the brokers `remembered` (the data directory's) while holding, add the
+        holder's to them otherwise (`coordination._shared_brokers`)."""
+        self._brokers = SharedBrokers(remembered, self.path, self.cfg.replica_id, self._wake.set)
 
     def delivered_elsewhere_up_to(self) -> int:
         """The latest watermark of the holders before this replica (the one it follows, or took over
@@ -270,6 +282,8 @@ class ShardReplica:
             holding = False
             try:
                 holding = self._step()
+                if holding and self._brokers is not None:  # at once when a broker was learnt: sends wait for it
+                    self._brokers.publish(self._client, self._epoch)
                 if holding and self._monotonic() >= next_publish:
                     next_publish = self._monotonic() + self.cfg.watermark_interval_s
                     self._publish()
@@ -297,7 +311,7 @@ class ShardReplica:
             if not eligible:  # a directory with a gap, or still catching up: a standby without a lease node
                 self._remember(self._read_mark())
                 return False
-            self._node = self._our_node(session) or client.create(
+            self._node = our_node(client, f"{self.path}/lease", self._node_prefix, session) or client.create(
                 f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
                 sequence=True).rsplit("/", 1)[1]
             self._session = session
@@ -330,7 +344,10 @@ class ShardReplica:
 
     def _read_mark(self) -> Watermark:
         """The shard's watermark; one that cannot be read counts as none (what it covered is sent again,
-        never dropped) and is reported."""
+        never dropped) and is reported. First the brokers the holder's copies went to join this replica's
+        (each standby round and at a takeover, before any look-up: down ones included)."""
+        if self._brokers is not None:
+            self._brokers.follow(self._client)
         try:
             return read_watermark(self._client, self.path)
         except MalformedWatermark:
@@ -352,35 +369,11 @@ class ShardReplica:
                 del self._marks[e]  # older holders' marks: what only they covered is held, never dropped
             self._peer_watermark = max(self._peer_watermark, mark.watermark_ms)
 
-    def _our_node(self, session: int | None) -> str | None:
-        """A lease node this session created though the answer was lost (a protected node: its name
-        carries this replica's random prefix), so that no orphan lowest node is left that nobody holds."""
-        for child in self._client.get_children(f"{self.path}/lease"):
-            if child.startswith(self._node_prefix):
-                stat = self._client.exists(f"{self.path}/lease/{child}")
-                if stat is not None and stat.ephemeralOwner == session:
-                    return str(child)
-        return None
-
     def _claim_identity(self) -> None:
         """Register with the delay topic's members (ReplicaSetMismatch at start: `coordination.members`), then
-        hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused."""
+        hold this replica's id in the shard (ReplicaIdTaken: `coordination.lease.claim_replica_id`)."""
         self._members.join(self._client)
-        path = f"{self.path}/replicas/{self.cfg.replica_id}"
-        try:
-            self._client.create(path, b"", ephemeral=True, makepath=True)
-            return
-        except NodeExistsError:
-            stat = self._client.exists(path)
-            # the session as it is now, once ZooKeeper answered: read before the create, while the
-            # connection was down, it was none, and our own node looked like another process's
-            client_id = self._client.client_id
-            if client_id is None:
-                raise ConnectionLoss("the connection to ZooKeeper dropped while the replica id was claimed") from None
-            if stat is None or stat.ephemeralOwner == client_id[0]:
-                return
-        raise ReplicaIdTaken(f"ha.replica_id = {self.cfg.replica_id!r} is already live in shard {self.path} (another "
-                             "process holds it): give each replica of a shard its own id")
+        claim_replica_id(self._client, self.path, self.cfg.replica_id)
 
     def _take_over(self, mark: Watermark) -> None:
         epoch = epoch_of(self._node) if self._node else 0

@@ -13,6 +13,9 @@ other line is a JSON array: a broker name, then the target topics it served. Not
 forgotten by itself: an operator removes a broker gone for good by deleting its line, which the
 next look-up that misses it reads (docs/OPERATIONS.md). A file that cannot be read is left as it
 is, and every look-up's keys stay unknown until it is mended or deleted.
+
+In a replica set, only the holder's producer sends: what its file learns is published to the other
+replicas, which add it to theirs (`note_all`, `watch`, `snapshot`; `coordination._shared_brokers`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["SERVED_BROKERS_FILE", "ServedBrokers"]
@@ -44,19 +47,43 @@ class ServedBrokers:
         self._unsaved: dict[str, set[str]] = {}  # learnt and not yet in the file (a write failed, or it is unreadable)
         self.unreadable: str | None = None  # why the file cannot be read, until it can
         self.write_error: str | None = None  # why the last write failed, until one succeeds
+        self._watchers: list[Callable[[], None]] = []
         with self._lock:
             self._sync()
 
     def note(self, topic: str, brokers: Iterable[str]) -> None:
         """Remember that `brokers` serve `topic`; the file is written only when one of them is new."""
+        self.note_all({topic: brokers})
+
+    def note_all(self, topics: Mapping[str, Iterable[str]]) -> None:
+        """`note` for many topics at once (one write of the file at most); the watchers are told if a broker was new."""
         with self._lock:
-            known = self._topics.get(topic, ())
-            new = {b for b in brokers if b not in known}
-            if not new:
+            learnt = False
+            for topic, brokers in topics.items():
+                known = self._topics.get(topic, ())
+                new = {b for b in brokers if b not in known}
+                if new:
+                    learnt = True
+                    self._topics.setdefault(topic, set()).update(new)
+                    self._unsaved.setdefault(topic, set()).update(new)
+            if not learnt:
                 return
-            self._topics.setdefault(topic, set()).update(new)
-            self._unsaved.setdefault(topic, set()).update(new)
             self._sync()
+            watchers = list(self._watchers)
+        for on_new in watchers:  # after the topics hold it: a watcher that reads them finds it
+            on_new()
+
+    def watch(self, on_new: Callable[[], None]) -> None:
+        """Call `on_new()` each time a broker new for some topic is noted, before that `note` returns
+        (a replica set's holder publishes them to its standbys: `coordination._shared_brokers`)."""
+        with self._lock:
+            self._watchers.append(on_new)
+
+    def snapshot(self) -> dict[str, set[str]]:
+        """Target topic -> its brokers, as remembered now (the file read again: an operator may have edited it)."""
+        with self._lock:
+            self._sync()
+            return {t: set(bs) for t, bs in self._topics.items()}
 
     def problems(self, topic: str, route: Collection[str]) -> list[str]:
         """Why `topic`'s keys cannot be called missing with only `route`'s brokers asked: each remembered

@@ -132,7 +132,8 @@ class Service:
                                      rmq.producer_group).start()
             delivery = TracingSink(delivery, self.trace, self.clock.now_ms)
         if ha.enabled:
-            from coordination import EpochStampingSink, FencedDeadLetters, FencedSink, ShardReplica
+            from coordination import EpochStampingSink, FencedDeadLetters, FencedSink, ReplicaIdTaken, ShardReplica
+            from coordination.identity import Eligibility
             from coordination.watermark import MAX_EXCEPTIONS
 
             self.replica = ShardReplica(ha, rmq.delay_topic, now_ms=self.clock.now_ms, namesrv=rmq.namesrv)
@@ -151,13 +152,12 @@ class Service:
             raise StartError(str(e) if isinstance(e, StorageError) else os_error_at_start(e, cfg.data_dir)) from e
         assert self.engine.store is not None
         if self.replica is not None and replica_dir is not None:
-            from coordination import ReplicaIdTaken
-            from coordination.identity import Eligibility
-
             source = self._endpoints.source  # the directory's own offsets, not the group's; eligible once caught up
             source.start_offsets = dict(replica_dir.offsets)
             self.replica.eligibility = Eligibility(replica_dir, source.catch_up, source.stored_offsets,
                                                    force=ha.force_eligible)
+            if self.copy_finder is not None:  # a standby learns the brokers the holder's copies went to (docs/HA.md)
+                self.replica.share_brokers(self.copy_finder.served)
             try:
                 engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
                 self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),

@@ -1,0 +1,206 @@
+"""The brokers seen serving each target topic, shared by a shard's replicas through ZooKeeper.
+
+Only the lease holder sends, so only its data directory learns which brokers its copies went to
+(`dedupe-brokers.txt`, `forwarder._served_brokers`). A standby that takes over while one of them is
+down must still know it, or its first look-up asks only the brokers in the route and calls the copies
+on the down one missing (sent again: a duplicate once it is back). So the holder publishes what its
+directory remembers, and every other replica adds what it reads to its own: at each round while it
+follows, and once more when it takes over, before it may send.
+
+Layout: `<shard>/dedupe-brokers` holds JSON `{"replica": R, "epoch": E, "parts": P}`, written after
+its children; each child `part-<k>-of-<P>` holds a JSON array of the file's rows, `[broker, topic,
+...]`, and a topic's rows go to part crc32(topic) mod P, P the smallest power of two that keeps every
+part under `PART_BYTES` (ZooKeeper refuses a znode of about 1 MiB). Writers only add: a part is
+rewritten with what it held plus what is new, by compare-and-set, so an old holder writing late
+cannot take a broker from its successor; parts of a smaller P stay (still true, read as well).
+Nothing is forgotten by itself, as in the file: a broker gone for good is deleted from every
+replica's file and then this znode (docs/HA.md).
+
+The holder writes when its directory learns a broker, when it takes over, and when the document is
+not the one it wrote last (deleted by an operator, written by an old holder), and may not send from
+the moment a broker is learnt until it is written (`settled`): a copy never goes to a broker its
+successor could not know of. A follower reads the parts again only when the document's data changed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+__all__ = ["PART_BYTES", "RememberedBrokers", "SharedBrokers"]
+
+log = logging.getLogger("timewheel.replica")
+
+#: a part is kept under this many bytes (ZooKeeper's default limit, jute.maxbuffer, is 1 MiB less a little)
+PART_BYTES = 256 * 1024
+
+
+class RememberedBrokers(Protocol):
+    """What a data directory remembers of the brokers that served its target topics (`ServedBrokers`)."""
+
+    def snapshot(self) -> dict[str, set[str]]:
+        """Target topic -> its brokers."""
+        ...
+
+    def note_all(self, topics: Mapping[str, Iterable[str]]) -> None:
+        """Remember more brokers of more topics."""
+        ...
+
+    def watch(self, on_new: Callable[[], None]) -> None:
+        """Call `on_new()` whenever a broker new for a topic is remembered, before the call that noted it returns."""
+        ...
+
+
+class SharedBrokers:
+    """One replica's side of the shard's shared brokers: publishes them while it holds, follows them otherwise."""
+
+    def __init__(self, remembered: RememberedBrokers, shard_path: str, replica_id: str, wake: Callable[[], None],
+                 *, part_bytes: int = PART_BYTES) -> None:
+        """`wake`: called when a broker is learnt, so that the replica's thread publishes it at once."""
+        self.remembered = remembered
+        self.path = f"{shard_path}/dedupe-brokers"
+        self.replica_id = replica_id
+        self.part_bytes = part_bytes
+        self._wake = wake
+        self._lock = threading.Lock()
+        # brokers learnt (counted as the directory tells), and of those the ones the last write covered:
+        # what the directory knew before is published once too, before this replica's first send
+        self._learnt, self._published = 1, 0
+        self._written: int | None = None  # the document's mzxid after this replica's last write
+        self._read: int | None = None  # the document's mzxid when this replica last read the parts
+        self.reads = 0  # times the parts were read
+        remembered.watch(self._on_new)
+
+    def _on_new(self) -> None:
+        with self._lock:
+            self._learnt += 1
+        self._wake()
+
+    def settled(self) -> bool:
+        """False from the moment a broker is learnt until it is published (the holder may not send meanwhile)."""
+        return self._learnt == self._published
+
+    def follow(self, client: KazooClient) -> None:
+        """Add what the shard's document holds to this replica's directory, if it changed since last read."""
+        stat = client.exists(self.path)
+        if stat is None or stat.mzxid in (self._read, self._written):
+            return
+        # the document's data is written after its parts: read before them, a later write shows as a change
+        self.remembered.note_all(self._read_parts(client))
+        self._read = stat.mzxid
+        self.reads += 1
+
+    def publish(self, client: KazooClient, epoch: int) -> bool:
+        """Write what this replica remembers, if it learnt a broker since its last write or the document is
+        not its own; False when other writers kept changing the parts (tried again next round)."""
+        learnt = self._learnt
+        stat = client.exists(self.path)
+        if learnt == self._published and stat is not None and stat.mzxid == self._written:
+            return True
+        mine = self.remembered.snapshot()
+        for _ in range(5):
+            client.ensure_path(self.path)
+            try:
+                parts = self._write_parts(client, mine)
+            except (BadVersionError, NodeExistsError):
+                continue  # another writer changed a part meanwhile: read it again
+            doc = {"replica": self.replica_id, "epoch": epoch, "parts": parts}
+            self._written = client.set(self.path, json.dumps(doc).encode()).mzxid
+            with self._lock:
+                self._published = learnt
+            return True
+        log.warning("%s: the parts kept changing under this replica's write; trying again", self.path)
+        return False
+
+    def _read_parts(self, client: KazooClient) -> dict[str, set[str]]:
+        """Topic -> brokers, from every part (one that cannot be read is reported and left out)."""
+        topics: dict[str, set[str]] = {}
+        try:
+            children = client.get_children(self.path)
+        except NoNodeError:
+            return topics  # deleted by an operator meanwhile: written again by the holder
+        for child in sorted(children):
+            try:
+                data, _ = client.get(f"{self.path}/{child}")
+                rows = _rows(data)
+            except NoNodeError:
+                continue  # a part deleted by an operator meanwhile
+            except ValueError as e:
+                log.error("%s/%s cannot be read (%s): its brokers are left out until the holder's next write "
+                          "replaces it", self.path, child, e)
+                continue
+            for row in rows:
+                for topic in row[1:]:
+                    topics.setdefault(topic, set()).add(row[0])
+        return topics
+
+    def _write_parts(self, client: KazooClient, mine: Mapping[str, set[str]]) -> int:
+        """Add `mine` to the parts (each part's own write a compare-and-set); the number of parts used."""
+        held = self._read_parts(client)
+        merged = {t: set(bs) for t, bs in held.items()}
+        for t, bs in mine.items():
+            merged.setdefault(t, set()).update(bs)
+        parts = 1
+        while True:
+            split = _split(merged, parts)
+            if all(len(_encode(rows)) <= self.part_bytes for rows in split) or parts >= 1 << 16:
+                break
+            parts *= 2
+        for k, rows in enumerate(split):
+            path = f"{self.path}/part-{k}-of-{parts}"
+            try:
+                data, stat = client.get(path)
+            except NoNodeError:
+                client.create(path, _encode(rows))
+                continue
+            have = _pairs(_rows_or_none(data))  # read again: what another writer added since is kept too
+            if not _pairs(rows) <= have:
+                client.set(path, _encode(_as_rows(have | _pairs(rows))), version=stat.version)
+        return parts
+
+
+def _split(topics: Mapping[str, set[str]], parts: int) -> list[list[list[str]]]:
+    """The rows of each part: a topic goes to part crc32(topic) mod `parts`."""
+    by_part: list[set[tuple[str, str]]] = [set() for _ in range(parts)]
+    for topic, brokers in topics.items():
+        by_part[zlib.crc32(topic.encode()) % parts].update((b, topic) for b in brokers)
+    return [_as_rows(pairs) for pairs in by_part]
+
+
+def _as_rows(pairs: set[tuple[str, str]]) -> list[list[str]]:
+    """(broker, topic) pairs as the file's rows, [broker, topic, ...], in order."""
+    by_broker: dict[str, list[str]] = {}
+    for broker, topic in sorted(pairs):
+        by_broker.setdefault(broker, []).append(topic)
+    return [[b, *ts] for b, ts in by_broker.items()]
+
+
+def _encode(rows: list[list[str]]) -> bytes:
+    return json.dumps(rows, separators=(",", ":")).encode()
+
+
+def _rows(data: bytes) -> list[list[str]]:
+    """A part's rows; ValueError when it holds anything else."""
+    rows = json.loads(data) if data else []
+    if not isinstance(rows, list) or not all(isinstance(r, list) and r and all(isinstance(s, str) and s for s in r)
+                                             for r in rows):
+        raise ValueError(f"not a JSON array of [broker, topic, ...] rows: {bytes(data[:200])!r}")
+    return rows
+
+
+def _rows_or_none(data: bytes) -> list[list[str]]:
+    """A part's rows, none when it cannot be read (then it is written over)."""
+    try:
+        return _rows(data)
+    except ValueError:
+        return []
+
+
+def _pairs(rows: list[list[str]]) -> set[tuple[str, str]]:
+    return {(r[0], t) for r in rows for t in r[1:]}

@@ -1,0 +1,206 @@
+"""The brokers that served each target topic, shared by a shard's replicas through ZooKeeper: a standby
+knows the brokers the holder sent to, so its first look-up after a takeover waits for one of them that
+is down instead of calling its copies missing (and sending them again)."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from coordination import HAConfig, LocalZooKeeper, ShardReplica
+from forwarder._served_brokers import ServedBrokers
+from tests.coordination.cluster import wait_for
+
+Replicas = Callable[[str, ServedBrokers], ShardReplica]
+
+
+@pytest.fixture
+def replicas(zookeeper: LocalZooKeeper) -> Iterator[Replicas]:
+    """Replicas of one fresh shard, each sharing the brokers its data directory remembers."""
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    made: list[ShardReplica] = []
+
+    def make(name: str, served: ServedBrokers) -> ShardReplica:
+        cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id=name, session_timeout_s=2.0,
+                       watermark_interval_s=0.2)
+        r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
+        r.share_brokers(served)  # as the service wires it, before the start
+        made.append(r.start(lambda: 0))
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+@pytest.fixture
+def client(zookeeper: LocalZooKeeper) -> Iterator[KazooClient]:
+    c = KazooClient(hosts=zookeeper.connect_string)
+    c.start()
+    yield c
+    c.stop()
+    c.close()
+
+
+def _named(served: ServedBrokers, topic: str, route: list[str]) -> list[str]:
+    """The brokers a look-up of `topic` with only `route` answering would wait for."""
+    return [b for b in ("broker-a", "broker-b", "broker-c") if any(f"broker {b} served" in p
+                                                                  for p in served.problems(topic, route))]
+
+
+def test_a_standby_knows_the_brokers_the_holder_sent_to_and_waits_for_one_down_after_taking_over(
+        replicas: Replicas, tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    mine = ServedBrokers(tmp_path / "a" / "dedupe-brokers.txt")
+    mine.note("T", ["broker-a", "broker-b"])  # the holder's producer sent T through both
+    a = replicas("a", mine)
+    wait_for("a holds the lease", a.may_send)
+    theirs = ServedBrokers(tmp_path / "b" / "dedupe-brokers.txt")  # a standby's: it never sent
+    b = replicas("b", theirs)
+    wait_for("the standby learns the brokers the holder sent to", lambda: _named(theirs, "T", ["broker-a"]) == [
+        "broker-b"], 10.0)
+    assert '["broker-b", "T"]' in (tmp_path / "b" / "dedupe-brokers.txt").read_text().splitlines(), \
+        "in the standby's own data directory: a restart of it knows too"
+    mine.note("T2", ["broker-c"])  # learnt while holding (a new target topic)
+    wait_for("the standby follows what the holder learns", lambda: _named(theirs, "T2", []) == ["broker-c"], 10.0)
+    a.stop()
+    wait_for("b takes over", b.may_send, 10.0)
+    # broker-b is down at the takeover (the NameServer dropped it): b's first look-up waits for it
+    assert _named(theirs, "T", ["broker-a"]) == ["broker-b"]
+
+
+class _SlowSnapshot(ServedBrokers):
+    """A data directory's memory whose snapshot (taken to publish it) waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.go = threading.Event()
+        self.go.set()
+
+    def snapshot(self) -> dict[str, set[str]]:
+        self.go.wait(10.0)
+        return super().snapshot()
+
+
+def test_a_holder_that_learns_a_broker_sends_nothing_until_it_has_published_it(replicas: Replicas) -> None:
+    """Published only after a copy went there, a broker the holder died right after sending to would
+    be unknown to its successor: the fence stays closed from the moment it is learnt until it is out."""
+    mine = _SlowSnapshot()
+    a = replicas("a", mine)
+    wait_for("a holds the lease", a.may_send)
+    theirs = ServedBrokers(None)
+    replicas("b", theirs)
+    mine.go.clear()  # the publication waits
+    mine.note("T", ["broker-a"])  # a route naming a broker new for T, looked up on the way to the write
+    assert not a.may_send(), "the write that follows the route must not go out before the broker is published"
+    mine.go.set()
+    wait_for("published, a sends again", a.may_send, 10.0)
+    wait_for("the standby has it", lambda: _named(theirs, "T", []) == ["broker-a"], 10.0)
+
+
+def test_more_brokers_and_topics_than_a_znode_holds_travel_in_parts(client: KazooClient) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    mine = ServedBrokers(None)
+    many = {f"TOPIC_{i:05d}_{'x' * 40}": {"broker-a", "broker-b", f"broker-{i % 7}"} for i in range(2_000)}
+    mine.note_all(many)
+    holder = SharedBrokers(mine, path, "a", lambda: None, part_bytes=16_384)
+    assert holder.publish(client, 1)
+    parts = client.get_children(f"{path}/dedupe-brokers")
+    assert len(parts) > 8 and all(len(client.get(f"{path}/dedupe-brokers/{p}")[0]) <= 16_384 for p in parts)
+    theirs = ServedBrokers(None)
+    SharedBrokers(theirs, path, "b", lambda: None, part_bytes=16_384).follow(client)
+    assert theirs.snapshot() == many
+
+
+def test_writers_only_add_so_an_old_holder_cannot_take_a_broker_from_its_successor(client: KazooClient) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    new, old = ServedBrokers(None), ServedBrokers(None)
+    new.note("T", ["broker-a", "broker-c"])
+    old.note("T", ["broker-a"])
+    old.note("U", ["broker-b"])
+    assert SharedBrokers(new, path, "b", lambda: None).publish(client, 2)
+    assert SharedBrokers(old, path, "a", lambda: None).publish(client, 1)  # a deposed holder, late
+    reader = ServedBrokers(None)
+    SharedBrokers(reader, path, "c", lambda: None).follow(client)
+    assert reader.snapshot() == {"T": {"broker-a", "broker-c"}, "U": {"broker-b"}}
+
+
+def test_a_part_another_writer_changed_after_it_was_read_keeps_what_that_writer_added(
+        client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    first, second = ServedBrokers(None), ServedBrokers(None)
+    first.note("T", ["broker-a"])
+    second.note("T", ["broker-c"])
+    late = SharedBrokers(second, path, "b", lambda: None)
+    monkeypatch.setattr(late, "_read_parts", lambda c: {})  # it read the parts before the other write landed
+    assert SharedBrokers(first, path, "a", lambda: None).publish(client, 1)
+    assert late.publish(client, 2)
+    reader = ServedBrokers(None)
+    SharedBrokers(reader, path, "c", lambda: None).follow(client)
+    assert reader.snapshot() == {"T": {"broker-a", "broker-c"}}
+
+
+def test_a_follower_reads_the_parts_again_only_when_the_holder_wrote(client: KazooClient) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    mine, theirs = ServedBrokers(None), ServedBrokers(None)
+    holder = SharedBrokers(mine, path, "a", lambda: None)
+    follower = SharedBrokers(theirs, path, "b", lambda: None)
+    follower.follow(client)  # nothing published yet
+    assert theirs.snapshot() == {}
+    mine.note("T", ["broker-a"])
+    holder.publish(client, 1)
+    follower.follow(client)
+    assert theirs.snapshot() == {"T": {"broker-a"}}
+    assert follower.reads == 1
+    follower.follow(client)
+    holder.publish(client, 1)  # nothing new: nothing written
+    follower.follow(client)
+    assert follower.reads == 1
+
+
+def test_a_served_holder_publishes_the_brokers_its_delivery_learnt(zookeeper: LocalZooKeeper, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`timewheel serve` with [ha] and dedupe wires its data directory's memory of brokers to its replica."""
+    from forwarder.config import RocketMQConfig
+    from forwarder.ingest import DelayTopicIngest
+    from timewheel.app.service import Service
+    from timewheel.app.settings import AdminConfig, Settings
+    from timewheel.config import EngineConfig
+
+    monkeypatch.setattr(DelayTopicIngest, "start", lambda self, *a, **k: None)  # no broker to read from
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    ha = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0,
+                  watermark_interval_s=0.2, force_eligible=True)
+    service = Service(Settings(engine=EngineConfig(tmp_path / "a"), ha=ha, admin=AdminConfig(listen="127.0.0.1:0"),
+                               rocketmq=RocketMQConfig(namesrv="127.0.0.1:9", delay_topic=topic)))
+    service.start()
+    try:
+        assert service.replica is not None and service.copy_finder is not None
+        wait_for("the service's replica holds the lease", service.replica.may_send)
+        service.copy_finder.note_route("T", ["broker-a", "broker-b"])  # as the delivery producer's route does
+        theirs = ServedBrokers(None)
+        follower = ShardReplica(dataclasses.replace(ha, replica_id="b"), topic,
+                                now_ms=lambda: time.time_ns() // 1_000_000)
+        follower.share_brokers(theirs)
+        follower.start(lambda: 0)
+        try:
+            wait_for("a standby learns them", lambda: _named(theirs, "T", ["broker-a"]) == ["broker-b"], 10.0)
+        finally:
+            follower.stop()
+    finally:
+        service.stop()
