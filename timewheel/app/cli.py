@@ -51,23 +51,27 @@ def inspect(data_dir: DataDir,
     """Per segment: records, dispatched, cancelled, dead-lettered, pending, bytes, corrupt; then totals.
 
     Reads the files only, so it is safe beside a running engine. With --verify, a file whose end
-    is being written while it is read is not reported as torn: it is counted as in flight.
+    is being written while it is read is not reported as torn: it is counted as in flight. Exits 2
+    when the data directory, or a file in it, cannot be read.
     """
     from storage import check, summarize
-    from timewheel.app.datadir import DataDirError, open_data_dir
+    from timewheel.app.datadir import DataDirError, open_data_dir, read_error
     from timewheel.app.progress import segment_progress
 
     try:
         layout = open_data_dir(data_dir)
+        with segment_progress("reading segments") as progress:
+            report = summarize(layout, progress=progress)
+        if verify:
+            with segment_progress("checking every record") as progress:
+                rep = check(layout, progress=progress)
     except DataDirError as e:
         _fail(str(e))
-    with segment_progress("reading segments") as progress:
-        report = summarize(layout, progress=progress)
+    except OSError as e:
+        _fail(read_error(data_dir, e))
     findings = []
     in_flight = 0
     if verify:
-        with segment_progress("checking every record") as progress:
-            rep = check(layout, progress=progress)
         findings = [{"kind": f.kind, "path": f.path, "detail": f.detail} for f in rep.findings]
         report["findings"] = findings
         report["tails_in_flight"] = in_flight = rep.tails_in_flight

@@ -33,10 +33,11 @@ def find(
     send attempt (the broker's message id for `mqadmin queryMsgById`, or the error), dead letter,
     or what it still waits for.
 
-    Reads the files only, so it is safe beside a running engine.
+    Reads the files only, so it is safe beside a running engine. Exits 1 when no message matches,
+    2 when the data directory, or a file in it, cannot be read.
     """
     from storage import MetaStore, StorageError
-    from timewheel.app.datadir import DataDirError, open_data_dir
+    from timewheel.app.datadir import DataDirError, open_data_dir, read_error
     from timewheel.find import MessageFinder
 
     if (msg_id is None) == (key is None):
@@ -66,6 +67,9 @@ def find(
             found = finder.by_id(msg_id, now, limit) if msg_id is not None else finder.by_key(key or "", now, limit)
     except (DataDirError, StorageError) as e:
         typer.echo(f"timewheel: {e}", err=True)
+        raise typer.Exit(2) from e
+    except OSError as e:
+        typer.echo(f"timewheel: {read_error(data_dir, e)}", err=True)
         raise typer.Exit(2) from e
     data = found.to_dict()
     if as_json:

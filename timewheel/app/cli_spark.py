@@ -63,6 +63,13 @@ def _time_ms(value: str, flag: str) -> int:
         raise  # unreachable: _fail exits
 
 
+def _quiet_log4j() -> Path:
+    """Spark's log4j2 settings for the CLI (errors only), kept beside the `spark` package's modules."""
+    import spark
+
+    return Path(spark.__file__).resolve().parent / "log4j2-quiet.properties"
+
+
 @contextmanager
 def _spark(master: str, conf: list[str] | None, verbose: bool, *,
            light_jvm: bool = False) -> Iterator["SparkSession"]:
@@ -80,7 +87,7 @@ def _spark(master: str, conf: list[str] | None, verbose: bool, *,
             _fail(f"--conf {item!r}: expected KEY=VALUE")
         extra[key.strip()] = value.strip()
     if not verbose:
-        log4j = Path(__file__).resolve().parent.parent / "spark" / "log4j2-quiet.properties"
+        log4j = _quiet_log4j()
         if log4j.exists():
             opt = f"-Dlog4j2.configurationFile=file:{log4j}"
             extra.setdefault("spark.driver.extraJavaOptions", opt)

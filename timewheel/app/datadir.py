@@ -26,8 +26,24 @@ def _init_hint(path: Path) -> str:
             "the engine's default), or point --data-dir at the engine's data directory")
 
 
+def _unusable(path: Path, e: OSError) -> str:
+    """What an OSError looking at `path` itself says (a name the filesystem refuses, a directory
+    this user may not read): the path is cut, as a name too long would fill the screen."""
+    shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:100]}...{str(path)[-40:]}"
+    return (f"cannot use {shown} as a data directory: {e.strerror or e}; point --data-dir at the engine's data "
+            "directory (a path this filesystem takes, readable by this user)")
+
+
 def open_data_dir(path: Path) -> SegmentLayout:
     """Open an existing data directory with the segment length it was written with."""
+    try:
+        return _open_data_dir(path)
+    except OSError as e:
+        raise DataDirError(_unusable(path, e)) from e
+
+
+def _open_data_dir(path: Path) -> SegmentLayout:
+    # Path.exists() answers False only for a missing path: ENAMETOOLONG or EACCES are raised
     if not path.exists():
         raise DataDirError(f"{path} does not exist: {_init_hint(path)}")
     if not path.is_dir():
@@ -46,6 +62,13 @@ def init_data_dir(path: Path, segment_minutes: int | None = None) -> tuple[Segme
     `segment_minutes` None: the engine's default for a new one, whatever an existing one has.
     Refuses a directory that already holds other files, so a mistyped path never gets mixed in.
     """
+    try:
+        return _init_data_dir(path, segment_minutes)
+    except OSError as e:
+        raise DataDirError(_unusable(path, e)) from e
+
+
+def _init_data_dir(path: Path, segment_minutes: int | None) -> tuple[SegmentLayout, bool]:
     if (path / "timewheel.json").exists():
         try:
             if segment_minutes is None:
@@ -60,6 +83,14 @@ def init_data_dir(path: Path, segment_minutes: int | None = None) -> tuple[Segme
         return SegmentLayout(path, minutes, create=True), True
     except (StorageError, OSError) as e:
         raise DataDirError(f"cannot make a data directory in {path}: {e}") from e
+
+
+def read_error(data_dir: Path, e: OSError) -> str:
+    """What an OSError reading the files of a data directory says: the path that failed and what to
+    check (a file of mode 000, a directory where a file belongs, a failing disk)."""
+    where = f"{e.filename} in the data directory {data_dir}" if e.filename else f"the data directory {data_dir}"
+    return (f"cannot read {where}: {e.strerror or e}; check that path (its owner and mode, whether it is "
+            "a file or a directory as the engine wrote it, the disk), then run the command again")
 
 
 def os_error_at_start(e: OSError, data_dir: Path | str) -> str:
