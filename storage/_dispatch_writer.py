@@ -85,7 +85,9 @@ class DispatchWriter:
                 os.close(fd)
                 raise
         if log_new:
-            dirs = [path.parent, self.layout.schedule_dir] if seg_dir_new else [path.parent]
+            # `schedule/` too, the segment directory being there already or not: the part writer may
+            # have made it since the last checkpoint, and its name is not durable before then
+            dirs = [path.parent, self.layout.schedule_dir]
             if self.sync:  # the frames about to be synced are only as durable as the file's name
                 try:
                     for d in dirs:

@@ -130,7 +130,11 @@ class SegmentLayout:
     def _write_marker(self, marker: Path) -> None:
         """Write timewheel.json for this build's format, atomically and durably."""
         tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"format": FORMAT_VERSION, "segment_minutes": self.segment_minutes}) + "\n")
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"format": FORMAT_VERSION, "segment_minutes": self.segment_minutes}) + "\n")
+            f.flush()
+            # its bytes before its name: renamed first, a power loss can leave the name on an empty file
+            os.fsync(f.fileno())
         os.replace(tmp, marker)
         fsync_path(self.root)
 
@@ -228,12 +232,9 @@ class SegmentLayout:
 
     def publish_part(self, start_ms: int, staged_log: Path, staged_index: Path) -> int:
         """Move a finished part (staged elsewhere on the same filesystem) into a segment atomically,
-        and durably: the segment directory is fsynced once both names are in it."""
+        and durably: the segment directory, then `schedule/`, are fsynced once both names are in it."""
         d = self.segment_dir(start_ms)
-        created = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
-        if created:  # a new segment directory is itself a name in schedule/ that a crash could lose
-            fsync_path(self.schedule_dir)
         with _part_numbers(d):
             existing = self.list_parts(start_ms)
             part = existing[-1] + 1 if existing else 0
@@ -250,9 +251,11 @@ class SegmentLayout:
                     os.unlink(self.part_index(start_ms, part))
                     part += 1
                     continue
-                # the links are directory entries: without this fsync a power loss can drop a part
-                # whose staged copy is already gone below
+                # the links are directory entries, and the segment directory is one in schedule/ (made
+                # here, or by the engine since its last checkpoint): without these fsyncs a power loss
+                # can drop a part whose staged copy is already gone below
                 fsync_path(d)
+                fsync_path(self.schedule_dir)
                 os.unlink(staged_log)
                 os.unlink(staged_index)
                 return part

@@ -101,10 +101,11 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     """Rewrite a part from its first replayed offset on: idempotent, whatever the crash left."""
     log_path = store.layout.part_log(seg, part)
     idx_path = store.layout.part_index(seg, part)
-    if not log_path.parent.exists():
-        log_path.parent.mkdir(parents=True)
-        store.writer.new_dirs.add(store.layout.schedule_dir)
-    store.writer.new_dirs.add(log_path.parent)  # the part may be new: its name goes in the checkpoint
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # the part may be new, and so may its segment directory, even when the directory is there: a
+    # process killed before its checkpoint left it in the page cache, its name not yet durable. The
+    # checkpoint after recovery lets the ingest log go, so it makes both names durable first.
+    store.writer.new_dirs.update((log_path.parent, store.layout.schedule_dir))
     first = min(int(loc["offset"]) for loc, _ in items)
     end = max(int(loc["offset"]) + int(loc["length"]) for loc, _ in items)
     size = size_of(log_path)

@@ -38,14 +38,14 @@ def test_segment_directory_is_fsynced_after_both_links(tmp_path: Path, monkeypat
     monkeypatch.setattr(storage.layout, "fsync_path", record)
     log, idx = _stage(tmp_path / "d", "a")
     assert layout.publish_part(SEG, log, idx) == 0
-    assert (layout.segment_dir(SEG), True, True) in calls
-    # the segment directory was new, so its parent's entry for it is made durable too
-    assert calls[0][0] == layout.schedule_dir
+    # both names, then the segment directory's own name in schedule/, durable before the staged copy goes
+    assert calls == [(layout.segment_dir(SEG), True, True), (layout.schedule_dir, True, True)]
 
     calls.clear()
     log, idx = _stage(tmp_path / "d", "b")
     assert layout.publish_part(SEG, log, idx) == 1
-    assert [c[0] for c in calls] == [layout.segment_dir(SEG)], "an existing segment needs only its own fsync"
+    # an existing segment too: the engine may have made its directory since its last checkpoint
+    assert [c[0] for c in calls] == [layout.segment_dir(SEG), layout.schedule_dir]
 
 
 class _Syncs:
@@ -100,6 +100,8 @@ def test_sync_mode_makes_a_new_dispatch_log_durable_by_name(tmp_path: Path, monk
     s.record_dispatch(SEG, dispatch_entries(ix.part, ix.offset, ix.due_ms, SEG, DELIVERED), SEG)
     assert ("fdatasync", s.layout.dispatch_log(SEG).resolve()) in syncs.events
     assert s.layout.segment_dir(SEG).resolve() in syncs.fsynced()  # before the entry is relied on
+    # and the segment directory's own name: made by the append, it is durable only at the next checkpoint
+    assert s.layout.schedule_dir.resolve() in syncs.fsynced()
     s.close()
 
 
