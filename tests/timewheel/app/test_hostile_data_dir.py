@@ -171,6 +171,8 @@ def test_the_spark_commands_start_spark_quiet_unless_verbose(monkeypatch: pytest
     """Without --verbose, Spark's driver and executors start with the CLI's log4j2 settings (errors
     only): the path to them was resolved from the module's old place, found nothing, and every
     audit, replay, export and backfill printed Spark's default profile and warnings on stderr."""
+    from pyspark.sql import SparkSession
+
     import spark.session
     from timewheel.app.cli_spark import _spark
 
@@ -181,6 +183,8 @@ def test_the_spark_commands_start_spark_quiet_unless_verbose(monkeypatch: pytest
         return _Session()
 
     monkeypatch.setattr(spark.session, "get_session", get_session)
+    # a session another test left active is reused as it is: this test is about the one a command starts
+    monkeypatch.setattr(SparkSession, "getActiveSession", lambda: None)
     with _spark("local[1]", None, verbose):
         pass
     (conf,) = given
