@@ -20,20 +20,23 @@ count off its segment, come from who holds the entry when the cancel arrives:
   taken out of the held queues and queued again under the dispatcher's lock
   (`Dispatcher.release_held`, called by the timer first), then recorded as one waiting;
 - any other (a pass claimed it and it is on its way to the sink, or its outcome is recorded already):
-  the `take()` that meets it again, if one does, drops it for its thread to record
-  (`DispatchQueue.drain_withdrawn`). So one a fence held on its way (`SendResults.held`: the lease ran
-  out while the pass was sending) comes back to the queue withdrawn only in memory, until that take:
-  a crash in between leaves it unrecorded, due and unsent.
+  the pass that sends it, if it comes back unsent (a fence held it on its way: the lease ran out
+  while the pass was sending; or its send failed and it waits for a retry), records it as soon as it
+  is back in the queue (`record_put_back`); else the `take()` that meets it again, if one does, drops
+  it for its thread to record (`DispatchQueue.drain_withdrawn`).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from storage import CANCELLED, TERMINAL, ScheduleStore, dispatch_entries, record_keys
 from timewheel._due import DueChunks, DueEntries
 from timewheel._ref_set import RefSet
+
+if TYPE_CHECKING:
+    from timewheel.dispatch_queue import DispatchQueue
 
 
 def record_cancelled(store: ScheduleStore, segment_ms: int, rows: np.ndarray, now_ms: int) -> int:
@@ -80,3 +83,24 @@ def record_claimed(store: ScheduleStore, now_ms: int, entries: DueEntries) -> No
         m = entries.segs == seg
         store.record_dispatch(seg, dispatch_entries(entries.parts[m], entries.offsets[m], entries.due[m], now_ms,
                                                     CANCELLED, entries.attempts[m]), now_ms)
+
+
+def record_put_back(queue: DispatchQueue, store: ScheduleStore, now_ms: int, refs: np.ndarray) -> None:
+    """Record CANCELLED now for the entries of `refs` (a pass's batch, back in the queue unsent) that a
+    late cancel withdrew while the pass was sending them, and count them off their segments.
+
+    Left to the next `take()`, a fenced batch's withdrawn entries waited a hold, and a failed one's a
+    backoff, cancelled only in memory: a crash in between lost the acknowledged cancel, and the
+    restarted replica sent the message once it held the lease.
+    """
+    got: list[DueEntries] = []
+
+    def record(here: DueEntries) -> None:
+        record_claimed(store, now_ms, here)
+        got.append(here)
+
+    queue.withdraw(refs, record, again=True)
+    for e in got:  # outside the queue's lock, which `count_done` takes
+        segs, counts = np.unique(e.segs, return_counts=True)
+        for seg, n in zip(segs.tolist(), counts.tolist()):
+            queue.count_done(seg, n)

@@ -189,14 +189,17 @@ class DispatchQueue:
         with self._cv:
             self._cancelled.add(refs)
 
-    def withdraw(self, refs: np.ndarray, record: Callable[[DueEntries], None]) -> int:
+    def withdraw(self, refs: np.ndarray, record: Callable[[DueEntries], None], *, again: bool = False) -> int:
         """Never hand out these refs, though already due (cancelled late on a replica that sent none of
         them). Those waiting here or in a pass's hands unclaimed are recorded now by `record`, under this
         lock (no `take()` or `claim()` gets in between, and none hands them out after), and how many is
         returned, for their segment's count; the thread whose `take()` or `claim()` meets any other (a
         pass claimed it: it may be on its way to the sink) records it (`drain_withdrawn()`). Should
-        `record` fail, every one is still withdrawn, for its taker."""
+        `record` fail, every one is still withdrawn, for its taker. `again`: only those of `refs`
+        withdrawn already (a pass put them back here unsent: `timewheel._withdrawn.record_put_back`)."""
         with self._cv:
+            if again:
+                refs = refs[self._withdrawn.contains(refs)] if self._withdrawn else refs[:0]
             if self._cancelled:
                 refs = refs[~self._cancelled.contains(refs)]  # recorded cancelled already
             self._withdrawn.add(refs)

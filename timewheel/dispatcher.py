@@ -45,6 +45,7 @@ from timewheel._read_batch import read_bytes, read_messages
 from timewheel._recovery import FOUND_NOTE, Recovery
 from timewheel._sink_send import SinkAnswer, sink_send
 from timewheel._threads import guarded
+from timewheel._withdrawn import record_put_back
 
 log = logging.getLogger("timewheel.dispatcher")
 _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest wait as arrays
@@ -53,8 +54,7 @@ _MAX_HELD = 200_000  # due messages read and held by the shaper before the rest 
 #: `_INLINE_RESUME_FAST` passes in a row were fast, and not before `_INLINE_PAUSE_FACTOR` times the
 #: slow one's time went by. A broker that keeps stalling keeps them off.
 _INLINE_SLOW_MS = 20
-_INLINE_PAUSE_FACTOR = 10
-_INLINE_RESUME_FAST = 20
+_INLINE_PAUSE_FACTOR, _INLINE_RESUME_FAST = 10, 20
 
 
 class Dispatcher:
@@ -220,6 +220,8 @@ class Dispatcher:
             entries = back if self.gate is None else self._through_gate(self.gate, back)
             if len(entries.due):
                 self._send(entries)
+                if self.gate is not None:  # unsent, back in the queue, and cancelled late on its way
+                    record_put_back(self.queue, self.store, self.clock.now_ms(), entries.refs)
             return n
         except BaseException:
             # Fail-stop: what was taken goes back (the watermark stays before it; a restart or the next
@@ -364,6 +366,8 @@ class Dispatcher:
                 return sent
             try:
                 self._deliver(batch, held_since)
+                if self.gate is not None:  # as `dispatch_pass`'s
+                    record_put_back(self.queue, self.store, self.clock.now_ms(), batch.entries().refs)
             except BaseException:
                 self._put_back(batch.entries())  # granted maybe passes ago: held nowhere else now
                 raise

@@ -11,7 +11,7 @@ import pytest
 from coordination.watermark import Watermark, covered_by
 from forwarder.shaping import TrafficShaper, parse_rules
 
-from storage import CANCELLED, DELIVERED, ScheduleStore, read_dispatch_log
+from storage import CANCELLED, DELIVERED, RETRIED, ScheduleStore, read_dispatch_log
 from tests.timewheel.conftest import T0, RecordingSink, drive
 from timewheel import NO_WATERMARK, Engine, EngineConfig, ManualClock, Message
 from timewheel.message import SendResults
@@ -388,6 +388,9 @@ _LATE: dict[str, Any] = dict(segment_minutes=1, preload_seconds=5, catch_up_chun
 _WHERE = ["held in the dispatch queue", "due but not popped yet", "deferred behind the catch-up"]
 _IN_HAND = "in a dispatch pass's hands"
 _SHAPED = "held by the traffic shaper after the lease ran out"
+_FENCED_ON_ITS_WAY = "on its way when the lease ran out, held by the fence"
+_FAILED_ON_ITS_WAY = "on its way when the lease ran out, its send failed"
+_ON_ITS_WAY = [_FENCED_ON_ITS_WAY, _FAILED_ON_ITS_WAY]
 
 
 class _GateFenced(RecordingSink):
@@ -400,6 +403,27 @@ class _GateFenced(RecordingSink):
         if self.gate is not None and not self.gate.open:
             return SendResults([False] * len(messages), held=np.ones(len(messages), bool))
         return SendResults(super().send_batch(messages))
+
+
+class _LeaseLostWhileSending(_GateFenced):
+    """Has the engine read the late cancel of "doomed" while the batch carrying it is on its way: the
+    lease runs out (the gate closes), the cancel is read, and the batch comes back held by the fence
+    (as `coordination.FencedSink` marks it) or, with `fail`, failed (a timeout: retried later)."""
+
+    engine: Engine | None = None
+    fail = False
+
+    def send_batch(self, messages: Sequence[Message]) -> SendResults:
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return super().send_batch(messages)
+        from timewheel.cancels import CancelRequest
+        assert self.gate is not None
+        self.gate.open = False
+        assert engine.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
+        if self.fail:
+            return SendResults([False] * len(messages), errors=["RequestTimeoutError: no answer"] * len(messages))
+        return super().send_batch(messages)
 
 
 def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate: ScriptedGate, where: str) -> Engine:
@@ -431,6 +455,10 @@ def _due_on_a_standby(path: Path, sink: RecordingSink, clock: ManualClock, gate:
         assert [mid for mid, _ in sink.sent] == ["early"] and holder.stats().held_by_shaping == 2
         gate.open = False  # the lease ran out: a standby now, whose shaper still holds the two
         return holder
+    if where in _ON_ITS_WAY:  # the lease holder, until its batch is on its way
+        assert isinstance(sink, _LeaseLostWhileSending)
+        sink.gate, sink.fail = gate, where == _FAILED_ON_ITS_WAY
+        gate.open = True
     standby = _engine(path, sink, clock, gate, **_LATE)
     standby.schedule(doomed_and_kept(T0 + 1000), [("broker-a:0", 0), ("broker-a:0", 1)])
     if where == "held in the dispatch queue":
@@ -464,6 +492,12 @@ def _cancel_late(standby: Engine, gate: _CancelMidPass, where: str) -> None:
         gate.engine = standby
         standby.step()  # the pass that takes both reads the cancel, then holds them
         assert gate.engine is None
+    elif where in _ON_ITS_WAY:
+        sink = standby._require_started().dispatcher.sink
+        assert isinstance(sink, _LeaseLostWhileSending)
+        sink.engine = standby
+        standby.step()  # the pass that sends both loses the lease and reads the cancel on the way
+        assert sink.engine is None and sink.sent == []
     else:
         assert standby.apply_cancels([CancelRequest("doomed", None, T0)]) == 1  # read late: already due
 
@@ -474,15 +508,16 @@ def _crash(engine: Engine) -> None:
     engine._require_started().store.meta.close()
 
 
-@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED])
+@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED, *_ON_ITS_WAY])
 def test_a_late_cancel_a_standby_applied_before_a_crash_is_kept_when_it_takes_over(
         tmp_path: Path, clock: ManualClock, where: str) -> None:
     """The cancel is acknowledged once applied: the CANCELLED outcome must be in the dispatch log by
     then. Before this, for a loaded segment it was only remembered in memory and recorded when a
     dispatch pass met the entry again (a hold later): killed in between, the replica loaded the
     message again as due and unsent after its restart, and sent it once it held the lease. So it was
-    still for an entry a dispatch pass had in hand, or the shaper held, when the cancel came."""
-    sink = _GateFenced(clock)
+    still for an entry a dispatch pass had in hand, or the shaper held, when the cancel came; and for
+    one on its way when the lease ran out, back in the queue unsent until a take met it again."""
+    sink = _LeaseLostWhileSending(clock)
     gate = _CancelMidPass()
     standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if where == _IN_HAND else where)
     _cancel_late(standby, gate, where)
@@ -498,16 +533,17 @@ def test_a_late_cancel_a_standby_applied_before_a_crash_is_kept_when_it_takes_ov
     sent = [mid for mid, _ in sink.sent]
     assert "doomed" not in sent and "kept" in sent, sent
     rows = _dispatch_rows(tmp_path / "b", segment_minutes=1)
-    assert sorted(r[1] for r in rows) == sorted([CANCELLED] + [DELIVERED] * len(sent))  # one outcome each
+    # one terminal outcome each (a failed send also left its RETRIED rows)
+    assert sorted(r[1] for r in rows if r[1] != RETRIED) == sorted([CANCELLED] + [DELIVERED] * len(sent))
 
 
-@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED])
+@pytest.mark.parametrize("where", [*_WHERE, _IN_HAND, _SHAPED, *_ON_ITS_WAY])
 def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
         tmp_path: Path, clock: ManualClock, where: str) -> None:
-    """The CANCELLED outcome is recorded when the cancel is applied, once, and counted off the segment
-    once: counted twice, the segment would be marked done with a message left, which a restart would
-    never load; not at all, never done."""
-    sink = _GateFenced(clock)
+    """The CANCELLED outcome is recorded when the cancel is applied (or, for an entry on its way,
+    once its pass has it back), once, and counted off the segment once: counted twice, the segment
+    would be marked done with a message left, which a restart would never load; not at all, never done."""
+    sink = _LeaseLostWhileSending(clock)
     gate = _CancelMidPass()
     standby = _due_on_a_standby(tmp_path / "b", sink, clock, gate, "due but not popped yet" if where == _IN_HAND else where)
     timer = standby._require_started().timer
@@ -523,9 +559,9 @@ def test_a_late_cancel_is_recorded_once_and_counted_off_its_segment_once(
     assert seg in standby._require_started().store.meta.done_segments()
     standby.stop()
     assert [mid for mid, _ in sink.sent if mid in ("doomed", "kept")] == ["kept"]
-    rows = [r for r in _dispatch_rows(tmp_path / "b", segment_minutes=1) if r[0] >= seg]
+    rows = [r for r in _dispatch_rows(tmp_path / "b", segment_minutes=1) if r[0] >= seg and r[1] != RETRIED]
     early = [DELIVERED] if where == _SHAPED else []  # the one sent while this replica held the lease
-    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED, *early])  # one outcome each
+    assert sorted(r[1] for r in rows) == sorted([CANCELLED, DELIVERED, *early])  # one terminal outcome each
 
 
 class _TakesOverMidPass(_CancelMidPass):
