@@ -12,7 +12,9 @@ its children; each child `part-<k>-of-<P>` holds a JSON array of the file's rows
 ...]`, and a topic's rows go to part crc32(topic) mod P, P the smallest power of two that keeps every
 part under `PART_BYTES` (ZooKeeper refuses a znode of about 1 MiB). Writers only add: a part is
 rewritten with what it held plus what is new, by compare-and-set, so an old holder writing late
-cannot take a broker from its successor; parts of a smaller P stay (still true, read as well).
+cannot take a broker from its successor; parts of a smaller P stay (still true: a reader adds up
+every part, and what they hold is in the new ones too). A part nobody can read is written over at the
+holder's next write (emptied, when of another P).
 Nothing is forgotten by itself, as in the file: a broker gone for good is deleted from every
 replica's file and then this znode (docs/HA.md).
 
@@ -20,6 +22,9 @@ The holder writes when its directory learns a broker, when it takes over, and wh
 not the one it wrote last (deleted by an operator, written by an old holder), and may not send from
 the moment a broker is learnt until it is written (`settled`): a copy never goes to a broker its
 successor could not know of. A follower reads the parts again only when the document's data changed.
+A write that fails (refused, a part one topic fills alone, compare-and-sets that keep losing) is tried
+again every round and logged once; why is in the replica's status (`dedupe_brokers_unpublished`), and
+the failures and the unreadable parts are counted (`counters`), as the replica's counters are.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 __all__ = ["PART_BYTES", "RememberedBrokers", "SharedBrokers"]
 
@@ -39,6 +45,13 @@ log = logging.getLogger("timewheel.replica")
 
 #: a part is kept under this many bytes (ZooKeeper's default limit, jute.maxbuffer, is 1 MiB less a little)
 PART_BYTES = 256 * 1024
+#: parts at most: past this, topics whose crc32 agree in their low 16 bits stay together anyway
+_MAX_PARTS = 1 << 16
+_WRITE_TRIES = 5
+
+
+class _PartTooLarge(ValueError):
+    """A part stays over the size limit however many parts there are (one topic's brokers fill it)."""
 
 
 class RememberedBrokers(Protocol):
@@ -75,6 +88,12 @@ class SharedBrokers:
         self._written: int | None = None  # the document's mzxid after this replica's last write
         self._read: int | None = None  # the document's mzxid when this replica last read the parts
         self.reads = 0  # times the parts were read
+        self.failure: str | None = None  # why this holder's last write failed, until one succeeds (logged once)
+        self._failed_rounds = 0  # writes failed in a row
+        self.publish_failures = 0  # writes that failed (each round retries)
+        #: the parts the last read could not read: name -> (why, its version, for a compare-and-set over it)
+        self._unreadable: dict[str, tuple[str, int]] = {}
+        self.unreadable_parts = 0  # parts found unreadable (a part counts again only when written again)
         remembered.watch(self._on_new)
 
     def _on_new(self) -> None:
@@ -86,8 +105,23 @@ class SharedBrokers:
         """False from the moment a broker is learnt until it is published (the holder may not send meanwhile)."""
         return self._learnt == self._published
 
+    def counters(self) -> dict[str, int]:
+        """Writes that failed, parts found unreadable (the replica's counters, `timewheel_ha_*`)."""
+        return {"dedupe_brokers_publish_failures": self.publish_failures,
+                "dedupe_brokers_unreadable_parts": self.unreadable_parts}
+
+    def status(self) -> dict[str, object]:
+        """Why what this holder learnt is not published (None: it is, or it follows), and each part the last
+        read could not read (for the replica's status)."""
+        return {"dedupe_brokers_unpublished": self.failure,
+                "dedupe_brokers_unreadable": [f"{self.path}/{child} cannot be read ({why}): its brokers are left "
+                                              f"out until the holder writes over it"
+                                              for child, (why, _) in sorted(self._unreadable.items())]}
+
     def follow(self, client: KazooClient) -> None:
         """Add what the shard's document holds to this replica's directory, if it changed since last read."""
+        # a replica that follows writes nothing: a failure of its writes as a holder is over (reported anew next time)
+        self.failure, self._failed_rounds = None, 0
         stat = client.exists(self.path)
         if stat is None or stat.mzxid in (self._read, self._written):
             return
@@ -98,46 +132,79 @@ class SharedBrokers:
 
     def publish(self, client: KazooClient, epoch: int) -> bool:
         """Write what this replica remembers, if it learnt a broker since its last write or the document is
-        not its own; False when other writers kept changing the parts (tried again next round)."""
+        not its own; False when it could not (ZooKeeper refused, a part too large, other writers kept
+        changing the parts): `failure` says why, logged once, and it is tried again next round."""
         learnt = self._learnt
-        stat = client.exists(self.path)
-        if learnt == self._published and stat is not None and stat.mzxid == self._written:
-            return True
-        mine = self.remembered.snapshot()
-        for _ in range(5):
-            client.ensure_path(self.path)
-            try:
-                parts = self._write_parts(client, mine)
-            except (BadVersionError, NodeExistsError):
-                continue  # another writer changed a part meanwhile: read it again
-            doc = {"replica": self.replica_id, "epoch": epoch, "parts": parts}
-            self._written = client.set(self.path, json.dumps(doc).encode()).mzxid
-            with self._lock:
-                self._published = learnt
-            return True
-        log.warning("%s: the parts kept changing under this replica's write; trying again", self.path)
+        try:
+            stat = client.exists(self.path)
+            if learnt == self._published and stat is not None and stat.mzxid == self._written:
+                return True
+            mine = self.remembered.snapshot()
+            for _ in range(_WRITE_TRIES):
+                client.ensure_path(self.path)
+                try:
+                    parts = self._write_parts(client, mine)
+                except (BadVersionError, NodeExistsError):
+                    continue  # another writer changed a part meanwhile: read it again
+                doc = {"replica": self.replica_id, "epoch": epoch, "parts": parts}
+                self._written = client.set(self.path, json.dumps(doc).encode()).mzxid
+                break
+            else:
+                return self._failed(learnt, f"the parts kept changing under its write, {_WRITE_TRIES} times (another "
+                                            f"writer: a deposed holder still running?)")
+        except _PartTooLarge as e:
+            return self._failed(learnt, str(e))
+        except (KazooException, KazooTimeoutError) as e:  # a refusal, or a connection the next round looks at
+            what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            return self._failed(learnt, f"ZooKeeper did not take the write ({what})")
+        with self._lock:
+            self._published = learnt
+        self._unreadable = {}  # every part it could not read was written over
+        if self.failure is not None:
+            log.info("%s: published after %d failed write(s)", self.path, self._failed_rounds)
+            self.failure, self._failed_rounds = None, 0
+        return True
+
+    def _failed(self, learnt: int, why: str) -> bool:
+        """Count a failed write and say why (logged when the failures begin, not at every round); False."""
+        self.publish_failures += 1
+        self._failed_rounds += 1
+        then = ("this holder sends nothing until they are" if learnt != self._published else
+                "sends go on (what it learnt was published before), but a successor would not know the brokers "
+                "the znode lost")
+        first = self.failure is None
+        self.failure = (f"the brokers this holder's data directory learnt are not published to {self.path}: {why}; "
+                        f"{then} (tried again every round)")
+        if first:
+            log.error("%s", self.failure)
         return False
 
     def _read_parts(self, client: KazooClient) -> dict[str, set[str]]:
-        """Topic -> brokers, from every part (one that cannot be read is reported and left out)."""
+        """Topic -> brokers, from every part (one that cannot be read is counted, reported once and left out)."""
         topics: dict[str, set[str]] = {}
+        unreadable: dict[str, tuple[str, int]] = {}
         try:
             children = client.get_children(self.path)
         except NoNodeError:
-            return topics  # deleted by an operator meanwhile: written again by the holder
+            children = []  # deleted by an operator meanwhile: written again by the holder
         for child in sorted(children):
             try:
-                data, _ = client.get(f"{self.path}/{child}")
-                rows = _rows(data)
+                data, stat = client.get(f"{self.path}/{child}")
             except NoNodeError:
                 continue  # a part deleted by an operator meanwhile
+            try:
+                rows = _rows(data)
             except ValueError as e:
-                log.error("%s/%s cannot be read (%s): its brokers are left out until the holder's next write "
-                          "replaces it", self.path, child, e)
+                unreadable[child] = (str(e), stat.version)
+                if self._unreadable.get(child, ("", -1))[1] != stat.version:  # not this version of it before
+                    self.unreadable_parts += 1
+                    log.error("%s/%s cannot be read (%s): its brokers are left out until the holder writes over it",
+                              self.path, child, e)
                 continue
             for row in rows:
                 for topic in row[1:]:
                     topics.setdefault(topic, set()).add(row[0])
+        self._unreadable = unreadable
         return topics
 
     def _write_parts(self, client: KazooClient, mine: Mapping[str, set[str]]) -> int:
@@ -149,19 +216,39 @@ class SharedBrokers:
         parts = 1
         while True:
             split = _split(merged, parts)
-            if all(len(_encode(rows)) <= self.part_bytes for rows in split) or parts >= 1 << 16:
+            over = [rows for rows in split if len(_encode(rows)) > self.part_bytes]
+            if not over:
                 break
+            # more parts cannot help a part that holds one topic only (a topic's rows stay together)
+            if parts >= _MAX_PARTS or all(len({t for r in rows for t in r[1:]}) == 1 for rows in over):
+                worst = max(over, key=lambda rows: len(_encode(rows)))
+                topics = ", ".join(sorted({t for r in worst for t in r[1:]}))
+                raise _PartTooLarge(
+                    f"the brokers of {topics} fill a part alone ({len(worst)} brokers, {len(_encode(worst))} bytes; a "
+                    f"part holds {self.part_bytes}): delete the brokers gone for good from every replica's "
+                    f"dedupe-brokers.txt, then this znode (docs/OPERATIONS.md)")
             parts *= 2
+        names: set[str] = set()
         for k, rows in enumerate(split):
+            names.add(f"part-{k}-of-{parts}")
             path = f"{self.path}/part-{k}-of-{parts}"
             try:
                 data, stat = client.get(path)
             except NoNodeError:
                 client.create(path, _encode(rows))
                 continue
-            have = _pairs(_rows_or_none(data))  # read again: what another writer added since is kept too
-            if not _pairs(rows) <= have:
+            try:  # read again: what another writer added since is kept too
+                have, readable = _pairs(_rows(data)), True
+            except ValueError:
+                have, readable = set(), False  # nobody can read it: written over, even with nothing to add
+            if not readable or not _pairs(rows) <= have:
                 client.set(path, _encode(_as_rows(have | _pairs(rows))), version=stat.version)
+        for child, (_, version) in self._unreadable.items():
+            if child not in names:  # a part of another count nobody can read: emptied, or it is reported forever
+                try:
+                    client.set(f"{self.path}/{child}", _encode([]), version=version)
+                except NoNodeError:
+                    pass  # deleted by an operator meanwhile
         return parts
 
 
@@ -192,14 +279,6 @@ def _rows(data: bytes) -> list[list[str]]:
                                              for r in rows):
         raise ValueError(f"not a JSON array of [broker, topic, ...] rows: {bytes(data[:200])!r}")
     return rows
-
-
-def _rows_or_none(data: bytes) -> list[list[str]]:
-    """A part's rows, none when it cannot be read (then it is written over)."""
-    try:
-        return _rows(data)
-    except ValueError:
-        return []
 
 
 def _pairs(rows: list[list[str]]) -> set[tuple[str, str]]:

@@ -28,12 +28,13 @@ import numpy as np
 
 from storage import RecordBytes
 from coordination.errors import CoordinationError
+from timewheel.errors import NotSendingNowError
 from timewheel.message import DeadLetterSink, Fence, Message, RecordSink, SendResults
 
 __all__ = ["FencedDeadLetters", "FencedSink", "NotHoldingError"]
 
 
-class NotHoldingError(CoordinationError):
+class NotHoldingError(CoordinationError, NotSendingNowError):
     """Not sent: this replica may not send now (its lease fence is closed); kept for another attempt."""
 
 

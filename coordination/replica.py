@@ -212,20 +212,22 @@ class ShardReplica:
             log.warning("closing the ZooKeeper session failed", exc_info=True)
 
     def counter_values(self) -> dict[str, int]:
-        """A copy of the counters."""
-        with self._lock:
-            return dict(vars(self.counters))
-
-    def status(self) -> dict[str, object]:
-        """This replica's view: holder or not, epoch, the watermarks, the fencing deadline, counters."""
+        """A copy of the counters (with the shared brokers' writes that failed and parts found unreadable)."""
         with self._lock:
             counters = dict(vars(self.counters))
+        return {**counters, **(self._brokers.counters() if self._brokers is not None else {})}
+
+    def status(self) -> dict[str, object]:
+        """This replica's view: holder or not, epoch, the watermarks, the fencing deadline, counters, and why
+        the brokers it learnt are not published or which parts of the holder's it cannot read."""
+        counters = self.counter_values()
         return {"shard": self.cfg.shard, "shards": self.cfg.shards, "replica": self.cfg.replica_id,
                 "holder": self._active, "epoch": self.epoch, "peer_watermark_ms": self._peer_watermark,
                 "published_watermark_ms": self._published.watermark_ms,
                 "published_exceptions": len(self._published.exceptions),
                 "fence_remaining_s": round(self.fence.remaining_s(), 3) if self._active else None,
-                **(self.eligibility.status() if self.eligibility is not None else {"eligible": True}), **counters}
+                **(self.eligibility.status() if self.eligibility is not None else {"eligible": True}), **counters,
+                **(self._brokers.status() if self._brokers is not None else {})}
 
     def status_document(self) -> dict[str, object]:
         """This replica's view and every shard's holder, epoch, watermark and lag as ZooKeeper has them."""

@@ -10,8 +10,8 @@ from timewheel.clock import Clock, ManualClock, SystemClock
 from timewheel.config import EngineConfig
 from timewheel.engine import Engine
 from timewheel.find import Found, MessageFinder, Step, Trail
-from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError, StorageError,
-                              TimewheelError)
+from timewheel.errors import (ConfigError, DelayTooLongError, EngineStateError, InvalidMessageError,
+                              NotSendingNowError, StorageError, TimewheelError)
 from timewheel.gate import NO_WATERMARK, DeliveredMark, DeliveryGate
 from timewheel.lateness import LatenessSummary
 from timewheel.message import (CopyCheck, CopyFinder, DeadLetterSink, EncodedScheduler, Fence, Message, RecordSink,
@@ -23,5 +23,5 @@ __all__ = ["NO_WATERMARK", "CancelRequest", "Clock", "ConfigError", "CopyCheck",
            "DelayTooLongError", "DeliveredMark", "DeliveryGate", "EncodedScheduler", "Engine", "EngineConfig",
            "EngineCounters", "EngineStateError", "EngineStats",
            "Fence", "Found", "InvalidMessageError", "LatenessSummary", "ManualClock", "Message", "MessageFinder",
-           "RecordSink", "SendResults",
+           "NotSendingNowError", "RecordSink", "SendResults",
            "Shaper", "Sink", "Source", "Step", "StorageError", "SystemClock", "TimeWheel", "TimewheelError", "Trail"]

@@ -19,6 +19,7 @@ from timewheel._arrays import by_note, error_notes, groups
 from timewheel._held import Batch
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
+from timewheel.errors import NotSendingNowError
 from timewheel.message import DeadLetterSink
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
@@ -69,7 +70,10 @@ class Outcomes:
                 try:
                     self.dead_letter_sink.dead_letter(dead.messages, reason)
                 except Exception as e:  # the dead-letter path is down too: keep retrying instead of losing it
-                    log.exception("dead-letter sink failed; the messages stay in the retry queue")
+                    if isinstance(e, NotSendingNowError):  # intended: kept for another attempt; no traceback to read
+                        log.warning("dead-letter sink: %s", e)
+                    else:
+                        log.exception("dead-letter sink failed; the messages stay in the retry queue")
                     also = f"; dead letter failed too: {type(e).__name__}: {e}"  # only theirs: the rest were not due one
                     why = [f"{w}{also}" if last else w for w, last in zip(why, final.tolist())]
                     final[:] = False

@@ -25,5 +25,10 @@ class ConfigError(TimewheelError, ValueError):
     """A configuration key is unknown or its value invalid; the message names the key."""
 
 
-__all__ = ["ConfigError", "DelayTooLongError", "EngineStateError", "InvalidMessageError", "StorageError",
-           "TimewheelError"]
+class NotSendingNowError(TimewheelError):
+    """A send refused because this engine may not send now (a replica's lease fence is closed): the
+    message is kept for another attempt; nothing failed that anyone has to act on."""
+
+
+__all__ = ["ConfigError", "DelayTooLongError", "EngineStateError", "InvalidMessageError", "NotSendingNowError",
+           "StorageError", "TimewheelError"]

@@ -4,6 +4,7 @@ is down instead of calling its copies missing (and sending them again)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
@@ -12,6 +13,8 @@ from typing import Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError
+from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
 from coordination import HAConfig, LocalZooKeeper, ShardReplica
 from forwarder._served_brokers import ServedBrokers
@@ -204,3 +207,116 @@ def test_a_served_holder_publishes_the_brokers_its_delivery_learnt(zookeeper: Lo
             follower.stop()
     finally:
         service.stop()
+
+
+def _brokers_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the replica logged about its shared brokers, at warning or above."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "timewheel.replica" and r.levelno >= logging.WARNING and "dedupe-brokers" in r.getMessage()]
+
+
+def test_a_holder_zookeeper_refuses_the_brokers_of_says_why_in_its_status_and_counters_and_logs_it_once(
+        zookeeper: LocalZooKeeper, client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    """It sends nothing, rightly; an operator must see why, without a line every round, and it is not
+    a lease problem: it keeps the lease (and its watermark) meanwhile."""
+    cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0,
+                   watermark_interval_s=0.2)
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    path = f"{cfg.shard_path(topic)}/dedupe-brokers"
+    client.ensure_path(cfg.shard_path(topic))
+    client.create(path, b"", acl=[make_acl("world", "anyone", read=True, admin=True)])  # no write, no create
+    mine = ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
+    r.share_brokers(mine)
+    with caplog.at_level(logging.INFO, logger="timewheel.replica"):
+        r.start(lambda: 0)
+        try:
+            wait_for("several rounds refused", lambda: r.counter_values()["dedupe_brokers_publish_failures"] >= 3, 10.0)
+            status = r.status()
+            assert status["holder"] and not r.may_send()
+            assert "NoAuth" in str(status["dedupe_brokers_unpublished"]), status
+            assert "sends nothing" in str(status["dedupe_brokers_unpublished"]), status
+            assert (status["takeovers"], status["losses"]) == (1, 0), status
+            assert len(_brokers_lines(caplog)) == 1, _brokers_lines(caplog)
+            client.set_acls(path, OPEN_ACL_UNSAFE)  # the operator mends it
+            wait_for("published at last", r.may_send, 10.0)
+            assert r.status()["dedupe_brokers_unpublished"] is None
+            assert len(_brokers_lines(caplog)) == 1, _brokers_lines(caplog)
+        finally:
+            r.stop()
+
+
+def test_a_write_that_keeps_losing_its_compare_and_set_is_reported_once_and_counted(
+        client: KazooClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    mine = ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    holder = SharedBrokers(mine, f"/tw-test/{uuid.uuid4().hex[:8]}", "a", lambda: None)
+
+    def lost(*_: object) -> int:
+        raise BadVersionError()
+
+    monkeypatch.setattr(holder, "_write_parts", lost)
+    with caplog.at_level(logging.INFO, logger="timewheel.replica"):
+        assert [holder.publish(client, 1) for _ in range(3)] == [False] * 3
+    assert not holder.settled()
+    assert holder.counters()["dedupe_brokers_publish_failures"] == 3
+    assert "kept changing" in str(holder.status()["dedupe_brokers_unpublished"])
+    assert len(_brokers_lines(caplog)) == 1, _brokers_lines(caplog)
+
+
+def test_a_topic_whose_brokers_alone_exceed_a_part_is_refused_without_writing_thousands_of_parts(
+        client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More parts cannot help a single topic: say so (and hold) instead of doubling up to 65,536 parts."""
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    mine = ServedBrokers(None)
+    mine.note("SMALL", ["broker-a"])
+    mine.note("HUGE", [f"broker-{i:03d}" for i in range(100)])
+    holder = SharedBrokers(mine, path, "a", lambda: None, part_bytes=1024)
+    created: list[str] = []
+    create = client.create
+
+    def counted(p: str, *a: object, **k: object) -> str:
+        created.append(p)
+        assert len(created) < 64, "more parts than one topic can use"
+        return create(p, *a, **k)
+
+    monkeypatch.setattr(client, "create", counted)
+    assert not holder.publish(client, 1)
+    assert not holder.settled()
+    why = str(holder.status()["dedupe_brokers_unpublished"])
+    assert "HUGE" in why and "1024" in why, why
+    assert client.get_children(f"{path}/dedupe-brokers") == []  # nothing half written
+
+
+def test_an_unreadable_part_is_counted_shown_and_written_over_by_the_holder(
+        client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    from coordination._shared_brokers import SharedBrokers
+
+    path = f"/tw-test/{uuid.uuid4().hex[:8]}"
+    mine, theirs = ServedBrokers(None), ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    holder = SharedBrokers(mine, path, "a", lambda: None)
+    follower = SharedBrokers(theirs, path, "b", lambda: None)
+    assert holder.publish(client, 1)
+    client.set(f"{path}/dedupe-brokers/part-0-of-1", b"{not json")
+    client.create(f"{path}/dedupe-brokers/part-1-of-2", b"[1, 2]")  # a slot the holder has nothing for
+    client.set(f"{path}/dedupe-brokers", b"{}")  # the document changed: the follower reads the parts
+    with caplog.at_level(logging.INFO, logger="timewheel.replica"):
+        follower.follow(client)
+        follower.follow(client)  # nothing changed: not read, not counted, not logged again
+    assert follower.counters()["dedupe_brokers_unreadable_parts"] == 2
+    shown = follower.status()["dedupe_brokers_unreadable"]
+    assert isinstance(shown, list) and len(shown) == 2
+    assert "part-0-of-1" in shown[0] and "part-1-of-2" in shown[1], shown
+    assert len(_brokers_lines(caplog)) == 2, _brokers_lines(caplog)
+    assert holder.publish(client, 1)  # the document is not its own: it writes, over both
+    follower.follow(client)
+    assert theirs.snapshot() == {"T": {"broker-a"}}
+    assert follower.status()["dedupe_brokers_unreadable"] == []
+    assert holder.status()["dedupe_brokers_unreadable"] == []
+    assert follower.counters()["dedupe_brokers_unreadable_parts"] == 2
