@@ -175,6 +175,9 @@ def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:
         out.append(Text(f"NOT ELIGIBLE for the lease: {me.get('eligibility')}" if me.get("eligible") is False
                         else f"eligible ({me.get('eligibility')}), but its data directory has a gap: {me.get('gap')}",
                         style="yellow"))
+    if me.get("dedupe_brokers_unpublished"):  # a holder that learnt a broker it cannot publish sends nothing
+        out.append(Text(f"WARNING: {me['dedupe_brokers_unpublished']}", style="red"))
+    out += [Text(f"WARNING: {w}", style="yellow") for w in me.get("dedupe_brokers_unreadable") or []]
     table = Table(title="shards")
     for c in ("shard", "holder", "epoch", "standbys", "watermark (UTC)", "lag"):
         table.add_column(c)

@@ -109,6 +109,24 @@ def test_a_broker_without_a_safe_index_and_dedupe_off_are_shown_as_warnings() ->
     assert text.count("hot paths") == 1  # none for the documents whose loops are all compiled
 
 
+def test_a_holder_that_cannot_publish_its_brokers_and_unreadable_parts_are_shown_as_warnings() -> None:
+    """The replica's status said why it held its sends (`dedupe_brokers_unpublished`), but only in
+    `--json` and /status: the screen on call reads showed a holder and nothing wrong."""
+    from rich.console import Console
+
+    from timewheel.app.status import render_status
+
+    why = "the brokers this holder's data directory learnt are not published to /tw/shard-0-of-1/dedupe-brokers"
+    replica = {"replica": "r0", "shard": 0, "shards": 1, "holder": True, "epoch": 3, "eligible": True,
+               "dedupe_brokers_unpublished": why,
+               "dedupe_brokers_unreadable": ["/tw/shard-0-of-1/dedupe-brokers/part-0-of-1 cannot be read (bad JSON)"]}
+    console = Console(width=300, record=True)
+    console.print(render_status({"now_ms": 1_800_000_000_000, "serving": True, "ha": {"replica": replica}}, "a:1"))
+    text = console.export_text()
+    assert f"WARNING: {why}" in text
+    assert "WARNING: /tw/shard-0-of-1/dedupe-brokers/part-0-of-1 cannot be read (bad JSON)" in text
+
+
 def test_not_serving_says_why_under_the_headline() -> None:
     """`NOT serving` in red was all the screen said: each reason is a line under it now."""
     from rich.console import Console
