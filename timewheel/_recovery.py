@@ -11,7 +11,8 @@ its target already holds a copy:
   attempt spent.
 
 Such an entry waits out a quiet period after the restart or takeover (a dead predecessor's last
-writes land), then the `CopyFinder` looks it up on its target: one found is recorded delivered,
+writes land; its end moves back with a step back of the clock, which would otherwise lengthen the
+wait by the step), then the `CopyFinder` looks it up on its target: one found is recorded delivered,
 with where the copy is and a note, and not sent; one the finder cannot tell about (a broker
 unreachable) counts a failed attempt, so it waits with backoff and is dead-lettered after the last
 (waiting, never guessing); only the missing ones are sent.
@@ -39,6 +40,9 @@ FOUND_NOTE = "a copy was already stored on the target (found by a look-up after 
 #: meta-store document: entries due at or before it may have been handed to the sink by an earlier run
 SENT_MARK = "dispatch.sent_up_to"
 _MARK_STEP_MS = 1000
+#: a reading this far behind the latest is a step back of the clock; less is dispatch threads whose
+#: readings arrive out of order, which must not shorten the quiet period
+_STEP_BACK_MS = 1000
 
 
 class _Documents(Protocol):
@@ -72,6 +76,7 @@ class Recovery:
         self.horizon_ms = int(mark) if isinstance(mark, int) else -1
         self._persisted = self.horizon_ms
         self.quiet_until_ms = now_ms + finder.quiet_ms if self.horizon_ms >= 0 else 0
+        self._latest_ms = now_ms  # the latest clock reading seen since the last step back
         self._took_over_seen = 0
         self._lock = threading.Lock()
         # episode entries a look-up found missing: this run sends them, so a later attempt's copy is its own
@@ -102,6 +107,16 @@ class Recovery:
                 mark = top + _MARK_STEP_MS
                 self._documents.put_document(SENT_MARK, mark)
                 self._persisted = mark
+
+    def _follow_steps_back(self, now_ms: int) -> None:
+        """Move the quiet period's end back with a step back of the clock (an hour back would make
+        ambiguous entries wait an hour more); a step forward ends it early, as it ends any wait."""
+        with self._lock:
+            if now_ms < self._latest_ms - _STEP_BACK_MS:
+                self.quiet_until_ms = max(0, self.quiet_until_ms - (self._latest_ms - now_ms))
+                self._latest_ms = now_ms
+            else:
+                self._latest_ms = max(self._latest_ms, now_ms)
 
     def note_quiet(self, n: int) -> None:
         """`n` entries were put back to wait for the quiet period."""
@@ -151,6 +166,7 @@ class Recovery:
         assert b.raw is not None
         a = b.select(amb)
         keep = ~amb
+        self._follow_steps_back(now_ms)
         if now_ms < self.quiet_until_ms:
             wait(np.full(len(a), self.quiet_until_ms, np.int64), a.entries())
             self.note_quiet(len(a))

@@ -120,6 +120,36 @@ def test_after_a_crash_between_send_and_record_the_copies_are_found_and_not_sent
     assert min(f for _, f, _ in finder.asked) == T0 + 1100 - finder.clock_skew_ms  # the first unrecorded batch
 
 
+def test_a_step_back_of_the_clock_during_the_quiet_period_does_not_lengthen_it(tmp_path: Path) -> None:
+    """The quiet period's end was a wall-clock instant: an hour's step back right after a restart (a
+    clock set right by NTP after the engine started) held every ambiguous entry an hour more."""
+    from tests.timewheel.test_clock_steps import SteppingClock
+
+    clock = SteppingClock(T0)
+    target = Target()
+    sink = StoringSink(target)
+    sink.crash_after = 2
+    e = _engine(tmp_path / "d", sink, clock, Finder(target))
+    ids = e.schedule([Message("T", str(i).encode(), T0 + 1000 + i // 10 * 100) for i in range(40)])
+    with pytest.raises(SystemExit):
+        drive(e, clock, T0 + 2_000)
+    e.stop()
+
+    finder = Finder(target)
+    restart_at = clock.now_ms()
+    e2 = _engine(tmp_path / "d", StoringSink(target), clock, finder)
+    drive(e2, clock, restart_at + 500)  # the ambiguous entries wait for the quiet period
+    assert finder.asked == []
+    back = clock.now_ms() - 3_600_000
+    clock.step_back_to(back)  # an hour back
+    drive(e2, clock, back + finder.quiet_ms + 10_000)
+    counts = e2.recovery.snapshot() if e2.recovery else {}
+    e2.stop()
+    assert finder.asked, "the look-ups waited out the step"
+    assert set(target.copies) == set(ids) and set(target.copies.values()) == {1}  # each exactly once
+    assert counts["found"] == 10 and counts["missing"] == 20
+
+
 def test_the_sent_mark_bounds_the_ambiguous_set_so_a_late_backlog_is_not_looked_up(
         tmp_path: Path, clock: ManualClock) -> None:
     target = Target()
