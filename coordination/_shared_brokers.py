@@ -9,11 +9,12 @@ follows, and once more when it takes over, before it may send.
 
 Layout: `<shard>/dedupe-brokers` holds JSON `{"replica": R, "epoch": E, "parts": P}`, written after
 its children; each child `part-<k>-of-<P>` holds a JSON array of the file's rows, `[broker, topic,
-...]`, and a topic's rows go to part crc32(topic) mod P, P the smallest power of two that keeps every
-part under `PART_BYTES` (ZooKeeper refuses a znode of about 1 MiB). Writers only add: a part is
-rewritten with what it held plus what is new, by compare-and-set, so an old holder writing late
-cannot take a broker from its successor; parts of a smaller P stay (still true: a reader adds up
-every part, and what they hold is in the new ones too). A part nobody can read is written over at the
+...]` (the array form of `storage.broker_rows`, docs/FORMAT.md), and a topic's rows go to part
+crc32(topic) mod P, P the smallest power of two that keeps every part under `PART_BYTES` (ZooKeeper
+refuses a znode of about 1 MiB). Writers only add: a part is rewritten with what it held plus what
+is new, by compare-and-set, so an old holder writing late cannot take a broker from its successor;
+parts of a smaller P stay (still true: a reader adds up every part, and what they hold is in the new
+ones too). A part nobody can read is written over at the
 holder's next write (emptied, when of another P).
 Nothing is forgotten by itself, as in the file: a broker gone for good is deleted from every
 replica's file and then this znode (docs/HA.md).
@@ -38,6 +39,9 @@ from typing import Protocol
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+
+from storage import (BrokerRowsError, broker_pairs_of, broker_rows_of_pairs, broker_topics_of, decode_broker_array,
+                     encode_broker_array)
 
 __all__ = ["PART_BYTES", "RememberedBrokers", "SharedBrokers"]
 
@@ -181,7 +185,7 @@ class SharedBrokers:
 
     def _read_parts(self, client: KazooClient) -> dict[str, set[str]]:
         """Topic -> brokers, from every part (one that cannot be read is counted, reported once and left out)."""
-        topics: dict[str, set[str]] = {}
+        rows: list[list[str]] = []
         unreadable: dict[str, tuple[str, int]] = {}
         try:
             children = client.get_children(self.path)
@@ -193,19 +197,16 @@ class SharedBrokers:
             except NoNodeError:
                 continue  # a part deleted by an operator meanwhile
             try:
-                rows = _rows(data)
-            except ValueError as e:
+                rows += decode_broker_array(data)
+            except BrokerRowsError as e:
                 unreadable[child] = (str(e), stat.version)
                 if self._unreadable.get(child, ("", -1))[1] != stat.version:  # not this version of it before
                     self.unreadable_parts += 1
                     log.error("%s/%s cannot be read (%s): its brokers are left out until the holder writes over it",
                               self.path, child, e)
                 continue
-            for row in rows:
-                for topic in row[1:]:
-                    topics.setdefault(topic, set()).add(row[0])
         self._unreadable = unreadable
-        return topics
+        return broker_topics_of(rows)
 
     def _write_parts(self, client: KazooClient, mine: Mapping[str, set[str]]) -> int:
         """Add `mine` to the parts (each part's own write a compare-and-set); the number of parts used."""
@@ -216,15 +217,15 @@ class SharedBrokers:
         parts = 1
         while True:
             split = _split(merged, parts)
-            over = [rows for rows in split if len(_encode(rows)) > self.part_bytes]
+            over = [rows for rows in split if len(encode_broker_array(rows)) > self.part_bytes]
             if not over:
                 break
             # more parts cannot help a part that holds one topic only (a topic's rows stay together)
-            if parts >= _MAX_PARTS or all(len({t for r in rows for t in r[1:]}) == 1 for rows in over):
-                worst = max(over, key=lambda rows: len(_encode(rows)))
-                topics = ", ".join(sorted({t for r in worst for t in r[1:]}))
+            if parts >= _MAX_PARTS or all(len(broker_topics_of(rows)) == 1 for rows in over):
+                worst = max(over, key=lambda rows: len(encode_broker_array(rows)))
+                topics, size = ", ".join(sorted(broker_topics_of(worst))), len(encode_broker_array(worst))
                 raise _PartTooLarge(
-                    f"the brokers of {topics} fill a part alone ({len(worst)} brokers, {len(_encode(worst))} bytes; a "
+                    f"the brokers of {topics} fill a part alone ({len(worst)} brokers, {size} bytes; a "
                     f"part holds {self.part_bytes}): delete the brokers gone for good from every replica's "
                     f"dedupe-brokers.txt, then this znode (docs/OPERATIONS.md)")
             parts *= 2
@@ -235,18 +236,19 @@ class SharedBrokers:
             try:
                 data, stat = client.get(path)
             except NoNodeError:
-                client.create(path, _encode(rows))
+                client.create(path, encode_broker_array(rows))
                 continue
             try:  # read again: what another writer added since is kept too
-                have, readable = _pairs(_rows(data)), True
-            except ValueError:
+                have, readable = broker_pairs_of(decode_broker_array(data)), True
+            except BrokerRowsError:
                 have, readable = set(), False  # nobody can read it: written over, even with nothing to add
-            if not readable or not _pairs(rows) <= have:
-                client.set(path, _encode(_as_rows(have | _pairs(rows))), version=stat.version)
+            if not readable or not broker_pairs_of(rows) <= have:
+                client.set(path, encode_broker_array(broker_rows_of_pairs(have | broker_pairs_of(rows))),
+                           version=stat.version)
         for child, (_, version) in self._unreadable.items():
             if child not in names:  # a part of another count nobody can read: emptied, or it is reported forever
                 try:
-                    client.set(f"{self.path}/{child}", _encode([]), version=version)
+                    client.set(f"{self.path}/{child}", encode_broker_array([]), version=version)
                 except NoNodeError:
                     pass  # deleted by an operator meanwhile
         return parts
@@ -257,29 +259,4 @@ def _split(topics: Mapping[str, set[str]], parts: int) -> list[list[list[str]]]:
     by_part: list[set[tuple[str, str]]] = [set() for _ in range(parts)]
     for topic, brokers in topics.items():
         by_part[zlib.crc32(topic.encode()) % parts].update((b, topic) for b in brokers)
-    return [_as_rows(pairs) for pairs in by_part]
-
-
-def _as_rows(pairs: set[tuple[str, str]]) -> list[list[str]]:
-    """(broker, topic) pairs as the file's rows, [broker, topic, ...], in order."""
-    by_broker: dict[str, list[str]] = {}
-    for broker, topic in sorted(pairs):
-        by_broker.setdefault(broker, []).append(topic)
-    return [[b, *ts] for b, ts in by_broker.items()]
-
-
-def _encode(rows: list[list[str]]) -> bytes:
-    return json.dumps(rows, separators=(",", ":")).encode()
-
-
-def _rows(data: bytes) -> list[list[str]]:
-    """A part's rows; ValueError when it holds anything else."""
-    rows = json.loads(data) if data else []
-    if not isinstance(rows, list) or not all(isinstance(r, list) and r and all(isinstance(s, str) and s for s in r)
-                                             for r in rows):
-        raise ValueError(f"not a JSON array of [broker, topic, ...] rows: {bytes(data[:200])!r}")
-    return rows
-
-
-def _pairs(rows: list[list[str]]) -> set[tuple[str, str]]:
-    return {(r[0], t) for r in rows for t in r[1:]}
+    return [broker_rows_of_pairs(pairs) for pairs in by_part]

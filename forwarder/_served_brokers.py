@@ -9,7 +9,8 @@ leaves its keys unknown (`forwarder.copy_finder`).
 The file, `<data_dir>/dedupe-brokers.txt`, is rewritten whole (written under a temporary name,
 fsynced, renamed) only when a broker not yet remembered for a topic shows up: a route is looked up
 at most every few seconds per topic, never per message. Its first line is a comment (`#`); each
-other line is a JSON array: a broker name, then the target topics it served. Nothing is ever
+other line is a JSON array: a broker name, then the target topics it served (its layout:
+`storage.broker_rows`, docs/FORMAT.md). Nothing is ever
 forgotten by itself: an operator removes a broker gone for good by deleting its line, which the
 next look-up that misses it reads (docs/OPERATIONS.md). A file that cannot be read is left as it
 is, and every look-up's keys stay unknown until it is mended or deleted.
@@ -19,12 +20,13 @@ replicas, which add it to theirs (`note_all`, `watch`, `snapshot`; `coordination
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
+
+from storage import BrokerRowsError, broker_rows_of, broker_topics_of, decode_broker_lines, encode_broker_lines
 
 __all__ = ["SERVED_BROKERS_FILE", "ServedBrokers"]
 
@@ -32,8 +34,6 @@ log = logging.getLogger("timewheel.dedupe")
 
 #: the file in the engine's data directory
 SERVED_BROKERS_FILE = "dedupe-brokers.txt"
-_HEADER = ("# brokers that served the engine's target topics, one JSON array a line: [broker, topic, ...]; "
-           "delete a broker's line once it is gone for good (docs/OPERATIONS.md)\n")
 
 
 class ServedBrokers:
@@ -110,8 +110,8 @@ class ServedBrokers:
             self._unsaved.clear()
             return
         try:
-            stored = _parse(self.path.read_text()) if self.path.exists() else {}
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+            stored = broker_topics_of(decode_broker_lines(self.path.read_text())) if self.path.exists() else {}
+        except (OSError, UnicodeDecodeError, BrokerRowsError) as e:
             if self.unreadable is None:
                 log.error("%s cannot be read (%s): look-ups answer unknown until it is mended or deleted",
                           self.path, e)
@@ -139,32 +139,11 @@ class ServedBrokers:
                            if bs - stored.get(t, set())))
 
 
-def _parse(text: str) -> dict[str, set[str]]:
-    """The file's topics -> brokers; ValueError naming the line that is not a [broker, topic, ...] array."""
-    topics: dict[str, set[str]] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"line {n}: {e}") from e
-        if not isinstance(row, list) or not row or not all(isinstance(s, str) and s for s in row):
-            raise ValueError(f"line {n} is not a JSON array of a broker name and its topics: {line[:200]!r}")
-        for topic in row[1:]:
-            topics.setdefault(topic, set()).add(row[0])
-    return topics
-
-
 def _write(path: Path, topics: dict[str, set[str]]) -> None:
     """Replace the file by one holding `topics`, durably (a crash leaves the old file or the new one)."""
-    by_broker: dict[str, list[str]] = {}
-    for topic, brokers in sorted(topics.items()):
-        for b in brokers:
-            by_broker.setdefault(b, []).append(topic)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        f.write(_HEADER + "".join(json.dumps([b, *ts]) + "\n" for b, ts in sorted(by_broker.items())))
+        f.write(encode_broker_lines(broker_rows_of(topics)))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

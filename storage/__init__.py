@@ -4,6 +4,11 @@ Imports nothing of the project; every other package reads and writes these bytes
 """
 from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
 from storage._reader import RecordReader, SegmentIndex
+from storage.broker_rows import (BrokerRowsError, decode_array as decode_broker_array,
+                                  decode_lines as decode_broker_lines, encode_array as encode_broker_array,
+                                  encode_lines as encode_broker_lines, pairs_of as broker_pairs_of,
+                                  rows_of as broker_rows_of, rows_of_pairs as broker_rows_of_pairs,
+                                  topics_of as broker_topics_of)
 from storage.audit import CheckReport, Finding, SegmentSummary, check, record_keys, summarize, summarize_segment
 from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, DISPATCH_DTYPE, OUTCOME_NAMES,
                               REPLAYED, RETRIED, TERMINAL, DispatchLogRead, broker_message_id, broker_message_ids,
@@ -30,6 +35,8 @@ from storage.tombstones import ID as TOMBSTONE_ID, KEY as TOMBSTONE_KEY, Tombsto
     decode_frames as decode_tombstones, tombstone_log
 
 __all__ = [
+    "BrokerRowsError", "broker_pairs_of", "broker_rows_of", "broker_rows_of_pairs", "broker_topics_of",
+    "decode_broker_array", "decode_broker_lines", "encode_broker_array", "encode_broker_lines",
     "ANSWER_DTYPE", "CheckedRecords", "RECORD_FIELDS", "RETRIED", "check_record", "check_records", "RecordReader", "TOMBSTONE_ID", "TOMBSTONE_KEY", "broker_message_id", "broker_message_ids",
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",

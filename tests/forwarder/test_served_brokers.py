@@ -39,3 +39,23 @@ def test_a_snapshot_reads_what_an_operator_left_in_the_file(tmp_path: Path) -> N
     memory.write_text("\n".join(line for line in memory.read_text().splitlines()
                                 if not line.startswith('["broker-b"')) + "\n")  # gone for good
     assert served.snapshot() == {"T": {"broker-a"}}, "published as the file has it, not as memory had it"
+
+
+def test_the_file_holds_the_bytes_it_always_held(tmp_path: Path) -> None:
+    memory = tmp_path / "dedupe-brokers.txt"
+    served = ServedBrokers(memory)
+    served.note_all({"T": ["broker-b", "broker-a"], "U": ["broker-a"], "T\u00f6": ["broker-\u00fc"]})
+    assert memory.read_bytes() == (
+        b"# brokers that served the engine's target topics, one JSON array a line: [broker, topic, ...]; "
+        b"delete a broker's line once it is gone for good (docs/OPERATIONS.md)\n"
+        b'["broker-a", "T", "U"]\n["broker-b", "T"]\n["broker-\\u00fc", "T\\u00f6"]\n')
+    assert ServedBrokers(memory).snapshot() == {"T": {"broker-a", "broker-b"}, "U": {"broker-a"},
+                                                "T\u00f6": {"broker-\u00fc"}}
+
+
+def test_a_line_that_is_not_a_row_leaves_the_file_unreadable_naming_the_line(tmp_path: Path) -> None:
+    memory = tmp_path / "dedupe-brokers.txt"
+    memory.write_text('# brokers\n["broker-a", "T"]\n["", "T"]\n')
+    served = ServedBrokers(memory)
+    assert served.unreadable is not None and "line 3: the broker name is empty" in served.unreadable
+    assert served.problems("T", ["broker-a"]) == [served.unreadable]
