@@ -25,7 +25,7 @@ from storage._files import size_of
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
-from storage.origin import ORIGIN_SUFFIX
+from storage.origin import ORIGIN_SUFFIX, read_origins
 from storage.part import repair_part, still_part, trusted_index
 from storage.record_reader import check_records
 
@@ -139,40 +139,71 @@ def record_status(counts: dict[str, np.ndarray], bad: np.ndarray | None = None) 
     return status
 
 
-def summarize_segment(layout: SegmentLayout, start_ms: int) -> SegmentSummary:
-    """Counters of one segment from its index sidecars and dispatch log."""
+def summarize_segment(layout: SegmentLayout, start_ms: int,
+                      unreadable: list[Finding] | None = None) -> SegmentSummary:
+    """Counters of one segment from its index sidecars and dispatch log. A file that cannot be read
+    raises (retention must not take a segment it could not read for done), unless `unreadable` is
+    given: it is added there and the rest counted (the part not at all; without its dispatch log,
+    every record of the segment as pending)."""
     s = SegmentSummary(segment_name(start_ms), start_ms)
+    seg_dir = layout.segment_dir(start_ms)
     keys = []
-    for part in layout.list_parts(start_ms):
-        log = layout.part_log(start_ms, part)
-        idx = trusted_index(log, read_index(layout.part_index(start_ms, part)))
-        log_size = size_of(log)
+    try:
+        parts = layout.list_parts(start_ms)
+    except OSError as e:
+        if unreadable is None:
+            raise
+        _add(unreadable, _unreadable(e, seg_dir, seg_dir))
+        return s
+    for part in parts:
+        log, idx_path = layout.part_log(start_ms, part), layout.part_index(start_ms, part)
+        try:
+            idx = trusted_index(log, read_index(idx_path))
+        except OSError as e:
+            if unreadable is None:
+                raise
+            _add(unreadable, _unreadable(e, idx_path, seg_dir))
+            continue
         s.parts += 1
         s.records += len(idx)
-        s.bytes += log_size + size_of(layout.part_index(start_ms, part))
+        s.bytes += size_of(log) + size_of(idx_path)
         keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
     dl = layout.dispatch_log(start_ms)
     s.bytes += size_of(dl)
     all_keys = np.sort(np.concatenate(keys)) if keys else np.empty(0, np.uint64)
+    try:
+        entries = _dispatch.read_dispatch_log(dl).entries
+    except OSError as e:
+        if unreadable is None:
+            raise
+        _add(unreadable, _unreadable(e, dl, seg_dir))
+        entries = np.empty(0, _dispatch.DISPATCH_DTYPE)
     # an outcome only counts for a record that exists; precedence as record_status says
-    status = record_status(outcomes_of(all_keys, _dispatch.read_dispatch_log(dl).entries).counts)
+    status = record_status(outcomes_of(all_keys, entries).counts)
     n = np.bincount(status, minlength=len(STATUSES))
     s.dispatched, s.cancelled, s.dead_lettered, s.corrupt, s.pending = (int(n[i]) for i in range(len(STATUSES)))
     return s
 
 
 def summarize(layout: SegmentLayout, *, progress: SegmentProgress | None = None) -> dict[str, object]:
-    """Per-segment counters and their totals: {"segments": [...], "totals": {...}}; `progress` is
-    told (done, of) after each segment."""
-    starts = layout.list_segments()
+    """Per-segment counters, their totals and the files that could not be read: {"segments": [...],
+    "totals": {...}, "findings": [...]} (each finding `unreadable`, the rest counted without it);
+    `progress` is told (done, of) after each segment."""
+    unreadable: list[Finding] = []
+    try:
+        starts = layout.list_segments()
+    except OSError as e:
+        unreadable.append(Finding("unreadable", str(e.filename or layout.schedule_dir), _why(e)))
+        starts = []
     segs = []
     for st in starts:
-        segs.append(summarize_segment(layout, st))
+        segs.append(summarize_segment(layout, st, unreadable))
         if progress is not None:
             progress(len(segs), len(starts))
     totals = {k: sum(getattr(s, k) for s in segs) for k in _COUNTED}
     totals["segments"] = len(segs)
-    return {"segments": [s.as_dict() for s in segs], "totals": totals}
+    return {"segments": [s.as_dict() for s in segs], "totals": totals,
+            "findings": [asdict(f) for f in unreadable]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,92 +240,152 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
 
     With fix=True: repairs index/log tails that stand still and no writer holds (see the module
     header), and marks corrupt records CORRUPT in the dispatch log so they are never served.
-    `progress` is told (done, of) after each segment.
+    A file that cannot be read (a directory where a log belongs, a mode that keeps this user out, a
+    failing disk) is an `unreadable` finding, and the rest is checked. `progress` is told (done, of)
+    after each segment.
     """
     rep = CheckReport()
     root = layout.schedule_dir
-    if root.exists():
-        for e in os.scandir(root):
-            if not e.is_dir() or parse_segment_name(e.name) is None:
-                rep.findings.append(Finding("unknown_file", e.path, "not a segment directory"))
-    starts = layout.list_segments()
+    try:
+        if root.exists():
+            with os.scandir(root) as found:
+                for e in found:
+                    if not e.is_dir() or parse_segment_name(e.name) is None:
+                        rep.findings.append(Finding("unknown_file", e.path, "not a segment directory"))
+        starts = layout.list_segments()
+    except OSError as e:
+        rep.findings.append(Finding("unreadable", str(e.filename or root), _why(e)))
+        return rep
     for start in starts:
         rep.segments += 1
-        seg_dir = layout.segment_dir(start)
-        parts = set(layout.list_parts(start))
-        for e in os.scandir(seg_dir):
-            stem, dot, suffix = e.name.partition(".")
-            if e.name == DISPATCH_LOG_NAME or e.name.startswith("_staging"):
-                continue
-            if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX, ORIGIN_SUFFIX) and stem.isdigit():
-                if "." + suffix == PART_INDEX_SUFFIX and int(stem) not in parts:
-                    rep.findings.append(Finding("orphan_index", e.path, "index sidecar without its part"))
-                if "." + suffix == ORIGIN_SUFFIX and int(stem) not in parts:
-                    rep.findings.append(Finding("orphan_index", e.path, "origin sidecar without its part"))
-                continue
-            rep.findings.append(Finding("unknown_file", e.path, "not a part, index or dispatch log"))
-        # the dispatch log before the parts: every entry in it names a record indexed before it was
-        # dispatched, so the parts read after it know them all, even as a running engine writes both
-        dl = layout.dispatch_log(start)
-        dl_size = size_of(dl)
-        read = _dispatch.read_dispatch_log(dl)
-        existing_keys = []
-        corrupt_here = []
-        for part in sorted(parts):
-            rep.parts += 1
-            log, idx_path = layout.part_log(start, part), layout.part_index(start, part)
-            sizes = (size_of(log), size_of(idx_path))
-            tail: list[Finding] | None = _part_tail_findings(log, idx_path, fix=False)
-            if tail and fix:
-                tail = _repair_still_tail(log, idx_path)
-            elif tail and _moving([log, idx_path], sizes):
-                tail = None
-            if tail is None:
-                rep.tails_in_flight += 1  # a running engine is writing this part: its tail is not settled
-            else:
-                rep.findings += tail
-                rep.fixed += int(fix) * sum(f.kind in ("bad_index", "tail_mismatch") for f in tail)
-            idx = read_index(idx_path)
-            data = log.read_bytes() if log.exists() else b""
-            # entries past the end of the log were reported as a tail mismatch above
-            whole = idx[idx["offset"].astype(np.int64) + idx["length"] <= len(data)]
-            rep.records += len(whole)
-            found = check_records(data, whole["offset"], due_ms=whole["due_ms"], lengths=whole["length"])
-            for row, err in sorted(found.errors.items()):
-                off, due = int(whole["offset"][row]), int(whole["due_ms"][row])
-                rep.corrupt_records += 1
-                corrupt_here.append((part, off, due))
-                rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {err.reason}"))
-            existing_keys.append(record_keys(np.full(len(idx), part), idx["offset"]))
-        rep.dispatch_entries += len(read.entries)
-        if read.corrupt_frames:
-            rep.findings.append(Finding("corrupt_dispatch_frame", str(dl),
-                                        f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
-        if read.torn_bytes and not fix and _moving([dl], (dl_size,)):
-            rep.tails_in_flight += 1  # a frame being appended
-        elif read.torn_bytes and fix and not cut_dispatch_tail(dl):
-            rep.tails_in_flight += 1  # a frame in flight when read: whole under the lock, or still moving
-        elif read.torn_bytes:
-            rep.findings.append(Finding("torn_dispatch_log", str(dl), f"{read.torn_bytes} bytes after the last whole frame"))
-            rep.fixed += int(fix)
-        if len(read.entries):
-            known = np.concatenate(existing_keys) if existing_keys else np.empty(0, np.uint64)
-            stray = ~np.isin(record_keys(read.entries["part"], read.entries["offset"]), known)
-            if stray.any():
-                rep.findings.append(Finding("unknown_dispatch_entry", str(dl),
-                                            f"{int(stray.sum())} entries name no record of this segment"))
-        if fix and corrupt_here:
-            already = done_keys(read.entries)[_dispatch.CORRUPT]
-            todo = [(p, o, d) for p, o, d in corrupt_here
-                    if not np.isin(record_keys(np.array([p]), np.array([o])), already).any()]
-            if todo:
-                arr = np.array(todo, dtype=np.int64)
-                entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
-                append_dispatch(layout, start, entries, now_ms)
-                rep.fixed += len(todo)
+        _check_segment(layout, start, rep, fix, now_ms)
         if progress is not None:
             progress(rep.segments, len(starts))
     return rep
+
+
+def _check_segment(layout: SegmentLayout, start: int, rep: CheckReport, fix: bool, now_ms: int) -> None:
+    """`check` of one segment: its findings and counts are added to `rep`."""
+    seg_dir = layout.segment_dir(start)
+    try:
+        parts = set(layout.list_parts(start))
+        with os.scandir(seg_dir) as found:
+            names = [(e.name, e.path) for e in found]
+    except OSError as e:
+        _add(rep.findings, _unreadable(e, seg_dir, seg_dir))
+        return
+    for name, path in names:
+        stem, dot, suffix = name.partition(".")
+        if name == DISPATCH_LOG_NAME or name.startswith("_staging"):
+            continue
+        if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX, ORIGIN_SUFFIX) and stem.isdigit():
+            if "." + suffix == PART_INDEX_SUFFIX and int(stem) not in parts:
+                rep.findings.append(Finding("orphan_index", path, "index sidecar without its part"))
+            if "." + suffix == ORIGIN_SUFFIX and int(stem) not in parts:
+                rep.findings.append(Finding("orphan_index", path, "origin sidecar without its part"))
+            continue
+        rep.findings.append(Finding("unknown_file", path, "not a part, index or dispatch log"))
+    # the dispatch log before the parts: every entry in it names a record indexed before it was
+    # dispatched, so the parts read after it know them all, even as a running engine writes both
+    dl = layout.dispatch_log(start)
+    dl_size = size_of(dl)
+    read: _dispatch.DispatchLogRead | None = None
+    try:
+        read = _dispatch.read_dispatch_log(dl)
+    except OSError as e:
+        _add(rep.findings, _unreadable(e, dl, seg_dir))
+    existing_keys = []
+    unread_parts = []
+    corrupt_here: list[tuple[int, int, int]] = []
+    for part in sorted(parts):
+        rep.parts += 1
+        try:
+            existing_keys.append(_check_part(layout, start, part, rep, fix, corrupt_here))
+        except OSError as e:
+            _add(rep.findings, _unreadable(e, layout.part_log(start, part), seg_dir))
+            unread_parts.append(part)
+    if read is None:
+        return  # no entries to compare, and no CORRUPT mark can be added to a log that cannot be read
+    rep.dispatch_entries += len(read.entries)
+    if read.corrupt_frames:
+        rep.findings.append(Finding("corrupt_dispatch_frame", str(dl),
+                                    f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
+    if read.torn_bytes and not fix and _moving([dl], (dl_size,)):
+        rep.tails_in_flight += 1  # a frame being appended
+    elif read.torn_bytes and fix and not cut_dispatch_tail(dl):
+        rep.tails_in_flight += 1  # a frame in flight when read: whole under the lock, or still moving
+    elif read.torn_bytes:
+        rep.findings.append(Finding("torn_dispatch_log", str(dl), f"{read.torn_bytes} bytes after the last whole frame"))
+        rep.fixed += int(fix)
+    if len(read.entries):
+        known = np.concatenate(existing_keys) if existing_keys else np.empty(0, np.uint64)
+        # an entry of a part that could not be read is not known to name nothing
+        stray = (~np.isin(record_keys(read.entries["part"], read.entries["offset"]), known)
+                 & ~np.isin(read.entries["part"], unread_parts))
+        if stray.any():
+            rep.findings.append(Finding("unknown_dispatch_entry", str(dl),
+                                        f"{int(stray.sum())} entries name no record of this segment"))
+    if fix and corrupt_here:
+        already = done_keys(read.entries)[_dispatch.CORRUPT]
+        todo = [(p, o, d) for p, o, d in corrupt_here
+                if not np.isin(record_keys(np.array([p]), np.array([o])), already).any()]
+        if todo:
+            arr = np.array(todo, dtype=np.int64)
+            entries = _dispatch.dispatch_entries(arr[:, 0], arr[:, 1], arr[:, 2], now_ms, _dispatch.CORRUPT, 0)
+            append_dispatch(layout, start, entries, now_ms)
+            rep.fixed += len(todo)
+
+
+def _check_part(layout: SegmentLayout, start: int, part: int, rep: CheckReport, fix: bool,
+                corrupt_here: list[tuple[int, int, int]]) -> np.ndarray:
+    """`check` of one part: its findings and counts are added to `rep` (only once all of it was
+    read), its corrupt records to `corrupt_here`; returns its record keys."""
+    log, idx_path = layout.part_log(start, part), layout.part_index(start, part)
+    sizes = (size_of(log), size_of(idx_path))
+    tail: list[Finding] | None = _part_tail_findings(log, idx_path, fix=False)
+    if tail and fix:
+        tail = _repair_still_tail(log, idx_path)
+    elif tail and _moving([log, idx_path], sizes):
+        tail = None
+    idx = read_index(idx_path)
+    org = layout.part_origin(start, part)
+    _, bad_origins = read_origins(org, len(idx))
+    data = log.read_bytes() if log.exists() else b""
+    # entries past the end of the log were reported as a tail mismatch
+    whole = idx[idx["offset"].astype(np.int64) + idx["length"] <= len(data)]
+    found = check_records(data, whole["offset"], due_ms=whole["due_ms"], lengths=whole["length"])
+    if tail is None:
+        rep.tails_in_flight += 1  # a running engine is writing this part: its tail is not settled
+    else:
+        rep.findings += tail
+        rep.fixed += int(fix) * sum(f.kind in ("bad_index", "tail_mismatch") for f in tail)
+    rep.records += len(whole)
+    for row, err in sorted(found.errors.items()):
+        off, due = int(whole["offset"][row]), int(whole["due_ms"][row])
+        rep.corrupt_records += 1
+        corrupt_here.append((part, off, due))
+        rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {err.reason}"))
+    if bad_origins:  # read as origin unknown, never as an origin they do not hold
+        rep.findings.append(Finding("corrupt_origin", str(org),
+                                    f"{bad_origins} row(s) fail their CRC32C; read as origin unknown"))
+    return record_keys(np.full(len(idx), part), idx["offset"])
+
+
+def _why(e: OSError) -> str:
+    return f"cannot be read: {e.strerror or e}"
+
+
+def _unreadable(e: OSError, path: Path, seg_dir: Path) -> Finding | None:
+    """The finding for a file of a segment that could not be read (the one the error names, else
+    `path`); None when its segment is gone: retention retired it while it was read."""
+    if isinstance(e, FileNotFoundError) and not seg_dir.exists():
+        return None
+    return Finding("unreadable", str(e.filename or path), _why(e))
+
+
+def _add(findings: list[Finding], finding: Finding | None) -> None:
+    if finding is not None:
+        findings.append(finding)
 
 
 def _part_tail_findings(log: Path, idx_path: Path, fix: bool) -> list[Finding]:

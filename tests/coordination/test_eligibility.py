@@ -49,7 +49,7 @@ def test_a_data_directory_refuses_to_start_as_another_replica(tmp_path: Path) ->
 def test_the_service_refuses_a_directory_of_another_shard_with_a_start_error(tmp_path: Path) -> None:
     from timewheel.app.service import StartError, _claim_data_dir
 
-    _claim_data_dir(tmp_path / "d", _cfg(), TOPIC)
+    _claim_data_dir(tmp_path / "d", _cfg(), TOPIC).save({"broker-a:0": 5})  # it stored something
     with pytest.raises(StartError, match="belongs to replica 'a' of shard 0"):
         _claim_data_dir(tmp_path / "d", _cfg(shard=1), TOPIC)
 

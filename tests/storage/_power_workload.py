@@ -259,9 +259,9 @@ def kill(store: ScheduleStore, model: DiskModel) -> None:
 # ---- the check of a reopened store ----------------------------------------------------------------
 
 
-def verify(data_dir: Path, ledger: Ledger, mark: Mark, *, origins: bool = True) -> list[str]:
-    """What a store reopened on `data_dir` lost or served wrong of what was acknowledged by `mark`
-    (with `origins`, the records' origins too)."""
+def verify(data_dir: Path, ledger: Ledger, mark: Mark) -> list[str]:
+    """What a store reopened on `data_dir` lost or served wrong of what was acknowledged by `mark`,
+    the records' origins included."""
     try:
         store = open_store(data_dir)
     except Exception as e:  # a store that cannot open is the finding
@@ -294,7 +294,7 @@ def verify(data_dir: Path, ledger: Ledger, mark: Mark, *, origins: bool = True) 
                 problems.append(f"acknowledged record {msg_id}: its location holds {got.msg_id}")
             elif (loc.segment_ms, loc.part, loc.offset) not in served.get(msg_id, ()):
                 problems.append(f"acknowledged record {msg_id} is not in its segment's index (never sent)")
-            elif origins:
+            else:
                 held.append((msg_id, loc.segment_ms, loc.part, loc.offset))
         problems += _wrong_origins(store, held)
         for seg, ids in ledger.published[:mark.published]:
@@ -340,7 +340,7 @@ def _served(store: ScheduleStore, ledger: Ledger, problems: list[str]) -> dict[s
 
 def _wrong_origins(store: ScheduleStore, held: list[tuple[str, int, int, int]]) -> list[str]:
     """Records' origins (id, segment, part, offset each) are read back as they were given, or as
-    unknown (a sidecar row a power loss took), never as another queue or offset."""
+    unknown (a sidecar row a power loss took, or left as zeros), never as another queue or offset."""
     if not held:
         return []
     ids, segs, parts, offsets = zip(*held)

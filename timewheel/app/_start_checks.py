@@ -6,7 +6,9 @@ wrong and what to do.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -44,14 +46,38 @@ def check_zookeeper_reachable(connect: str, timeout_s: float = 3.0) -> None:
 
 def claim_data_dir(data_dir: Path, ha: "HAConfig", delay_topic: str) -> "ReplicaDataDir":
     """The data directory's replica identity (written at its first start with [ha]); StartError when it
-    belongs to another replica."""
-    from coordination.identity import ReplicaDataDir, ReplicaIdentityMismatch
+    belongs to another replica. One that never stored anything is this replica's: a first start that
+    ZooKeeper refused after the identity was written (its id live elsewhere, another shard count) left
+    it, and the start again with the setting that refusal asked for must not be refused for it."""
+    from coordination.identity import IDENTITY_FILE, ReplicaDataDir, ReplicaIdentityMismatch
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     try:
         return ReplicaDataDir(data_dir, ha, delay_topic)
     except ReplicaIdentityMismatch as e:
+        if not _stored_nothing(Path(data_dir), IDENTITY_FILE):
+            raise StartError(str(e)) from e
+        log.info("the data directory %s named another replica in %s but never stored anything: it is "
+                 "replica %r's now", data_dir, IDENTITY_FILE, ha.replica_id)
+    (Path(data_dir) / IDENTITY_FILE).unlink()
+    try:
+        return ReplicaDataDir(data_dir, ha, delay_topic)
+    except ReplicaIdentityMismatch as e:
         raise StartError(str(e)) from e
+
+
+def _stored_nothing(data_dir: Path, identity_file: str) -> bool:
+    """Whether a replica's data directory never stored a message: its identity file names no queue
+    read from and no gap, and it has no segment (what a first start refused before consuming leaves)."""
+    from storage import parse_segment_name
+
+    schedule = data_dir / "schedule"
+    try:
+        doc = json.loads((data_dir / identity_file).read_text())
+        segments = [n for n in os.listdir(schedule) if parse_segment_name(n) is not None] if schedule.is_dir() else []
+    except (OSError, ValueError):  # unreadable: the refusal says so
+        return False
+    return isinstance(doc, dict) and not doc.get("offsets") and not doc.get("gap") and not segments
 
 
 def undo_failed_start(stop: Callable[[], None]) -> None:

@@ -51,8 +51,9 @@ def inspect(data_dir: DataDir,
     """Per segment: records, dispatched, cancelled, dead-lettered, pending, bytes, corrupt; then totals.
 
     Reads the files only, so it is safe beside a running engine. With --verify, a file whose end
-    is being written while it is read is not reported as torn: it is counted as in flight. Exits 2
-    when the data directory, or a file in it, cannot be read.
+    is being written while it is read is not reported as torn: it is counted as in flight. A file
+    that cannot be read is a finding, and the rest is counted. Exits 1 when it finds damage, 2 when
+    the data directory cannot be opened.
     """
     from storage import check, summarize
     from timewheel.app.datadir import DataDirError, open_data_dir, read_error
@@ -69,15 +70,14 @@ def inspect(data_dir: DataDir,
         _fail(str(e))
     except OSError as e:
         _fail(read_error(data_dir, e))
-    findings = []
     in_flight = 0
-    if verify:
-        findings = [{"kind": f.kind, "path": f.path, "detail": f.detail} for f in rep.findings]
-        report["findings"] = findings
+    if verify:  # the check reads every file the summary did, and reports what it could not read too
+        report["findings"] = [{"kind": f.kind, "path": f.path, "detail": f.detail} for f in rep.findings]
         report["tails_in_flight"] = in_flight = rep.tails_in_flight
+    findings = cast("list[dict[str, str]]", report["findings"])
     if as_json:
         typer.echo(json.dumps(report))
-        return
+        raise typer.Exit(1 if findings else 0)
     from rich.console import Console
     from rich.table import Table
 
@@ -100,6 +100,8 @@ def inspect(data_dir: DataDir,
     if in_flight:
         console.print(f"{in_flight} file(s) were being written while read (a running engine): their last "
                       "bytes are not judged")
+    if findings:  # damage is bad news, as the audit's findings are
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -37,7 +37,7 @@ def find(
     2 when the data directory, or a file in it, cannot be read.
     """
     from storage import MetaStore, StorageError
-    from timewheel.app.datadir import DataDirError, open_data_dir, read_error
+    from timewheel.app.datadir import DataDirError, open_data_dir, read_error, require_directories
     from timewheel.find import MessageFinder
 
     if (msg_id is None) == (key is None):
@@ -54,6 +54,7 @@ def find(
         raise typer.Exit(2)
     try:
         layout = open_data_dir(data_dir)
+        require_directories(layout)  # else a look-up takes the one that is a file for empty: "no stored message"
         if not MetaStore.exists(layout.meta_dir):  # made by `init`, never served: nothing is stored yet
             note = f"no engine has stored anything in {data_dir} yet (`timewheel serve --data-dir {data_dir}`)"
             if as_json:

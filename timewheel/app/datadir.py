@@ -6,6 +6,7 @@ that read or write files offline (inspect, backfill, audit, replay, export) open
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -83,6 +84,14 @@ def _init_data_dir(path: Path, segment_minutes: int | None) -> tuple[SegmentLayo
         return SegmentLayout(path, minutes, create=True), True
     except (StorageError, OSError) as e:
         raise DataDirError(f"cannot make a data directory in {path}: {e}") from e
+
+
+def require_directories(layout: SegmentLayout) -> None:
+    """Raise NotADirectoryError naming the first of the data directory's own directories (schedule/,
+    ingest/, meta/) that is there as something else, which a reader would take for an empty one."""
+    for d in (layout.schedule_dir, layout.ingest_dir, layout.meta_dir):
+        if os.path.lexists(d) and not d.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(d))
 
 
 def read_error(data_dir: Path, e: OSError) -> str:

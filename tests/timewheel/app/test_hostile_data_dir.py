@@ -143,11 +143,30 @@ def test_a_file_of_the_data_dir_that_cannot_be_read_is_named_in_one_line(
     before = _listing(d)
     res = CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]])
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    if res.exit_code != 2:  # what cannot be read was not needed: an answer, not a traceback
+    if cmd[0] == "inspect" and res.exit_code == 1:  # damage it found: named, the rest counted
+        assert str(bad) in res.output.replace("\n", ""), res.output
+    elif res.exit_code != 2:  # what cannot be read was not needed: an answer, not a traceback
         assert res.exit_code in (0, 1), res.output
     else:
         _refused(res, str(bad))
     assert _listing(d) == before, "a command that reads changed the data directory"
+
+
+@pytest.mark.parametrize("query", [["--id", "m0"], ["--key", "k", "--json"]], ids=" ".join)
+@pytest.mark.parametrize("sub", ["schedule", "meta", "ingest"])
+def test_find_names_a_directory_of_the_data_dir_that_is_a_file(tmp_path: Path, sub: str, query: list[str]) -> None:
+    """Where the records, their ids or the records since the last checkpoint are kept cannot be
+    read: the look-up says so, as it does for a file it cannot read, rather than answering that no
+    message is stored (or that no engine stored anything yet), which sends the user elsewhere."""
+    import shutil
+
+    d, _ = _stored(tmp_path)
+    shutil.rmtree(d / sub)
+    (d / sub).write_text("not a directory")
+    before = _listing(d)
+    res = CliRunner().invoke(app, ["find", "--data-dir", str(d), *query])
+    _refused(res, str(d / sub), "Not a directory")
+    assert _listing(d) == before
 
 
 # ---- the Spark commands' stderr ------------------------------------------------------------------

@@ -134,3 +134,39 @@ def test_an_admin_endpoint_that_cannot_start_serving_stops_the_start_in_one_line
     assert _service_threads() == threads and gc.callbacks == callbacks
     assert wait_for(lambda: _open_fds() <= fds, 10), _open_fds() - fds  # RocksDB lets its own go just after
     ScheduleStore(data).close()
+
+
+def test_a_replica_refused_at_its_first_start_starts_again_as_the_refusal_asked_on_its_new_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first start with [ha] names the new data directory's replica (ha-replica.json) before ZooKeeper
+    can refuse it (its id live elsewhere, another shard count than its peers'). Started again with the
+    id the refusal asked for, that directory, which held nothing, was refused as another replica's
+    ("its schedule is another replica's") and had to be deleted by hand. One that stored something
+    still is."""
+    import timewheel.app.service as service_module
+    from coordination import HAConfig, ReplicaIdTaken, ShardReplica
+    from storage import Record
+    from timewheel.app.service import StartError
+
+    def taken(self: ShardReplica, *args: Any, **kwargs: Any) -> ShardReplica:
+        raise ReplicaIdTaken(f"ha.replica_id = {self.cfg.replica_id!r} is already live in shard 0 (another process "
+                             "holds it): give each replica of a shard its own id")
+
+    monkeypatch.setattr(service_module, "check_zookeeper_reachable", lambda connect: None)
+    monkeypatch.setattr(ShardReplica, "start", taken)
+    data = tmp_path / "data"
+
+    def refused(replica_id: str) -> str:
+        service = Service(Settings(engine=EngineConfig(data), rocketmq=RocketMQConfig(namesrv="127.0.0.1:9"),
+                                   admin=AdminConfig(listen="127.0.0.1:0"),
+                                   ha=HAConfig(zookeeper="127.0.0.1:9", replica_id=replica_id)))
+        with pytest.raises(StartError) as raised:
+            service.start()
+        return str(raised.value)
+
+    assert "'a' is already live" in refused("a")
+    assert "'b' is already live" in refused("b")  # its own refusal, not the directory's
+    with ScheduleStore(data) as store:  # now it holds a message: it is replica b's
+        store.append([Record("m1", "ORDERS", b"x", 1_800_000_000_000)], 1_800_000_000_000 - 1000)
+    said = refused("c")
+    assert "belongs to replica 'b'" in said, said
