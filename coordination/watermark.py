@@ -24,6 +24,7 @@ import numpy as np
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from storage import LOST_QUEUE
 from timewheel.gate import NO_WATERMARK
 
 __all__ = ["MAX_EXCEPTIONS", "MalformedWatermark", "Watermark", "covered_by", "publish_watermark", "read_watermark"]
@@ -126,9 +127,11 @@ def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray,
     replica's clock, and below its offset for the entry's queue. `origins` are `storage.ORIGIN_DTYPE`
     rows numbered by `queue_names`; an entry with no known origin, or a mark without offsets, is
     judged by the watermark alone. An entry a mark lists among its exceptions (by origin, or due at
-    a listed due time: another copy of the listed message) is not covered by it."""
+    a listed due time: another copy of the listed message) is not covered by it, nor is one whose
+    origin row was lost (`storage.LOST_QUEUE`: it may have reached the holder after its watermark)."""
     out = np.zeros(len(due), bool)
     queue = origins["queue"].astype(np.int64)
+    lost = queue == LOST_QUEUE
     unknown = queue < 0
     for mark in marks:
         covered = due <= min(mark.watermark_ms, now_ms)
@@ -140,7 +143,7 @@ def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray,
         limits = np.array([mark.offsets.get(name, -1) for name in queue_names] + [-1], np.int64)
         below = origins["offset"] < limits[np.where(unknown, len(queue_names), queue)]
         out |= covered & (unknown | below)
-    return out
+    return out & ~lost
 
 
 def _listed(exceptions: Sequence[tuple[str, int, int]], due: np.ndarray, origins: np.ndarray,

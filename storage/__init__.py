@@ -25,7 +25,7 @@ from storage.record_bytes import RecordBytes
 from storage.record import (MAX_BODY, MAX_FIELD, MAX_PROPERTIES, Record, check_record, decode, decode_keys,
                             decode_properties, encode, encode_fields, encode_keys, encode_properties)
 from storage.record_reader import FIELDS as RECORD_FIELDS, CheckedRecords, check_records
-from storage.origin import NO_QUEUE, ORIGIN_DTYPE, QueueTable
+from storage.origin import LOST_QUEUE, NO_QUEUE, ORIGIN_DTYPE, QueueTable
 from storage.part import trusted_index
 from storage.recovery import RecoveryReport
 from storage.reopen import reopen_segments
@@ -41,7 +41,7 @@ __all__ = [
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
-    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "NO_QUEUE",
+    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "LOST_QUEUE", "NO_QUEUE",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",

@@ -9,11 +9,11 @@
 Queues are named `<broker>:<queue id>`; the table of names lives in the meta store (document
 `origin_queues`, a list whose positions are the numbers), so a row stays 16 bytes whatever the
 broker names. A record written without an origin (the Python API, Spark backfill, a part of a
-data directory written before origins existed) has queue -1, and so has a row the sidecar does not
-have (it is written before the index, and recovery cuts it to the index, but after an OS crash it
-may be shorter): readers treat both as "origin unknown".
+data directory written before origins existed, which has no sidecar) has queue -1: "origin unknown".
 
-A row that fails its check reads as unknown too, and is counted: a filesystem that writes a file's
+A row the sidecar does not have (it is written before the index, but an OS crash may cut it short;
+recovery writes such rows back as lost) reads as lost (LOST_QUEUE: it had an origin, nobody knows
+which); so does a row that fails its check, which is counted: a filesystem that writes a file's
 size back before its data (ext4 `data=writeback`) leaves rows that never reached the disk as zeros,
 which would otherwise read as queue 0, offset 0. Rows written before rows carried a check have 0
 there; such a row is read as it was written, unchecked, unless it is all zeros (lost data looks the
@@ -37,12 +37,16 @@ import numpy as np
 
 from storage.index import read_index
 
-__all__ = ["NO_QUEUE", "ORIGIN_DTYPE", "ORIGIN_ROW_SIZE", "OriginReader", "QueueTable", "read_origins"]
+__all__ = ["LOST_QUEUE", "NO_QUEUE", "ORIGIN_DTYPE", "ORIGIN_ROW_SIZE", "OriginReader", "QueueTable", "read_origins"]
 
 ORIGIN_DTYPE = np.dtype([("queue", "<i4"), ("check", "<u4"), ("offset", "<i8")])
 ORIGIN_ROW_SIZE = ORIGIN_DTYPE.itemsize
 #: the queue number of a record whose origin is unknown
 NO_QUEUE = -1
+#: the queue number of a record whose origin row was written but cannot be read (it fails its check,
+#: or lies past the end of a sidecar cut short): unlike NO_QUEUE's records, it came from the delay
+#: topic, from an offset nobody knows, so a replica set must not judge it by the watermark alone
+LOST_QUEUE = -2
 #: the sidecar's suffix beside `NNNNN.idx`
 ORIGIN_SUFFIX = ".org"
 _DOCUMENT = "origin_queues"
@@ -107,9 +111,15 @@ def unknown_origins(n: int) -> np.ndarray:
     return origin_rows(np.full(n, NO_QUEUE, np.int32), np.zeros(n, np.int64))
 
 
+def lost_origins(n: int) -> np.ndarray:
+    """`n` rows saying "written, and lost" (LOST_QUEUE; never written to a sidecar)."""
+    return origin_rows(np.full(n, LOST_QUEUE, np.int32), np.zeros(n, np.int64))
+
+
 def read_origins(path: str | os.PathLike[str], count: int) -> tuple[np.ndarray, int]:
-    """The first `count` rows of a sidecar, and how many of them failed their check; rows it does
-    not have (or a missing file) and rows that failed are unknown."""
+    """The first `count` rows of a sidecar, and how many of them failed their check; a missing file's
+    are unknown (NO_QUEUE: a part written without origins), the rows that failed and those an existing
+    sidecar does not have are lost (LOST_QUEUE: it had them once)."""
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
@@ -118,9 +128,9 @@ def read_origins(path: str | os.PathLike[str], count: int) -> tuple[np.ndarray, 
     rows = np.fromfile(path, dtype=ORIGIN_DTYPE, count=have) if have else np.empty(0, ORIGIN_DTYPE)
     bad = np.flatnonzero(~good_rows(rows))
     if len(bad):
-        rows[bad] = unknown_origins(len(bad))
+        rows[bad] = lost_origins(len(bad))
     if have < count:
-        rows = np.concatenate([rows, unknown_origins(count - have)])
+        rows = np.concatenate([rows, lost_origins(count - have)])
     return rows, len(bad)
 
 

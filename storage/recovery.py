@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from storage._files import size_of, write_all
 from storage.index import INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.layout import SegmentLayout
-from storage.origin import ORIGIN_ROW_SIZE
+from storage.origin import ORIGIN_ROW_SIZE, lost_origins
 from storage.part import repair_part
 from storage.record import decode
 from storage.retention import finish_removals
@@ -133,9 +134,7 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     new_idx = np.sort(np.concatenate([between, replayed]), order="offset") if len(between) else replayed
     # the origin rows of these records, where the crash left them, still belong to them (same
     # records, same order); rows past them would misalign the sidecar
-    org_path = store.layout.part_origin(seg, part)
-    if size_of(org_path) > (keep + len(new_idx)) * ORIGIN_ROW_SIZE:
-        os.truncate(org_path, (keep + len(new_idx)) * ORIGIN_ROW_SIZE)
+    _mend_origins(store.layout.part_origin(seg, part), keep + len(new_idx))
     fd = os.open(idx_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, keep * INDEX_ENTRY_SIZE)
@@ -144,6 +143,25 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     finally:
         os.close(fd)
     store.writer.dirty.add((seg, part))
+
+
+def _mend_origins(org_path: Path, rows: int) -> None:
+    """Make a replayed part's origin sidecar exactly `rows` rows long: rows past them are cut; rows an
+    OS crash took (the file short, or gone) are written back as lost (`storage.origin.LOST_QUEUE`), as
+    the ingest log holds no origins. Left short, they read as unknown, which a replica set judges by
+    its watermark alone: a record that reached this replica late would pass for one the holder sent."""
+    size = size_of(org_path)
+    have = min(size // ORIGIN_ROW_SIZE, rows)
+    if size == rows * ORIGIN_ROW_SIZE:
+        return
+    fd = os.open(org_path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, have * ORIGIN_ROW_SIZE)  # a torn row goes too
+        if have < rows:
+            os.lseek(fd, have * ORIGIN_ROW_SIZE, os.SEEK_SET)
+            write_all(fd, lost_origins(rows - have).tobytes())
+    finally:
+        os.close(fd)
 
 
 def _contiguous(locs: np.ndarray) -> bool:

@@ -168,6 +168,28 @@ def test_a_message_that_arrives_after_the_watermark_passed_its_due_time_is_sent_
     assert not set(sent) & set(on_time) and replayed[0] not in sent  # below the holder's offsets: its own
 
 
+def test_a_late_message_whose_origin_row_was_lost_is_held_by_a_standby_and_sent_once_it_holds_the_lease(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    """A power loss on a filesystem that keeps a file's size but not its data left the message's
+    origin row as zeros: read as queue 0 offset 0 (below every offset the holder published), then as
+    "unknown" and judged by the watermark alone, a late message was recorded delivered by the holder,
+    which never had it, and nobody sent it. A row that fails its check now keeps it held."""
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate)
+    gate.watermark = T0 + 5_000
+    gate.offsets = {"broker-a:0": 10}  # the holder had stored offsets 0-9 when it published
+    [late] = e.schedule([Message("T", b"late", T0 + 2_000)], [("broker-a:0", 10)])  # due before W, stored after
+    [org] = (tmp_path / "d" / "schedule").glob("*/00000.org")
+    with open(org, "r+b") as f:  # the row's data never reached the disk: zeros, the size kept
+        f.write(bytes(16))
+    drive(e, clock, T0 + 4_000)
+    assert gate.peer_delivered == 0 and sink.sent == []  # held: not the holder's to have sent
+    gate.open = True  # the holder died; this replica holds the lease
+    drive(e, clock, T0 + 6_000)
+    e.stop()
+    assert [mid for mid, _ in sink.sent] == [late]
+
+
 def test_without_offsets_a_late_message_would_be_recorded_as_delivered(
         tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
     """What the offsets fix, shown with a holder that publishes none: the watermark alone drops it."""
