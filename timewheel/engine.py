@@ -384,7 +384,8 @@ class Engine:
         return EngineStats(counters, ready, backlog, retrying, catch_up, run.dispatcher.held_size(),
                            run.store.corrupt_records_found, self.shaper.stats() if self.shaper else None,
                            wheel_entries, wheel_bytes, loaded, self._lateness.summary(), len(run.tombstones),
-                           run.queue.cancelled_held(), run.store.meta.memory_bytes())
+                           run.queue.cancelled_held(), run.store.meta.memory_bytes(),
+                           run.store.origins.corrupt_rows)
 
     def delivered_up_to(self) -> int:
         """Every message due at or before this (epoch ms) has its outcome recorded: the watermark a

@@ -47,6 +47,8 @@ class EngineStats:
     tombstones: int = 0  # cancels held for messages that may still arrive
     cancels_held: int = 0  # cancels of loaded segments the dispatch queue remembers until the segment is done
     meta_store_bytes: Mapping[str, int] = field(default_factory=dict)  # the meta store's memory, by kind
+    # origin sidecar rows found failing their CRC32C (read as lost: a replica set's standby holds their records)
+    storage_corrupt_origin_rows: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key

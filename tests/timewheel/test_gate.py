@@ -190,6 +190,35 @@ def test_a_late_message_whose_origin_row_was_lost_is_held_by_a_standby_and_sent_
     assert [mid for mid, _ in sink.sent] == [late]
 
 
+def test_origin_rows_that_fail_their_check_are_counted_in_the_stats_the_metrics_and_the_status(
+        tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
+    """A standby holds a record whose origin row was lost until it holds the lease: the count of
+    such rows was only in the log, so an operator could not see why a standby held records."""
+    from timewheel.app.metrics import EngineCollector
+    from timewheel.app.status import status_document
+
+    gate = ScriptedGate()
+    e = _engine(tmp_path / "d", sink, clock, gate)
+    gate.watermark, gate.offsets = T0 + 5_000, {"broker-a:0": 10}
+    e.schedule([Message("T", b"late", T0 + 2_000)], [("broker-a:0", 10)])
+    [org] = (tmp_path / "d" / "schedule").glob("*/00000.org")
+    with open(org, "r+b") as f:  # the row's data never reached the disk: zeros, the size kept
+        f.write(bytes(16))
+    try:
+        assert e.stats().storage_corrupt_origin_rows == 0  # not read yet
+        drive(e, clock, T0 + 4_000)
+        stats = e.stats()
+        assert stats.storage_corrupt_origin_rows == 1
+        samples = {s.name: s.value for m in EngineCollector(e.stats, lambda: e.lateness_buckets).collect()
+                   for s in m.samples}
+        assert samples["timewheel_storage_corrupt_origin_rows_total"] == 1.0
+        doc = status_document(stats.as_dict(), serving=True, now_ms=T0, lag=None, lag_error=None,
+                              lateness_ms=[0.0, 0.0], lateness_count=0, lateness_span_ms=0)
+        assert doc["storage_corrupt_origin_rows"] == 1
+    finally:
+        e.stop()
+
+
 def test_without_offsets_a_late_message_would_be_recorded_as_delivered(
         tmp_path: Path, clock: ManualClock, sink: RecordingSink) -> None:
     """What the offsets fix, shown with a holder that publishes none: the watermark alone drops it."""

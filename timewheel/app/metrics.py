@@ -46,6 +46,9 @@ class EngineCollector(Collector):
         st = self._stats()
         for key, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"timewheel_{key}", doc, value=float(getattr(st.counters, key)))
+        yield CounterMetricFamily("timewheel_storage_corrupt_origin_rows", "Origin sidecar rows found failing their "
+                                  "CRC32C (read as lost: a standby holds their records until it holds the lease).",
+                                  value=float(st.storage_corrupt_origin_rows))
         yield from _shaping_families(st.shaping or {})
         ep = self._endpoints() if self._endpoints is not None else {}
         for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"), ("ha", "timewheel_ha"),

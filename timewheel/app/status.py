@@ -47,7 +47,7 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
         "ingest": {"queues": queues, "lag": sum(q.lag for q in lag or ()), "error": lag_error, **ingest},
         "pending_by_segment": [{"segment_ms": int(k), "pending": int(v)} for k, v in sorted(segments.items())],
         **{k: _num(stats, k) for k in ("ready", "backlog", "retrying", "held_by_shaping", "wheel_entries",
-                                        "scheduled", "delivered", "cancelled")},
+                                        "scheduled", "delivered", "cancelled", "storage_corrupt_origin_rows")},
         # to an operator both are messages on the dead-letter topic: broke the contract, or failed every attempt
         "dead_lettered": _num(stats, "dead_lettered") + _num(ingest, "dead_lettered"),
         "dead_lettered_at_ingest": _num(ingest, "dead_lettered"),
@@ -144,6 +144,11 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
         lines.extend(_ha_lines(doc["ha"]))
     if doc.get("dedupe"):
         lines.extend(_dedupe_lines(doc["dedupe"]))
+    if doc.get("storage_corrupt_origin_rows"):
+        lines.append(Text(f"WARNING: {doc['storage_corrupt_origin_rows']:,} origin sidecar row(s) fail their CRC32C "
+                          "(damage, or data a power loss did not keep): in a replica set a standby holds their "
+                          "records and sends them only once it holds the lease; the log and `timewheel inspect "
+                          "--verify` name each sidecar.", style="yellow"))
     slow = sorted(k for k, compiled in (doc.get("hot_paths") or {}).items() if not compiled)
     if slow:
         lines.append(Text(f"WARNING: hot paths in pure Python (not built at install): {', '.join(slow)}; "

@@ -127,6 +127,22 @@ def test_a_holder_that_cannot_publish_its_brokers_and_unreadable_parts_are_shown
     assert "WARNING: /tw/shard-0-of-1/dedupe-brokers/part-0-of-1 cannot be read (bad JSON)" in text
 
 
+def test_origin_rows_that_fail_their_check_are_shown_as_a_warning() -> None:
+    """A standby holds records whose origin row was lost until it holds the lease; only the log
+    said so."""
+    from rich.console import Console
+
+    from timewheel.app.status import render_status
+
+    base = {"now_ms": 1_800_000_000_000, "serving": True}
+    console = Console(width=300, record=True)
+    console.print(render_status({**base, "storage_corrupt_origin_rows": 3}, "a:1"))
+    console.print(render_status({**base, "storage_corrupt_origin_rows": 0}, "a:1"))
+    text = console.export_text()
+    assert "WARNING: 3 origin sidecar row(s) fail their CRC32C" in text
+    assert text.count("origin sidecar") == 1  # none while there are none
+
+
 def test_not_serving_says_why_under_the_headline() -> None:
     """`NOT serving` in red was all the screen said: each reason is a line under it now."""
     from rich.console import Console
