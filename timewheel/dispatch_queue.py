@@ -198,8 +198,10 @@ class DispatchQueue:
         `record` fail, every one is still withdrawn, for its taker. `again`: only those of `refs`
         withdrawn already (a pass put them back here unsent: `timewheel._withdrawn.record_put_back`)."""
         with self._cv:
-            if again:
+            if again:  # a pass's batch back unsent: usually nothing of it withdrawn, then no look at what waits
                 refs = refs[self._withdrawn.contains(refs)] if self._withdrawn else refs[:0]
+                if not len(refs):
+                    return 0
             if self._cancelled:
                 refs = refs[~self._cancelled.contains(refs)]  # recorded cancelled already
             self._withdrawn.add(refs)
