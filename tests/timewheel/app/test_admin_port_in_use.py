@@ -50,7 +50,8 @@ def test_an_admin_port_in_use_stops_the_start_before_consuming_and_leaves_nothin
     assert f"admin.listen = {listen!r}" in str(refused.value) and "Address already in use" in str(refused.value)
     assert consumed == []  # the group was never joined: nothing taken, nothing to hand back
     assert service.engine is None and service.admin is None
-    assert _service_threads() == threads
+    # none left by this start; one an earlier test's admin server left may end meanwhile
+    assert set(_service_threads()) <= set(threads)
     assert _open_fds() <= fds
     ScheduleStore(data).close()  # its meta store's lock was let go
     # a start right after, in the same process, on a port that is free
@@ -62,7 +63,7 @@ def test_an_admin_port_in_use_stops_the_start_before_consuming_and_leaves_nothin
             assert answer.status == 200  # bound before consuming, serving once started
     finally:
         again.stop()
-    assert _service_threads() == threads
+    assert set(_service_threads()) <= set(threads)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="descriptors are counted through /proc")
@@ -82,7 +83,7 @@ def test_a_start_that_fails_after_the_admin_port_was_taken_lets_it_go(tmp_path: 
                                admin=AdminConfig(listen=listen)))
     with pytest.raises(StartError, match="cannot start consuming"):
         service.start()
-    assert service.admin is None and _service_threads() == threads
+    assert service.admin is None and set(_service_threads()) <= set(threads)
     assert _open_fds() <= fds  # the listening socket and the server's event loop (its selector, its wake-up pipe)
     socket.create_server(("127.0.0.1", int(listen.rsplit(":", 1)[1]))).close()
 
