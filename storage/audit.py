@@ -365,9 +365,9 @@ def _check_part(layout: SegmentLayout, start: int, part: int, rep: CheckReport, 
         rep.corrupt_records += 1
         corrupt_here.append((part, off, due))
         rep.findings.append(Finding("corrupt_record", str(log), f"offset {off}: {err.reason}"))
-    if bad_origins:  # read as origin unknown, never as an origin they do not hold
+    if bad_origins:  # read as origin lost, never as an origin they do not hold
         rep.findings.append(Finding("corrupt_origin", str(org),
-                                    f"{bad_origins} row(s) fail their CRC32C; read as origin unknown"))
+                                    f"{bad_origins} row(s) fail their CRC32C; read as origin lost"))
     return record_keys(np.full(len(idx), part), idx["offset"])
 
 

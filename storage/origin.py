@@ -172,7 +172,7 @@ class OriginReader:
         self._layout = layout
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        #: rows found failing their check (read as unknown), and how many of them each part had
+        #: rows found failing their check (read as lost), and how many of them each part had
         self.corrupt_rows = 0
         self._corrupt_in: dict[tuple[int, int], int] = {}
 
@@ -191,7 +191,7 @@ class OriginReader:
         with self._lock:
             if bad > self._corrupt_in.get(key, 0):  # a part read again tells only of rows not told yet
                 log.warning("origin sidecar %s: %d row(s) fail their CRC32C (damage, or data a power loss"
-                            " did not keep); read as origin unknown", org_path, bad)
+                            " did not keep); read as origin lost", org_path, bad)
                 self.corrupt_rows += bad - self._corrupt_in.get(key, 0)
                 self._corrupt_in[key] = bad
             self._cache[key] = (offsets, rows)

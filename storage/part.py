@@ -246,7 +246,7 @@ def _size_or_missing(path: Path) -> int:
 
 
 def _cut_origins(idx_path: Path, rows: int) -> None:
-    """Cut a part's origin sidecar (`storage.origin`) to its first `rows` rows; later ones read as unknown."""
+    """Cut a part's origin sidecar (`storage.origin`) to its first `rows` rows; later ones read as lost."""
     org_path = idx_path.with_suffix(ORIGIN_SUFFIX)
     if size_of(org_path) > rows * ORIGIN_ROW_SIZE:
         os.truncate(org_path, rows * ORIGIN_ROW_SIZE)

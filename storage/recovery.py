@@ -148,8 +148,9 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
 def _mend_origins(org_path: Path, rows: int) -> None:
     """Make a replayed part's origin sidecar exactly `rows` rows long: rows past them are cut; rows an
     OS crash took (the file short, or gone) are written back as lost (`storage.origin.LOST_QUEUE`), as
-    the ingest log holds no origins. Left short, they read as unknown, which a replica set judges by
-    its watermark alone: a record that reached this replica late would pass for one the holder sent."""
+    the ingest log holds no origins. They stay lost whatever reads them; a sidecar left gone would read
+    as unknown, which a replica set judges by its watermark alone: a record that reached this replica
+    late would pass for one the holder sent."""
     size = size_of(org_path)
     have = min(size // ORIGIN_ROW_SIZE, rows)
     if size == rows * ORIGIN_ROW_SIZE:

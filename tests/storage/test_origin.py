@@ -70,15 +70,20 @@ def test_a_sidecar_shorter_than_its_index_reads_lost_past_its_end(tmp_path: Path
         assert _origins_of(store, ids) == [("b:0", i) for i in range(5)] + ["lost"] * 3
 
 
-def test_a_replayed_ingest_log_keeps_the_origin_rows_that_were_written(tmp_path: Path) -> None:
-    store = ScheduleStore(tmp_path)
+def _stored_then_crashed(data_dir: Path) -> list[str]:
+    """Six records from queue b:1 (offsets 100-105) stored, then a crash before any checkpoint: the
+    ingest log replays them at the next open. Their ids."""
+    store = ScheduleStore(data_dir)
     recs = _records(6)
     store.append(recs, T0, [("b:1", 100 + i) for i in range(6)])
-    ids = [r.msg_id for r in recs]
-    # a crash before any checkpoint: the index is lost, the ingest log replays the records
     store._wal.close()
     store.writer.close()
     store.meta.close()
+    return [r.msg_id for r in recs]
+
+
+def test_a_replayed_ingest_log_keeps_the_origin_rows_that_were_written(tmp_path: Path) -> None:
+    ids = _stored_then_crashed(tmp_path)  # and the index lost: the ingest log replays the records
     (idx,) = list(tmp_path.glob("schedule/*/*.idx"))
     os.truncate(idx, 0)
     with ScheduleStore(tmp_path) as again:
@@ -91,13 +96,7 @@ def test_origin_rows_an_os_crash_took_are_written_back_as_lost_when_the_ingest_l
     # unknown after the replay, which a replica set judges by its watermark alone
     for cut in (3 * ORIGIN_ROW_SIZE + 5, None):  # a torn tail, or the sidecar's name lost
         d = tmp_path / f"cut-{cut}"
-        store = ScheduleStore(d)
-        recs = _records(6)
-        store.append(recs, T0, [("b:1", 100 + i) for i in range(6)])
-        ids = [r.msg_id for r in recs]
-        store._wal.close()
-        store.writer.close()
-        store.meta.close()
+        ids = _stored_then_crashed(d)
         (org,) = list(d.glob("schedule/*/*.org"))
         if cut is None:
             org.unlink()
@@ -150,11 +149,7 @@ def test_the_queue_table_reads_back_after_a_restart(tmp_path: Path) -> None:
 def test_origin_rows_a_power_loss_left_as_zeros_read_as_lost(tmp_path: Path) -> None:
     # a filesystem that writes a file's size back before its data (ext4 data=writeback) leaves the
     # rows that never reached the disk as zeros: queue 0, offset 0, which is no origin of theirs
-    store = ScheduleStore(tmp_path)
-    recs = _records(8)
-    store.append(recs, T0, [("b:0", 1000 + i) for i in range(8)])
-    ids = [r.msg_id for r in recs]
-    store.close()
+    ids = _stored(tmp_path, [("b:0", 1000 + i) for i in range(8)])
     (org,) = list(tmp_path.glob("schedule/*/*.org"))
     with open(org, "r+b") as f:
         f.seek(5 * ORIGIN_ROW_SIZE)
@@ -163,17 +158,21 @@ def test_origin_rows_a_power_loss_left_as_zeros_read_as_lost(tmp_path: Path) -> 
         assert _origins_of(store, ids) == [("b:0", 1000 + i) for i in range(5)] + ["lost"] * 3
 
 
+def _stored(data_dir: Path, origins: list[tuple[str, int] | None]) -> list[str]:
+    """A record for each origin, stored and checkpointed (the store closed); their ids."""
+    with ScheduleStore(data_dir) as store:
+        recs = _records(len(origins))
+        store.append(recs, T0, origins)
+    return [r.msg_id for r in recs]
+
+
 def _sidecar_rows(tmp_path: Path) -> tuple[Path, np.ndarray]:
     (org,) = list(tmp_path.glob("schedule/*/*.org"))
     return org, np.fromfile(org, ORIGIN_DTYPE)
 
 
 def test_a_damaged_origin_row_reads_as_lost_and_is_reported(tmp_path: Path) -> None:
-    store = ScheduleStore(tmp_path)
-    recs = _records(4)
-    store.append(recs, T0, [("b:0", 10 + i) for i in range(4)])
-    ids = [r.msg_id for r in recs]
-    store.close()
+    ids = _stored(tmp_path, [("b:0", 10 + i) for i in range(4)])
     org, rows = _sidecar_rows(tmp_path)
     rows["offset"][2] ^= 1 << 40  # one bit flipped: another offset, which the check no longer matches
     rows.tofile(org)
@@ -189,11 +188,7 @@ def test_a_damaged_origin_row_reads_as_lost_and_is_reported(tmp_path: Path) -> N
 def test_rows_written_before_rows_carried_a_check_read_as_they_were_written(tmp_path: Path) -> None:
     # the previous build wrote 0 where the check now is: those rows keep their origins after an
     # upgrade in place, except an all-zero row (lost data looks the same) and one naming no origin
-    store = ScheduleStore(tmp_path)
-    recs = _records(5)
-    store.append(recs, T0, [("b:0", 7), ("b:1", 0), ("b:0", 0), None, ("b:1", 9)])
-    ids = [r.msg_id for r in recs]
-    store.close()
+    ids = _stored(tmp_path, [("b:0", 7), ("b:1", 0), ("b:0", 0), None, ("b:1", 9)])
     org, rows = _sidecar_rows(tmp_path)
     rows["check"] = 0
     rows["offset"][4] = -9
