@@ -25,13 +25,18 @@ the moment a broker is learnt until it is written (`settled`): a copy never goes
 successor could not know of. A follower reads the parts again only when the document's data changed.
 A write that fails (refused, a part one topic fills alone, compare-and-sets that keep losing) is tried
 again every round and logged once; why is in the replica's status (`dedupe_brokers_unpublished`), and
-the failures and the unreadable parts are counted (`counters`), as the replica's counters are.
+the failures and the unreadable parts are counted (`counters`), as the replica's counters are. Not for
+ever while it holds the sends: failing in a row for `timeout_s` (`ha.dedupe_brokers_publish_timeout_s`,
+on the replica's monotonic clock) raises `DedupeBrokersUnpublishedError` out of the replica's loop,
+which gives the lease up and stops the service not ready. A repair write that fails while sends go on
+(what it learnt was published before) is retried with no end: nothing is held meanwhile.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
@@ -40,6 +45,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from coordination.config import HAConfig
+from coordination.errors import DedupeBrokersUnpublishedError
 from storage import (BrokerRowsError, broker_pairs_of, broker_rows_of_pairs, broker_topics_of, decode_broker_array,
                      encode_broker_array)
 
@@ -78,8 +85,10 @@ class SharedBrokers:
     """One replica's side of the shard's shared brokers: publishes them while it holds, follows them otherwise."""
 
     def __init__(self, remembered: RememberedBrokers, shard_path: str, replica_id: str, wake: Callable[[], None],
-                 *, part_bytes: int = PART_BYTES) -> None:
-        """`wake`: called when a broker is learnt, so that the replica's thread publishes it at once."""
+                 *, part_bytes: int = PART_BYTES, monotonic: Callable[[], float] = time.monotonic,
+                 timeout_s: float = HAConfig.dedupe_brokers_publish_timeout_s) -> None:
+        """`wake`: called when a broker is learnt, so that the replica's thread publishes it at once;
+        `timeout_s`: how long writes may fail in a row while they hold the sends before `publish` gives up."""
         self.remembered = remembered
         self.path = f"{shard_path}/dedupe-brokers"
         self.replica_id = replica_id
@@ -94,6 +103,9 @@ class SharedBrokers:
         self.reads = 0  # times the parts were read
         self.failure: str | None = None  # why this holder's last write failed, until one succeeds (logged once)
         self._failed_rounds = 0  # writes failed in a row
+        self._monotonic = monotonic
+        self.timeout_s = timeout_s
+        self._held_since: float | None = None  # the first of the failures in a row that hold the sends
         self.publish_failures = 0  # writes that failed (each round retries)
         #: the parts the last read could not read: name -> (why, its version, for a compare-and-set over it)
         self._unreadable: dict[str, tuple[str, int]] = {}
@@ -125,7 +137,7 @@ class SharedBrokers:
     def follow(self, client: KazooClient) -> None:
         """Add what the shard's document holds to this replica's directory, if it changed since last read."""
         # a replica that follows writes nothing: a failure of its writes as a holder is over (reported anew next time)
-        self.failure, self._failed_rounds = None, 0
+        self.failure, self._failed_rounds, self._held_since = None, 0, None
         stat = client.exists(self.path)
         if stat is None or stat.mzxid in (self._read, self._written):
             return
@@ -137,7 +149,8 @@ class SharedBrokers:
     def publish(self, client: KazooClient, epoch: int) -> bool:
         """Write what this replica remembers, if it learnt a broker since its last write or the document is
         not its own; False when it could not (ZooKeeper refused, a part too large, other writers kept
-        changing the parts): `failure` says why, logged once, and it is tried again next round."""
+        changing the parts): `failure` says why, logged once, and it is tried again next round.
+        DedupeBrokersUnpublishedError when writes that hold the sends have failed in a row for `timeout_s`."""
         learnt = self._learnt
         try:
             stat = client.exists(self.path)
@@ -164,16 +177,19 @@ class SharedBrokers:
         with self._lock:
             self._published = learnt
         self._unreadable = {}  # every part it could not read was written over
+        self._held_since = None
         if self.failure is not None:
             log.info("%s: published after %d failed write(s)", self.path, self._failed_rounds)
             self.failure, self._failed_rounds = None, 0
         return True
 
     def _failed(self, learnt: int, why: str) -> bool:
-        """Count a failed write and say why (logged when the failures begin, not at every round); False."""
+        """Count a failed write and say why (logged when the failures begin, not at every round); False, or
+        DedupeBrokersUnpublishedError once the failures in a row have held the sends for `timeout_s`."""
         self.publish_failures += 1
         self._failed_rounds += 1
-        then = ("this holder sends nothing until they are" if learnt != self._published else
+        held = learnt != self._published
+        then = (f"this holder sends nothing until they are, for {self.timeout_s:g} s at most" if held else
                 "sends go on (what it learnt was published before), but a successor would not know the brokers "
                 "the znode lost")
         first = self.failure is None
@@ -181,6 +197,13 @@ class SharedBrokers:
                         f"{then} (tried again every round)")
         if first:
             log.error("%s", self.failure)
+        now = self._monotonic()
+        if not held:
+            self._held_since = None  # nothing waits on this write: retried with no end
+        elif self._held_since is None:
+            self._held_since = now
+        elif now - self._held_since >= self.timeout_s:
+            raise DedupeBrokersUnpublishedError(self.path, now - self._held_since, self.timeout_s, why)
         return False
 
     def _read_parts(self, client: KazooClient) -> dict[str, set[str]]:

@@ -1,6 +1,7 @@
 """The typed `[ha]` configuration: where the leases live and which shard this replica serves."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from timewheel.errors import ConfigError
@@ -21,6 +22,8 @@ class HAConfig:
     fence_fraction: float = 0.6  # a holder stops sending this fraction of the session after its last contact
     watermark_interval_s: float = 1.0  # how often the holder publishes its delivered-up-to watermark
     hold_ms: int = 200  # how often a replica that may not send looks at what it holds
+    # a holder kept from sending this long by brokers it cannot publish gives up the lease and stops
+    dedupe_brokers_publish_timeout_s: float = 60.0
     # contend for the lease even while the data directory has a gap or is still catching up: as holder
     # it would not send what it never read (messages older than the delay topic's retention, or skipped)
     force_eligible: bool = False
@@ -40,6 +43,8 @@ class HAConfig:
             ("watermark_interval_s", 0.05 <= self.watermark_interval_s <= self.session_timeout_s,
              "between 0.05 s and the session timeout"),
             ("hold_ms", 10 <= self.hold_ms <= 5000, "between 10 and 5000"),
+            ("dedupe_brokers_publish_timeout_s", 0 < self.dedupe_brokers_publish_timeout_s < math.inf,
+             "a finite number of seconds above 0 (a holder that cannot publish must give up at some point)"),
             # a holder confirms its lease with each watermark: two rounds must fit inside its fencing
             # period, or its deadline runs out between confirmations while a successor may be starting
             ("watermark_interval_s", self.watermark_interval_s <= self.fence_fraction * self.session_timeout_s / 2,

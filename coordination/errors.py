@@ -4,7 +4,8 @@ from __future__ import annotations
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
-__all__ = ["CoordinationError", "LocalZooKeeperError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
+__all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LocalZooKeeperError", "ZooKeeperJoinError",
+           "ZooKeeperUnreachableError"]
 
 
 class CoordinationError(Exception):
@@ -35,3 +36,17 @@ class ZooKeeperJoinError(CoordinationError, ConnectionError):
         what = "dropped the connection" if dropped else f"refused a request ({type(cause).__name__}: {cause})"
         super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what} while replica {replica_id!r} joined "
                          f"shard {shard_path}: nothing was taken; start it again")
+
+
+class DedupeBrokersUnpublishedError(CoordinationError):
+    """A lease holder could not publish the brokers it learnt for `ha.dedupe_brokers_publish_timeout_s`,
+    sending nothing meanwhile: it gives up, and its replica thread ends with this (the fence revoked,
+    the service not ready and stopping, which hands the lease on)."""
+
+    def __init__(self, path: str, held_s: float, timeout_s: float, why: str) -> None:
+        """The message names the znode, how long sends were held, the bound, the last failure and what to do."""
+        self.path, self.held_s, self.timeout_s, self.why = path, held_s, timeout_s, why
+        super().__init__(f"the holder could not publish the brokers it learnt to {path} for {held_s:.0f} s "
+                         f"(ha.dedupe_brokers_publish_timeout_s = {timeout_s:g}): {why}; it sent nothing meanwhile "
+                         f"and gives the lease up (its messages are kept). Mend the cause: the znode's ACL, a topic "
+                         f"whose brokers fill a part alone, a deposed holder still writing (docs/OPERATIONS.md)")

@@ -15,7 +15,8 @@ The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
   (`coordination.watermark`);
 - stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`);
 - publishes the brokers its data directory saw serve each target topic (`share_brokers`,
-  `coordination._shared_brokers`), and sends nothing from the moment it learns one until it has.
+  `coordination._shared_brokers`), and sends nothing from the moment it learns one until it has
+  (giving the lease up when that lasts `dedupe_brokers_publish_timeout_s`).
 
 A replica that does not hold the lease follows the published watermark: its engine records what is
 due up to it as delivered elsewhere and holds the rest; the holder's brokers join its data
@@ -113,7 +114,8 @@ class ShardReplica:
     def share_brokers(self, remembered: RememberedBrokers) -> None:
         """Before `start`: publish the brokers `remembered` (the data directory's) while holding, add the
         holder's to them otherwise (`coordination._shared_brokers`)."""
-        self._brokers = SharedBrokers(remembered, self.path, self.cfg.replica_id, self._wake.set)
+        self._brokers = SharedBrokers(remembered, self.path, self.cfg.replica_id, self._wake.set,
+                                      monotonic=self._monotonic, timeout_s=self.cfg.dedupe_brokers_publish_timeout_s)
 
     def delivered_elsewhere_up_to(self) -> int:
         """The latest watermark of the holders before this replica (the one it follows, or took over

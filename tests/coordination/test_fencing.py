@@ -2,6 +2,7 @@
 the fenced sink: where a send batch's fence is decided (before it goes, at the write, after)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -79,7 +80,10 @@ def test_a_smaller_negotiated_session_shrinks_the_deadline_and_a_larger_one_does
     ({"session_timeout_s": 4.0, "watermark_interval_s": 5.0}, "watermark_interval_s"),
     ({"root": "timewheel"}, "root"),
     ({"zookeeper": "127.0.0.1:2181", "replica_id": "a/b"}, "replica_id"),
-], ids=["replica_id-required", "no-port", "shard-out-of-range", "fraction", "watermark-interval", "root", "slash"])
+    ({"dedupe_brokers_publish_timeout_s": 0.0}, "dedupe_brokers_publish_timeout_s"),
+    ({"dedupe_brokers_publish_timeout_s": math.inf}, "dedupe_brokers_publish_timeout_s"),
+], ids=["replica_id-required", "no-port", "shard-out-of-range", "fraction", "watermark-interval", "root", "slash",
+        "publish-timeout-zero", "publish-timeout-endless"])
 def test_invalid_ha_settings_name_their_key(kw: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"ha\.{key} = "):
         HAConfig(**kw)  # type: ignore[arg-type]

@@ -9,11 +9,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from types import SimpleNamespace
+from typing import Callable, Iterator, cast
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError
+from kazoo.exceptions import BadVersionError, NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl
 
 from coordination import HAConfig, LocalZooKeeper, ShardReplica
@@ -247,6 +248,33 @@ def test_a_holder_zookeeper_refuses_the_brokers_of_says_why_in_its_status_and_co
             r.stop()
 
 
+
+def test_a_holder_zookeeper_refuses_for_longer_than_the_bound_gives_up_and_its_thread_dies_naming_why(
+        zookeeper: LocalZooKeeper, client: KazooClient) -> None:
+    """An ACL that refuses every replica alike: the holder gives up at the bound (its thread dead with the
+    reason, as the service's `/readyz` shows it) and no longer holds: its service stops and hands the lease on."""
+    cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0,
+                   watermark_interval_s=0.2, dedupe_brokers_publish_timeout_s=1.0)
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    path = f"{cfg.shard_path(topic)}/dedupe-brokers"
+    client.ensure_path(cfg.shard_path(topic))
+    client.create(path, b"", acl=[make_acl("world", "anyone", read=True, admin=True)])  # no write, no create
+    mine = ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
+    r.share_brokers(mine)
+    r.start(lambda: 0)
+    try:
+        wait_for("the holder gives up", lambda: r.dead_threads() == ["timewheel-replica"], 20.0)
+        why = r.thread_failures()["timewheel-replica"]
+        assert why.startswith("DedupeBrokersUnpublishedError: "), why
+        assert path in why and "NoAuth" in why and "dedupe_brokers_publish_timeout_s = 1" in why, why
+        assert not r.may_send() and not r.status()["holder"]
+        assert r.counter_values()["dedupe_brokers_publish_failures"] >= 2
+    finally:
+        r.stop()
+
+
 def test_a_write_that_keeps_losing_its_compare_and_set_is_reported_once_and_counted(
         client: KazooClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from coordination._shared_brokers import SharedBrokers
@@ -320,3 +348,134 @@ def test_an_unreadable_part_is_counted_shown_and_written_over_by_the_holder(
     assert follower.status()["dedupe_brokers_unreadable"] == []
     assert holder.status()["dedupe_brokers_unreadable"] == []
     assert follower.counters()["dedupe_brokers_unreadable_parts"] == 2
+
+
+class _Monotonic:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _RefusingZooKeeper:
+    """The calls a holder's publication makes, answered in memory; while `refuse`, every write is refused as
+    an ACL that refuses every replica alike refuses it."""
+
+    def __init__(self) -> None:
+        self.refuse = True
+        self.mzxid = 0
+
+    def exists(self, _path: str) -> SimpleNamespace | None:
+        return SimpleNamespace(mzxid=self.mzxid) if self.mzxid else None
+
+    def ensure_path(self, _path: str) -> None:
+        if self.refuse:
+            raise NoAuthError()
+
+    def set(self, _path: str, _data: bytes, version: int = -1) -> SimpleNamespace:
+        self.mzxid += 1
+        return SimpleNamespace(mzxid=self.mzxid)
+
+
+class _Rounds:
+    """The replica's wake-up event on a test clock: each wait moves the clock on by what it asked, and the
+    replica is stopped at `until` (one that never gives up would go round for ever)."""
+
+    def __init__(self, clock: _Monotonic, until: float, stopping: threading.Event) -> None:
+        self.clock, self.until, self.stopping = clock, until, stopping
+
+    def set(self) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.clock.t += timeout or 0.0
+        if self.clock.t >= self.until:
+            self.stopping.set()
+        return False
+
+
+def test_a_holder_that_cannot_publish_what_it_learnt_gives_up_after_the_bound_and_its_thread_dies_with_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its sends held by a write ZooKeeper refuses for ever, a holder used to keep its lease and `/readyz` 200
+    while its shard delivered nothing: after `dedupe_brokers_publish_timeout_s` it gives up, as any error
+    escaping the replica's loop does (fence revoked, thread dead with its reason: the service stops)."""
+    clock = _Monotonic()
+    cfg = HAConfig(zookeeper="127.0.0.1:1", replica_id="a")  # never connected: the rounds are driven here
+    limit = HAConfig.dedupe_brokers_publish_timeout_s
+    r = ShardReplica(cfg, "TW_DELAY", now_ms=lambda: 0, monotonic=clock)
+    r._wake = _Rounds(clock, clock.t + 10 * limit, r._stopping)  # type: ignore[assignment]
+    mine = ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    r.share_brokers(mine)
+    r._client = cast(KazooClient, _RefusingZooKeeper())
+
+    def holding() -> bool:  # every round confirms the lease: only the publication fails
+        r._active = True
+        r.fence.confirmed(clock())
+        return True
+
+    monkeypatch.setattr(r, "_step", holding)
+    first = clock.t
+    r._thread = threading.Thread(target=r._run, name="timewheel-replica", daemon=True)
+    r._thread.start()
+    r._thread.join(30.0)
+    failures = r.counter_values()["dedupe_brokers_publish_failures"]
+    assert r.thread_failures(), (
+        f"still holding {clock.t - first:.0f} s after its first refused write ({failures} refused, sends held, "
+        f"no end): holder={r.status()['holder']}, dead threads {r.dead_threads()}")
+    assert r.dead_threads() == ["timewheel-replica"]
+    why = r.thread_failures()["timewheel-replica"]
+    assert why.startswith("DedupeBrokersUnpublishedError: "), why
+    assert f"for {limit:.0f} s" in why and "NoAuth" in why and "dedupe_brokers_publish_timeout_s" in why, why
+    assert "docs/OPERATIONS.md" in why, why
+    assert limit <= clock.t - first <= limit + cfg.session_timeout_s, "at the bound, not a round much later"
+    assert not r.may_send() and not r.status()["holder"]
+
+
+def test_the_bound_counts_only_failures_in_a_row_that_hold_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that succeeds starts the count again; a repair write that fails while sends go on (what it
+    learnt was published before) is retried every round without an end, as before."""
+    from coordination._shared_brokers import SharedBrokers
+    from coordination.errors import DedupeBrokersUnpublishedError
+
+    clock, zk = _Monotonic(), _RefusingZooKeeper()
+    client = cast(KazooClient, zk)
+    mine = ServedBrokers(None)
+    mine.note("T", ["broker-a"])
+    holder = SharedBrokers(mine, "/tw-test/s", "a", lambda: None, monotonic=clock, timeout_s=10.0)
+    monkeypatch.setattr(holder, "_write_parts", lambda *_: 1)
+    assert not holder.publish(client, 1)
+    clock.t += 9.0
+    assert not holder.publish(client, 1)
+    zk.refuse = False
+    assert holder.publish(client, 1) and holder.settled()  # published: the count starts again
+    zk.refuse = True
+    mine.note("T", ["broker-b"])
+    clock.t += 5.0
+    assert not holder.publish(client, 1)
+    clock.t += 9.0
+    assert not holder.publish(client, 1)  # 9 s held: within the bound
+    clock.t += 1.0
+    with pytest.raises(DedupeBrokersUnpublishedError, match=r"for 10 s .*NoAuth") as e:
+        holder.publish(client, 1)
+    assert "/tw-test/s/dedupe-brokers" in str(e.value)
+    holder.follow(client)  # following: what it failed to write as a holder is over
+    assert not holder.publish(client, 1)
+    clock.t += 9.0
+    assert not holder.publish(client, 1)
+
+    zk.refuse = False
+    assert holder.publish(client, 1) and holder.settled()
+    zk.mzxid += 1  # written by another (an operator deleted it, an old holder wrote): a repair write
+    zk.refuse = True
+    for _ in range(5):
+        assert not holder.publish(client, 1)
+        assert holder.settled(), "sends go on: what it learnt was published before"
+        clock.t += 100.0
+    assert "sends go on" in str(holder.status()["dedupe_brokers_unpublished"])
