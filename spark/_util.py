@@ -1,8 +1,13 @@
-"""Small helpers shared by the sources and jobs: option parsing and time arguments."""
+"""Small helpers shared by the sources and jobs: option parsing, time arguments, and the files of a
+data directory a job reads checked before it starts."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from storage import SegmentLayout
 
 
 def int_option(options: Mapping[str, str], name: str) -> int | None:
@@ -52,3 +57,48 @@ def iso_ms(ms: int) -> str:
     """ISO-8601 UTC text of epoch ms, with milliseconds."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace(
         "+00:00", "Z")
+
+
+class UnreadableDataError(OSError):
+    """A file of the data directory a job reads cannot be read; `filename` names it, `strerror` says why."""
+
+    def __str__(self) -> str:
+        """What cannot be read, why, and what to check."""
+        return (f"cannot read {self.filename}: {self.strerror}; check that path (its owner and mode, whether it "
+                "is a file or a directory as the engine wrote it, the disk), then run the job again")
+
+
+def require_readable(layout: SegmentLayout, since_ms: int | None = None, until_ms: int | None = None, *,
+                     dispatch: bool = True) -> None:
+    """Raise `UnreadableDataError` for the first file a job reads, of the segments overlapping
+    [since_ms, until_ms), that cannot be read: the schedule and segment directories, each part's
+    log and index, and (with `dispatch`) each dispatch log.
+
+    A task that meets such a file fails the job with a Python worker's traceback, after the job
+    may have written part of its output; `timewheel inspect` names the same files.
+    """
+    try:
+        for seg in layout.list_segments(since_ms, until_ms):
+            for path in _segment_files(layout, seg, dispatch):
+                _open_to_read(path)
+    except OSError as e:
+        raise UnreadableDataError(e.errno, e.strerror, str(e.filename or layout.schedule_dir)) from e
+
+
+def _segment_files(layout: SegmentLayout, seg: int, dispatch: bool) -> list[Path]:
+    """The files of a segment a job reads, its dispatch log with `dispatch`."""
+    try:
+        parts = layout.list_parts(seg)
+    except FileNotFoundError:
+        return []  # retention moved the segment away after it was listed: its records were done
+    files = [f for p in parts for f in (layout.part_log(seg, p), layout.part_index(seg, p))]
+    return (files + [layout.dispatch_log(seg)]) if dispatch else files
+
+
+def _open_to_read(path: Path) -> None:
+    """Open `path` for reading and close it; a missing file passes."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        pass  # the readers take a missing index or dispatch log as empty, and a part retired meanwhile as done

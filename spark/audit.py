@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark._util import require_readable
 from storage import DELIVERED
 from storage.audit import OUTCOME_COUNTS as _OUTCOME_OF
 from storage.audit import STATUSES
@@ -234,6 +235,7 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
     from storage import SegmentLayout, segment_name
 
     layout = SegmentLayout.open_existing(data_dir)
+    require_readable(layout)
     segments = layout.list_segments()
     rep = AuditReport(now_ms, grace_ms)
     rep.lateness_ms = {"p50_ms": None, "p99_ms": None, "max_ms": None, "delivered": 0}

@@ -38,6 +38,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, MapType, NumericType, Stri
 from forwarder.contract import (CONTRACT_PROPERTIES, DEAD_LETTER_MAX_BODY, DELIVERY_PROPERTIES_BUDGET, DUE_MS,
                                 ORIGINAL_MSG_ID, SYSTEM_TOPIC_PREFIXES, TOPIC_PATTERN)
 from forwarder.rocketmq.message import KEYS, SYSTEM_PROPERTIES, TAGS
+from spark._util import require_readable
 from storage import TWO_YEARS_MS, SegmentLayout
 from storage.record import MAX_FIELD
 from timewheel.config import DEFAULT_MAX_BODY_BYTES
@@ -336,6 +337,7 @@ def backfill(spark: SparkSession, data_dir: str | Path, source: DataFrame, *, no
     """Schedule the rows of `source` into `data_dir`; see the module docstring."""
     data_dir = str(data_dir)
     layout = SegmentLayout.open_existing(data_dir)
+    require_readable(layout, dispatch=False)  # every stored id is read, to schedule none twice
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     job = f"backfill-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now / 1000))}-{uuid.uuid4().hex[:8]}"
     result = BackfillResult(job)

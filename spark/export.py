@@ -13,7 +13,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark._util import require_readable
 from spark.audit import with_status
+from storage import SegmentLayout
 
 
 def export_records(records: DataFrame, *, topic: str | None = None) -> DataFrame:
@@ -39,8 +41,10 @@ class ExportResult:
 def export(spark: SparkSession, data_dir: str | Path, out_dir: str | Path, *, since_ms: int | None = None,
            until_ms: int | None = None, topic: str | None = None, dispatch: bool = True) -> ExportResult:
     """Write records (and dispatch entries) of a data directory as Parquet under `out_dir`,
-    partitioned by segment; replaces what an earlier export left there."""
+    partitioned by segment; replaces what an earlier export left there. A file it would read that
+    cannot be read is refused before anything is written (`UnreadableDataError`)."""
     data_dir = str(data_dir)
+    require_readable(SegmentLayout.open_existing(data_dir), since_ms, until_ms)  # records' outcomes included
     out = Path(out_dir)
     opts = {k: str(v) for k, v in (("since_ms", since_ms), ("until_ms", until_ms)) if v is not None}
     records = spark.read.format("timewheel").options(**opts).load(data_dir)

@@ -23,6 +23,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StringType
 
+from spark._util import require_readable
+from storage import SegmentLayout
+
 ORIGINAL_ID_PROPERTY = "TW_ORIGINAL_MSG_ID"
 REPLAY_PROPERTY = "TW_REPLAY"
 COLUMNS = ("segment_ms long, part int, offset long, msg_id string, topic string, tags string, keys array<string>, "
@@ -207,6 +210,8 @@ def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms
     if until_ms <= since_ms:
         raise ValueError(f"--until ({until_ms}) must be after --since ({since_ms})")
     data_dir = str(data_dir)
+    # a dry run reads no dispatch log; a replay appends to those of the segments it sends from
+    require_readable(SegmentLayout.open_existing(data_dir), since_ms, until_ms, dispatch=not dry_run)
     result = ReplayResult(since_ms, until_ms, topic, dry_run)
     records = (spark.read.format("timewheel").schema(COLUMNS)
                .option("since_ms", str(since_ms)).option("until_ms", str(until_ms)).load(data_dir))

@@ -118,6 +118,19 @@ def _open_layout(data_dir: Path) -> None:
         _fail(str(e))
 
 
+@contextmanager
+def _reading(data_dir: Path) -> Iterator[None]:
+    """Exit 2 naming the file, as `inspect` and `find` do, when the job refuses a file of `data_dir`
+    it cannot read."""
+    from spark._util import UnreadableDataError
+    from timewheel.app.datadir import read_error
+
+    try:
+        yield
+    except UnreadableDataError as e:
+        _fail(read_error(data_dir, e))
+
+
 def _print_json(obj: object) -> None:
     """One JSON object on stdout."""
     sys.stdout.write(json.dumps(obj, default=str) + "\n")
@@ -173,7 +186,7 @@ def backfill(
     from spark.backfill import read_input
     from spark.progress import stage_progress
 
-    with _spark(master, conf, verbose) as spark:
+    with _spark(master, conf, verbose) as spark, _reading(data_dir):
         with stage_progress(spark, "backfill", enabled=not as_json):
             try:
                 source = read_input(spark, inputs, fmt.value if fmt else None)
@@ -234,7 +247,7 @@ def audit(
     from spark.progress import stage_progress
 
     # the audit's per-record work is numpy in the Python workers: a light driver JVM saves CPU
-    with _spark(master, conf, verbose, light_jvm=True) as spark:
+    with _spark(master, conf, verbose, light_jvm=True) as spark, _reading(data_dir):
         with stage_progress(spark, "audit", enabled=not as_json):
             rep = run_audit(spark, data_dir, now_ms=now_ms, grace_ms=int(grace_seconds * 1000), out_dir=out)
     if as_json:
@@ -326,7 +339,7 @@ def replay(
     except ConfigError as e:
         _fail(str(e))
 
-    with _spark(master, conf, verbose) as spark:
+    with _spark(master, conf, verbose) as spark, _reading(data_dir):
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
                          sender_factory=None if dry_run else replay_sender_for(cfg, group), rate=rate, sample=show)
@@ -399,7 +412,7 @@ def export(
     from spark.export import export as run
     from spark.progress import stage_progress
 
-    with _spark(master, conf, verbose) as spark:
+    with _spark(master, conf, verbose) as spark, _reading(data_dir):
         with stage_progress(spark, "export", enabled=not as_json):
             result = run(spark, data_dir, out, since_ms=since_ms, until_ms=until_ms, topic=topic, dispatch=dispatch)
     if as_json:
