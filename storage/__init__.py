@@ -15,8 +15,8 @@ from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, D
                               dispatch_entries,
                               encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.encoded import EncodedRecords
-from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, StorageError,
-                            SnapshotMovedError, StorageWriteError, StoreClosedError)
+from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, MetaStoreCorruptError,
+                            StorageError, SnapshotMovedError, StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
@@ -41,7 +41,8 @@ __all__ = [
     "decode_tombstones", "no_answers", "read_dispatch_entries_of", "records_holding", "tombstone_log",
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
-    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "LOST_QUEUE", "NO_QUEUE",
+    "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "MetaStoreCorruptError",
+    "LOST_QUEUE", "NO_QUEUE",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",

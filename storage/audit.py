@@ -1,10 +1,10 @@
 """Self-audit of a data directory: per-segment counters (`summarize`) and findings (`check`).
 
-Both read files only (index sidecars, part logs, dispatch logs), never the meta store, so they
-run beside a live engine. There a part or dispatch log being appended can be read between two
-writes: a tail that does not agree is reported only if the file then stands still for
-`SETTLE_SECONDS` (else it is counted in `tails_in_flight`), and a segment's dispatch log is read
-before its parts, so every entry names a record already indexed. `check(fix=True)` applies the
+Both read files only (index sidecars, part logs, dispatch logs; `check` also reads the meta store
+through, opened read-only), so they run beside a live engine. There a part or dispatch log being
+appended can be read between two writes: a tail that does not agree is reported only if the file
+then stands still for `SETTLE_SECONDS` (else it is counted in `tails_in_flight`), and a segment's
+dispatch log is read before its parts, so every entry names a record already indexed. `check(fix=True)` applies the
 repairs recovery would, beside a running engine too: a part's tail only under the part's lock
 (which the engine holds while it has the part open) once it stands still, a dispatch log's torn
 tail only under the log's lock once it stands still; any other is counted in `tails_in_flight`.
@@ -22,6 +22,7 @@ import numpy as np
 from storage import dispatch as _dispatch
 from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
 from storage._files import size_of
+from storage._meta_check import meta_store_findings
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
@@ -236,7 +237,8 @@ class CheckReport:
 
 def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
           progress: SegmentProgress | None = None) -> CheckReport:
-    """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch logs.
+    """Audit every segment: files, index against log, every record (`storage.record_reader`), dispatch
+    logs; and the meta store, read through (`corrupt_meta_store`: the table file RocksDB found damaged).
 
     With fix=True: repairs index/log tails that stand still and no writer holds (see the module
     header), and marks corrupt records CORRUPT in the dispatch log so they are never served.
@@ -245,6 +247,7 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
     after each segment.
     """
     rep = CheckReport()
+    rep.findings += [Finding(*found) for found in meta_store_findings(layout.meta_dir)]
     root = layout.schedule_dir
     try:
         if root.exists():

@@ -51,5 +51,24 @@ class SnapshotMovedError(StorageError):
     removed an ingest log file it was about to read): read again from a fresh view."""
 
 
+class MetaStoreCorruptError(StorageError):
+    """RocksDB found the meta store's files damaged (a block whose checksum fails, a table or manifest
+    that does not parse): names the meta directory, the file RocksDB named (`file`; None when it named
+    none) and RocksDB's own words (`detail`), and says what to do."""
+
+    def __init__(self, meta_dir: str, file: str | None, detail: str) -> None:
+        super().__init__(
+            f"the meta store {meta_dir} is corrupt: RocksDB found damage in {file or 'one of its files'} ({detail}). "
+            "Messages are not kept there (segments and dispatch logs: `timewheel inspect --verify` checks them), but "
+            "its id index, business keys, done marks and documents cannot all be read. With [ha], rebuild this "
+            "replica: stop it, move its whole data directory aside and start it on an empty one (docs/HA.md). "
+            f"Without, stop the engine, move {meta_dir} aside and start it again: nothing delivered or cancelled is "
+            "sent again, but the ids of what it stored so far are forgotten (docs/OPERATIONS.md, \"A corrupt meta "
+            "store\", says what that costs)")
+        self.meta_dir = meta_dir
+        self.file = file
+        self.detail = detail
+
+
 class StorageWriteError(StorageError, OSError):
     """A write failed (disk full, I/O error); what the call wrote was cut back, nothing half-kept."""

@@ -46,7 +46,8 @@ def init(data_dir: DataDir,
 @app.command()
 def inspect(data_dir: DataDir,
             as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-            verify: Annotated[bool, typer.Option("--verify", help="Also check every record's CRC32C.")] = False
+            verify: Annotated[bool, typer.Option("--verify", help="Also check every record's CRC32C, and read "
+                                                 "the meta store through.")] = False
             ) -> None:
     """Per segment: records, dispatched, cancelled, dead-lettered, pending, bytes, corrupt; then totals.
 
@@ -174,6 +175,7 @@ def serve(data_dir: Annotated[Optional[str], typer.Option("--data-dir", metavar=
 
     Configuration: the TOML file, then TIMEWHEEL_* environment variables, then these flags.
     """
+    from storage import MetaStoreCorruptError
     from timewheel.errors import ConfigError
     from timewheel.app.logs import setup_logging
     from timewheel.app.service import Service, StartError
@@ -192,7 +194,7 @@ def serve(data_dir: Annotated[Optional[str], typer.Option("--data-dir", metavar=
     setup_logging(settings.log.format, settings.log.level)
     try:
         Service(settings, config_path=config).run_until_signalled()
-    except StartError as e:
+    except (StartError, MetaStoreCorruptError) as e:  # the latter met after the engine started (its traffic rules)
         _fail(str(e))
 
 
