@@ -5,32 +5,35 @@
 A record's status comes from `storage.audit.record_status` (the precedence `timewheel inspect`
 uses, bad bytes first). Records without findings are counted per topic, due-time bucket and
 lateness bin; a record with findings (lost, duplicate, corrupt) is a cell of its own carrying its
-details in `finding`; so is a dispatch entry naming no record (with all counts 0). Shipping a few
+details in `finding`; so is a dispatch entry naming no record (with all counts 0), and a settled
+part's records that cannot be read (`spark._damage`: counted in `unreadable`). Shipping a few
 thousand cells per part to the JVM, instead of every record, is what makes the audit one cheap
 shuffle over a small table rather than a shuffle of every record.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark._codec import OUTCOME_COLUMNS, PartFiles, read_part, segment_identity
+from spark._damage import PartDamage
 from storage import read_dispatch_log
 from storage.audit import CORRUPT_STATUS, NO_TIME, PENDING, STATUSES, known_keys, outcomes_of, record_status
 
 #: what makes a record a finding of its own, in the order a record's kinds are listed
 RECORD_FINDINGS = ("lost", "duplicate", "corrupt")
 UNKNOWN_ENTRY = "unknown_dispatch_entry"
+UNREADABLE = "unreadable_records"
 _READ = ("offset", "msg_id", "topic", "due_ms", "crc_ok", *OUTCOME_COLUMNS, "first_delivered_ms")
-_COUNTS = ("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries")
+_COUNTS = ("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries", "unreadable")
 _NO_LATENESS = np.iinfo(np.int64).min  # stands for "never delivered" in a lateness array
 _FINDING_TYPE = pa.struct([
     ("part", pa.int32()), ("offset", pa.int64()), ("msg_id", pa.string()), ("due_ms", pa.int64()),
     ("delivered", pa.int32()), ("first_delivered_ms", pa.int64()), ("crc_ok", pa.bool_()),
-    ("outcome", pa.int32()), ("kinds", pa.list_(pa.string())),
+    ("outcome", pa.int32()), ("kinds", pa.list_(pa.string())), ("reason", pa.string()),
 ])
 
 
@@ -81,7 +84,7 @@ def part_cells(pf: PartFiles, *, bucket_ms: int, now_ms: int, grace_ms: int, ver
               **{st: (status == i).astype(np.int64) for i, st in enumerate(STATUSES)},
               "replayed": (counts["replayed"] > 0).astype(np.int64), "lost": flags[0].astype(np.int64),
               "duplicates": flags[1].astype(np.int64), "deliveries": delivered.astype(np.int64),
-              "unknown_entries": np.zeros(n, np.int64)}
+              "unknown_entries": np.zeros(n, np.int64), "unreadable": np.zeros(n, np.int64)}
     enc = pc.dictionary_encode(cols["topic"])
     topics = enc.dictionary
     codes = enc.indices.fill_null(len(topics)).to_numpy().astype(np.int64)  # a null topic is code len(topics)
@@ -109,7 +112,8 @@ def part_cells(pf: PartFiles, *, bucket_ms: int, now_ms: int, grace_ms: int, ver
     details = pa.StructArray.from_arrays(
         [pa.array(np.full(len(fi), pf.part, np.int32)), cols["offset"].take(fi), cols["msg_id"].take(fi),
          pa.array(due[fi]), pa.array(counts["delivered"][fi]),
-         pa.array(first[fi], mask=first[fi] == NO_TIME), pa.array(ok[fi]), pa.nulls(len(fi), pa.int32()), kinds],
+         pa.array(first[fi], mask=first[fi] == NO_TIME), pa.array(ok[fi]), pa.nulls(len(fi), pa.int32()), kinds,
+         pa.nulls(len(fi), pa.string())],
         fields=list(_FINDING_TYPE))
     finding_col = pa.concat_arrays([pa.nulls(len(head), _FINDING_TYPE), details])
     topic_col = pa.concat_arrays([topics, pa.nulls(1, pa.string())]).take(pa.array(codes[rows]))
@@ -119,16 +123,22 @@ def part_cells(pf: PartFiles, *, bucket_ms: int, now_ms: int, grace_ms: int, ver
             "max_ms": pa.array(out_max, mask=out_max == _NO_LATENESS)}
 
 
-def unknown_entry_cells(dispatch_log: str, parts: Sequence[tuple[int, str, str]]) -> dict[str, pa.Array]:
+def unknown_entry_cells(dispatch_log: str, parts_now: Callable[[], Sequence[tuple[int, str, str]]]
+                        ) -> dict[str, pa.Array]:
     """Cells of the dispatch entries of a segment that name no record of its parts (entries past
-    the end of a part's log count as naming nothing, as readers skip those records)."""
+    the end of a part's log count as naming nothing, as readers skip those records). `parts_now`
+    lists the segment's parts as (number, log, index) once the entries are read: a part made after
+    the audit was planned (a late message stored in its past segment) holds records they name."""
     import os
 
     segment = segment_identity(dispatch_log)
     entries = read_dispatch_log(dispatch_log).entries if os.path.exists(dispatch_log) else None
     if entries is None or not len(entries):
         return {}
-    known = known_keys(parts)
+    try:
+        known = known_keys(parts_now())
+    except FileNotFoundError:
+        return {}  # retired meanwhile (its directory, or a part of it, gone)
     if segment is None or segment_identity(dispatch_log) != segment:
         return {}  # retired meanwhile: its parts may have gone after its dispatch log was read
     stray = entries[~outcomes_of(known, entries).entry_hit]
@@ -139,8 +149,23 @@ def unknown_entry_cells(dispatch_log: str, parts: Sequence[tuple[int, str, str]]
         [pa.array(stray["part"].astype(np.int32)), pa.array(stray["offset"].astype(np.int64)),
          pa.nulls(m, pa.string()), pa.array(stray["due_ms"].astype(np.int64)), pa.nulls(m, pa.int32()),
          pa.nulls(m, pa.int64()), pa.nulls(m, pa.bool_()), pa.array(stray["outcome"].astype(np.int32)),
-         _finding_kinds([np.ones(m, bool)], (UNKNOWN_ENTRY,))], fields=list(_FINDING_TYPE))
+         _finding_kinds([np.ones(m, bool)], (UNKNOWN_ENTRY,)), pa.nulls(m, pa.string())],
+        fields=list(_FINDING_TYPE))
     zero = pa.array(np.zeros(m, np.int64))
     return {"topic": pa.nulls(m, pa.string()), "bucket_ms": pa.nulls(m, pa.int64()),
             "lateness_bin": pa.nulls(m, pa.int64()), "finding": details, **{c: zero for c in _COUNTS},
             "unknown_entries": pa.array(np.ones(m, np.int64)), "max_ms": pa.nulls(m, pa.int64())}
+
+
+def damage_cells(damage: PartDamage) -> dict[str, pa.Array]:
+    """The cell of a settled part's records that cannot be read: a finding of its own (the part,
+    where the first starts, why), every count 0 but `unreadable`."""
+    details = pa.StructArray.from_arrays(
+        [pa.array([damage.part], pa.int32()), pa.array([damage.offset], pa.int64()), pa.nulls(1, pa.string()),
+         pa.nulls(1, pa.int64()), pa.nulls(1, pa.int32()), pa.nulls(1, pa.int64()), pa.nulls(1, pa.bool_()),
+         pa.nulls(1, pa.int32()), _finding_kinds([np.ones(1, bool)], (UNREADABLE,)), pa.array([damage.detail])],
+        fields=list(_FINDING_TYPE))
+    zero = pa.array(np.zeros(1, np.int64))
+    return {"topic": pa.nulls(1, pa.string()), "bucket_ms": pa.nulls(1, pa.int64()),
+            "lateness_bin": pa.nulls(1, pa.int64()), "finding": details, **{c: zero for c in _COUNTS},
+            "unreadable": pa.array([damage.records], pa.int64()), "max_ms": pa.nulls(1, pa.int64())}

@@ -14,9 +14,15 @@ so that, per segment and topic, scheduled = dispatched + cancelled + dead_letter
 pending (`reconcile`). The precedence is `storage.audit.record_status`, which `timewheel inspect`
 uses too; `with_status` is the same rule as Spark expressions, for DataFrames of records (export).
 Findings (`findings`): lost records (pending, due before `now - grace`), duplicates (delivered more
-than once; REPLAYED entries are an operator's re-sends, not duplicates), corrupt records, and
-dispatch entries naming no record. Lateness (`lateness`): dispatch_ms - due_ms of each record's
-first delivery, p50/p99/max per segment and topic.
+than once; REPLAYED entries are an operator's re-sends, not duplicates), corrupt records, records a
+part of a segment that ended before `now - grace` cannot give back (`unreadable_records`, see
+`spark._damage`: index entries past the end of the log, a log without its index), and dispatch
+entries naming no record. All of them fail the audit but the last, which fails it only in a
+segment that ended before `now - grace`: nothing records an outcome for a record it has not
+indexed, and the audit lists a segment's parts after reading its dispatch log, so there such an
+entry names a record gone; in a segment still being written it is reported only, as a record
+pending there is not lost yet. Lateness (`lateness`): dispatch_ms - due_ms of each record's first
+delivery, p50/p99/max per segment and topic.
 
 The per-record work happens in numpy inside the partitions of the `timewheel_audit` source
 (`cells`, see `spark._cells`): Spark only sees a few thousand cells per part file, so the audit
@@ -50,8 +56,9 @@ OUTCOME_COUNTS = tuple(_OUTCOME_OF)
 RECORD_COLUMNS = ("segment_ms long, part int, offset long, msg_id string, topic string, "
                   "due_ms long, crc_ok boolean, delivered int, dead_lettered int, cancelled int, "
                   "marked_corrupt int, replayed int, first_delivered_ms long")
-FINDING_KINDS = ("lost", "duplicate", "corrupt", "unknown_dispatch_entry")
-FAILING_KINDS = ("lost", "duplicate", "corrupt")  # the audit fails (exit 1) when it finds any of these
+FINDING_KINDS = ("lost", "duplicate", "corrupt", "unreadable_records", "unknown_dispatch_entry")
+# the audit fails (exit 1) when it finds any of these, or an unknown_dispatch_entry of a settled segment
+FAILING_KINDS = ("lost", "duplicate", "corrupt", "unreadable_records")
 
 
 def attach_outcomes(records: DataFrame, dispatch: DataFrame) -> DataFrame:
@@ -81,10 +88,12 @@ def with_status(records: DataFrame) -> DataFrame:
         .withColumn("status", status)
 
 
-_CELL_COUNTS = ("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries")
+_CELL_COUNTS = ("scheduled", *STATUSES, "replayed", "lost", "duplicates", "deliveries", "unknown_entries",
+                "unreadable")
 _RECONCILED = ("scheduled", *STATUSES, "replayed", "lost", "duplicates")
 _LATE = ("p50_ms", "p99_ms", "max_ms", "delivered")
-_FINDING_FIELDS = ("part", "offset", "msg_id", "due_ms", "delivered", "first_delivered_ms", "crc_ok", "outcome")
+_FINDING_FIELDS = ("part", "offset", "msg_id", "due_ms", "delivered", "first_delivered_ms", "crc_ok", "outcome",
+                   "reason")
 
 
 def cells(spark: SparkSession, data_dir: str | Path, *, bucket_ms: int, now_ms: int, grace_ms: int) -> DataFrame:
@@ -165,9 +174,11 @@ def lateness(hist: pa.Table, by: Sequence[str] | None = None) -> list[dict]:
 
 def findings(cells_df: DataFrame) -> DataFrame:
     """One row per finding: lost, duplicated and corrupt records (a record both duplicated and
-    corrupt gives two) and dispatch entries naming no record, from `cells`."""
+    corrupt gives two), a part's records that cannot be read, and dispatch entries naming no
+    record, from `cells`."""
     f, kind = F.col("finding"), F.col("kind")
-    detail = (F.when(kind == "lost", F.lit("no terminal outcome"))
+    detail = (F.when(kind == "unreadable_records", F.col("reason"))
+              .when(kind == "lost", F.lit("no terminal outcome"))
               .when(kind == "duplicate", F.concat(F.lit("delivered "), F.col("delivered").cast("string"),
                                                   F.lit(" times")))
               .when(kind == "unknown_dispatch_entry",
@@ -196,7 +207,9 @@ class AuditReport:
     replayed: int = 0
     lost: int = 0
     duplicates: int = 0
+    unreadable_records: int = 0  # records settled parts cannot give back (not among `scheduled`)
     unknown_dispatch_entries: int = 0
+    unknown_dispatch_entries_settled: int = 0  # of those, the ones of segments that ended before now - grace
     lateness_ms: dict = field(default_factory=dict)
     segments: list[dict] = field(default_factory=list)
     lateness_by_segment: list[dict] = field(default_factory=list)
@@ -206,8 +219,10 @@ class AuditReport:
 
     @property
     def failed(self) -> bool:
-        """True when lost, duplicated or corrupt records were found."""
-        return bool(self.lost or self.duplicates or self.corrupt)
+        """True when lost, duplicated, corrupt or unreadable records were found, or dispatch entries
+        naming no record in a segment that ended before now - grace."""
+        return bool(self.lost or self.duplicates or self.corrupt or self.unreadable_records
+                    or self.unknown_dispatch_entries_settled)
 
     def as_dict(self) -> dict:
         """Plain dict for JSON."""
@@ -259,10 +274,14 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
         if total:
             rep.lateness_ms = {k: total[0][k] for k in _LATE}
         series = sorted(lateness(hist, ["bucket_ms"]), key=lambda r: r["bucket_ms"])
+        unknown = _col(hist, "unknown_entries")
+        done = _col(hist, "segment_ms") + layout.segment_ms <= now_ms - grace_ms  # as spark._damage.settled
         counts = {"lost": int(_col(hist, "lost").sum()), "duplicate": int(_col(hist, "duplicates").sum()),
-                  "unknown_dispatch_entry": int(_col(hist, "unknown_entries").sum())}
+                  "unknown_dispatch_entry": int(unknown.sum()), "settled_unknown": int(unknown[done].sum()),
+                  "unreadable_records": int(_col(hist, "unreadable").sum())}
         found = findings(table)
-        any_found = bool(counts["lost"] or counts["duplicate"] or counts["unknown_dispatch_entry"] or rep.corrupt)
+        any_found = bool(counts["lost"] or counts["duplicate"] or counts["unknown_dispatch_entry"] or rep.corrupt
+                         or counts["unreadable_records"])
         if out_dir is not None:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -279,6 +298,8 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
     rep.lost = counts.get("lost", 0)
     rep.duplicates = counts.get("duplicate", 0)
     rep.unknown_dispatch_entries = counts.get("unknown_dispatch_entry", 0)
+    rep.unknown_dispatch_entries_settled = counts.get("settled_unknown", 0)
+    rep.unreadable_records = counts.get("unreadable_records", 0)
     if out_dir is not None and series:
         rep.chart_path = write_chart(series, Path(out_dir) / "lateness.png")
     _write_report(rep, out_dir)

@@ -3,12 +3,13 @@
 
 One partition per part file, as the `timewheel` source; the first partition of each segment also
 reports the dispatch entries naming no record (a segment with a dispatch log and no parts gets a
-partition for that alone). Options: `now_ms` (required), `grace_ms` (default 300000), `bucket_ms`
-(default 60000), `verify` ("false" skips the CRC32C check).
+partition for that alone). A part of a segment that ended before `now_ms - grace_ms` also reports
+the records it cannot give back (`spark._damage`). Options: `now_ms` (required), `grace_ms`
+(default 300000), `bucket_ms` (default 60000), `verify` ("false" skips the CRC32C check).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
@@ -16,20 +17,25 @@ from pyspark.sql.types import StructType
 from spark._util import int_option
 from spark.schema import AUDIT_CELLS
 
+if TYPE_CHECKING:
+    from storage import SegmentLayout
+
 
 class AuditPartition(InputPartition):
-    """One part of a segment (or none), and, for the segment's first partition, all its parts."""
+    """One part of a segment (or none); the segment's first partition checks its dispatch entries."""
 
     def __init__(self, segment_ms: int, segment: str, part: tuple[int, str, str] | None, dispatch: str,
-                 all_parts: list[tuple[int, str, str]] | None) -> None:
-        """`part` is (number, log, index); `all_parts` is given to the partition that checks the
-        segment's dispatch entries for ones naming no record."""
+                 checks_entries: bool, settled: bool) -> None:
+        """`part` is (number, log, index); `checks_entries` is set for the partition that checks the
+        segment's dispatch entries for ones naming no record; `settled` when the segment ended
+        before the audit's grace window (`spark._damage.settled`)."""
         super().__init__((segment_ms, part[0] if part else -1))
         self.segment_ms = segment_ms
         self.segment = segment
         self.part = part
         self.dispatch = dispatch
-        self.all_parts = all_parts
+        self.checks_entries = checks_entries
+        self.settled = settled
 
 
 class AuditReader(DataSourceReader):
@@ -51,19 +57,21 @@ class AuditReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         """One partition per part; a segment with only a dispatch log gets one too."""
+        from spark._damage import settled
         from storage import SegmentLayout, segment_name
 
         layout = SegmentLayout.open_existing(self.path)
         out: list[InputPartition] = []
         for seg in layout.list_segments():
             name, dispatch = segment_name(seg), str(layout.dispatch_log(seg))
-            parts = [(p, str(layout.part_log(seg, p)), str(layout.part_index(seg, p))) for p in layout.list_parts(seg)]
+            done = settled(seg, layout.segment_ms, self.now_ms, self.grace_ms)
+            parts = _parts(layout, seg)
             if not parts:
                 if layout.dispatch_log(seg).exists():
-                    out.append(AuditPartition(seg, name, None, dispatch, []))
+                    out.append(AuditPartition(seg, name, None, dispatch, True, done))
                 continue
             for i, part in enumerate(parts):
-                out.append(AuditPartition(seg, name, part, dispatch, parts if i == 0 else None))
+                out.append(AuditPartition(seg, name, part, dispatch, i == 0, done))
         return out
 
     def read(self, partition: InputPartition) -> Iterator:
@@ -74,8 +82,10 @@ class AuditReader(DataSourceReader):
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from spark._cells import part_cells, unknown_entry_cells
+        from spark._cells import damage_cells, part_cells, unknown_entry_cells
         from spark._codec import PartFiles, arrow_batch
+        from spark._damage import part_damage
+        from storage import SegmentLayout
 
         pa_schema = to_arrow_schema(AUDIT_CELLS, timezone="UTC")
         pieces = []
@@ -84,8 +94,12 @@ class AuditReader(DataSourceReader):
             pf = PartFiles(partition.segment_ms, partition.segment, part, log, index, partition.dispatch)
             pieces.append(part_cells(pf, bucket_ms=self.bucket_ms, now_ms=self.now_ms, grace_ms=self.grace_ms,
                                      verify=self.verify))
-        if partition.all_parts is not None:
-            pieces.append(unknown_entry_cells(partition.dispatch, partition.all_parts))
+            damage = part_damage(partition.segment_ms, part, log, index) if partition.settled else None
+            if damage is not None:
+                pieces.append(damage_cells(damage))
+        if partition.checks_entries:
+            layout = SegmentLayout.open_existing(self.path)
+            pieces.append(unknown_entry_cells(partition.dispatch, lambda: _parts(layout, partition.segment_ms)))
         out = []
         for cols in pieces:
             if not cols:
@@ -115,3 +129,8 @@ class TimewheelAuditDataSource(DataSource):
         if not path:
             raise ValueError("give the data directory: .load(DATA_DIR)")
         return AuditReader(path, dict(self.options))
+
+
+def _parts(layout: SegmentLayout, seg: int) -> list[tuple[int, str, str]]:
+    """The parts of a segment as they are now: (number, log, index)."""
+    return [(p, str(layout.part_log(seg, p)), str(layout.part_index(seg, p))) for p in layout.list_parts(seg)]

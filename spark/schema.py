@@ -42,8 +42,9 @@ DISPATCH = StructType([
 ])
 
 #: the audit's cells (`format("timewheel_audit")`, see spark._cells): counts of records per segment,
-#: topic, due-time bucket and lateness bin; a record with findings, or a dispatch entry naming no
-#: record, is a row of its own with `finding` set (for such an entry every count is 0)
+#: topic, due-time bucket and lateness bin; a record with findings, a dispatch entry naming no
+#: record, or a settled part's records that cannot be read, is a row of its own with `finding` set
+#: (for the last two every count is 0 but `unknown_entries` or `unreadable`)
 AUDIT_CELLS = StructType([
     StructField("segment_ms", LongType()),
     StructField("segment", StringType()),
@@ -59,13 +60,16 @@ AUDIT_CELLS = StructType([
         StructField("first_delivered_ms", LongType()),
         StructField("crc_ok", BooleanType()),
         StructField("outcome", IntegerType()),  # of a dispatch entry naming no record
-        StructField("kinds", ArrayType(StringType())),  # lost, duplicate, corrupt, unknown_dispatch_entry
+        StructField("kinds", ArrayType(StringType())),  # lost, duplicate, corrupt, unknown_dispatch_entry,
+        # unreadable_records
+        StructField("reason", StringType()),  # what an unreadable_records finding says of its part
     ])),
     # records (each status, replayed, lost: pending past due + grace, duplicates: delivered more than
-    # once, deliveries: delivered at all) and dispatch entries naming no record
+    # once, deliveries: delivered at all), dispatch entries naming no record, and records a settled
+    # part cannot give back (`spark._damage`)
     *(StructField(c, LongType()) for c in ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt",
                                             "pending", "replayed", "lost", "duplicates", "deliveries",
-                                            "unknown_entries")),
+                                            "unknown_entries", "unreadable")),
     StructField("max_ms", LongType()),  # largest lateness of the cell's records
 ])
 

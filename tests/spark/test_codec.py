@@ -203,9 +203,10 @@ def test_a_segment_retired_while_its_dispatch_log_is_read_names_no_unknown_entry
     deliver(s, seg, slice(None), DELIVERED, T0 + 10)
     lay = s.layout
     parts = [(p, str(lay.part_log(seg, p)), str(lay.part_index(seg, p))) for p in lay.list_parts(seg)]
-    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), parts) == {}
+    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), lambda: parts) == {}
     monkeypatch.setattr(cells_module, "known_keys", _retire_meanwhile(s, seg, cells_module.known_keys))
-    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), parts) == {}  # the old code: 4 cells
+    # the old code: 4 cells
+    assert cells_module.unknown_entry_cells(str(lay.dispatch_log(seg)), lambda: parts) == {}
 
 
 def test_a_segment_retired_while_the_dispatch_source_reads_it_yields_no_row(

@@ -235,11 +235,13 @@ def audit(
     Per segment and topic: scheduled = dispatched + cancelled + dead-lettered + corrupt + pending,
     and delivery lateness p50/p99/max. Findings: lost records (past due by more than the grace, no
     terminal outcome), duplicates (delivered more than once; replays are not duplicates), corrupt
-    records, dispatch entries naming no record. Writes report.json, findings/ and lateness.png to
-    --out; --json prints the report.
+    records, records a part of a segment ended before the grace cannot give back (its index names
+    them past the end of its log, or it has no index), dispatch entries naming no record. Writes
+    report.json, findings/ and lateness.png to --out; --json prints the report.
 
-    Reads files only, so it is safe beside a running engine. Exits 1 when it finds lost, duplicated
-    or corrupt records.
+    Reads files only, so it is safe beside a running engine. Exits 1 when it finds lost, duplicated,
+    corrupt or unreadable records, or dispatch entries naming no record in a segment ended before
+    the grace.
     """
     _open_layout(data_dir)
     now_ms = _time_ms(now, "--now") if now else time.time_ns() // 1_000_000
@@ -285,6 +287,7 @@ def _print_audit(rep: object) -> None:
         console.print(f"lateness (ms): p50 {late['p50_ms']}, p99 {late['p99_ms']}, max {late['max_ms']} "
                       f"over {late['delivered']:,} deliveries")
     for kind, n in (("lost", rep.lost), ("duplicated", rep.duplicates), ("corrupt", rep.corrupt),
+                    ("unreadable records", rep.unreadable_records),
                     ("unknown dispatch entries", rep.unknown_dispatch_entries)):
         if n:
             console.print(f"[red]{kind}[/red]: {n:,}")
@@ -295,7 +298,7 @@ def _print_audit(rep: object) -> None:
         console.print(f"findings: {rep.findings_path}")
     if rep.chart_path:
         console.print(f"lateness chart: {rep.chart_path}")
-    console.print("[green]ok[/green]" if not rep.failed else "[red]FAILED[/red]: lost, duplicated or corrupt records")
+    console.print("[green]ok[/green]" if not rep.failed else "[red]FAILED[/red]: see the findings above")
 
 
 def replay(
@@ -404,7 +407,8 @@ def export(
     """Export segments to Parquet for analysts.
 
     records/: every record with its status and lateness; dispatch/: the dispatch-log entries. Both
-    partitioned by segment.
+    partitioned by segment. Exits 1 when records of a part no longer written cannot be read (the
+    rest is written; each such part is named on stderr).
     """
     _open_layout(data_dir)
     since_ms = _time_ms(since, "--since") if since else None
@@ -421,6 +425,10 @@ def export(
         typer.echo(f"exported {result.records:,} records to {result.records_path}"
                    + (f" and {result.dispatch_entries:,} dispatch entries to {result.dispatch_path}"
                       if result.dispatch_path else ""))
+    for part in result.damaged_parts:
+        typer.echo(f"timewheel: {part['detail']}", err=True)
+    if result.unreadable_records:
+        raise typer.Exit(1)
 
 
 def _help(doc: str | None) -> str:
