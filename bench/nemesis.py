@@ -6,7 +6,8 @@ its own, `--rounds` faults of every kind in turn, then the table of rounds (test
 With `--faults`, the kinds named go in turn for `--rounds` rounds (one of each without it).
 
 Exits 1 if the checker found anything (lost messages, cancelled ones delivered, a slow takeover,
-duplicates above the bound, a deposed holder sending, a duplicate id accepted).
+duplicates above the bound, a deposed holder sending, a duplicate id accepted, a copy stored while
+ZooKeeper was down or empty, a replica that an empty ZooKeeper refused without saying so).
 """
 from __future__ import annotations
 

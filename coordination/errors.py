@@ -4,8 +4,8 @@ from __future__ import annotations
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
-__all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LocalZooKeeperError", "ZooKeeperJoinError",
-           "ZooKeeperUnreachableError"]
+__all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LocalZooKeeperError", "ZooKeeperHistoryLostError",
+           "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
 
 
 class CoordinationError(Exception):
@@ -50,3 +50,18 @@ class DedupeBrokersUnpublishedError(CoordinationError):
                          f"(ha.dedupe_brokers_publish_timeout_s = {timeout_s:g}): {why}; it sent nothing meanwhile "
                          f"and gives the lease up (its messages are kept). Mend the cause: the znode's ACL, a topic "
                          f"whose brokers fill a part alone, a deposed holder still writing (docs/OPERATIONS.md)")
+
+
+class ZooKeeperHistoryLostError(CoordinationError):
+    """ZooKeeper answers from before the last transaction this replica's client saw (an ensemble rebuilt
+    empty, or restored from an older backup) and so refuses that client for good: its replica thread
+    ends with this (the fence revoked, the service not ready and exiting with code 3)."""
+
+    def __init__(self, zookeeper: str, seen_zxid: int, server_zxid: int) -> None:
+        """The message names the connect string, both transaction ids and what to do."""
+        self.seen_zxid, self.server_zxid = seen_zxid, server_zxid
+        super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} is at transaction 0x{server_zxid:x}, before "
+                         f"0x{seen_zxid:x} that this replica saw: its data was replaced (rebuilt empty or restored "
+                         f"from a backup), and it refuses this replica's session for good. The replica sends "
+                         f"nothing and stops; restart it (a supervisor does, on exit code 3) to join the new "
+                         f"ZooKeeper: its messages are kept in its data directory (docs/HA.md)")

@@ -79,7 +79,8 @@ class LocalZooKeeper:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def start(self, timeout: float = 120.0) -> "LocalZooKeeper":
-        """Download the jars if needed, start the server and wait until it answers `ruok`."""
+        """Download the jars if needed, start the server and wait until it answers `ruok`; after `stop()`, again
+        on the same port and data directory (delete `run_dir / "data"` first for an empty server)."""
         if self._proc is not None:
             raise LocalZooKeeperError("the local ZooKeeper is already started")
         java = find_java()
@@ -87,7 +88,7 @@ class LocalZooKeeper:
         if self._given_run_dir is not None:
             self._given_run_dir.mkdir(parents=True, exist_ok=True)
             self._run_dir = self._given_run_dir.resolve()
-        else:
+        elif self._run_dir is None:  # started again after a stop: its own data, as a restarted server has
             self._run_dir = Path(tempfile.mkdtemp(prefix="timewheel-zookeeper-"))
         deadline = time.monotonic() + timeout
         for attempt in range(3):

@@ -41,6 +41,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from coordination._history import LostHistoryWatch
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
 from coordination.errors import ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.config import HAConfig
@@ -102,6 +103,7 @@ class ShardReplica:
         self.eligibility: Eligibility | None = None
         self._brokers: SharedBrokers | None = None  # the brokers its copies went to, shared with the other replicas
         self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
+        self._history = LostHistoryWatch(cfg.zookeeper, cfg.session_timeout_s, monotonic)
         self._client.add_listener(self._on_state)
 
     # ---- the delivery gate --------------------------------------------------------------------------
@@ -302,6 +304,7 @@ class ShardReplica:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
         client = self._client
         client_id = client.client_id
+        self._history.check(client)  # an ensemble rebuilt empty refuses this client for good: the thread ends
         if client_id is None:
             # Not connected (kazoo reconnecting after a dropped connection, the session still ours
             # maybe): nothing can be confirmed, nor our nodes told from another process's, until it is.

@@ -22,6 +22,15 @@ Faults (one a round, in this order, round after round):
   not (nothing lost, takeover within 10 s).
 - `dupid`: start a further process with the holder's (or a standby's) `replica_id`: it must be
   refused and exit non-zero, and the lease must not move.
+- `zookeeper_restart`: stop ZooKeeper for longer than the session, then start it again on its data
+  and port. Nothing may be stored on the target from the holder's fencing deadline until ZooKeeper
+  is back; then one replica holds again (the same, its session kept by the server, or a successor
+  with a larger epoch) and every replica is ready.
+- `zookeeper_wipe`: the same, but ZooKeeper comes back empty (its data directory deleted: a rebuilt
+  ensemble). It refuses every client that saw a later transaction than its own last, so each replica
+  must say so and exit with code 3; the round restarts them, as a supervisor does, and one holds
+  with epochs from 1 again (the checker tells the two runs of epochs apart by when the copies were
+  stored). Nothing may be stored from the fencing deadline until the first replica is started again.
 
 Checked (`Report.failures`): every acknowledged message not cancelled is delivered; no message
 whose cancel was acknowledged at least 1 s (plus any clock skew in force) before its due time is
@@ -30,12 +39,15 @@ bound of docs/HA.md: the messages that were to go out between two watermark inte
 before the fault and the fault (plus the fencing period for a partition, and the old holder's clock
 offset when ahead); no copy stamped with a paused or partitioned holder's epoch stored after its
 deadline, but for a paused holder's one send batch in flight at the pause (one store time, one queue,
-one run of queue offsets); a refused duplicate id exited non-zero without moving the lease.
+one run of queue offsets); a refused duplicate id exited non-zero without moving the lease; no copy
+stored while no replica could confirm a lease (ZooKeeper down or empty); ZooKeeper's faults taken
+over from within their own bounds, counted from when it was back.
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import itertools
 import json
 import shutil
@@ -57,7 +69,8 @@ from tests.coordination.cluster import (Deliveries, Delivery, Replica, Sent, Tcp
 from tests.forwarder.dedupe_checker import TopicReader
 from tests.reliability.kill_loop import serve_env
 
-FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid")
+FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid", "zookeeper_restart",
+          "zookeeper_wipe")
 SESSION_S = 4.0
 WATERMARK_S = 1.0
 FENCE_FRACTION = 0.6
@@ -66,6 +79,13 @@ TAKEOVER_BOUND_S = 10.0
 SKEW_MS = 3_000
 LONGEST_DELAY_MS = 20_000  # the workload's longest delay: what a wiped replica reads again has come due after it
 TOKEN = "nemesis"
+#: from ZooKeeper back to a holder: a reconnect after kazoo's backoff (it doubles while ZooKeeper is
+#: down) and, when the holder's session expired meanwhile, the session timeout
+ZK_RESTART_BOUND_S = 20.0
+#: from an empty ZooKeeper back to a holder: two probes, the replicas' exits and starts
+ZK_WIPE_BOUND_S = 90.0
+#: a wiped ZooKeeper numbers epochs from 1 again: the monitor and the checker add this per reset
+ERA = 1_000_000
 
 
 @dataclass
@@ -80,11 +100,13 @@ class Failover:
     planned: bool = True
     dups: int = 0  # messages delivered again by the new holder (found by the checker)
     bound: int = 0  # what docs/HA.md allows (found by the checker)
+    healed_ms: int = 0  # when set (ZooKeeper back), the takeover is counted from it
+    limit_s: float = TAKEOVER_BOUND_S
 
     @property
     def takeover_s(self) -> float:
-        """From the fault to the new holder seen."""
-        return (self.seen_ms - self.fault_ms) / 1000
+        """From the fault (or its healing, when the fault stopped every replica) to the new holder seen."""
+        return (self.seen_ms - (self.healed_ms or self.fault_ms)) / 1000
 
 
 @dataclass
@@ -100,6 +122,9 @@ class Round:
     failovers: list[Failover] = field(default_factory=list)
     #: copies stamped with this epoch and stored by the broker after this time are a fencing failure
     fenced: list[tuple[int, int]] = field(default_factory=list)
+    #: (from, to) ms: no replica could confirm a lease, so a copy stored in between is a fencing failure
+    silent: list[tuple[int, int]] = field(default_factory=list)
+    epoch_reset_ms: int = 0  # ZooKeeper came back empty: epochs count from 1 again from here
     skew_ms: int = 0
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -129,8 +154,10 @@ class Monitor:
     def __init__(self, replicas: Callable[[], dict[str, Replica]]) -> None:
         self._replicas = replicas
         self._lock = threading.Lock()
-        self.epochs: dict[int, tuple[str, int]] = {}  # epoch -> (holder, first seen ms)
+        self.epochs: dict[int, tuple[str, int]] = {}  # epoch (+ ERA per ZooKeeper reset) -> (holder, first seen ms)
         self.current: tuple[str, int] = ("", 0)
+        self.base = 0  # ERA times the resets of ZooKeeper so far
+        self.holder_seen_ms = 0  # the last poll that found a replica holding
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="holder-monitor", daemon=True)
 
@@ -167,8 +194,10 @@ class Monitor:
         for t in threads:
             t.join(1)
         seen = now_ms()
-        holders = [(name, epoch) for name, (holding, epoch) in list(results.items()) if holding]
         with self._lock:
+            holders = [(name, self.base + epoch) for name, (holding, epoch) in list(results.items()) if holding]
+            if holders:
+                self.holder_seen_ms = seen
             for name, epoch in holders:
                 if epoch not in self.epochs:
                     self.epochs[epoch] = (name, seen)
@@ -179,6 +208,14 @@ class Monitor:
         """The newest holder seen and its epoch."""
         with self._lock:
             return self.current
+
+    def new_era(self) -> int:
+        """ZooKeeper comes back empty (call once no replica holds): epochs seen from now on count from 1
+        again, recorded above every earlier one; the new base."""
+        with self._lock:
+            self.base += ERA
+            self.current = ("", self.base)
+            return self.base
 
     def wait_epoch_above(self, epoch: int, timeout: float) -> tuple[str, int, int]:
         """Wait for a holder with a larger epoch; (name, epoch, first seen ms)."""
@@ -296,6 +333,8 @@ class Cluster:
             self.deliveries.stop()
         if not self.mq.broker_running:
             self.mq.start_broker()
+        if self.zk.pid is None:  # a round that failed with ZooKeeper down: whoever shares it finds it up
+            self.zk.start()
 
     # ---- rounds -------------------------------------------------------------------------------------
 
@@ -425,6 +464,84 @@ class Cluster:
         if after != (holder, epoch):
             rnd.problems.append(f"the lease moved from {holder} (epoch {epoch}) to {after} when a duplicate id started")
 
+    def _zookeeper_down(self) -> tuple[int, int]:
+        """Stop ZooKeeper for longer than the session: (when it stopped, the holder's last fencing deadline)."""
+        fault_ms = now_ms()
+        self.zk.stop()
+        # the holder's connection drops at once, closing its fence; at the latest it may send until a
+        # fencing period after its last confirmation, which came before the stop
+        deadline = fault_ms + int(FENCE_FRACTION * SESSION_S * 1000) + PUBLISH_SLACK_MS
+        time.sleep(max(0.0, (fault_ms + SESSION_S * 1000 + 2000 - now_ms()) / 1000))
+        return fault_ms, deadline
+
+    def _holders_now(self) -> list[tuple[str, int]]:
+        """The live replicas that answer that they hold, with the epoch each names."""
+        out = []
+        for name, r in list(self.replicas.items()):
+            try:
+                doc = r.replica(timeout=2) if r.alive else {}
+            except (OSError, ValueError):
+                continue
+            if doc.get("holder"):
+                out.append((name, int(doc["epoch"])))
+        return out
+
+    def _all_ready(self, rnd: Round) -> None:
+        for name in self.names:
+            try:
+                self.replicas[name].wait_ready(60)
+            except AssertionError as e:
+                rnd.problems.append(f"{name} is not ready after ZooKeeper came back: {str(e)[:600]}")
+
+    def _fault_zookeeper_restart(self, rnd: Round, holder: str, epoch: int) -> None:
+        fault_ms, deadline = self._zookeeper_down()
+        back_ms = now_ms()
+        rnd.silent.append((deadline, back_ms))
+        self.zk.start()
+        rnd.notes.append(f"ZooKeeper down {(back_ms - fault_ms) / 1000:.1f} s")
+        wait_for("a replica holding again", lambda: self.monitor.holder_seen_ms > back_ms, 60)
+        name, new_epoch = self.monitor.holder()
+        smaller = [(n, e) for n, e in self._holders_now() if e < epoch - self.monitor.base]
+        if smaller:
+            rnd.problems.append(f"after ZooKeeper came back on its data, {smaller} held with an epoch below {epoch}")
+        if new_epoch > epoch:
+            fence_ms = int(FENCE_FRACTION * SESSION_S * 1000)
+            rnd.failovers.append(Failover(fault_ms, self.monitor.epochs[new_epoch][1], epoch, new_epoch, fence_ms,
+                                          healed_ms=back_ms, limit_s=ZK_RESTART_BOUND_S))
+        else:
+            rnd.notes.append(f"{name} kept epoch {epoch - self.monitor.base}")
+        self._all_ready(rnd)
+
+    def _fault_zookeeper_wipe(self, rnd: Round, holder: str, epoch: int) -> None:
+        fault_ms, deadline = self._zookeeper_down()
+        shutil.rmtree(self.zk.run_dir / "data")
+        base = self.monitor.new_era()  # every holder's fence closed long ago: none reports holding now
+        back_ms = rnd.epoch_reset_ms = now_ms()
+        self.zk.start()
+        # the empty server refuses every client that saw a later transaction: each replica must say so and
+        # exit (3) for its supervisor, which this round plays
+        for name in self.names:
+            r = self.replicas[name]
+            try:
+                wait_for(f"{name} exits, ZooKeeper having lost its history", lambda: not r.alive, 60, r)
+            except AssertionError as e:
+                rnd.problems.append(str(e)[:800])
+                r.stop()
+            said = r.log.read_text()[-30_000:]
+            if r.proc.returncode != 3 or "ZooKeeperHistoryLostError" not in said:
+                rnd.problems.append(f"{name} exited with {r.proc.returncode} without saying that ZooKeeper lost "
+                                    f"its history (its log ends {said[-300:]!r})")
+        restarted_ms = now_ms()
+        rnd.silent.append((deadline, restarted_ms))
+        for name in self.names:
+            self.restart_replica(name)
+        name, new_epoch, seen = self.monitor.wait_epoch_above(base, 60)
+        rnd.notes.append(f"ZooKeeper down {(back_ms - fault_ms) / 1000:.1f} s, back empty; every replica exited "
+                         f"and was started again; {name} holds epoch {new_epoch - base}")
+        rnd.failovers.append(Failover(fault_ms, seen, epoch, new_epoch, int(FENCE_FRACTION * SESSION_S * 1000),
+                                      healed_ms=back_ms, limit_s=ZK_WIPE_BOUND_S))
+        self._all_ready(rnd)
+
     # ---- the end ------------------------------------------------------------------------------------
 
     def drain(self, timeout_s: float = 120.0) -> None:
@@ -489,9 +606,15 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
     `produced`: per body, how many delay messages (distinct ids) the delay topic holds. A send the
     workload saw fail may have been stored all the same, and it sends the body again under a new id:
     each of those delay messages is delivered once, and only copies beyond them are sent again.
+    Copies stored after a round's `epoch_reset_ms` (ZooKeeper back empty) have their epochs counted
+    above every earlier one, as the monitor counts them.
     """
     failures: list[str] = []
     skew = max((abs(r.skew_ms) for r in rounds), default=0)
+    resets = sorted(r.epoch_reset_ms for r in rounds if r.epoch_reset_ms)
+    if resets:  # epochs from 1 again after each reset of ZooKeeper: told apart as the monitor does
+        copies = {b: [dataclasses.replace(d, epoch=d.epoch + ERA * bisect.bisect_right(resets, d.store_ms))
+                      if d.epoch > 0 else d for d in got] for b, got in copies.items()}
 
     def round_of(ms: int) -> Round | None:
         for r in reversed(rounds):
@@ -556,8 +679,8 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
             f.bound = bound
             per[r.number]["bound"] += bound
             dups = f.dups
-            if f.planned and f.takeover_s > TAKEOVER_BOUND_S:
-                failures.append(f"round {r.number} ({r.fault}): takeover {f.takeover_s:.1f} s > {TAKEOVER_BOUND_S} s")
+            if f.planned and f.takeover_s > f.limit_s:
+                failures.append(f"round {r.number} ({r.fault}): takeover {f.takeover_s:.1f} s > {f.limit_s:g} s")
             if dups > bound:
                 failures.append(f"round {r.number} ({r.fault}): {dups} duplicates at the failover to epoch "
                                 f"{f.new_epoch}, above the bound {bound}")
@@ -571,6 +694,11 @@ def check(rounds: list[Round], sent: dict[bytes, Sent], copies: dict[bytes, list
                 beyond = ", more than one send batch" if r.fault == "pause" else ""
                 failures.append(f"round {r.number} ({r.fault}): {len(late)} copies with the deposed epoch {epoch} "
                                 f"stored after its deadline{beyond} ({stored_where(late)})")
+        for lo, hi in r.silent:
+            inside = [d for got in copies.values() for d in got if lo < d.store_ms < hi]
+            if inside:
+                failures.append(f"round {r.number} ({r.fault}): {len(inside)} copies stored while no replica could "
+                                f"confirm a lease ({stored_where(inside)})")
         failures += [f"round {r.number} ({r.fault}): {p}" for p in r.problems]
     rows = []
     for r in rounds:

@@ -5,7 +5,7 @@ A late copy is given as (store time, broker, queue id, queue offset): where the 
 from __future__ import annotations
 
 from tests.coordination.cluster import Delivery, Sent, at_most_one_send_batch
-from tests.coordination.nemesis import Round, check
+from tests.coordination.nemesis import ERA, Failover, Round, check
 
 Stored = tuple[int, str, int, int]
 
@@ -91,3 +91,34 @@ def test_a_body_the_producer_stored_under_two_ids_is_two_messages_not_a_resend()
 def test_a_copy_the_consumer_received_twice_is_one_stored_copy_not_a_resend() -> None:
     totals = _resent({b"m0": [Delivery(2, 1500, "", 1, 7)] * 2})
     assert totals["resent"] == 0
+
+
+def test_a_copy_stored_while_no_replica_could_confirm_a_lease_fails() -> None:
+    # ZooKeeper down: from the holder's fencing deadline until it is back, nothing may be stored
+    rnd = Round(1, "zookeeper_restart", start_ms=0, end_ms=9000, silent=[(1000, 7000)])
+    sent = {b"m0": Sent(0, 100, "m0"), b"m1": Sent(0, 100, "m1")}
+    copies = {b"m0": [Delivery(2, 900, "broker-a", 1, 7)], b"m1": [Delivery(2, 1500, "broker-a", 1, 8)]}
+    failures = check([rnd], sent, copies, {2: ("r0", 0)}, 0).failures
+    assert failures == ["round 1 (zookeeper_restart): 1 copies stored while no replica could confirm a lease "
+                        "(at 1500 on broker-a:1 offsets 8)"]
+
+
+def test_epochs_counted_from_1_again_after_zookeeper_came_back_empty_are_told_from_the_old_ones() -> None:
+    # the old holder (epoch 2) was paused, then ZooKeeper came back empty at 5000 and a new holder
+    # took epoch 2 of the new count: its copies are not the paused holder's, but a copy the old epoch 2
+    # stored late still fails, and a message the new holder sent again counts at that failover
+    pause = Round(1, "pause", start_ms=0, end_ms=4000, fenced=[(2, 1000)])
+    failover = Failover(4000, 9000, 3, ERA + 2, healed_ms=5000, limit_s=90)
+    wipe = Round(2, "zookeeper_wipe", start_ms=4000, end_ms=20000, epoch_reset_ms=5000, failovers=[failover])
+    sent = {b"new": Sent(0, 6000, "new"), b"late": Sent(0, 100, "late"), b"twice": Sent(0, 3900, "twice"),
+            b"lost": Sent(0, 6500, "lost")}
+    copies = {b"new": [Delivery(2, 9500, "broker-a", 1, 20)], b"late": [Delivery(2, 1500, "broker-a", 2, 7)],
+              b"late2": [Delivery(2, 1600, "broker-a", 3, 7)],
+              b"twice": [Delivery(3, 3950, "broker-a", 1, 9), Delivery(2, 9400, "broker-a", 1, 19)]}
+    sent[b"late2"] = Sent(0, 100, "late2")
+    report = check([pause, wipe], sent, copies, {2: ("r0", 0), 3: ("r1", 2000), ERA + 2: ("r0", 9000)}, 0)
+    assert _deposed(report.failures) == ["round 1 (pause): 2 copies with the deposed epoch 2 stored after its "
+                                         "deadline, more than one send batch (at 1500 on broker-a:2 offsets 7; "
+                                         "at 1600 on broker-a:3 offsets 7)"]
+    assert failover.dups == 1
+    assert "round 2 (zookeeper_wipe): 1 acknowledged messages never delivered" in report.failures
