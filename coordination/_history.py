@@ -7,18 +7,37 @@ ran before it, and kazoo keeps presenting the zxid it saw, so a running replica 
 for ever. A fresh client (zxid 0) is let in and learns where the ensemble stands; when that is
 before what the replica's client saw, the history the replica joined is gone, and only a new
 client, in a restarted process, can join the new one.
+
+A replacement already past what the client saw (a new ensemble other clients used, another
+cluster's backup) takes it back in a new session, as after an ordinary expiry, but without the
+shard's tree, which a replica creates at start: so under each new session the replica looks for the
+`<shard>/lease` znode it joined, told by its creation (zxid and time), which an expiry leaves in
+place. One gone or created again is the same loss: epochs counted again from 1, and znode versions
+of another history, would mislead what the replica kept of the old one.
+
+A replica's client tries to reconnect at least every half session however long ZooKeeper was down
+(kazoo's own wait doubles up to an hour), so that it is back, and may keep its session, soon after
+ZooKeeper is.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import ConnectionLoss, KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
 
 from coordination.errors import ZooKeeperHistoryLostError
 
-__all__ = ["LostHistoryWatch", "ensemble_zxid"]
+__all__ = ["LostHistoryWatch", "ensemble_zxid", "replica_client"]
+
+
+def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
+    """A replica's ZooKeeper client, which waits at most half a session (plus kazoo's jitter, up to 40 %)
+    between reconnects, so that it is back within a session of ZooKeeper, however long that was down."""
+    retry = KazooRetry(max_tries=-1, max_delay=session_timeout_s / 2)
+    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
 
 
 def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:
@@ -39,17 +58,32 @@ def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:
 
 class LostHistoryWatch:
     """While a replica's client is not connected, asks every session timeout (from one session after the
-    drop) whether ZooKeeper stands before what that client saw: it will then never take the client back."""
+    drop) whether ZooKeeper stands before what that client saw: it will then never take the client back.
+    Under each new session, looks once for the shard's tree the replica joined at start (`join`)."""
 
     def __init__(self, hosts: str, session_timeout_s: float, monotonic: Callable[[], float]) -> None:
         """`hosts`: the connect string (`ha.zookeeper`) a fresh client probes."""
         self._hosts, self._every, self._monotonic = hosts, session_timeout_s, monotonic
         self._next: float | None = None  # when to probe next; None while connected
+        self._tree: tuple[str, int, int] | None = None  # the lease path joined, its czxid and ctime
+        self._session: int | None = None  # the last session under which the tree was found (one look each)
+
+    def join(self, client: KazooClient, lease_path: str) -> None:
+        """At start: create the shard's tree down to `lease_path`, and remember which one this replica joined."""
+        client.ensure_path(lease_path)
+        stat, client_id = client.exists(lease_path), client.client_id
+        if client_id is None:
+            raise ConnectionLoss("the connection to ZooKeeper dropped while the replica joined its shard")
+        if stat is None:
+            raise NoNodeError(f"{lease_path} was deleted as the replica created it")
+        self._tree, self._session = (lease_path, stat.czxid, stat.ctime), client_id[0]
 
     def check(self, client: KazooClient) -> None:
-        """One look, each round of the replica; ZooKeeperHistoryLostError when the ensemble is behind `client`."""
+        """One look, each round of the replica; ZooKeeperHistoryLostError when the ensemble is behind `client`,
+        or took it back in a new session without the shard's tree it joined."""
         if client.connected:
             self._next = None
+            self._same_tree(client)
             return
         now = self._monotonic()
         if self._next is None:
@@ -62,3 +96,17 @@ class LostHistoryWatch:
         self._next = self._monotonic() + self._every
         if at is not None and at < seen and not client.connected:
             raise ZooKeeperHistoryLostError(self._hosts, seen, at)
+
+    def _same_tree(self, client: KazooClient) -> None:
+        """Under a session not yet looked at, ZooKeeperHistoryLostError when the lease path joined is gone or
+        was created again."""
+        tree = self._tree
+        client_id = client.client_id if tree is not None else None
+        if tree is None or client_id is None or client_id[0] == self._session:
+            return
+        path, czxid, ctime = tree
+        client.sync(path)  # a new session may start on a follower behind the leader
+        stat = client.exists(path)
+        if stat is None or (stat.czxid, stat.ctime) != (czxid, ctime):
+            raise ZooKeeperHistoryLostError(self._hosts, czxid, int(client.last_zxid), lost_path=path)
+        self._session = client_id[0]

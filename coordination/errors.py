@@ -53,15 +53,25 @@ class DedupeBrokersUnpublishedError(CoordinationError):
 
 
 class ZooKeeperHistoryLostError(CoordinationError):
-    """ZooKeeper answers from before the last transaction this replica's client saw (an ensemble rebuilt
-    empty, or restored from an older backup) and so refuses that client for good: its replica thread
-    ends with this (the fence revoked, the service not ready and exiting with code 3)."""
+    """ZooKeeper's data was replaced under a running replica: it answers from before the last transaction
+    this replica's client saw (an ensemble rebuilt empty, or restored from an older backup) and so refuses
+    that client for good, or it took the client back in a new session without the shard's tree the replica
+    joined (`lost_path`: a new ensemble already past it, another cluster's backup). Its replica thread ends
+    with this (the fence revoked, the service not ready and exiting with code 3)."""
 
-    def __init__(self, zookeeper: str, seen_zxid: int, server_zxid: int) -> None:
-        """The message names the connect string, both transaction ids and what to do."""
-        self.seen_zxid, self.server_zxid = seen_zxid, server_zxid
-        super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} is at transaction 0x{server_zxid:x}, before "
-                         f"0x{seen_zxid:x} that this replica saw: its data was replaced (rebuilt empty or restored "
-                         f"from a backup), and it refuses this replica's session for good. The replica sends "
-                         f"nothing and stops; restart it (a supervisor does, on exit code 3) to join the new "
-                         f"ZooKeeper: its messages are kept in its data directory (docs/HA.md)")
+    def __init__(self, zookeeper: str, seen_zxid: int, server_zxid: int, *, lost_path: str | None = None) -> None:
+        """The message names the connect string, both transaction ids and what to do; with `lost_path`, the
+        znode gone, `seen_zxid` being the transaction that created the one the replica joined."""
+        self.seen_zxid, self.server_zxid, self.lost_path = seen_zxid, server_zxid, lost_path
+        if lost_path is None:
+            what = (f"is at transaction 0x{server_zxid:x}, before 0x{seen_zxid:x} that this replica saw: its data "
+                    f"was replaced (rebuilt empty or restored from a backup), and it refuses this replica's session "
+                    f"for good")
+        else:
+            what = (f"took this replica back in a new session at transaction 0x{server_zxid:x}, but {lost_path}, "
+                    f"which the replica joined (created at 0x{seen_zxid:x}), is gone or was created again: its data "
+                    f"was replaced (a new ensemble, or another cluster's backup), whose epochs and watermarks are "
+                    f"not those this replica kept")
+        super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what}. The replica sends nothing and stops; "
+                         f"restart it (a supervisor does, on exit code 3) to join the new ZooKeeper: its messages "
+                         f"are kept in its data directory (docs/HA.md)")

@@ -37,11 +37,11 @@ import uuid
 from typing import Callable, Sequence
 
 import numpy as np
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from coordination._history import LostHistoryWatch
+from coordination._history import LostHistoryWatch, replica_client
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
 from coordination.errors import ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.config import HAConfig
@@ -102,7 +102,7 @@ class ShardReplica:
         #: whether this replica may contend (its data directory caught up, no gap); None: always
         self.eligibility: Eligibility | None = None
         self._brokers: SharedBrokers | None = None  # the brokers its copies went to, shared with the other replicas
-        self._client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.session_timeout_s)
+        self._client = replica_client(cfg.zookeeper, cfg.session_timeout_s)
         self._history = LostHistoryWatch(cfg.zookeeper, cfg.session_timeout_s, monotonic)
         self._client.add_listener(self._on_state)
 
@@ -184,7 +184,7 @@ class ShardReplica:
             raise ZooKeeperUnreachableError(self.cfg.zookeeper, timeout) from e
         try:
             self._claim_identity()  # first: a replica refused creates nothing under its root
-            self._client.ensure_path(f"{self.path}/lease")
+            self._history.join(self._client, f"{self.path}/lease")  # the tree a new session must still find
         except BaseException as e:
             self._client.stop()
             self._client.close()
@@ -304,7 +304,7 @@ class ShardReplica:
         """One round: make sure we contend, find the holder, confirm or follow. True when holding."""
         client = self._client
         client_id = client.client_id
-        self._history.check(client)  # an ensemble rebuilt empty refuses this client for good: the thread ends
+        self._history.check(client)  # ZooKeeper replaced (its data rebuilt, or the shard's tree gone): the thread ends
         if client_id is None:
             # Not connected (kazoo reconnecting after a dropped connection, the session still ours
             # maybe): nothing can be confirmed, nor our nodes told from another process's, until it is.

@@ -1,6 +1,8 @@
 """When a replica decides that ZooKeeper lost its history (`coordination._history`), with a scripted
 client and probe: never while connected nor within a session of the drop, never while ZooKeeper
-does not answer, and only when it stands before what the replica's client saw."""
+does not answer, and only when it stands before what the replica's client saw; or, under a new
+session, when the shard's tree the replica joined is gone or was created again. And how often a
+replica's client tries to reconnect."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,3 +85,85 @@ def test_a_connection_back_starts_the_count_again(monkeypatch: pytest.MonkeyPatc
     clock.t += 4.0
     with pytest.raises(ZooKeeperHistoryLostError):
         watch.check(client)
+
+
+@dataclass
+class _Stat:
+    czxid: int
+    ctime: int
+
+
+class _SessionClient:
+    """A connected client whose session and whose view of the shard's lease path the test changes."""
+
+    def __init__(self) -> None:
+        self.connected, self.last_zxid, self.session = True, 0x40, 7
+        self.lease: _Stat | None = None
+        self.looks: list[str] = []
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        return (self.session, b"") if self.session else None
+
+    def ensure_path(self, path: str) -> None:
+        self.lease = self.lease or _Stat(0x12, 1_700_000_000_000)
+
+    def sync(self, path: str) -> None:
+        self.looks.append(f"sync {path}")
+
+    def exists(self, path: str) -> _Stat | None:
+        self.looks.append(f"exists {path}")
+        return self.lease
+
+
+def _joined() -> tuple[LostHistoryWatch, _SessionClient]:
+    watch, client = LostHistoryWatch("zk1:2181", 4.0, _Clock()), _SessionClient()
+    watch.join(client, "/tw/T/shard-0-of-1/lease")
+    client.looks.clear()
+    return watch, client
+
+
+def test_a_new_session_that_still_finds_the_shards_tree_is_an_ordinary_expiry_looked_at_once() -> None:
+    watch, client = _joined()
+    watch.check(client)
+    assert client.looks == []  # the session that created the tree
+    client.session = 8  # expired and replaced: the replica's ephemeral nodes went, the tree stays
+    for _ in range(3):
+        watch.check(client)
+    assert client.looks == ["sync /tw/T/shard-0-of-1/lease", "exists /tw/T/shard-0-of-1/lease"]
+    client.session = 0  # kazoo reconnecting: no session to look under
+    watch.check(client)
+    assert len(client.looks) == 2
+
+
+@pytest.mark.parametrize("lease", [None, _Stat(0x12, 1_700_000_999_000), _Stat(0x9d, 1_700_000_000_000)],
+                         ids=["gone", "created-again-same-zxid", "created-again"])
+def test_a_new_session_without_the_shards_tree_it_joined_is_a_lost_history(lease: _Stat | None) -> None:
+    watch, client = _joined()
+    client.session, client.lease, client.last_zxid = 8, lease, 0x300
+    with pytest.raises(ZooKeeperHistoryLostError) as e:
+        watch.check(client)
+    assert e.value.lost_path == "/tw/T/shard-0-of-1/lease" and (e.value.seen_zxid, e.value.server_zxid) == (0x12, 0x300)
+    assert "new session at transaction 0x300" in str(e.value) and "'zk1:2181'" in str(e.value)
+    assert "/tw/T/shard-0-of-1/lease" in str(e.value) and "restart" in str(e.value)
+
+
+def test_a_replica_client_tries_again_at_least_every_half_session_however_long_zookeeper_is_down() -> None:
+    """kazoo's own wait between reconnects doubles up to an hour: after a long outage a replica stayed
+    away about as long again after ZooKeeper was back."""
+    from kazoo.retry import ForceRetryError
+
+    from coordination import HAConfig, ShardReplica
+
+    cfg = HAConfig(zookeeper="zk1:2181", replica_id="a", session_timeout_s=4.0, watermark_interval_s=0.2)
+    retry = ShardReplica(cfg, "TW_DELAY", now_ms=lambda: 0)._client._conn_retry.copy()  # kazoo's policy, not started
+    waits: list[float] = []
+    retry.sleep_func, retry.interrupt = waits.append, None
+    failures = iter(range(40))  # a connect refused 40 times: hours of kazoo's default doubling
+
+    def connect() -> None:
+        if next(failures) < 39:
+            raise ForceRetryError("ZooKeeper down")
+
+    retry(connect)
+    assert len(waits) == 39 and max(waits) <= 4.0 / 2 * 1.4  # half a session, with kazoo's jitter
