@@ -138,7 +138,7 @@ def test_the_zookeeper_command_prints_its_address_serves_and_stops_on_sigterm() 
         assert line[0] == "zookeeper", proc.stderr.read() if proc.stderr else ""
         assert ruok(line[1])
         client = KazooClient(hosts=line[1])
-        client.start(timeout=10)
+        client.start(timeout=30)  # a loaded machine: the JVM answers ruok before it serves sessions promptly
         client.ensure_path("/probe")
         client.stop()
         client.close()

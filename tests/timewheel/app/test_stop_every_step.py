@@ -51,6 +51,7 @@ def test_a_step_of_the_stop_that_fails_leaves_no_later_step_undone_and_is_raised
         service.stop()
     assert raised.value is stuck
     assert service.engine is None and service.admin is None and service.copy_finder is None
-    assert _service_threads() == threads and gc.callbacks == callbacks  # no engine thread left to send
+    # no engine thread left to send (a handler thread an earlier test's admin server left may end meanwhile)
+    assert set(_service_threads()) <= set(threads) and gc.callbacks == callbacks
     ScheduleStore(data).close()  # the store was closed: its lock let go
     assert any(r.exc_info and r.exc_info[1] is broken for r in caplog.records)  # the second failure is logged
