@@ -216,20 +216,28 @@ def _brokers_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
             if r.name == "timewheel.replica" and r.levelno >= logging.WARNING and "dedupe-brokers" in r.getMessage()]
 
 
-def test_a_holder_zookeeper_refuses_the_brokers_of_says_why_in_its_status_and_counters_and_logs_it_once(
-        zookeeper: LocalZooKeeper, client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
-    """It sends nothing, rightly; an operator must see why, without a line every round, and it is not
-    a lease problem: it keeps the lease (and its watermark) meanwhile."""
+def _refused_holder(zookeeper: LocalZooKeeper, client: KazooClient,
+                    **kw: float) -> tuple[ShardReplica, str]:
+    """A replica (not started) that learnt a broker, and the dedupe-brokers znode of its shard, made so
+    that ZooKeeper refuses its writes (no write, no create in its ACL)."""
     cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0,
-                   watermark_interval_s=0.2)
+                   watermark_interval_s=0.2, **kw)  # type: ignore[arg-type]
     topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
     path = f"{cfg.shard_path(topic)}/dedupe-brokers"
     client.ensure_path(cfg.shard_path(topic))
-    client.create(path, b"", acl=[make_acl("world", "anyone", read=True, admin=True)])  # no write, no create
+    client.create(path, b"", acl=[make_acl("world", "anyone", read=True, admin=True)])
     mine = ServedBrokers(None)
     mine.note("T", ["broker-a"])
     r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
     r.share_brokers(mine)
+    return r, path
+
+
+def test_a_holder_zookeeper_refuses_the_brokers_of_says_why_in_its_status_and_counters_and_logs_it_once(
+        zookeeper: LocalZooKeeper, client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    """It sends nothing, rightly; an operator must see why, without a line every round, and it is not
+    a lease problem: it keeps the lease (and its watermark) meanwhile."""
+    r, path = _refused_holder(zookeeper, client)
     with caplog.at_level(logging.INFO, logger="timewheel.replica"):
         r.start(lambda: 0)
         try:
@@ -248,21 +256,11 @@ def test_a_holder_zookeeper_refuses_the_brokers_of_says_why_in_its_status_and_co
             r.stop()
 
 
-
 def test_a_holder_zookeeper_refuses_for_longer_than_the_bound_gives_up_and_its_thread_dies_naming_why(
         zookeeper: LocalZooKeeper, client: KazooClient) -> None:
     """An ACL that refuses every replica alike: the holder gives up at the bound (its thread dead with the
     reason, as the service's `/readyz` shows it) and no longer holds: its service stops and hands the lease on."""
-    cfg = HAConfig(zookeeper=zookeeper.connect_string, replica_id="a", session_timeout_s=2.0,
-                   watermark_interval_s=0.2, dedupe_brokers_publish_timeout_s=1.0)
-    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
-    path = f"{cfg.shard_path(topic)}/dedupe-brokers"
-    client.ensure_path(cfg.shard_path(topic))
-    client.create(path, b"", acl=[make_acl("world", "anyone", read=True, admin=True)])  # no write, no create
-    mine = ServedBrokers(None)
-    mine.note("T", ["broker-a"])
-    r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000)
-    r.share_brokers(mine)
+    r, path = _refused_holder(zookeeper, client, dedupe_brokers_publish_timeout_s=1.0)
     r.start(lambda: 0)
     try:
         wait_for("the holder gives up", lambda: r.dead_threads() == ["timewheel-replica"], 20.0)

@@ -10,10 +10,10 @@ from typing import Callable
 import pytest
 from typer.testing import CliRunner, Result
 
-from storage import Record, ScheduleStore
+from storage import SegmentLayout
+from tests.storage._meta_damage import NOW, stored
 from timewheel.app.cli import app
 
-NOW = 1_795_460_400_000  # 2026-11-23 19:00 UTC
 
 # every command that takes --data-dir and can refuse it before doing anything else
 _COMMANDS = [["init"], ["inspect"], ["inspect", "--verify"], ["find", "--id", "m1"], ["find", "--key", "k"],
@@ -92,16 +92,9 @@ def test_a_data_dir_this_user_cannot_reach_is_one_line(tmp_path: Path, cmd: list
 
 def _stored(tmp_path: Path) -> tuple[Path, Path]:
     """A data directory holding three messages (one delivered) and its segment directory."""
-    from storage.dispatch import DELIVERED, dispatch_entries
-
-    d = tmp_path / "data"
-    with ScheduleStore(d) as store:
-        store.append([Record(f"m{i}", "ORDERS", b"x", NOW + 5_000 + i, keys=("k",)) for i in range(3)], NOW)
-        seg_ms = store.layout.segment_start(NOW)
-        idx = store.segment_index(seg_ms)
-        store.record_dispatch(seg_ms, dispatch_entries(idx.part[:1], idx.offset[:1], idx.due_ms[:1], NOW, DELIVERED),
-                              NOW)
-        return d, store.layout.segment_dir(seg_ms)
+    d = stored(tmp_path)
+    layout = SegmentLayout.open_existing(d)
+    return d, layout.segment_dir(layout.segment_start(NOW))
 
 
 def _dispatch_log_a_directory(d: Path, seg: Path) -> Path:
