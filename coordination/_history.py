@@ -15,12 +15,19 @@ shard's tree, which a replica creates at start: so under each new session the re
 place. One gone or created again is the same loss: epochs counted again from 1, and znode versions
 of another history, would mislead what the replica kept of the old one.
 
+The look is taken by the replica's own thread each round and by a thread of the watch's own
+(`join(stopping=...)`): a request the replica's thread made while its client was reconnecting waits
+in kazoo's queue until a connection is made, so against a ZooKeeper that refuses it for good that
+thread never comes back to look. The watch's thread then stops the client, which fails the waiting
+request, and the replica's next round raises what the watch found.
+
 A replica's client tries to reconnect at least every half session however long ZooKeeper was down
 (kazoo's own wait doubles up to an hour), so that it is back, and may keep its session, soon after
 ZooKeeper is.
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -67,9 +74,12 @@ class LostHistoryWatch:
         self._next: float | None = None  # when to probe next; None while connected
         self._tree: tuple[str, int, int] | None = None  # the lease path joined, its czxid and ctime
         self._session: int | None = None  # the last session under which the tree was found (one look each)
+        self._lock = threading.Lock()  # the probes' schedule: the replica's thread and the watch's both look
+        self._found: Exception | None = None  # what the watch's thread found, raised by the replica's next look
 
-    def join(self, client: KazooClient, lease_path: str) -> None:
-        """At start: create the shard's tree down to `lease_path`, and remember which one this replica joined."""
+    def join(self, client: KazooClient, lease_path: str, stopping: threading.Event | None = None) -> None:
+        """At start: create the shard's tree down to `lease_path`, and remember which one this replica joined;
+        with `stopping` (set when the replica stops), look from a thread of the watch's own as well."""
         client.ensure_path(lease_path)
         stat, client_id = client.exists(lease_path), client.client_id
         if client_id is None:
@@ -77,23 +87,48 @@ class LostHistoryWatch:
         if stat is None:
             raise NoNodeError(f"{lease_path} was deleted as the replica created it")
         self._tree, self._session = (lease_path, stat.czxid, stat.ctime), client_id[0]
+        if stopping is not None:
+            threading.Thread(target=self._watch, args=(client, stopping), name="timewheel-zookeeper-history",
+                             daemon=True).start()
+
+    def _watch(self, client: KazooClient, stopping: threading.Event) -> None:
+        """Probe while the client is not connected, from beside the replica's thread; once ZooKeeper is found
+        behind (or the probe fails unexpectedly), keep it for the replica's next look and stop the client, so
+        that a request the replica's thread waits on fails instead of waiting for a connection never made."""
+        while not stopping.wait(self._every / 2):
+            try:
+                if not client.connected:
+                    self._probe_if_due(client)
+            except Exception as e:  # the replica's thread raises it: this one only records and unblocks
+                self._found = e
+                client.stop()
+                return
 
     def check(self, client: KazooClient) -> None:
         """One look, each round of the replica; ZooKeeperHistoryLostError when the ensemble is behind `client`,
-        or took it back in a new session without the shard's tree it joined."""
+        or took it back in a new session without the shard's tree it joined (or what the watch's thread found)."""
+        if self._found is not None:
+            raise self._found
         if client.connected:
-            self._next = None
+            with self._lock:
+                self._next = None
             self._same_tree(client)
             return
-        now = self._monotonic()
-        if self._next is None:
-            # a dropped connection that comes back within a session is the common case: no probe for it
-            self._next = now + self._every
-        if now < self._next:
-            return
-        seen = client.last_zxid  # what kazoo presents at each connect (kept until a session is lost)
-        at = ensemble_zxid(self._hosts, self._every)
-        self._next = self._monotonic() + self._every
+        self._probe_if_due(client)
+
+    def _probe_if_due(self, client: KazooClient) -> None:
+        """Probe the ensemble once a session has passed since the client was last seen connected (and every
+        session after); ZooKeeperHistoryLostError when it stands before what the client saw."""
+        with self._lock:
+            now = self._monotonic()
+            if self._next is None:
+                # a dropped connection that comes back within a session is the common case: no probe for it
+                self._next = now + self._every
+            if now < self._next:
+                return
+            seen = client.last_zxid  # what kazoo presents at each connect (kept until a session is lost)
+            at = ensemble_zxid(self._hosts, self._every)
+            self._next = self._monotonic() + self._every
         if at is not None and at < seen and not client.connected:
             raise ZooKeeperHistoryLostError(self._hosts, seen, at)
 

@@ -184,7 +184,7 @@ class ShardReplica:
             raise ZooKeeperUnreachableError(self.cfg.zookeeper, timeout) from e
         try:
             self._claim_identity()  # first: a replica refused creates nothing under its root
-            self._history.join(self._client, f"{self.path}/lease")  # the tree a new session must still find
+            self._history.join(self._client, f"{self.path}/lease", self._stopping)  # the tree a new session must find
         except BaseException as e:
             self._client.stop()
             self._client.close()

@@ -5,6 +5,8 @@ session, when the shard's tree the replica joined is gone or was created again. 
 replica's client tries to reconnect."""
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,3 +169,53 @@ def test_a_replica_client_tries_again_at_least_every_half_session_however_long_z
 
     retry(connect)
     assert len(waits) == 39 and max(waits) <= 4.0 / 2 * 1.4  # half a session, with kazoo's jitter
+
+
+class _StuckClient(_SessionClient):
+    """A client that drops its connection after the join, whose replica thread waits on a queued request
+    (kazoo keeps it until a connection is made) and so never looks again: only `stop()` fails that request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_zxid = 0x1F5
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def test_a_replica_thread_waiting_on_a_request_queued_while_reconnecting_is_released_when_zookeeper_is_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch's own thread probes, stops the client (failing the request the replica's thread waits on)
+    and the replica's next look raises what it found."""
+    monkeypatch.setattr(_history, "ensemble_zxid", lambda hosts, timeout_s: 0x1)
+    watch, client, stopping = LostHistoryWatch("zk1:2181", 0.2, time.monotonic), _StuckClient(), threading.Event()
+    watch.join(client, "/tw/T/shard-0-of-1/lease", stopping)
+    try:
+        client.connected = False  # the replica's thread is now blocked: nobody calls `check`
+        assert client.stopped.wait(30.0), "the watch never stopped the client its replica's thread waits on"
+        with pytest.raises(ZooKeeperHistoryLostError, match="0x1f5"):
+            watch.check(client)
+    finally:
+        stopping.set()
+
+
+def test_the_watch_thread_stops_nothing_while_zookeeper_is_the_same_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    probes: list[str] = []
+
+    def probe(hosts: str, timeout_s: float) -> int:
+        probes.append(hosts)
+        return 0x300  # past what the client saw: the same history
+
+    monkeypatch.setattr(_history, "ensemble_zxid", probe)
+    watch, client, stopping = LostHistoryWatch("zk1:2181", 0.05, time.monotonic), _StuckClient(), threading.Event()
+    watch.join(client, "/tw/T/shard-0-of-1/lease", stopping)
+    try:
+        client.connected = False
+        deadline = time.monotonic() + 30.0
+        while len(probes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(probes) >= 3 and not client.stopped.is_set()
+        watch.check(client)  # nothing found: no error
+    finally:
+        stopping.set()
