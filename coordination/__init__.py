@@ -10,8 +10,9 @@ holder, epoch and watermark for `timewheel status`. `LocalZooKeeper` runs a real
 Maven Central jars for tests, the demo and `timewheel zookeeper`.
 """
 from coordination.config import HAConfig
-from coordination.errors import (CoordinationError, DedupeBrokersUnpublishedError, LocalZooKeeperError,
-                                 ZooKeeperHistoryLostError, ZooKeeperJoinError, ZooKeeperUnreachableError)
+from coordination.errors import (CoordinationError, DedupeBrokersUnpublishedError, LeasePathDeletedError,
+                                 LocalZooKeeperError, ZooKeeperHistoryLostError, ZooKeeperJoinError,
+                                 ZooKeeperUnreachableError)
 from coordination.fencing import FencingDeadline
 from coordination.local_zookeeper import LocalZooKeeper, ruok
 from coordination.epoch_sink import EPOCH_PROPERTY, EpochStampingSink
@@ -22,6 +23,6 @@ from coordination.status import ShardStatus, shard_status
 from coordination.watermark import Watermark, publish_watermark, read_watermark
 
 __all__ = ["EPOCH_PROPERTY", "CoordinationError", "DedupeBrokersUnpublishedError", "EpochStampingSink", "FencedDeadLetters", "FencedSink", "FencingDeadline", "HAConfig",
-           "LocalZooKeeper", "LocalZooKeeperError", "NotHoldingError", "ReplicaCounters", "ReplicaIdTaken", "ReplicaSetMismatch",
+           "LeasePathDeletedError", "LocalZooKeeper", "LocalZooKeeperError", "NotHoldingError", "ReplicaCounters", "ReplicaIdTaken", "ReplicaSetMismatch",
            "ShardReplica", "ShardStatus", "Watermark", "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError",
            "publish_watermark", "read_watermark", "ruok", "shard_status"]

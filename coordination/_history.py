@@ -15,6 +15,23 @@ shard's tree, which a replica creates at start: so under each new session the re
 place. One gone or created again is the same loss: epochs counted again from 1, and znode versions
 of another history, would mislead what the replica kept of the old one.
 
+Under the session that found it, only a delete by hand or by a tool takes that znode (ZooKeeper
+never removes a persistent one): the replica looks for it every round (one read) and, gone or
+created again, stops with LeasePathDeletedError, its thread's end revoking its fence. Carrying on
+under a path created again is not safe. Not for the epochs: ZooKeeper numbers a znode's children by
+its child version (`cversion`), which a new znode counts from 0, so the next holder's epoch would
+be 1 again, at or below those the shard's watermark and its delivered messages carry (the
+watermark's compare-and-set refuses every mark of such a holder, which then loses the lease each
+round it takes it, and a standby files its marks under an old holder's epoch, or drops them as
+older than the last eight it keeps). Nor for the holders: the delete took the holder's lease node
+while its session, and so its fence, lived on, and another replica could confirm a lease in the new
+path before the old holder's next round. A process started again keeps nothing of the old epochs
+and may join a new path, but not under the old one's watermark: a start refuses
+(LeasePathDeletedError) while the shard's watermark holds an epoch above the path's child version
+(the path gone, or created again after the watermark was written), which within one history is
+never below an epoch its children gave. Counting epochs from 1 again is left to an operator, who
+deletes the watermark once the replicas have stopped, as after a ZooKeeper rebuilt empty.
+
 The look is taken by the replica's own thread each round and by a thread of the watch's own
 (`join(stopping=...)`): a request the replica's thread made while its client was reconnecting waits
 in kazoo's queue until a connection is made, so against a ZooKeeper that refuses it for good that
@@ -35,7 +52,8 @@ from kazoo.exceptions import ConnectionLoss, KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
-from coordination.errors import ZooKeeperHistoryLostError
+from coordination.errors import LeasePathDeletedError, ZooKeeperHistoryLostError
+from coordination.watermark import MalformedWatermark, read_watermark
 
 __all__ = ["LostHistoryWatch", "ensemble_zxid", "replica_client"]
 
@@ -66,20 +84,29 @@ def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:
 class LostHistoryWatch:
     """While a replica's client is not connected, asks every session timeout (from one session after the
     drop) whether ZooKeeper stands before what that client saw: it will then never take the client back.
-    Under each new session, looks once for the shard's tree the replica joined at start (`join`)."""
+    Under each new session, looks (after a sync) for the shard's tree the replica joined at start (`join`),
+    and under the session that found it, every round: only a delete by hand or by a tool takes it then."""
 
     def __init__(self, hosts: str, session_timeout_s: float, monotonic: Callable[[], float]) -> None:
         """`hosts`: the connect string (`ha.zookeeper`) a fresh client probes."""
         self._hosts, self._every, self._monotonic = hosts, session_timeout_s, monotonic
         self._next: float | None = None  # when to probe next; None while connected
         self._tree: tuple[str, int, int] | None = None  # the lease path joined, its czxid and ctime
-        self._session: int | None = None  # the last session under which the tree was found (one look each)
+        self._session: int | None = None  # the last session under which the tree was found (synced with once each)
         self._lock = threading.Lock()  # the probes' schedule: the replica's thread and the watch's both look
         self._found: Exception | None = None  # what the watch's thread found, raised by the replica's next look
 
     def join(self, client: KazooClient, lease_path: str, stopping: threading.Event | None = None) -> None:
-        """At start: create the shard's tree down to `lease_path`, and remember which one this replica joined;
-        with `stopping` (set when the replica stops), look from a thread of the watch's own as well."""
+        """At start: create the shard's tree down to `lease_path` (LeasePathDeletedError when the shard's watermark
+        holds an epoch it cannot have given), and remember which one this replica joined; with `stopping` (set
+        when the replica stops), look from a thread of the watch's own as well."""
+        shard_path = lease_path.rsplit("/", 1)[0]
+        # the watermark first: the path's child version read after it is at least its epoch in one history
+        epoch = _watermark_epoch(client, shard_path)
+        found = client.exists(lease_path)
+        if epoch and (found is None or found.cversion < epoch):
+            raise LeasePathDeletedError(lease_path, f"{shard_path}/watermark", watermark_epoch=epoch,
+                                        next_epoch=None if found is None else found.cversion + 1)
         client.ensure_path(lease_path)
         stat, client_id = client.exists(lease_path), client.client_id
         if client_id is None:
@@ -106,7 +133,8 @@ class LostHistoryWatch:
 
     def check(self, client: KazooClient) -> None:
         """One look, each round of the replica; ZooKeeperHistoryLostError when the ensemble is behind `client`,
-        or took it back in a new session without the shard's tree it joined (or what the watch's thread found)."""
+        or took it back in a new session without the shard's tree it joined (or what the watch's thread found);
+        LeasePathDeletedError when that tree's lease path is gone, or another, under the session that found it."""
         if self._found is not None:
             raise self._found
         if client.connected:
@@ -134,14 +162,29 @@ class LostHistoryWatch:
 
     def _same_tree(self, client: KazooClient) -> None:
         """Under a session not yet looked at, ZooKeeperHistoryLostError when the lease path joined is gone or
-        was created again."""
+        was created again; under the one that last found it, LeasePathDeletedError."""
         tree = self._tree
         client_id = client.client_id if tree is not None else None
-        if tree is None or client_id is None or client_id[0] == self._session:
+        if tree is None or client_id is None:
             return
         path, czxid, ctime = tree
+        if client_id[0] == self._session:
+            # a session's reads never go back: once gone (or another znode) under it, it was deleted since
+            stat = client.exists(path)
+            if stat is None or (stat.czxid, stat.ctime) != (czxid, ctime):
+                raise LeasePathDeletedError(path, f"{path.rsplit('/', 1)[0]}/watermark")
+            return
         client.sync(path)  # a new session may start on a follower behind the leader
         stat = client.exists(path)
         if stat is None or (stat.czxid, stat.ctime) != (czxid, ctime):
             raise ZooKeeperHistoryLostError(self._hosts, czxid, int(client.last_zxid), lost_path=path)
         self._session = client_id[0]
+
+
+def _watermark_epoch(client: KazooClient, shard_path: str) -> int:
+    """The epoch of the shard's watermark (0: none published)."""
+    try:
+        return read_watermark(client, shard_path).epoch
+    except MalformedWatermark:
+        # says nothing of the epochs: the replica's rounds report it, and its next holder writes over it
+        return 0

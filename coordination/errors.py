@@ -4,8 +4,8 @@ from __future__ import annotations
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
-__all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LocalZooKeeperError", "ZooKeeperHistoryLostError",
-           "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
+__all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LeasePathDeletedError", "LocalZooKeeperError",
+           "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
 
 
 class CoordinationError(Exception):
@@ -75,3 +75,31 @@ class ZooKeeperHistoryLostError(CoordinationError):
         super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what}. The replica sends nothing and stops; "
                          f"restart it (a supervisor does, on exit code 3) to join the new ZooKeeper: its messages "
                          f"are kept in its data directory (docs/HA.md)")
+
+
+class LeasePathDeletedError(CoordinationError):
+    """The shard's lease path (`<shard>/lease`, the parent of the replicas' lease nodes) was deleted in
+    ZooKeeper, or deleted and created again, by hand or by a tool (ZooKeeper never removes it). A running
+    replica that finds it so under its own session ends its thread with this (the fence revoked, the service
+    not ready and exiting with code 3); a start refuses with it while the shard's watermark holds an epoch
+    that lease path cannot have given (`serve` says so in one line, exit 2)."""
+
+    def __init__(self, lease_path: str, watermark_path: str, *, watermark_epoch: int | None = None,
+                 next_epoch: int | None = None) -> None:
+        """The message names the lease path, the watermark znode and what to do; at a start, `watermark_epoch`
+        is the watermark's and `next_epoch` the one the lease path would give next (None: it is gone)."""
+        self.lease_path, self.watermark_path, self.watermark_epoch = lease_path, watermark_path, watermark_epoch
+        if watermark_epoch is None:
+            what = (f"{lease_path} was deleted in ZooKeeper (or deleted and created again) under this replica's "
+                    f"live session, by hand or by a tool: the lease nodes went with it, and a path created again "
+                    f"numbers epochs from 1 again, under those the shard's watermark and delivered messages carry. "
+                    f"The replica sends nothing and stops (exit code 3), as every replica of the shard does; its "
+                    f"messages are kept in its data directory")
+        else:
+            gives = "is gone" if next_epoch is None else f"was created again (its next epoch would be {next_epoch})"
+            what = (f"{lease_path} {gives}, but {watermark_path} holds epoch {watermark_epoch}, which this lease "
+                    f"path cannot have given: it was deleted under the replicas, by hand or by a tool. The replica "
+                    f"does not start: its lease would carry an epoch at or below those already given")
+        super().__init__(f"{what}. Once no replica of the shard runs, delete {watermark_path} if it is there (its "
+                         f"epoch is the deleted lease path's), then start them again: epochs count from 1 again, and "
+                         f"each data directory keeps what it recorded (docs/HA.md)")

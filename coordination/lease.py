@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NodeExistsError
 
+from coordination.errors import CoordinationError
+
 __all__ = ["ReplicaCounters", "ReplicaIdTaken", "claim_replica_id", "epoch_of", "lease_sequence", "our_node"]
 
 
@@ -35,7 +37,7 @@ def epoch_of(node: str) -> int:
     return lease_sequence(node) + 1
 
 
-class ReplicaIdTaken(RuntimeError):
+class ReplicaIdTaken(CoordinationError, RuntimeError):
     """Another live process of the shard already uses this replica's id."""
 
 

@@ -93,14 +93,16 @@ def test_a_connection_back_starts_the_count_again(monkeypatch: pytest.MonkeyPatc
 class _Stat:
     czxid: int
     ctime: int
+    cversion: int = 0  # the lease path's child version: what ZooKeeper numbers its next child
 
 
 class _SessionClient:
-    """A connected client whose session and whose view of the shard's lease path the test changes."""
+    """A connected client whose session and whose view of the shard's lease path (and watermark) the test changes."""
 
     def __init__(self) -> None:
         self.connected, self.last_zxid, self.session = True, 0x40, 7
         self.lease: _Stat | None = None
+        self.watermark: bytes | None = None
         self.looks: list[str] = []
 
     @property
@@ -109,6 +111,14 @@ class _SessionClient:
 
     def ensure_path(self, path: str) -> None:
         self.lease = self.lease or _Stat(0x12, 1_700_000_000_000)
+
+    def get(self, path: str) -> tuple[bytes, None]:
+        from kazoo.exceptions import NoNodeError
+
+        assert path.endswith("/watermark"), path
+        if self.watermark is None:
+            raise NoNodeError(path)
+        return self.watermark, None
 
     def sync(self, path: str) -> None:
         self.looks.append(f"sync {path}")
@@ -125,17 +135,56 @@ def _joined() -> tuple[LostHistoryWatch, _SessionClient]:
     return watch, client
 
 
-def test_a_new_session_that_still_finds_the_shards_tree_is_an_ordinary_expiry_looked_at_once() -> None:
+def test_a_new_session_that_still_finds_the_shards_tree_is_an_ordinary_expiry_synced_with_once() -> None:
     watch, client = _joined()
     watch.check(client)
-    assert client.looks == []  # the session that created the tree
+    assert client.looks == ["exists /tw/T/shard-0-of-1/lease"]  # the session that created the tree: no sync
+    client.looks.clear()
     client.session = 8  # expired and replaced: the replica's ephemeral nodes went, the tree stays
     for _ in range(3):
         watch.check(client)
-    assert client.looks == ["sync /tw/T/shard-0-of-1/lease", "exists /tw/T/shard-0-of-1/lease"]
+    assert client.looks == ["sync /tw/T/shard-0-of-1/lease", "exists /tw/T/shard-0-of-1/lease",
+                            "exists /tw/T/shard-0-of-1/lease", "exists /tw/T/shard-0-of-1/lease"]
     client.session = 0  # kazoo reconnecting: no session to look under
     watch.check(client)
-    assert len(client.looks) == 2
+    assert len(client.looks) == 4
+
+
+@pytest.mark.parametrize("lease", [None, _Stat(0x12, 1_700_000_999_000), _Stat(0x9d, 1_700_000_000_000)],
+                         ids=["gone", "created-again-same-zxid", "created-again"])
+def test_the_lease_path_gone_under_the_session_that_found_it_was_deleted_by_hand(lease: _Stat | None) -> None:
+    """ZooKeeper never removes it: under a live session only a delete (zkCli's `deleteall`, a tool) takes it,
+    and every round then failed with NoNodeError while the replica stayed ready."""
+    from coordination.errors import LeasePathDeletedError
+
+    watch, client = _joined()
+    client.session = 8
+    watch.check(client)  # a new session that still finds it: looked for under it from now on
+    client.lease = lease
+    with pytest.raises(LeasePathDeletedError) as e:
+        watch.check(client)
+    assert (e.value.lease_path, e.value.watermark_path) == ("/tw/T/shard-0-of-1/lease", "/tw/T/shard-0-of-1/watermark")
+    assert "by hand or by a tool" in str(e.value) and "exit code 3" in str(e.value)
+    assert "delete /tw/T/shard-0-of-1/watermark" in str(e.value)
+
+
+@pytest.mark.parametrize("lease", [None, _Stat(0x9d, 1_700_000_000_000, cversion=2)], ids=["gone", "created-again"])
+def test_a_start_is_refused_while_the_watermark_holds_an_epoch_the_lease_path_cannot_have_given(
+        lease: _Stat | None) -> None:
+    """Within one history the lease path's child version is never below an epoch its children gave; created
+    again it counts from 0, and the next holder's epoch would be at or below the watermark's."""
+    from coordination.errors import LeasePathDeletedError
+
+    watch, client = LostHistoryWatch("zk1:2181", 4.0, _Clock()), _SessionClient()
+    client.lease, client.watermark = lease, b'{"epoch": 5, "watermark_ms": 1, "replica": "a", "published_ms": 1}'
+    with pytest.raises(LeasePathDeletedError, match="holds epoch 5") as e:
+        watch.join(client, "/tw/T/shard-0-of-1/lease")
+    assert e.value.watermark_epoch == 5 and client.lease is lease  # nothing created
+    assert ("is gone" if lease is None else "its next epoch would be 3") in str(e.value)
+    client.lease = _Stat(0x12, 1_700_000_000_000, cversion=5)  # the path that gave epoch 5: joined
+    watch.join(client, "/tw/T/shard-0-of-1/lease")
+    client.watermark = b"{not json"  # unreadable: says nothing of the epochs (the replica's rounds report it)
+    LostHistoryWatch("zk1:2181", 4.0, _Clock()).join(client, "/tw/T/shard-0-of-1/lease")
 
 
 @pytest.mark.parametrize("lease", [None, _Stat(0x12, 1_700_000_999_000), _Stat(0x9d, 1_700_000_000_000)],

@@ -309,3 +309,45 @@ def test_a_zookeeper_that_never_answers_the_first_connect_is_a_typed_one_line_er
     assert issubclass(ZooKeeperUnreachableError, ConnectionError)
     assert not replica._client.connected
     assert replica.dead_threads() == []
+
+
+@pytest.mark.parametrize("created_again", [False, True], ids=["deleted", "deleted-and-created-again"])
+def test_a_lease_path_deleted_under_live_sessions_stops_every_replica_saying_why_and_no_restart_counts_epochs_back(
+        replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper, created_again: bool) -> None:
+    """`<shard>/lease` deleted by hand (zkCli's `deleteall`, a tool) while every replica's session lives:
+    each round failed with NoNodeError on it, nobody held the lease, and every replica stayed ready, for
+    ever. Created again, its epochs would count from 1 under the watermark of the old ones. Each replica
+    must end its thread saying what happened and what to do; a replica started again is refused while
+    the shard's watermark holds an epoch the lease path cannot have given, and starts once it is removed."""
+    a, b = _holder_and_follower(replicas, 2_000, 3_000)
+    wait_for("a publishes", lambda: read_watermark(a._client, a.path).epoch == a.epoch)
+    lease, first = f"{a.path}/lease", a.epoch
+    operator = KazooClient(hosts=zookeeper.connect_string)
+    operator.start(timeout=30)
+    try:
+        operator.delete(lease, recursive=True)  # what `deleteall` does: the replicas' nodes, then the path
+        if created_again:
+            operator.create(lease)
+        wait_for("both replicas say that the lease path was deleted",
+                 lambda: bool(a.thread_failures() and b.thread_failures()), 30)
+        for r in (a, b):
+            failure = r.thread_failures()["timewheel-replica"]
+            assert failure.startswith("LeasePathDeletedError: ") and lease in failure, failure
+            assert f"{a.path}/watermark" in failure and "exit" in failure
+            assert r.dead_threads() == ["timewheel-replica"] and not r.may_send()
+            r.stop()
+        from coordination import CoordinationError, LeasePathDeletedError
+
+        with pytest.raises(LeasePathDeletedError, match=f"epoch {first}") as refused:
+            replicas("a", lambda: 4_000)  # a supervisor's restart: it would take the lease with epoch 1
+        assert f"{a.path}/watermark" in str(refused.value)
+        assert isinstance(refused.value, CoordinationError)  # what serve reports in one line (exit 2)
+        assert (operator.exists(lease) is not None) == created_again  # the refused start created nothing
+        operator.delete(f"{a.path}/watermark")  # what the error says to do
+        again = replicas("a", lambda: 4_000)
+        wait_for("a replica started again holds the lease", again.may_send, 30)
+        assert again.epoch == 1 and not again.dead_threads()
+        wait_for("it publishes its watermark", lambda: read_watermark(operator, a.path).epoch == 1)
+    finally:
+        operator.stop()
+        operator.close()

@@ -132,7 +132,7 @@ class Service:
                                      rmq.producer_group).start()
             delivery = TracingSink(delivery, self.trace, self.clock.now_ms)
         if ha.enabled:
-            from coordination import EpochStampingSink, FencedDeadLetters, FencedSink, ReplicaIdTaken, ShardReplica
+            from coordination import CoordinationError, EpochStampingSink, FencedDeadLetters, FencedSink, ShardReplica
             from coordination.identity import Eligibility
             from coordination.watermark import MAX_EXCEPTIONS
 
@@ -162,7 +162,7 @@ class Service:
                 engine = self.engine  # up to MAX_EXCEPTIONS retrying entries are listed, not waited for
                 self.replica.start(lambda: engine.delivered_up_to_except(MAX_EXCEPTIONS),
                                    offsets_source=self._endpoints.source.stored_offsets)
-            except (ConnectionError, ReplicaIdTaken) as e:
+            except (ConnectionError, CoordinationError) as e:
                 # refused: the engine (and its store) stops cleanly and the command says why in one line
                 raise StartError(str(e)) from e
         self.shaping = shaping  # before its start: a start that fails halfway leaves its watch thread to stop
