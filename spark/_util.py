@@ -1,5 +1,5 @@
-"""Small helpers shared by the sources and jobs: option parsing, time arguments, and the files of a
-data directory a job reads checked before it starts."""
+"""Small helpers shared by the sources and jobs: option parsing, time arguments, one topic's records,
+and the files of a data directory a job reads checked before it starts."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from storage import SegmentLayout
 
 
@@ -19,6 +21,14 @@ def int_option(options: Mapping[str, str], name: str) -> int | None:
         return int(value)
     except ValueError as e:
         raise ValueError(f"option {name}={value!r} is not an integer") from e
+
+
+def of_topic(records: DataFrame, topic: str) -> DataFrame:
+    """Records of `topic`, and those that fail their checks (crc_ok false): their topic cannot be read,
+    so whichever it was they are kept, for the job to count and report rather than drop unseen."""
+    from pyspark.sql import functions as F
+
+    return records.where((F.col("topic") == topic) | ~F.col("crc_ok"))
 
 
 def parse_time_ms(value: str | int) -> int:

@@ -3,7 +3,8 @@
 `<out>/records/segment=YYYYMMDDHHMM/*.parquet`: one row per record, every column of the
 `timewheel` source plus the audit's `status` and `lateness_ms`; `<out>/dispatch/...`: one row per
 dispatch-log entry. Both can be limited to the records due in [since_ms, until_ms), and the records
-to one topic.
+to one topic: those that fail their checks stay, status corrupt, as in an export of every topic
+(their topic cannot be read; `spark._util.of_topic`).
 
 Records a settled part cannot give back (`spark._damage`: the index names them past the end of the
 log, or the log has no index) are not in records/; the export writes the rest and its result counts
@@ -17,18 +18,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from spark._damage import GRACE_MS, damaged_parts
-from spark._util import require_readable
+from spark._util import of_topic, require_readable
 from spark.audit import with_status
 from storage import SegmentLayout
 
 
 def export_records(records: DataFrame, *, topic: str | None = None) -> DataFrame:
-    """Records (all source columns) as exported: with status and lateness, one topic when given."""
+    """Records (all source columns) as exported: with status and lateness, one topic (and the
+    corrupt records, whose topic is unknown) when given."""
     out = with_status(records)
-    return out.where(F.col("topic") == topic) if topic is not None else out
+    return of_topic(out, topic) if topic is not None else out
 
 
 @dataclass

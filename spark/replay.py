@@ -5,8 +5,11 @@ Each task (one per part file) opens one producer, sends its records in due order
 appends a REPLAYED entry for every message sent to its segment's dispatch log (one frame per
 batch), so the audit tells replays from duplicates. A replayed message carries what the engine's
 delivery carries: body, tags, keys, properties, the original id in `TW_ORIGINAL_MSG_ID`, and
-`TW_REPLAY=1`. Records that fail their checks are counted and skipped. A dry run sends nothing and
-writes nothing: it says what would be sent.
+`TW_REPLAY=1`. Records that fail their checks are counted and skipped. Records a settled part
+cannot give back (`spark._damage`: the index names them past the end of the log, or the log has no
+index) are counted per part as an export counts them (`unreadable_records`, `damaged_parts`,
+whatever the topic asked for): the rest is sent, and the result says the range was not replayed
+whole. A dry run sends nothing and writes nothing: it says what would be sent, and what could not be.
 
 Spark only reads: the sending side is a `Sender` from a factory the caller passes in (for RocketMQ,
 `forwarder.replay_sender.replay_sender`, which sends through the wire client).
@@ -23,7 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StringType
 
-from spark._util import require_readable
+from spark._damage import GRACE_MS, damaged_parts
+from spark._util import of_topic, require_readable
 from storage import SegmentLayout
 
 ORIGINAL_ID_PROPERTY = "TW_ORIGINAL_MSG_ID"
@@ -50,9 +54,7 @@ def select(records: DataFrame, *, since_ms: int, until_ms: int, topic: str | Non
     """Records due in [since_ms, until_ms), of one topic when given (records that fail their checks
     stay, to be counted: their topic is unknown)."""
     out = records.where((F.col("due_ms") >= since_ms) & (F.col("due_ms") < until_ms))
-    if topic is not None:
-        out = out.where((F.col("topic") == topic) | ~F.col("crc_ok"))
-    return out
+    return of_topic(out, topic) if topic is not None else out
 
 
 def delivery_properties(records: DataFrame) -> DataFrame:
@@ -159,6 +161,8 @@ class ReplayResult:
     sent: int = 0
     failed: int = 0
     skipped_corrupt: int = 0
+    unreadable_records: int = 0  # records of settled parts due in the range that could not be read, so not sent
+    damaged_parts: list[dict] = field(default_factory=list)  # `spark._damage.PartDamage.as_dict` of each part
     by_topic: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     sample: list[dict] = field(default_factory=list)
@@ -204,15 +208,20 @@ def check_dispatch_logs(data_dir: str, since_ms: int, until_ms: int) -> list[str
 
 def replay(spark: SparkSession, data_dir: str | Path, *, since_ms: int, until_ms: int, topic: str | None = None,
            dry_run: bool = False, sender_factory: Callable[[], Sender] | None = None, rate: float = 1000.0,
-           sample: int = 20) -> ReplayResult:
+           sample: int = 20, now_ms: int | None = None, grace_ms: int = GRACE_MS) -> ReplayResult:
     """Re-send (or, with dry_run, list) the records due in [since_ms, until_ms) of `topic` (all when
-    None); `rate` is messages a second per executor (0: unlimited)."""
+    None); `rate` is messages a second per executor (0: unlimited). Records that parts of segments
+    ended before `now_ms - grace_ms` (now: the wall clock) cannot give back are counted in the result."""
     if until_ms <= since_ms:
         raise ValueError(f"--until ({until_ms}) must be after --since ({since_ms})")
     data_dir = str(data_dir)
+    layout = SegmentLayout.open_existing(data_dir)
     # a dry run reads no dispatch log; a replay appends to those of the segments it sends from
-    require_readable(SegmentLayout.open_existing(data_dir), since_ms, until_ms, dispatch=not dry_run)
-    result = ReplayResult(since_ms, until_ms, topic, dry_run)
+    require_readable(layout, since_ms, until_ms, dispatch=not dry_run)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    damaged = damaged_parts(layout, now_ms=now, grace_ms=grace_ms, since_ms=since_ms, until_ms=until_ms)
+    result = ReplayResult(since_ms, until_ms, topic, dry_run, unreadable_records=sum(d.records for d in damaged),
+                          damaged_parts=[d.as_dict() for d in damaged])
     records = (spark.read.format("timewheel").schema(COLUMNS)
                .option("since_ms", str(since_ms)).option("until_ms", str(until_ms)).load(data_dir))
     chosen = delivery_properties(select(records, since_ms=since_ms, until_ms=until_ms, topic=topic))

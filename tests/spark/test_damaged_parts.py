@@ -1,13 +1,15 @@
 """Parts that nothing appends to any more (their segment ended before the audit's grace window) whose
 records cannot be read: a log cut short of what its index names, a log without its index sidecar.
-The audit fails on them naming the part and how many records; an export writes what it can, says
-how many it could not, and exits 1. Beside a running engine, a part still being written is not
-damage: index entries past the log of the current segment, and a commit in flight into a past
-segment (records in the log, their index entries not yet), are no finding."""
+The audit fails on them naming the part and how many records; an export writes what it can, a replay
+sends what it can (or, dry, lists it), and both say how many they could not and exit 1. Beside a
+running engine, a part still being written is not damage: index entries past the log of the current
+segment, and a commit in flight into a past segment (records in the log, their index entries not
+yet), are no finding."""
 from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -19,9 +21,11 @@ from typer.testing import CliRunner
 from spark.audit import run_audit
 from spark.audit_source import AuditReader
 from spark.export import export
+from spark.replay import replay
 from storage import DELIVERED, ScheduleStore, dispatch_entries
 from storage.index import INDEX_ENTRY_SIZE
 from tests.spark.conftest import HOUR, T0, deliver, records
+from tests.spark.test_replay_export import RecordingSender
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -125,6 +129,49 @@ def test_export_counts_only_the_unreadable_records_due_in_its_range(spark: Spark
     assert (at.records, at.unreadable_records) == (0, 1)
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["sent", "dry-run"])
+@pytest.mark.parametrize("damage", [_cut_log, _no_index], ids=["log-cut", "index-missing"])
+def test_a_replay_says_how_many_records_it_could_not_read_and_exits_1(spark: SparkSession, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       damage: Damage, dry_run: bool) -> None:
+    """As an export: the rest is replayed (or listed), each damaged part named on stderr."""
+    import forwarder.replay_sender
+
+    d, seg = _stored(tmp_path)
+    log = damage(seg)
+    unreadable = 1 if damage is _cut_log else 5
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    monkeypatch.setattr(forwarder.replay_sender, "replay_sender_for",
+                        lambda cfg, group: partial(RecordingSender, str(sent)))
+    args = ["replay", "--data-dir", str(d), "--since", str(PAST), "--until", str(PAST + HOUR),
+            "--namesrv", "127.0.0.1:1", "--rate", "0", *(["--dry-run"] if dry_run else [])]
+    detail = f"{unreadable} record(s) of {log} cannot be read"
+    res = CliRunner().invoke(_cli(), [*args, "--json"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), str(res.exception)[:2000]
+    assert res.exit_code == 1, res.output
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (result["matched"], result["unreadable_records"]) == (15 - unreadable, unreadable)
+    assert [(p["segment_ms"], p["part"], p["log"], p["records"]) for p in result["damaged_parts"]] == \
+        [(PAST, 0, str(log), unreadable)]
+    assert detail in res.stderr
+    lines = [line for f in sent.iterdir() for line in f.read_text().splitlines()]
+    assert (result["sent"], len(lines)) == ((0, 0) if dry_run else (15 - unreadable, 15 - unreadable))
+    text = CliRunner().invoke(_cli(), args)
+    assert text.exit_code == 1 and detail in text.output, text.output
+    assert f"unreadable: {unreadable:,} record(s) cannot be read" in text.output, text.output
+
+
+def test_a_replay_counts_the_unreadable_records_due_in_its_range_whatever_its_topic(spark: SparkSession,
+                                                                                    tmp_path: Path) -> None:
+    d, seg = _stored(tmp_path)
+    _cut_log(seg)  # the cut record is part 0's last, due 4 minutes into the segment
+    before = replay(spark, d, since_ms=PAST, until_ms=PAST + 4 * 60_000, dry_run=True, now_ms=NOW)
+    assert (before.matched, before.unreadable_records, before.damaged_parts) == (4, 0, [])
+    other = replay(spark, d, since_ms=PAST, until_ms=PAST + HOUR, topic="NOT_ORDERS", dry_run=True, now_ms=NOW)
+    assert (other.matched, other.unreadable_records) == (0, 1)
+
+
 def test_a_part_still_being_written_is_not_damage(spark: SparkSession, tmp_path: Path) -> None:
     """The current segment's part whose index runs past its log (a write in flight) is no finding,
     and neither export nor audit fails on it."""
@@ -135,6 +182,8 @@ def test_a_part_still_being_written_is_not_damage(spark: SparkSession, tmp_path:
     assert rep.scheduled == 14
     res = export(spark, d, tmp_path / "out", now_ms=NOW)
     assert (res.records, res.unreadable_records, res.damaged_parts) == (14, 0, [])
+    dry = replay(spark, d, since_ms=NOW - NOW % HOUR, until_ms=NOW + HOUR, dry_run=True, now_ms=NOW)
+    assert (dry.matched, dry.unreadable_records, dry.damaged_parts) == (14, 0, [])
 
 
 def test_a_commit_in_flight_into_a_past_segment_is_not_damage(spark: SparkSession, tmp_path: Path) -> None:

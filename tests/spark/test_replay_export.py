@@ -22,6 +22,7 @@ from spark.replay import ORIGINAL_ID_PROPERTY, REPLAY_PROPERTY, replay
 from storage import DELIVERED, REPLAYED, Record, SegmentLayout, read_dispatch_log
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.spark.conftest import HOUR, T0, MakeStore, deliver, records
+from tests.spark.test_audit import _corrupt
 from tests.spark.test_backfill import _stored
 
 if TYPE_CHECKING:
@@ -131,6 +132,30 @@ def test_export_round_trips(spark: SparkSession, make_store: MakeStore, tmp_path
         {k: (v.topic, v.body, v.due_ms, v.tags, v.keys, dict(v.properties)) for k, v in stored.items()}
     only = export(spark, data, tmp_path / "orders", since_ms=T0, until_ms=T0 + HOUR, topic="ORDERS", dispatch=False)
     assert only.records == 6 and only.dispatch_path is None
+
+
+def test_export_of_one_topic_keeps_the_corrupt_records_as_an_export_of_all_does(spark: SparkSession,
+                                                                              make_store: MakeStore,
+                                                                              tmp_path: Path) -> None:
+    """A record whose bytes fail their checks has no topic to filter on: an export of one topic
+    writes and counts it with status corrupt, as an export of every topic does (and a replay counts it)."""
+    s = make_store()
+    s.append(records(3) + records(2, prefix="p", start=T0 + 500, topic="PAYMENTS"), T0 - 1000)
+    s.checkpoint()
+    _corrupt(s, T0, 1)  # m1, an ORDERS record
+
+    def corrupt_rows(records_path: str) -> list[tuple]:
+        rows = spark.read.parquet(records_path).where("status = 'corrupt'").collect()
+        return sorted((r["segment_ms"], r["part"], r["offset"], r["topic"], r["msg_id"]) for r in rows)
+
+    every = export(spark, s.layout.root, tmp_path / "all", dispatch=False)
+    assert every.records == 5 and len(corrupt_rows(every.records_path)) == 1
+    for topic, readable in (("ORDERS", 2), ("PAYMENTS", 2), ("NOT_A_TOPIC", 0)):
+        only = export(spark, s.layout.root, tmp_path / topic, topic=topic, dispatch=False)
+        assert only.records == readable + 1, topic
+        assert corrupt_rows(only.records_path) == corrupt_rows(every.records_path), topic
+    dry = replay(spark, s.layout.root, since_ms=T0, until_ms=T0 + HOUR, topic="PAYMENTS", dry_run=True)
+    assert (dry.matched, dry.skipped_corrupt) == (3, 1)
 
 
 @pytest.mark.rocketmq

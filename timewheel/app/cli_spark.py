@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 import typer
 
 from timewheel.app._cli_errors import fail as _fail
-
 from timewheel.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -120,8 +119,7 @@ def _open_layout(data_dir: Path) -> None:
 
 @contextmanager
 def _reading(data_dir: Path) -> Iterator[None]:
-    """Exit 2 naming the file, as `inspect` and `find` do, when the job refuses a file of `data_dir`
-    it cannot read."""
+    """Exit 2 naming the file, as `inspect` and `find` do, when the job refuses a file it cannot read."""
     from spark._util import UnreadableDataError
     from timewheel.app.datadir import read_error
 
@@ -325,7 +323,8 @@ def replay(
 
     One producer per task; --rate bounds each executor. Each message carries its body, tags, keys and properties, plus TW_ORIGINAL_MSG_ID and
     TW_REPLAY=1; each one sent is recorded as REPLAYED in its segment's dispatch log (the audit does
-    not count replays as duplicates). Exits 1 when a message could not be sent.
+    not count replays as duplicates). Exits 1 when a message could not be sent, or when records of a
+    part no longer written cannot be read (the rest is sent, each such part named on stderr; --dry-run too).
     """
     _open_layout(data_dir)
     since_ms, until_ms = _time_ms(since, "--since"), _time_ms(until, "--until")
@@ -341,7 +340,6 @@ def replay(
         cfg = load_settings(config, None, {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}}).rocketmq
     except ConfigError as e:
         _fail(str(e))
-
     with _spark(master, conf, verbose) as spark, _reading(data_dir):
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
@@ -350,8 +348,7 @@ def replay(
         _print_json(result.as_dict())
     else:
         _print_replay(result)
-    if result.failed:
-        raise typer.Exit(1)
+    _exit_on_damage(result.damaged_parts, failed=bool(result.failed))
 
 
 def _print_replay(result: object) -> None:
@@ -388,6 +385,8 @@ def _print_replay(result: object) -> None:
             console.print(f"[red]error[/red]: {e}")
     if result.skipped_corrupt:
         console.print(f"[red]skipped[/red] {result.skipped_corrupt:,} corrupt records (run the audit)")
+    if result.unreadable_records:
+        console.print(f"[red]unreadable[/red]: {result.unreadable_records:,} record(s) cannot be read (named below)")
 
 
 def export(
@@ -396,7 +395,8 @@ def export(
                                                     "segment); replaced.")],
     since: Annotated[Optional[str], typer.Option("--since", help="Only records due at or after this.")] = None,
     until: Annotated[Optional[str], typer.Option("--until", help="Only records due before this.")] = None,
-    topic: Annotated[Optional[str], typer.Option("--topic", help="Only this target topic's records.")] = None,
+    topic: Annotated[Optional[str], typer.Option("--topic", help="Only this target topic's records, and "
+                                                                 "corrupt ones (topic unknown).")] = None,
     dispatch: Annotated[bool, typer.Option("--dispatch/--no-dispatch", help="Also export the dispatch "
                                                                             "logs.")] = True,
     master: Master = "local[*]",
@@ -425,9 +425,14 @@ def export(
         typer.echo(f"exported {result.records:,} records to {result.records_path}"
                    + (f" and {result.dispatch_entries:,} dispatch entries to {result.dispatch_path}"
                       if result.dispatch_path else ""))
-    for part in result.damaged_parts:
+    _exit_on_damage(result.damaged_parts)
+
+
+def _exit_on_damage(parts: list[dict], *, failed: bool = False) -> None:
+    """Name each unreadable part on stderr (`PartDamage.detail`), then exit 1 if any, or if the job `failed`."""
+    for part in parts:
         typer.echo(f"timewheel: {part['detail']}", err=True)
-    if result.unreadable_records:
+    if parts or failed:
         raise typer.Exit(1)
 
 
