@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 log = logging.getLogger("timewheel.storage")
 
@@ -34,6 +35,23 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def close_all(closers: Iterable[Callable[[], object]], *, raising: bool = True) -> None:
+    """Call every one of `closers` whatever the others raise (one that fails must not leave the rest
+    open), then raise the first error (none without `raising`: the caller's own failure is the one to
+    raise); the others are logged."""
+    first: BaseException | None = None
+    for close in closers:
+        try:
+            close()
+        except BaseException as e:
+            if raising and first is None:
+                first = e
+                continue
+            log.error("closing failed (another error is the one raised)", exc_info=True)
+    if first is not None:
+        raise first
 
 
 def size_of(path: Path) -> int:

@@ -120,5 +120,10 @@ class MetaDb:
             raise
 
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """Close the database; its files and lock go even when RocksDB reports an error (the flush of what
+        was written without its log may meet the damage a compaction found)."""
+        try:
+            self._db.close()
+        except Exception as e:
+            self._raise_if_corrupt(e)
+            raise

@@ -26,13 +26,14 @@ import numpy as np
 from storage import dispatch as _dispatch
 from storage._checkpoints import Checkpoints, Rotation
 from storage._dispatch_writer import DispatchWriter
-from storage._files import fsync_path
+from storage._files import close_all, fsync_path
 from storage._listeners import CommitListeners
 from storage._reader import RecordReader, SegmentIndex, segment_index
 from storage.record_bytes import RecordBytes
 from storage._writer import PartWriter, UndoPoint
 from storage.encoded import EncodedRecords
-from storage.errors import CorruptRecordError, DelayTooLongError, StorageWriteError, StoreClosedError
+from storage.errors import (CorruptRecordError, DelayTooLongError, MetaStoreCorruptError, StorageWriteError,
+                            StoreClosedError)
 from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout, moving_out
@@ -91,10 +92,7 @@ class ScheduleStore:
         self.max_delay_ms = max_delay_ms
         self.max_part_bytes = max_part_bytes
         self.checkpoint_bytes = checkpoint_bytes
-        self.meta = MetaStore(self.layout.meta_dir, block_cache_bytes=meta_cache_bytes)
-        #: the delay topic's queues named in origin sidecars, and a reader of those sidecars
-        self.queues = QueueTable(self.meta)
-        self.origins = OriginReader(self.layout)
+        self.origins = OriginReader(self.layout)  # of the origin sidecars; `queues` numbers their queues
         self._wal = IngestLog(self.layout.ingest_dir, sync_dir=flush == "sync")
         self.writer = PartWriter(self.layout, max_part_bytes)
         self.reader = RecordReader(self.layout)
@@ -108,15 +106,19 @@ class ScheduleStore:
         #: told of each commit's new records under the write lock (`storage._listeners`)
         self.commit_listeners = self._listeners.listeners
         self._due_checkpoint: Rotation | None = None
-        self._checkpoints = Checkpoints(self.layout, self.meta, self._wal, self.writer, self.dispatch_writer)
         #: old segments retention found pending, with their files' sizes then (`storage.retention`)
         self.pending_old: dict[int, tuple[tuple[str, int], ...]] = {}
+        # last, and closed by whatever fails after: left open, its lock refuses the next open of the directory
+        self.meta = MetaStore(self.layout.meta_dir, block_cache_bytes=meta_cache_bytes)
         try:
+            #: the delay topic's queues that origin sidecars number (a meta store document)
+            self.queues = QueueTable(self.meta)
+            self._checkpoints = Checkpoints(self.layout, self.meta, self._wal, self.writer, self.dispatch_writer)
             self.recovery: RecoveryReport = recover(self)
             self._checkpoint_locked()
         except BaseException:  # the caller gets no store to close: what it opened is closed here
             self._closed = True
-            self._close_files()
+            self._close_files(raising=False)  # the open's own error is the one the caller needs
             raise
 
     # ---- append with group commit -------------------------------------------------------------
@@ -238,6 +240,8 @@ class ScheduleStore:
                                       written["offset"].tolist(), new_of(rows.keys))
             except Exception as e:  # OSError from the files; the meta store's own error type
                 self._roll_back(undo)
+                if isinstance(e, MetaStoreCorruptError):  # damage, which no free space mends: its words say what does
+                    raise
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
             self._listeners.tell(written)
@@ -419,15 +423,11 @@ class ScheduleStore:
                 self._closed = True
                 self._close_files()
 
-    def _close_files(self) -> None:
-        """Close the writers' descriptors, the read maps and the meta store."""
-        try:
-            self.writer.close()
-            self._wal.close()
-            self.dispatch_writer.close()
-            self.reader.close()
-        finally:  # rocksdb's own files and lock
-            self.meta.close()
+    def _close_files(self, raising: bool = True) -> None:
+        """Close the writers' descriptors, the read maps and the meta store (rocksdb's files and lock), each
+        whatever the others raise; the first error is raised after (`raising`) or logged."""
+        close_all((self.writer.close, self._wal.close, self.dispatch_writer.close, self.reader.close, self.meta.close),
+                  raising=raising)
 
     def __enter__(self) -> "ScheduleStore":
         return self

@@ -29,9 +29,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from storage import (CANCELLED, CORRUPT, DEAD_LETTERED, DELIVERED, REPLAYED, RETRIED, TOMBSTONE_ID,
-                     CorruptRecordError, MetaStore, Record, RecordReader, SegmentLayout, SnapshotMovedError,
-                     StorageError, Tombstone, broker_message_id, decode, decode_tombstones, read_dispatch_entries_of,
-                     records_holding, segment_name, tombstone_log)
+                     CorruptRecordError, MetaStore, MetaStoreCorruptError, Record, RecordReader, SegmentLayout,
+                     SnapshotMovedError, StorageError, Tombstone, broker_message_id, decode, decode_tombstones,
+                     read_dispatch_entries_of, records_holding, segment_name, tombstone_log)
 from timewheel.cancels import producer_id
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Found", "MessageFinder", "Step", "Trail"]
@@ -109,10 +109,13 @@ class MessageFinder:
 
     @classmethod
     def beside_engine(cls, data_dir: str | Path) -> "MessageFinder":
-        """A finder over a data directory that a running engine may be writing (reads only)."""
+        """A finder over a data directory that a running engine may be writing (reads only); a damaged
+        meta store is `MetaStoreCorruptError`, as everywhere else."""
         layout = SegmentLayout.open_existing(data_dir)
         try:
             meta = MetaStore(layout.meta_dir, read_only=True)
+        except MetaStoreCorruptError:
+            raise  # its own words name the file and say what to do, as `serve` and `inspect --verify` say them
         except StorageError as e:
             raise StorageError(f"cannot read the meta store of {data_dir}: {e}") from e
         finder = cls(layout, meta, unflushed=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage import Record, ScheduleStore
+from storage import MetaStore, Record, ScheduleStore
 from storage.dispatch import DELIVERED, dispatch_entries
 
 NOW = 1_795_460_400_000  # 2026-11-23 19:00 UTC
@@ -57,3 +57,17 @@ def damage_tables_whole(data_dir: Path) -> list[Path]:
     for t in found:
         flip(t, range(0, t.stat().st_size - FOOTER_BYTES))
     return found
+
+
+def damage_one_document(data_dir: Path, name: str, value: object) -> Path:
+    """Store the document `name` in a table file of its own (the store closed after), then damage that
+    table's first data block: the store opens, and only what reads the document, or a compaction of that
+    table, meets the damage. Returns the table."""
+    before = set(tables(data_dir))
+    meta = MetaStore(data_dir / "meta")
+    meta.put_document(name, value)
+    meta.flush()
+    meta.close()
+    (table,) = set(tables(data_dir)) - before
+    flip(table, DATA_BLOCK_BYTES)
+    return table

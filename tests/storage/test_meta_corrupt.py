@@ -6,13 +6,14 @@ another engine"). `check()` reads the meta store through and reports its damage.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from storage import MetaStore, MetaStoreCorruptError, Record, ScheduleStore, SegmentLayout, StorageError, check
-from tests.storage._meta_damage import NOW, damage_data_blocks, damage_tables_whole, stored
+from tests.storage._meta_damage import NOW, damage_data_blocks, damage_one_document, damage_tables_whole, stored
 from tests.storage.test_store import crash
 
 
@@ -132,3 +133,48 @@ def test_a_store_opened_without_its_meta_store_keeps_every_record_and_forgets_id
         assert list(idx.offset) == list(kept_idx.offset) and list(idx.due_ms) == list(kept_idx.due_ms)
         read = again.read_records([seg] * len(idx), list(idx.part), list(idx.offset))
         assert [r.msg_id for r in read if isinstance(r, Record)] == ["old0", "old1", "old2", "new0", "new1"]
+
+
+def _until_writes_are_refused(meta: MetaStore, name: str) -> None:
+    """Write the document `name` again and again, each time into a table of its own, until RocksDB's
+    compaction of those tables reads the damaged one: from then on it refuses every write (its
+    background error), as an engine's store meets it when a compaction finds damage."""
+    deadline = time.monotonic() + 60  # a compaction runs on RocksDB's own thread, late on a loaded machine
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        try:
+            meta.put_document(name, n)
+            meta.flush()
+        except MetaStoreCorruptError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no compaction read the damaged table in {n} flushes")
+
+
+def test_an_append_refused_for_damage_keeps_nothing_and_says_the_store_is_corrupt(tmp_path: Path) -> None:
+    """A write RocksDB refuses because a compaction found damage was raised as StorageWriteError telling
+    the operator to free disk space: the advice of a full disk for a corrupt store, which no space mends.
+    The batch is still cut back whole (its caller acknowledges nothing), and the store's close, whose last
+    checkpoint cannot flush the meta store either, says the same (rocksdict's bare `Exception` escaped)."""
+    d = stored(tmp_path)
+    damaged = damage_one_document(d, "shaping_rules", {"rules": {}})
+    store = ScheduleStore(d)
+    seg = store.layout.segment_start(NOW)
+    try:
+        before = (list(store.segment_index(seg).offset), store._wal.seq, store._wal.position)
+        _until_writes_are_refused(store.meta, "shaping_rules")
+        with pytest.raises(MetaStoreCorruptError) as raised:
+            store.append([Record("new0", "ORDERS", b"x", NOW + 9_000, keys=("k",))], NOW)
+        _is_named(raised.value, d, [damaged])
+        assert "disk space" not in str(raised.value)
+        assert (list(store.segment_index(seg).offset), store._wal.seq, store._wal.position) == before
+    finally:
+        with pytest.raises(MetaStoreCorruptError) as closing:
+            store.close()
+    _is_named(closing.value, d, [damaged])
+    with ScheduleStore(tmp_path / "again") as fresh:  # and the close let go of what it held
+        assert fresh.meta.known(["new0"]) == [False]
+    shutil.move(d / "meta", tmp_path / "meta-aside")
+    with ScheduleStore(d) as moved:  # what docs/OPERATIONS.md says to do: the refused batch is not replayed
+        assert len(moved.segment_index(seg)) == 3 and moved.recovery.replayed_records == 0

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -19,9 +20,10 @@ import storage._reader as reader_module
 import storage.meta as meta_module
 import storage.retention as retention_module
 
-from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, Record,
-                     ScheduleStore, SegmentLayout, StorageError, StorageWriteError, check, dispatch_entries, read_dispatch_log,
-                     summarize, summarize_segment)
+from storage import (CANCELLED, DEAD_LETTERED, DELIVERED, CorruptRecordError, DelayTooLongError, MetaStoreCorruptError,
+                     Record, ScheduleStore, SegmentLayout, StorageError, StorageWriteError, check, dispatch_entries,
+                     read_dispatch_log, summarize, summarize_segment)
+from tests.storage._meta_damage import damage_one_document, stored
 
 NOW = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 HOUR = 3_600_000
@@ -592,6 +594,41 @@ def test_a_store_that_fails_to_open_leaves_no_file_open(tmp_path: Path, monkeypa
             ScheduleStore(tmp_path / "data")
     assert _open_fds() == before
     ScheduleStore(tmp_path / "data").close()  # and nothing holds its lock
+
+
+def _ingest_dir_a_file(d: Path) -> type[BaseException]:
+    shutil.rmtree(d / "ingest")
+    (d / "ingest").write_bytes(b"")
+    return FileExistsError
+
+
+def _queue_table_damaged(d: Path) -> type[BaseException]:
+    damage_one_document(d, "origin_queues", ["broker-a:0"])
+    return MetaStoreCorruptError
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the descriptors in /proc")
+@pytest.mark.parametrize("fault", [_ingest_dir_a_file, _queue_table_damaged], ids=lambda f: f.__name__[1:])
+def test_a_store_that_fails_before_its_recovery_leaves_nothing_open(tmp_path: Path,
+                                                                     fault: Callable[[Path], type[BaseException]]) -> None:
+    """The meta store was opened before the queue table was read from it and the ingest log's directory
+    made, and only recovery's failure closed it: one of theirs left it open (its files, its thread and
+    RocksDB's lock on the directory) for as long as the error was kept (a caller that raises its own
+    `from` it keeps it), and the next open in the process was refused as "in use by another engine"."""
+    d = stored(tmp_path)  # rocksdb's process-wide threads are running from here on
+    expected = fault(d)
+    threads = len(os.listdir("/proc/self/task"))
+    with pytest.raises(expected) as failed:
+        ScheduleStore(d)
+    assert _open_files_under(d) == []
+    assert len(os.listdir("/proc/self/task")) == threads  # an open database has a thread of its own
+    if expected is MetaStoreCorruptError:
+        with pytest.raises(MetaStoreCorruptError):  # the same words again, not "in use by another engine"
+            ScheduleStore(d)
+    else:
+        (d / "ingest").unlink()
+        ScheduleStore(d).close()
+    assert failed.value.__traceback__ is not None  # kept to here, with the frames of the failed open
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts the descriptors in /proc")

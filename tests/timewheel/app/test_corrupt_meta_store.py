@@ -17,11 +17,12 @@ from typing import Callable
 import pytest
 from typer.testing import CliRunner
 
-from storage import MetaStore
-from tests.storage._meta_damage import DATA_BLOCK_BYTES, damage_data_blocks, damage_tables_whole, flip, stored, tables
+from storage import MetaStoreCorruptError
+from tests.storage._meta_damage import NOW, damage_data_blocks, damage_one_document, damage_tables_whole, stored
 from tests.timewheel.conftest import T0, RecordingSink
 from timewheel import Engine, EngineConfig, ManualClock, Message
 from timewheel.app.cli import app
+from timewheel.find import MessageFinder
 
 ROOT = Path(__file__).resolve().parents[3]
 _DAMAGE = [damage_data_blocks, damage_tables_whole]
@@ -54,6 +55,26 @@ def test_find_over_a_corrupt_meta_store_says_so_in_one_line_and_exits_2(
     assert res.exit_code == 2, res.output
     _one_line_naming(res.output, d, damaged)
     assert _listing(d) == before, "find wrote into the data directory"
+
+
+@pytest.mark.parametrize("damage", _DAMAGE, ids=lambda f: f.__name__)
+def test_find_raises_the_typed_error_and_says_in_the_words_serve_says(
+        tmp_path: Path, damage: Callable[[Path], list[Path]]) -> None:
+    """Damage met as the meta store is opened (whole tables) was wrapped in a plain StorageError, "cannot
+    read the meta store of DIR: ...": not a `MetaStoreCorruptError` to whoever calls the look-up, and a
+    line of its own on the command line, where `serve` says the error's own words."""
+    d = stored(tmp_path)
+    damaged = damage(d)
+    with pytest.raises(MetaStoreCorruptError) as raised:
+        with MessageFinder.beside_engine(d) as finder:
+            finder.by_key("k", NOW)
+    assert raised.value.file in [str(t) for t in damaged], raised.value
+    res = CliRunner().invoke(app, ["find", "--data-dir", str(d), "--key", "k"])
+    assert res.exit_code == 2, res.output
+    line = _one_line_naming(res.output, d, damaged)
+    assert line == f"timewheel: {raised.value}"
+    errors = [e for e in _serve(d).stderr.splitlines() if e.startswith("timewheel: ")]
+    assert errors == [line]
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
@@ -101,13 +122,8 @@ def test_serve_refuses_in_one_line_when_the_damage_is_met_after_the_engine_start
     """The traffic rules are read from the meta store once the engine has started: a table holding only
     them is read there first, and the start that fails there is refused the same way."""
     d = stored(tmp_path)
-    before = set(tables(d))
-    meta = MetaStore(d / "meta")
-    meta.put_document("shaping_rules", {"rules": {}, "source": "admin", "file_digest": "", "applied_ms": 0})
-    meta.flush()
-    meta.close()
-    (rules_table,) = set(tables(d)) - before
-    flip(rules_table, DATA_BLOCK_BYTES)
+    rules_table = damage_one_document(d, "shaping_rules", {"rules": {}, "source": "admin", "file_digest": "",
+                                                           "applied_ms": 0})
     out = _serve(d)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
