@@ -100,20 +100,26 @@ def test_the_audit_fails_on_records_a_settled_part_cannot_give_back(spark: Spark
     assert written.where("kind = 'unreadable_records'").count() == 1
 
 
+def _refused_json(args: list[str], log: Path, unreadable: int) -> dict:
+    """The command's JSON result, run with --json: exit 1, the damaged part in the result and named on stderr."""
+    res = CliRunner().invoke(_cli(), [*args, "--json"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), str(res.exception)[:2000]
+    assert res.exit_code == 1, res.output
+    result: dict = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [(p["segment_ms"], p["part"], p["log"], p["records"]) for p in result["damaged_parts"]] == \
+        [(PAST, 0, str(log), unreadable)]
+    assert f"{unreadable} record(s) of {log} cannot be read" in res.stderr
+    return result
+
+
 @pytest.mark.parametrize("damage", [_cut_log, _no_index], ids=["log-cut", "index-missing"])
 def test_an_export_says_how_many_records_it_could_not_read_and_exits_1(spark: SparkSession, tmp_path: Path,
                                                                          damage: Damage) -> None:
     d, seg = _stored(tmp_path)
     log = damage(seg)
     unreadable = 1 if damage is _cut_log else 5
-    res = CliRunner().invoke(_cli(), ["export", "--data-dir", str(d), "--out", str(tmp_path / "out"), "--json"])
-    assert res.exception is None or isinstance(res.exception, SystemExit), str(res.exception)[:2000]
-    assert res.exit_code == 1, res.output
-    result = json.loads(res.stdout.strip().splitlines()[-1])
+    result = _refused_json(["export", "--data-dir", str(d), "--out", str(tmp_path / "out")], log, unreadable)
     assert (result["records"], result["unreadable_records"]) == (15 - unreadable, unreadable)
-    assert [(p["segment_ms"], p["part"], p["log"], p["records"]) for p in result["damaged_parts"]] == \
-        [(PAST, 0, str(log), unreadable)]
-    assert f"{unreadable} record(s) of {log} cannot be read" in res.stderr
     # written all the same: what could be read is there
     assert spark.read.parquet(result["records_path"]).count() == 15 - unreadable
     text = CliRunner().invoke(_cli(), ["export", "--data-dir", str(d), "--out", str(tmp_path / "out2")])
@@ -147,14 +153,8 @@ def test_a_replay_says_how_many_records_it_could_not_read_and_exits_1(spark: Spa
     args = ["replay", "--data-dir", str(d), "--since", str(PAST), "--until", str(PAST + HOUR),
             "--namesrv", "127.0.0.1:1", "--rate", "0", *(["--dry-run"] if dry_run else [])]
     detail = f"{unreadable} record(s) of {log} cannot be read"
-    res = CliRunner().invoke(_cli(), [*args, "--json"])
-    assert res.exception is None or isinstance(res.exception, SystemExit), str(res.exception)[:2000]
-    assert res.exit_code == 1, res.output
-    result = json.loads(res.stdout.strip().splitlines()[-1])
+    result = _refused_json(args, log, unreadable)
     assert (result["matched"], result["unreadable_records"]) == (15 - unreadable, unreadable)
-    assert [(p["segment_ms"], p["part"], p["log"], p["records"]) for p in result["damaged_parts"]] == \
-        [(PAST, 0, str(log), unreadable)]
-    assert detail in res.stderr
     lines = [line for f in sent.iterdir() for line in f.read_text().splitlines()]
     assert (result["sent"], len(lines)) == ((0, 0) if dry_run else (15 - unreadable, 15 - unreadable))
     text = CliRunner().invoke(_cli(), args)
