@@ -18,7 +18,7 @@ class LocalZooKeeperError(CoordinationError):
 
 class ZooKeeperUnreachableError(CoordinationError, ConnectionError):
     """A replica's first connect to ZooKeeper did not complete in time: nothing was taken; `serve`
-    reports it in one line (exit 1)."""
+    reports it in one line (exit 2)."""
 
     def __init__(self, zookeeper: str, timeout_s: float) -> None:
         """The message names the connect string and how long the connect was given."""
@@ -28,7 +28,7 @@ class ZooKeeperUnreachableError(CoordinationError, ConnectionError):
 
 class ZooKeeperJoinError(CoordinationError, ConnectionError):
     """ZooKeeper failed a replica's start (its connection dropped, or it refused a request) after it
-    connected: nothing was taken, the session is closed; `serve` reports it in one line (exit 1)."""
+    connected: nothing was taken, the session is closed; `serve` reports it in one line (exit 2)."""
 
     def __init__(self, zookeeper: str, replica_id: str, shard_path: str, cause: BaseException) -> None:
         """The message names the connect string, the replica, its shard and what ZooKeeper did."""

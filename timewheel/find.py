@@ -106,26 +106,23 @@ class MessageFinder:
         self.unflushed = unflushed
         self._records = RecordReader(layout)
         self._owns_meta = False
+        #: the store it opened was closed to look again from a fresh view, and that view is not open
+        #: (its open failed): the next look-up opens it first, rather than read a closed store
+        self._meta_closed = False
 
     @classmethod
     def beside_engine(cls, data_dir: str | Path) -> "MessageFinder":
         """A finder over a data directory that a running engine may be writing (reads only); a damaged
         meta store is `MetaStoreCorruptError`, as everywhere else."""
         layout = SegmentLayout.open_existing(data_dir)
-        try:
-            meta = MetaStore(layout.meta_dir, read_only=True)
-        except MetaStoreCorruptError:
-            raise  # its own words name the file and say what to do, as `serve` and `inspect --verify` say them
-        except StorageError as e:
-            raise StorageError(f"cannot read the meta store of {data_dir}: {e}") from e
-        finder = cls(layout, meta, unflushed=True)
+        finder = cls(layout, _open_beside(layout), unflushed=True)
         finder._owns_meta = True
         return finder
 
     def close(self) -> None:
         """Release the record maps (and the meta store, if this finder opened it)."""
         self._records.close()
-        if self._owns_meta:
+        if self._owns_meta and not self._meta_closed:
             self.meta.close()
 
     def __enter__(self) -> "MessageFinder":
@@ -152,13 +149,17 @@ class MessageFinder:
         """`look`, from a fresh view of the meta store each time the engine beside it moved on
         during the look-up (its checkpoint flushed what this view showed only in the ingest log)."""
         for attempt in range(_LOOKS):
+            if self._meta_closed:
+                # an open that fails raises its own error here, and the flag stays: the next look-up tries again
+                self.meta = _open_beside(self.layout)
+                self._meta_closed = False
             try:
                 return look()
             except SnapshotMovedError:
                 if not self._owns_meta or attempt + 1 == _LOOKS:
                     raise
+                self._meta_closed = True  # first: a close that fails leaves no view to read either
                 self.meta.close()
-                self.meta = MetaStore(self.layout.meta_dir, read_only=True)
         raise AssertionError("unreachable")
 
     def _by_id(self, msg_id: str, now_ms: int, limit: int) -> Found:
@@ -266,6 +267,16 @@ class MessageFinder:
         if not any(n.encode() in data for n in needles if n):
             return []
         return decode_tombstones(data).tombstones
+
+
+def _open_beside(layout: SegmentLayout) -> MetaStore:
+    """The meta store of `layout`, read-only, beside an engine that may be writing it."""
+    try:
+        return MetaStore(layout.meta_dir, read_only=True)
+    except MetaStoreCorruptError:
+        raise  # its own words name the file and say what to do, as `serve` and `inspect --verify` say them
+    except StorageError as e:
+        raise StorageError(f"cannot read the meta store of {layout.root}: {e}") from e
 
 
 def _bounded(limit: int) -> int:

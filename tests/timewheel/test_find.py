@@ -244,3 +244,40 @@ def test_nothing_stored_and_no_cancel_says_not_found_alone(engine: Engine, clock
     data = MessageFinder(engine.store.layout, engine.store.meta).by_key("order-never", clock.now_ms()).to_dict()
     assert data["count"] == 0 and data["cancels"] == []
     assert render(data).startswith("no stored message with key 'order-never'. ")
+
+
+def test_a_failed_reopen_of_the_meta_store_is_tried_again_by_the_next_look_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint moved the engine on during a look-up and the fresh view of its meta store could not be
+    opened: that look-up fails with the open's own error, and the next one opens the store again (it
+    used the store already closed, failing with words about a closed store, every time after)."""
+    import timewheel.find as find
+    from storage import SnapshotMovedError, StorageError
+    from tests.storage._meta_damage import NOW, stored
+
+    d = stored(tmp_path)
+    holding = find.records_holding
+    moved = [1]
+
+    def moves_once(*args: object) -> object:  # the engine's checkpoint removed the log file being read
+        if moved:
+            moved.pop()
+            raise SnapshotMovedError("the ingest log moved on")
+        return holding(*args)  # type: ignore[arg-type]
+
+    refusals = ["the disk is gone", "the disk is still gone"]
+
+    def opens(*args: object, **kw: object) -> MetaStore:
+        if refusals:
+            raise StorageError(refusals.pop(0))
+        return MetaStore(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(find, "records_holding", moves_once)
+    with MessageFinder.beside_engine(d) as finder:
+        monkeypatch.setattr(find, "MetaStore", opens)
+        with pytest.raises(StorageError, match="the disk is gone"):
+            finder.by_key("k", NOW)
+        with pytest.raises(StorageError, match="the disk is still gone"):  # tried again, its own words again
+            finder.by_id("m0", NOW)
+        assert sorted(t.msg_id for t in finder.by_key("k", NOW).trails) == ["m0", "m1", "m2"]
+    assert refusals == []

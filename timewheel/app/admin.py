@@ -11,8 +11,9 @@
                                   (`applied_on`: engine, holder or standby; `promise`: false on a
                                   standby, whose lease holder may still send); needs
                                   "Authorization: Bearer <token>"; 503 if not every queue took it,
-                                  if the engine is starting or stopping (nothing applied), or if
-                                  the disk refused its record (what it did holds; ask again)
+                                  if the engine is starting or stopping (nothing applied), if
+                                  the disk refused its record (what it did holds; ask again), or
+                                  if the meta store is corrupt (its words say what to do)
     GET  /messages?id=ID | ?key=K [&limit=N]
                                   stored messages with that id or business key and their timelines
                                   (`timewheel.find`: stored, cancels, send attempts with the broker's
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from storage import StorageWriteError
+from storage import MetaStoreCorruptError, StorageWriteError
 from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response
 from timewheel.errors import ConfigError, EngineStateError
 
@@ -212,8 +213,9 @@ class AdminServer:
             got = self.target.cancel(ids[0] if ids else None, keys[0] if keys else None)
             # 200 either way: the cancel is on the delay topic; `promise` says whether the sender has it already
             return _json(200, (got if isinstance(got, CancelAnswer) else CancelAnswer(got)).to_dict())
-        except (CancelNotSentError, EngineStateError, StorageWriteError) as e:
-            # not applied (a full disk refused its record: what it did holds), or not everywhere: ask again
+        except (CancelNotSentError, EngineStateError, StorageWriteError, MetaStoreCorruptError) as e:
+            # not applied (a full disk refused its record: what it did holds), or not everywhere: ask again;
+            # a damaged meta store is this engine's storage failing too, and its words name the file and the mend
             return _json(503, {"error": str(e)})
         except ValueError as e:
             return _json(400, {"error": str(e)})

@@ -6,6 +6,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from forwarder.shaping_rules import parse_rules
+from tests.storage._meta_damage import damage_data_blocks, stored
 from timewheel.app.admin import AdminServer, parse_json_object
 from timewheel.errors import ConfigError
 
@@ -210,6 +212,32 @@ def test_a_cancel_the_disk_refused_answers_503_with_what_to_do(admin: tuple[Admi
     target.cancel = fails  # type: ignore[method-assign]
     status, body = _request(server, "POST", "/cancel?id=x")[:2]
     assert status == 503 and b"No space left on device" in body and b"retry" in body
+
+
+def test_a_cancel_that_met_a_corrupt_meta_store_answers_503_with_what_to_do(
+        admin: tuple[AdminServer, _Target], tmp_path: Path) -> None:
+    """The cancel read a damaged block of the meta store: the caller is told so in the store's own words
+    (which file, what to do), as for a disk that refused the record, not of an internal error."""
+    from storage import MetaStore, MetaStoreCorruptError
+
+    server, target = admin
+    d = stored(tmp_path)
+    damaged = damage_data_blocks(d)
+
+    def fails(msg_id: str | None, key: str | None) -> int:
+        meta = MetaStore(d / "meta", read_only=True)
+        try:
+            return int(meta.cancelled_at(msg_id or "") is not None)  # what a cancel reads of a stored message
+        finally:
+            meta.close()
+
+    target.cancel = fails  # type: ignore[method-assign]
+    status, body = _request(server, "POST", "/cancel?id=m0")[:2]
+    error = json.loads(body)["error"]
+    with pytest.raises(MetaStoreCorruptError) as raised:
+        fails("m0", None)
+    assert (status, error) == (503, str(raised.value)), body
+    assert "corrupt" in error and any(str(t) in error for t in damaged) and "move" in error, error
 
 
 def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Target],
