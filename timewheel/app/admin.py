@@ -18,7 +18,9 @@
                                   stored messages with that id or business key and their timelines
                                   (`timewheel.find`: stored, cancels, send attempts with the broker's
                                   message id, dead letter, pending); at most `limit` (default 20, at
-                                  most 1000); needs the token: it shows keys and topics
+                                  most 1000); needs the token: it shows keys and topics; 503 if the
+                                  engine is starting or stopping, or its storage failed the look-up
+                                  (a corrupt meta store: its words say what to do)
     GET  /shaping                 the traffic rules in force (JSON)
     PUT  /shaping                 replace the rules (JSON body); needs the token; 503 while starting or stopping
 
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from storage import MetaStoreCorruptError, StorageWriteError
+from storage import MetaStoreCorruptError, StorageError, StorageWriteError
 from timewheel.app._http import HttpError, HttpLimits, HttpServer, Request, Response
 from timewheel.errors import ConfigError, EngineStateError
 
@@ -198,6 +200,8 @@ class AdminServer:
         try:
             return _json(200, self.target.find_messages(ids[0] if ids else None, keys[0] if keys else None, limit))
         except (ConfigError, EngineStateError) as e:  # not running, or stopping
+            return _json(503, {"error": str(e)})
+        except StorageError as e:  # this engine's storage failing (a corrupt meta store names its file and mend)
             return _json(503, {"error": str(e)})
 
     def _cancel(self, req: Request) -> Response:

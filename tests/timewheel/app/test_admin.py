@@ -240,6 +240,45 @@ def test_a_cancel_that_met_a_corrupt_meta_store_answers_503_with_what_to_do(
     assert "corrupt" in error and any(str(t) in error for t in damaged) and "move" in error, error
 
 
+def test_a_look_up_that_met_a_corrupt_meta_store_answers_503_with_what_to_do(
+        admin: tuple[AdminServer, _Target], tmp_path: Path) -> None:
+    """`GET /messages` read a damaged block of the meta store: the caller is told so in the store's own
+    words (which file, what to do), as a cancel is, not of an internal error."""
+    from storage import MetaStoreCorruptError
+    from timewheel.find import MessageFinder
+
+    server, target = admin
+    d = stored(tmp_path)
+    damaged = damage_data_blocks(d)
+
+    def finds(msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        with MessageFinder.beside_engine(d) as finder:  # what the service's look-up reads
+            return finder.by_key(key or "", 0, limit).to_dict()
+
+    target.find_messages = finds  # type: ignore[method-assign]
+    status, body = _request(server, "GET", "/messages?key=k")[:2]
+    error = json.loads(body)["error"]
+    with pytest.raises(MetaStoreCorruptError) as raised:
+        finds(None, "k", 20)
+    assert (status, error) == (503, str(raised.value)), body
+    assert "corrupt" in error and any(str(t) in error for t in damaged) and "move" in error, error
+
+
+def test_a_look_up_the_storage_refused_answers_503_with_its_words(admin: tuple[AdminServer, _Target]) -> None:
+    """Any storage failure of a look-up (a meta store that could not be opened again) is this engine's
+    storage failing: 503 and its words, so the caller knows to ask again or look at the engine."""
+    from storage import StorageError
+
+    server, target = admin
+
+    def refuses(msg_id: str | None, key: str | None, limit: int) -> dict[str, Any]:
+        raise StorageError("cannot open the meta store: the disk is gone")
+
+    target.find_messages = refuses  # type: ignore[method-assign]
+    status, body = _request(server, "GET", "/messages?id=m0")[:2]
+    assert (status, json.loads(body)) == (503, {"error": "cannot open the meta store: the disk is gone"}), body
+
+
 def test_status_is_computed_once_for_many_callers(admin: tuple[AdminServer, _Target],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     server, target = admin
