@@ -79,29 +79,31 @@ class UnreadableDataError(OSError):
 
 
 def require_readable(layout: SegmentLayout, since_ms: int | None = None, until_ms: int | None = None, *,
-                     dispatch: bool = True) -> None:
+                     dispatch: bool = True, logs: bool = True) -> None:
     """Raise `UnreadableDataError` for the first file a job reads, of the segments overlapping
     [since_ms, until_ms), that cannot be read: the schedule and segment directories, each part's
-    log and index, and (with `dispatch`) each dispatch log.
+    index and (with `logs`) log, and (with `dispatch`) each dispatch log.
 
     A task that meets such a file fails the job with a Python worker's traceback, after the job
     may have written part of its output; `timewheel inspect` names the same files.
     """
     try:
         for seg in layout.list_segments(since_ms, until_ms):
-            for path in _segment_files(layout, seg, dispatch):
+            for path in _segment_files(layout, seg, dispatch, logs):
                 _open_to_read(path)
     except OSError as e:
         raise UnreadableDataError(e.errno, e.strerror, str(e.filename or layout.schedule_dir)) from e
 
 
-def _segment_files(layout: SegmentLayout, seg: int, dispatch: bool) -> list[Path]:
-    """The files of a segment a job reads, its dispatch log with `dispatch`."""
+def _segment_files(layout: SegmentLayout, seg: int, dispatch: bool, logs: bool) -> list[Path]:
+    """The files of a segment a job reads: its parts' indexes, their logs with `logs`, its dispatch
+    log with `dispatch`."""
     try:
         parts = layout.list_parts(seg)
     except FileNotFoundError:
         return []  # retention moved the segment away after it was listed: its records were done
-    files = [f for p in parts for f in (layout.part_log(seg, p), layout.part_index(seg, p))]
+    files = [f for p in parts for f in ((layout.part_log(seg, p), layout.part_index(seg, p)) if logs
+                                        else (layout.part_index(seg, p),))]
     return (files + [layout.dispatch_log(seg)]) if dispatch else files
 
 

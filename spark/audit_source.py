@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from spark._util import int_option
+from spark._util import int_option, require_readable
 from spark.schema import AUDIT_CELLS
 
 if TYPE_CHECKING:
@@ -56,11 +56,13 @@ class AuditReader(DataSourceReader):
         self.verify = str(options.get("verify", "true")).lower() != "false"
 
     def partitions(self) -> list[InputPartition]:
-        """One partition per part; a segment with only a dispatch log gets one too."""
+        """One partition per part; a segment with only a dispatch log gets one too. A file of them
+        that cannot be read is refused here, in words naming it, before any task reads."""
         from spark._damage import settled
         from storage import SegmentLayout, segment_name
 
         layout = SegmentLayout.open_existing(self.path)
+        require_readable(layout)
         out: list[InputPartition] = []
         for seg in layout.list_segments():
             name, dispatch = segment_name(seg), str(layout.dispatch_log(seg))

@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from spark.schema import DISPATCH, require_subset
-from spark._util import int_option
+from spark._util import int_option, require_readable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,10 +43,12 @@ class DispatchReader(DataSourceReader):
         self.until_ms = int_option(options, "until_ms")
 
     def partitions(self) -> list[InputPartition]:
-        """One partition per segment that has a dispatch log."""
+        """One partition per segment that has a dispatch log; a file of them that cannot be read is
+        refused here, in words naming it, before any task reads."""
         from storage import SegmentLayout, segment_name
 
         layout = SegmentLayout.open_existing(self.path)
+        require_readable(layout, self.since_ms, self.until_ms, logs=False)  # entries checked against the indexes
         out: list[InputPartition] = []
         for seg in layout.list_segments(self.since_ms, self.until_ms):
             path = layout.dispatch_log(seg)

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSource
     WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from spark._util import int_option
+from spark._util import int_option, require_readable
 from spark.schema import BACKFILL_INPUT, BACKFILL_PLAN, RECORDS, require_subset
 
 STAGING_DIR = "_staging"
@@ -64,10 +64,16 @@ class RecordReader(DataSourceReader):
         self.verify = str(options.get("verify", "true")).lower() != "false"
 
     def partitions(self) -> list[InputPartition]:
-        """One partition per part of every segment overlapping [since_ms, until_ms)."""
+        """One partition per part of every segment overlapping [since_ms, until_ms); a file of them
+        that cannot be read is refused here, in words naming it, before any task reads."""
         from storage import SegmentLayout, segment_name
 
         layout = SegmentLayout.open_existing(self.path)
+        from spark._codec import OUTCOME_COLUMNS
+
+        # the dispatch logs are read for the outcome columns only (`read_part`)
+        outcomes = any(c in OUTCOME_COLUMNS or c == "first_delivered_ms" for c in self.columns)
+        require_readable(layout, self.since_ms, self.until_ms, dispatch=outcomes)
         out: list[InputPartition] = []
         for seg in layout.list_segments(self.since_ms, self.until_ms):
             name = segment_name(seg)
