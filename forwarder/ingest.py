@@ -12,6 +12,10 @@ pass (`forwarder._ingest_pass`): the common messages arrive as record bytes, and
 are looked at here one by one, then all go to `Engine.schedule_encoded` in arrival order; without
 it, every message is looked at here and the batch goes to `schedule()`. Dead letters go through a
 `RemotingProducer`.
+
+A store that fails is retried by pulling the batch again, unless no retry can succeed (`FOR_GOOD`:
+its meta store is corrupt, it is closed): then the callback raises `BatchesRefusedError`, which stops
+the pull thread (fail-stop: the service goes not ready and `serve` exits 3), the batch unacknowledged.
 """
 from __future__ import annotations
 
@@ -26,13 +30,17 @@ from forwarder.control import split_control, to_cancel
 from forwarder._ingest_merge import merge_answers
 from forwarder._ingest_pass import OnePass, PulledAnswer
 from forwarder.errors import ForwarderError
-from forwarder.rocketmq import ReceivedMessage, RemotingProducer, RemotingPullConsumer
+from forwarder.rocketmq import BatchesRefusedError, ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from forwarder.rocketmq.consumer import BodyReader
 from timewheel.errors import InvalidMessageError
-from storage import Origin
+from storage import MetaStoreCorruptError, Origin, StoreClosedError
 from timewheel.message import CancelFn, EncodedScheduler, Message, ScheduleFn
 
 log = logging.getLogger("timewheel.ingest")
+
+#: store errors that every later write meets too, so a batch they refused is never pulled again here
+#: (a full disk, `StorageWriteError`, may clear: it is retried)
+FOR_GOOD: tuple[type[Exception], ...] = (MetaStoreCorruptError, StoreClosedError)
 
 
 def _schedule_refusing(schedule: ScheduleFn, messages: list[Message],
@@ -89,6 +97,8 @@ class DelayTopicIngest:
         self._accepting = threading.Event()
         self._busy = 0
         self._idle = threading.Condition()
+        #: why the store can take nothing more (a `FOR_GOOD` error met), once it was met
+        self._failed: str | None = None
         #: a replica's own start offsets (`RemotingPullConsumer.start_offsets`); None: the group's
         self.start_offsets: dict[str, int] | None = None
         #: "one_pass": messages stored as the one pass encoded them (the rest of "ingested" took the general path)
@@ -173,6 +183,8 @@ class DelayTopicIngest:
         stop() waits for the work in progress."""
         if not self._accepting.is_set():
             return False
+        if self._failed is not None:  # another pull thread's batch: the store is not tried again
+            raise BatchesRefusedError(self._failed)
         with self._idle:
             self._busy += 1
         try:
@@ -209,6 +221,8 @@ class DelayTopicIngest:
             return False
         try:
             refusals = _schedule_refusing(self._schedule, [m for m, _ in todo], [r.origin for _, r in todo])
+        except FOR_GOOD as e:
+            raise self._failed_for_good(f"storing a batch of {len(batch)} delay messages", e) from e
         except Exception:
             log.exception("storing a batch of %d delay messages failed; it will be pulled again", len(batch))
             self.counters["redelivered"] += len(batch)
@@ -233,6 +247,9 @@ class DelayTopicIngest:
             batch, sources = merge_answers(answers, [r for _, r in todo], rows, refusals)
             stored = _refusing(lambda kept: encoded.schedule_encoded(batch if len(kept) == len(batch)
                                                                      else batch.take(kept)), len(batch))
+        except FOR_GOOD as broken:
+            n = sum(len(a) for a in answers)
+            raise self._failed_for_good(f"storing a batch of {n} delay messages", broken) from broken
         except Exception:
             n = sum(len(a) for a in answers)
             log.exception("storing a batch of %d delay messages failed; it will be pulled again", n)
@@ -265,11 +282,19 @@ class DelayTopicIngest:
         if requests and self._cancel is not None:
             try:
                 self._cancel(requests)
+            except FOR_GOOD as e:
+                raise self._failed_for_good(f"applying {len(requests)} cancels", e) from e
             except Exception:
                 log.exception("applying %d cancels failed; the batch will be pulled again", len(requests))
                 return False
             self.counters["cancels_received"] += len(requests)
         return True
+
+    def _failed_for_good(self, what: str, error: Exception) -> BatchesRefusedError:
+        """The error that stops the pull thread which met `error`; every later batch is refused with
+        it, the store not tried. Its own words come early: /readyz shows a reason's head only."""
+        self._failed = f"{what} failed for good, pulling stopped, none acknowledged: {type(error).__name__}: {error}"
+        return BatchesRefusedError(self._failed)
 
     def _dead_letter(self, msg: ReceivedMessage, reason: str) -> bool:
         try:

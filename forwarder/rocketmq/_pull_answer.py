@@ -11,7 +11,8 @@ from forwarder.rocketmq.message import ReceivedMessage
 
 __all__ = ["Answer", "BatchCallback", "BodyReader"]
 
-#: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again)
+#: accepts a batch (True: stored or dead-lettered, commit it) or refuses it (False: pull it again;
+#: raising `BatchesRefusedError`: no retry can succeed, that broker's pull thread stops)
 BatchCallback = Callable[[list[ReceivedMessage]], bool]
 
 

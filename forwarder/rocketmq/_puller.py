@@ -303,6 +303,8 @@ class Puller:
                             else [msgs for _, _, _, msgs, _, _ in found if len(msgs)])
         try:
             accepted = self.on_batch(batch) if batch else True
+        except BatchesRefusedError:
+            raise  # the callback knows no retry can succeed: fail-stop, nothing of the batch committed
         except Exception:
             log.exception("the ingest callback failed; the batch will be pulled again")
             accepted = False

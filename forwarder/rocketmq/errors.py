@@ -90,6 +90,7 @@ class MessageRejectedError(BrokerError):
 
 
 class BatchesRefusedError(ForwarderError):
-    """The consumer's callback refused every batch of a broker's queues for longer than allowed: the
-    pull thread stops (fail-stop), so its owner reports not ready instead of pulling the same
-    messages again for ever. Nothing refused was committed: a restart reads it again."""
+    """The consumer's callback refused every batch of a broker's queues for longer than allowed, or
+    raised this itself (a batch no retry can store): the pull thread stops (fail-stop), so its owner
+    reports not ready instead of pulling the same messages again for ever. Nothing refused was
+    committed: a restart reads it again."""

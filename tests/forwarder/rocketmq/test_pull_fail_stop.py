@@ -214,6 +214,24 @@ def test_an_accepted_batch_or_a_stop_starts_the_count_of_refusals_again(monkeypa
         _found(puller, table, 8)
 
 
+def test_a_callback_that_says_no_retry_can_succeed_ends_the_pull_thread_at_once() -> None:
+    """A callback raising `BatchesRefusedError` itself (a store that cannot heal) is not logged as a
+    batch to pull again: the thread stops on the first refusal, nothing of the batch taken."""
+    puller, table, handed = _puller()
+
+    def broken(batch: list[Any]) -> bool:
+        handed.append(batch)
+        raise BatchesRefusedError("storing a batch failed for good")
+
+    puller.on_batch = broken
+    puller.running.set()
+    with pytest.raises(BatchesRefusedError, match="failed for good"):
+        _found(puller, table, 1)
+    st = table.get(Q)
+    assert st is not None and st.offset == 7 and st.committed <= 7 and len(handed) == 1
+    assert puller.counters["batches"] == 0
+
+
 def _membership(table: QueueTable) -> Any:
     from forwarder.rocketmq._membership import Membership
 

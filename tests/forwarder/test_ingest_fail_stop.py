@@ -1,0 +1,140 @@
+"""A store that no retry can heal (a corrupt meta store, a closed store) stops ingest at once: the
+batch is not acknowledged, the service goes not ready naming the store's own error, and the log says
+it once, instead of "it will be pulled again" at every retry until `consume_refused_max_s` ends it."""
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pytest
+
+from forwarder.config import RocketMQConfig
+from forwarder.contract import ContractLimits
+from forwarder.control import CANCEL_ID
+from forwarder.ingest import DelayTopicIngest
+from forwarder.local_rocketmq import LocalRocketMQ
+from forwarder.rocketmq import BatchesRefusedError, OutgoingMessage, ReceivedMessage, Receipt, RemotingProducer
+from storage import MetaStoreCorruptError, StorageWriteError, StoreClosedError
+from timewheel.app.service import Service
+from timewheel.app.settings import Settings
+from timewheel.cancels import CancelRequest
+from timewheel.config import EngineConfig
+from tests.polling import wait_for
+
+CORRUPT = MetaStoreCorruptError("/data/meta", "/data/meta/000042.sst", "Corruption: block checksum mismatch")
+
+
+def _ingested(service: Service) -> int:
+    ingest = service.stats()["ingest"]
+    assert isinstance(ingest, dict)
+    return int(ingest["ingested"])
+
+
+def _telling(caplog: pytest.LogCaptureFixture, words: str) -> list[logging.LogRecord]:
+    """The log records whose line or traceback holds `words`."""
+    return [r for r in caplog.records if words in r.getMessage() or words in (r.exc_text or "")]
+
+
+@pytest.mark.rocketmq
+@pytest.mark.slow
+def test_a_corrupt_meta_store_stops_ingest_at_once_unacknowledged_and_says_so_once(
+        rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture) -> None:
+    run = uuid.uuid4().hex[:8]
+    cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_C{run}",
+                         dead_letter_topic=f"TW_DLQ_C{run}", consumer_group=f"tw_ingest_c{run}",
+                         producer_group=f"tw_delivery_c{run}", send_timeout_ms=2000)
+    target = f"CORRUPT_{run}"
+    rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target], queues=2)
+    settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("corruptmeta")), rocketmq=cfg)
+    service = Service(settings).start()
+    try:
+        assert wait_for(service.ready, timeout=30)
+        engine = service.engine
+        assert engine is not None and engine.store is not None
+        store = engine.store
+        tries: list[str] = []
+
+        def corrupt_once(real: Any) -> Any:
+            def append(*args: Any, **kwargs: Any) -> Any:
+                tries.append(real.__name__)
+                if len(tries) == 1:  # a retry would succeed here: only a stop at once keeps it unstored
+                    raise CORRUPT
+                return real(*args, **kwargs)
+            return append
+
+        store.append = corrupt_once(store.append)  # type: ignore[method-assign]
+        store.append_encoded = corrupt_once(store.append_encoded)  # type: ignore[method-assign]
+        caplog.set_level(logging.INFO)
+        with RemotingProducer(rocketmq.namesrv_addr, f"corrupt_producer_{run}") as p:
+            [receipt] = p.send([OutgoingMessage(cfg.delay_topic, b"held", None, None,
+                                                {"TW_TARGET_TOPIC": target, "TW_DELAY_MS": "100"})])
+        assert isinstance(receipt, Receipt)
+        assert wait_for(lambda: not service.ready() or _ingested(service) > 0, timeout=30), service.stats()["ingest"]
+        assert not service.ready(), f"stored on a retry after {tries}: the corrupt store was taken for a passing fault"
+        assert _ingested(service) == 0 and tries == ["append_encoded"]
+        assert service.dead_threads() == ["ingest-pull-broker-a"]
+        [why] = [w for w in service.not_ready_why() if "ingest-pull-broker-a" in w]
+        assert "MetaStoreCorruptError: the meta store /data/meta is corrupt: RocksDB found damage in " \
+               "/data/meta/000042.sst" in why, why
+        [told] = _telling(caplog, "the meta store /data/meta is corrupt")  # once, not once per retry
+        assert "move /data/meta aside" in (told.exc_text or ""), told.exc_text
+        assert not _telling(caplog, "pulled again")
+        assert service.stats()["ingest"]["redelivered"] == 0  # type: ignore[index]
+    finally:
+        service.stop()
+    # not acknowledged: the next start stores and delivers it
+    again = Service(settings).start()
+    try:
+        assert wait_for(lambda: _ingested(again) == 1, timeout=30), again.stats()["ingest"]
+        assert wait_for(lambda: again.stats()["delivered"] == 1, timeout=30), again.stats()
+        assert again.ready() and again.dead_threads() == []
+    finally:
+        again.stop()
+
+
+def _ingest(cancel: Any) -> DelayTopicIngest:
+    """An ingest taking control-only batches, as a pull thread hands them over."""
+    ing = DelayTopicIngest(RocketMQConfig(namesrv="127.0.0.1:1"), ContractLimits(10**9, 1 << 20), lambda: 1000,
+                           None)  # type: ignore[arg-type]  # no dead letter in these batches
+    ing._schedule, ing._cancel = lambda messages, origins: [], cancel
+    ing._accepting.set()
+    return ing
+
+
+def _cancel_message(n: int) -> ReceivedMessage:
+    return ReceivedMessage("TW_DELAY", b"", "", "", f"C{n:031X}", {CANCEL_ID: f"{n:032X}"}, 0, 0, 0, n, 990, 1000)
+
+
+@pytest.mark.parametrize("error", [CORRUPT, StoreClosedError("the store is closed")])
+def test_cancels_a_broken_store_can_never_apply_stop_the_pull_and_every_later_batch(
+        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    def cancel(requests: list[CancelRequest]) -> int:
+        calls.append(len(requests))
+        raise error
+
+    ing = _ingest(cancel)
+    with pytest.raises(BatchesRefusedError, match=f"applying 1 cancels failed for good.*{type(error).__name__}: "):
+        ing._on_batch([_cancel_message(1)])
+    # another broker's batch: refused the same way, without trying the broken store again
+    with pytest.raises(BatchesRefusedError, match=type(error).__name__):
+        ing._on_batch([_cancel_message(2)])
+    assert calls == [1] and ing.counters["cancels_received"] == 0
+    assert not _telling(caplog, "pulled again")
+
+
+def test_a_full_disk_is_still_a_passing_fault_whose_batch_is_pulled_again(caplog: pytest.LogCaptureFixture) -> None:
+    outcomes = [StorageWriteError("could not record 1 dispatch entries: No space left on device"), None]
+
+    def cancel(requests: list[CancelRequest]) -> int:
+        e = outcomes.pop(0)
+        if e is not None:
+            raise e
+        return 0
+
+    ing = _ingest(cancel)
+    assert ing._on_batch([_cancel_message(1)]) is False
+    assert len(_telling(caplog, "the batch will be pulled again")) == 1
+    assert ing._on_batch([_cancel_message(1)]) is True and ing.counters["cancels_received"] == 1
