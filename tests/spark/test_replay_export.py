@@ -198,3 +198,47 @@ def test_replay_through_a_real_rocketmq(spark: SparkSession, rocketmq: LocalRock
     m = by_id["r3"]
     assert (m.topic, m.body, m.tags, m.keys) == (topic, b"\x00bin\x03", "tg", "k1 k2")
     assert m.properties["p"] == "v" and m.properties[REPLAY_PROPERTY] == "1"
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["sent", "dry-run"])
+def test_a_replay_that_skips_corrupt_records_sends_the_rest_and_exits_1(spark: SparkSession, make_store: MakeStore,
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        dry_run: bool) -> None:
+    """A record whose bytes fail their checks cannot be sent: the rest is sent (or, dry, listed), one
+    line on stderr says how many were skipped and that `inspect --verify` names them, and the
+    replay exits 1, as it does on records it cannot read."""
+    from functools import partial
+
+    import forwarder.replay_sender
+    from timewheel.app.cli import app
+
+    s = make_store()
+    s.append(records(3), T0 - 1000)
+    s.checkpoint()
+    _corrupt(s, T0, 1)  # m1
+    data = s.layout.root
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    monkeypatch.setattr(forwarder.replay_sender, "replay_sender_for",
+                        lambda cfg, group: partial(RecordingSender, str(sent)))
+    args = ["replay", "--data-dir", str(data), "--since", str(T0), "--until", str(T0 + HOUR),
+            "--namesrv", "127.0.0.1:1", "--rate", "0", *(["--dry-run"] if dry_run else [])]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), str(res.exception)[:2000]
+    assert res.exit_code == 1, res.output
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert (result["matched"], result["skipped_corrupt"], result["sent"]) == (3, 1, 0 if dry_run else 2)
+    ids = sorted(json.loads(line)["properties"][ORIGINAL_ID_PROPERTY]
+                 for f in sent.iterdir() for line in f.read_text().splitlines())
+    assert ids == ([] if dry_run else ["m0", "m2"])
+    line = (f"timewheel: {'would skip' if dry_run else 'skipped'} 1 corrupt record(s) due in the range "
+            "(their bytes fail their checks, so they cannot be sent)")
+    assert line in res.stderr and f"timewheel inspect --data-dir {data} --verify" in res.stderr, res.stderr
+    text = CliRunner().invoke(app, args)
+    assert text.exit_code == 1 and line in text.stderr, text.output
+    assert "skipped 1 corrupt records" in text.stdout, text.stdout  # the summary on stdout is as before
+    # the command the line names does name the record
+    verify = CliRunner().invoke(app, ["inspect", "--data-dir", str(data), "--verify", "--json"])
+    findings = json.loads(verify.stdout)["findings"]
+    assert [(f["kind"], f["path"]) for f in findings] == [("corrupt_record", str(s.layout.part_log(T0, 0)))]

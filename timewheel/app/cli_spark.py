@@ -5,18 +5,17 @@
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
 import warnings
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional, Sequence
 
 import typer
 
 from timewheel.app._cli_errors import fail as _fail
+from timewheel.app._spark_printers import print_audit, print_backfill, print_export, print_json, print_replay
 from timewheel.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -129,12 +128,6 @@ def _reading(data_dir: Path) -> Iterator[None]:
         _fail(read_error(data_dir, e))
 
 
-def _print_json(obj: object) -> None:
-    """One JSON object on stdout."""
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
-
-
 def backfill(
     inputs: Annotated[list[str], typer.Argument(help="Input files or directories (Parquet, JSON lines or CSV).",
                                                 metavar="INPUT")],
@@ -193,24 +186,10 @@ def backfill(
                              partitions=partitions, reserved_topics=frozenset({rmq.delay_topic, rmq.dead_letter_topic}))
             except ValueError as e:
                 _fail(str(e))
-    out = result.as_dict()
     if as_json:
-        _print_json(out)
+        print_json(result.as_dict())
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        from spark.backfill import REASONS
-
-        console = Console()
-        table = Table(title=f"backfill {result.job}", show_header=False)
-        for k in ("input_rows", "scheduled", "already_scheduled", "duplicates", "rejected", "segments"):
-            table.add_row(k.replace("_", " "), f"{out[k]:,}")
-        console.print(table)
-        for reason, n in sorted(result.rejected_by_reason.items()):
-            console.print(f"[red]rejected[/red] {n:,}: {REASONS.get(reason, reason)}")
-        if result.rejected:
-            console.print(f"rejected rows with their reason: {result.rejects_path}")
+        print_backfill(result)
     if result.rejected:
         raise typer.Exit(1)
 
@@ -251,52 +230,11 @@ def audit(
         with stage_progress(spark, "audit", enabled=not as_json):
             rep = run_audit(spark, data_dir, now_ms=now_ms, grace_ms=int(grace_seconds * 1000), out_dir=out)
     if as_json:
-        _print_json(rep.as_dict())
+        print_json(rep.as_dict())
     else:
-        _print_audit(rep)
+        print_audit(rep)
     if rep.failed:
         raise typer.Exit(1)
-
-
-def _print_audit(rep: object) -> None:
-    """The audit report as tables."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from spark.audit import AuditReport
-    from timewheel.app.humantime import human_time
-
-    assert isinstance(rep, AuditReport)
-    console = Console()
-    cols = ("scheduled", "dispatched", "cancelled", "dead_lettered", "corrupt", "pending", "lost", "replayed",
-            "duplicates")
-    table = Table(title="timewheel audit")
-    table.add_column("segment", no_wrap=True)
-    table.add_column("topic")
-    for c in cols:
-        table.add_column(c.replace("_", " "), justify="right")
-    for s in rep.segments:
-        table.add_row(human_time(s["segment_ms"]), s["topic"] or "(corrupt)", *(f"{s[c]:,}" for c in cols))
-    totals = rep.as_dict()
-    table.add_row("total", "", *(f"{totals[c]:,}" for c in cols), style="bold")
-    console.print(table)
-    late = rep.lateness_ms
-    if late.get("delivered"):
-        console.print(f"lateness (ms): p50 {late['p50_ms']}, p99 {late['p99_ms']}, max {late['max_ms']} "
-                      f"over {late['delivered']:,} deliveries")
-    for kind, n in (("lost", rep.lost), ("duplicated", rep.duplicates), ("corrupt", rep.corrupt),
-                    ("unreadable records", rep.unreadable_records),
-                    ("unknown dispatch entries", rep.unknown_dispatch_entries)):
-        if n:
-            console.print(f"[red]{kind}[/red]: {n:,}")
-    for f in rep.sample_findings[:20]:
-        console.print(f"  {f['kind']} segment {human_time(f['segment_ms'])} part {f['part']} offset {f['offset']} "
-                      f"{f['msg_id'] or ''} {f['topic'] or ''}: {f['detail']}")
-    if rep.findings_path:
-        console.print(f"findings: {rep.findings_path}")
-    if rep.chart_path:
-        console.print(f"lateness chart: {rep.chart_path}")
-    console.print("[green]ok[/green]" if not rep.failed else "[red]FAILED[/red]: see the findings above")
 
 
 def replay(
@@ -323,8 +261,9 @@ def replay(
 
     One producer per task; --rate bounds each executor. Each message carries its body, tags, keys and properties, plus TW_ORIGINAL_MSG_ID and
     TW_REPLAY=1; each one sent is recorded as REPLAYED in its segment's dispatch log (the audit does
-    not count replays as duplicates). Exits 1 when a message could not be sent, or when records of a
-    part no longer written cannot be read (the rest is sent, each such part named on stderr; --dry-run too).
+    not count replays as duplicates). Exits 1 when a message could not be sent, when records due in
+    the range are corrupt (skipped, counted on stderr), or when records of a part no longer written
+    cannot be read (each such part named on stderr): the rest is sent; --dry-run exits 1 on those too.
     """
     _open_layout(data_dir)
     since_ms, until_ms = _time_ms(since, "--since"), _time_ms(until, "--until")
@@ -345,48 +284,14 @@ def replay(
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
                          sender_factory=None if dry_run else replay_sender_for(cfg, group), rate=rate, sample=show)
     if as_json:
-        _print_json(result.as_dict())
+        print_json(result.as_dict())
     else:
-        _print_replay(result)
-    _exit_on_damage(result.damaged_parts, failed=bool(result.failed))
-
-
-def _print_replay(result: object) -> None:
-    """What a replay did, or would do."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from spark.replay import ReplayResult
-    from timewheel.app.humantime import human_time
-
-    assert isinstance(result, ReplayResult)
-    console = Console()
-    span = f"due in [{human_time(result.since_ms)}, {human_time(result.until_ms)})" + (
-        f", topic {result.topic}" if result.topic else "")
-    if result.dry_run:
-        console.print(f"dry run: would send {result.matched - result.skipped_corrupt:,} messages {span}; "
-                      "nothing sent, nothing recorded")
-        for t, n in sorted(result.by_topic.items()):
-            console.print(f"  {t}: {n:,}")
-        if result.sample:
-            table = Table(title=f"first {len(result.sample)} by due time")
-            for c in ("due", "topic", "msg_id", "tags", "keys", "body bytes"):
-                table.add_column(c)
-            for r in result.sample:
-                table.add_row(human_time(r["due_ms"]), r["topic"], r["msg_id"], r["tags"] or "",
-                              " ".join(r["keys"] or ()), str(r["body_bytes"]))
-            console.print(table)
-    else:
-        for note in result.notes:
-            console.print(f"[yellow]repaired[/yellow]: {note}")
-        console.print(f"replayed {result.sent:,} messages {span}" + (f"; {result.failed:,} failed" if result.failed
-                                                                     else ""))
-        for e in result.errors[:5]:
-            console.print(f"[red]error[/red]: {e}")
-    if result.skipped_corrupt:
-        console.print(f"[red]skipped[/red] {result.skipped_corrupt:,} corrupt records (run the audit)")
-    if result.unreadable_records:
-        console.print(f"[red]unreadable[/red]: {result.unreadable_records:,} record(s) cannot be read (named below)")
+        print_replay(result)
+    # a corrupt record is one the replay cannot send, as an unreadable one is: the range was not replayed whole
+    skipped = [f"{'would skip' if dry_run else 'skipped'} {result.skipped_corrupt:,} corrupt record(s) due in the "
+               "range (their bytes fail their checks, so they cannot be sent): "
+               f"`timewheel inspect --data-dir {data_dir} --verify` names each"] if result.skipped_corrupt else []
+    _exit_on_damage(result.damaged_parts, failed=bool(result.failed), skipped=skipped)
 
 
 def export(
@@ -420,19 +325,18 @@ def export(
         with stage_progress(spark, "export", enabled=not as_json):
             result = run(spark, data_dir, out, since_ms=since_ms, until_ms=until_ms, topic=topic, dispatch=dispatch)
     if as_json:
-        _print_json(result.as_dict())
+        print_json(result.as_dict())
     else:
-        typer.echo(f"exported {result.records:,} records to {result.records_path}"
-                   + (f" and {result.dispatch_entries:,} dispatch entries to {result.dispatch_path}"
-                      if result.dispatch_path else ""))
+        print_export(result)
     _exit_on_damage(result.damaged_parts)
 
 
-def _exit_on_damage(parts: list[dict], *, failed: bool = False) -> None:
-    """Name each unreadable part on stderr (`PartDamage.detail`), then exit 1 if any, or if the job `failed`."""
-    for part in parts:
-        typer.echo(f"timewheel: {part['detail']}", err=True)
-    if parts or failed:
+def _exit_on_damage(parts: list[dict], *, failed: bool = False, skipped: Sequence[str] = ()) -> None:
+    """Name each unreadable part (`PartDamage.detail`) and say each line of `skipped` (records the job
+    passed over) on stderr, then exit 1 if any, or if the job `failed`."""
+    for line in [*(part["detail"] for part in parts), *skipped]:
+        typer.echo(f"timewheel: {line}", err=True)
+    if parts or skipped or failed:
         raise typer.Exit(1)
 
 
