@@ -23,7 +23,7 @@ from storage.errors import StorageWriteError
 from storage.index import INDEX_ENTRY_SIZE, index_entries
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout
-from storage.origin import ORIGIN_ROW_SIZE
+from storage.origin import ORIGIN_ROW_SIZE, align_rows
 from storage.part import UNSAFE_WITHOUT_PART_LOCKS
 
 log = logging.getLogger("timewheel.storage")
@@ -185,12 +185,43 @@ class PartWriter:
                              org[rows].tobytes(), index[rows].tobytes())
 
     def _write_part(self, segment_ms: int, part: int, records: bytes, origins: bytes, index: bytes) -> None:
-        log_fd, idx_fd, org_fd = self._part_fds(segment_ms, part)
+        log_fd, idx_fd, _ = self._part_fds(segment_ms, part)
+        org_fd = self._origin_fd(segment_ms, part)
         write_all(log_fd, records)
         write_all(org_fd, origins)
         write_all(idx_fd, index)
         self.dirty.add((segment_ms, part))
         self.log_seq_of[segment_ms] = self.log_seq
+
+    def _origin_fd(self, segment_ms: int, part: int) -> int:
+        """The part's origin sidecar, open, holding one row per entry of its index: where this commit's
+        rows go. Its descriptors stay open while the part is written (`_part_fds`), so a sidecar deleted
+        under the writer (by hand, by a cleaner) would take every later row with it, and the one made
+        again when the descriptors are opened again would get them from row 0: each an origin of
+        another record. So it is made again here, and the rows it lacks (those gone with it, or cut
+        from it) are written as lost (queue -2), the reading recovery gives rows an OS crash took:
+        the records stay stored and acknowledged, none is read with another's origin, and a replica
+        set never takes one of them for a record its lease holder sent. Stopping the write path
+        instead would leave the part with no sidecar, which reads as "origin unknown", judged by
+        the watermark alone (docs/HA.md)."""
+        key = (segment_ms, part)
+        log_fd, idx_fd, org_fd = self._fds[key]
+        path = self.layout.part_origin(segment_ms, part)
+        st = os.fstat(org_fd)
+        if st.st_nlink == 0:  # deleted while open: what is written to it now reaches no reader
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.close(org_fd)
+            org_fd = fd
+            self._fds[key] = (log_fd, idx_fd, org_fd)
+            st = os.fstat(org_fd)
+        rows = os.fstat(idx_fd).st_size // INDEX_ENTRY_SIZE
+        if st.st_size != rows * ORIGIN_ROW_SIZE:
+            lost = align_rows(org_fd, rows)
+            self.new_dirs.add(self.layout.segment_dir(segment_ms))  # a name made again is made durable too
+            log.warning("origin sidecar %s held %d bytes for the %d record(s) of its part (deleted or cut under "
+                        "its writer): %d row(s) written as origin lost, so that each later row stays with its "
+                        "record", path, st.st_size, rows, lost)
+        return org_fd
 
     def undo_point(self) -> UndoPoint:
         """Where every live part ends now, to return to if a commit fails."""

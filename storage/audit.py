@@ -26,7 +26,7 @@ from storage._meta_check import meta_store_findings
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
-from storage.origin import ORIGIN_SUFFIX, read_origins
+from storage.origin import ORIGIN_SUFFIX, read_origins, shortfall
 from storage.part import repair_part, still_part, trusted_index
 from storage.record_reader import check_records
 
@@ -371,6 +371,12 @@ def _check_part(layout: SegmentLayout, start: int, part: int, rep: CheckReport, 
     if bad_origins:  # read as origin lost, never as an origin they do not hold
         rep.findings.append(Finding("corrupt_origin", str(org),
                                     f"{bad_origins} row(s) fail their CRC32C; read as origin lost"))
+    short = shortfall(org, len(idx)) if tail is not None else None  # a part in flight is counted above
+    if short and _moving([idx_path, org], (size_of(idx_path), size_of(org))):
+        rep.tails_in_flight += 1  # a commit's rows being written
+    elif short:  # read again standing still: a failed commit cut back between the two reads is no shortfall
+        short = shortfall(org, size_of(idx_path) // INDEX_ENTRY_SIZE)
+        rep.findings += [Finding("corrupt_origin", str(org), short)] if short else []
     return record_keys(np.full(len(idx), part), idx["offset"])
 
 

@@ -35,6 +35,7 @@ from typing import Sequence
 import crc32c as _crc32c
 import numpy as np
 
+from storage._files import write_all
 from storage.index import read_index
 
 __all__ = ["LOST_QUEUE", "NO_QUEUE", "ORIGIN_DTYPE", "ORIGIN_ROW_SIZE", "OriginReader", "QueueTable", "read_origins"]
@@ -114,6 +115,36 @@ def unknown_origins(n: int) -> np.ndarray:
 def lost_origins(n: int) -> np.ndarray:
     """`n` rows saying "written, and lost" (LOST_QUEUE; never written to a sidecar)."""
     return origin_rows(np.full(n, LOST_QUEUE, np.int32), np.zeros(n, np.int64))
+
+
+def align_rows(fd: int, rows: int) -> int:
+    """Make the sidecar open at `fd` exactly `rows` rows long: rows past them and a torn row are cut,
+    rows it lacks are written as lost (LOST_QUEUE), so that the next row written is row `rows`;
+    returns how many rows were written as lost."""
+    size = os.fstat(fd).st_size
+    if size == rows * ORIGIN_ROW_SIZE:
+        return 0
+    have = min(size // ORIGIN_ROW_SIZE, rows)
+    os.ftruncate(fd, have * ORIGIN_ROW_SIZE)
+    os.lseek(fd, have * ORIGIN_ROW_SIZE, os.SEEK_SET)  # where a descriptor opened O_APPEND writes anyway
+    write_all(fd, lost_origins(rows - have).tobytes())
+    return rows - have
+
+
+def shortfall(path: str | os.PathLike[str], count: int) -> str | None:
+    """What a sidecar lacks for a part of `count` records (None: nothing, or no sidecar at all, which
+    a part written without origins has by design): fewer whole rows, or a torn row at its end."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+    have, torn = divmod(size, ORIGIN_ROW_SIZE)
+    if have >= count and not torn:
+        return None
+    lacking = f"holds {min(have, count)} of {count} rows"
+    if have < count:
+        lacking += f"; {count - have} read as origin lost"
+    return lacking + (f"; ends in a torn row of {torn} bytes" if torn else "")
 
 
 def read_origins(path: str | os.PathLike[str], count: int) -> tuple[np.ndarray, int]:

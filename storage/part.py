@@ -21,7 +21,7 @@ import numpy as np
 from storage.errors import CorruptRecordError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.layout import PART_INDEX_SUFFIX
-from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX
+from storage.origin import ORIGIN_ROW_SIZE, ORIGIN_SUFFIX, align_rows
 from storage.record import HEADER_SIZE, LENGTH_AT, header_fields, record_length
 from storage._files import lock_exclusive, size_of, write_all
 
@@ -160,7 +160,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.reason = scan.stopped_because
         rep.damaged = scan.damaged
         if fix:
-            _cut_origins(idx_path, 0)  # nothing vouches for which record a row belonged to
+            _align_origins(idx_path, 0, len(scan.entries))  # nothing vouches for which record a row belonged to
             with open(idx_path, "wb") as f:
                 f.write(scan.entries.tobytes())
             if rep.log_bytes_cut:
@@ -180,8 +180,11 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.reason = scan.stopped_because
         rep.damaged = scan.damaged
     if fix and (rep.index_dropped or rep.index_added or idx_size != keep * INDEX_ENTRY_SIZE):
-        if rep.index_dropped:  # entries that did not tile the log: their rows may belong to other records
-            _cut_origins(idx_path, keep)
+        # before the index, as a commit writes them: rows of dropped entries (which did not tile the
+        # log) may belong to other records; the rows after the kept ones are those of the records the
+        # scan indexes, written before their entries
+        rows = keep + rep.index_added
+        _align_origins(idx_path, keep if rep.index_dropped else rows, rows)
         os.truncate(idx_path, keep * INDEX_ENTRY_SIZE)
         if scan is not None and len(scan.entries):
             fd = os.open(idx_path, os.O_WRONLY | os.O_APPEND)
@@ -245,11 +248,21 @@ def _size_or_missing(path: Path) -> int:
         return -1
 
 
-def _cut_origins(idx_path: Path, rows: int) -> None:
-    """Cut a part's origin sidecar (`storage.origin`) to its first `rows` rows; later ones read as lost."""
-    org_path = idx_path.with_suffix(ORIGIN_SUFFIX)
-    if size_of(org_path) > rows * ORIGIN_ROW_SIZE:
-        os.truncate(org_path, rows * ORIGIN_ROW_SIZE)
+def _align_origins(idx_path: Path, keep: int, rows: int) -> None:
+    """Keep at most the first `keep` rows of a part's origin sidecar (`storage.origin`) and make it
+    `rows` rows long, one per index entry, the rows it lacks written as lost (as recovery writes the
+    rows an OS crash took): they read as before, and the part is left whole. A part without one (written
+    without origins) keeps none."""
+    try:
+        fd = os.open(idx_path.with_suffix(ORIGIN_SUFFIX), os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        if os.fstat(fd).st_size > keep * ORIGIN_ROW_SIZE:
+            os.ftruncate(fd, keep * ORIGIN_ROW_SIZE)
+        align_rows(fd, rows)
+    finally:
+        os.close(fd)
 
 
 def trusted_index(log_path: Path, idx: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 from storage._files import size_of, write_all
 from storage.index import INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.layout import SegmentLayout
-from storage.origin import ORIGIN_ROW_SIZE, lost_origins
+from storage.origin import ORIGIN_ROW_SIZE, align_rows
 from storage.part import repair_part
 from storage.record import decode
 from storage.retention import finish_removals
@@ -151,16 +151,11 @@ def _mend_origins(org_path: Path, rows: int) -> None:
     the ingest log holds no origins. They stay lost whatever reads them; a sidecar left gone would read
     as unknown, which a replica set judges by its watermark alone: a record that reached this replica
     late would pass for one the holder sent."""
-    size = size_of(org_path)
-    have = min(size // ORIGIN_ROW_SIZE, rows)
-    if size == rows * ORIGIN_ROW_SIZE:
+    if size_of(org_path) == rows * ORIGIN_ROW_SIZE:
         return
     fd = os.open(org_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        os.ftruncate(fd, have * ORIGIN_ROW_SIZE)  # a torn row goes too
-        if have < rows:
-            os.lseek(fd, have * ORIGIN_ROW_SIZE, os.SEEK_SET)
-            write_all(fd, lost_origins(rows - have).tobytes())
+        align_rows(fd, rows)
     finally:
         os.close(fd)
 
