@@ -55,7 +55,7 @@ from kazoo.retry import KazooRetry
 from coordination.errors import LeasePathDeletedError, ZooKeeperHistoryLostError
 from coordination.watermark import MalformedWatermark, read_watermark
 
-__all__ = ["LostHistoryWatch", "ensemble_zxid", "replica_client"]
+__all__ = ["LostHistoryWatch", "ensemble_zxid", "lease_path_deleted", "replica_client"]
 
 
 def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
@@ -100,13 +100,9 @@ class LostHistoryWatch:
         """At start: create the shard's tree down to `lease_path` (LeasePathDeletedError when the shard's watermark
         holds an epoch it cannot have given), and remember which one this replica joined; with `stopping` (set
         when the replica stops), look from a thread of the watch's own as well."""
-        shard_path = lease_path.rsplit("/", 1)[0]
-        # the watermark first: the path's child version read after it is at least its epoch in one history
-        epoch = _watermark_epoch(client, shard_path)
-        found = client.exists(lease_path)
-        if epoch and (found is None or found.cversion < epoch):
-            raise LeasePathDeletedError(lease_path, f"{shard_path}/watermark", watermark_epoch=epoch,
-                                        next_epoch=None if found is None else found.cversion + 1)
+        deleted = lease_path_deleted(client, lease_path)
+        if deleted is not None:
+            raise deleted
         client.ensure_path(lease_path)
         stat, client_id = client.exists(lease_path), client.client_id
         if client_id is None:
@@ -179,6 +175,19 @@ class LostHistoryWatch:
         if stat is None or (stat.czxid, stat.ctime) != (czxid, ctime):
             raise ZooKeeperHistoryLostError(self._hosts, czxid, int(client.last_zxid), lost_path=path)
         self._session = client_id[0]
+
+
+def lease_path_deleted(client: KazooClient, lease_path: str) -> LeasePathDeletedError | None:
+    """LeasePathDeletedError (not raised) when the shard's watermark holds an epoch `lease_path` cannot have
+    given: it is gone, or was created again, since the watermark was written; None otherwise."""
+    shard_path = lease_path.rsplit("/", 1)[0]
+    # the watermark first: the path's child version read after it is at least its epoch in one history
+    epoch = _watermark_epoch(client, shard_path)
+    found = client.exists(lease_path)
+    if epoch and (found is None or found.cversion < epoch):
+        return LeasePathDeletedError(lease_path, f"{shard_path}/watermark", watermark_epoch=epoch,
+                                     next_epoch=None if found is None else found.cversion + 1)
+    return None
 
 
 def _watermark_epoch(client: KazooClient, shard_path: str) -> int:

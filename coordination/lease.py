@@ -52,12 +52,12 @@ def our_node(client: KazooClient, lease_path: str, prefix: str, session: int | N
     return None
 
 
-def claim_replica_id(client: KazooClient, shard_path: str, replica_id: str) -> None:
-    """Hold `<shard>/replicas/<replica_id>` (ephemeral): a second process with this replica's id is refused
-    (ReplicaIdTaken)."""
+def claim_replica_id(client: KazooClient, shard_path: str, replica_id: str, data: bytes = b"") -> None:
+    """Hold `<shard>/replicas/<replica_id>` (ephemeral, holding `data`): a second process with this replica's id
+    is refused (ReplicaIdTaken)."""
     path = f"{shard_path}/replicas/{replica_id}"
     try:
-        client.create(path, b"", ephemeral=True, makepath=True)
+        client.create(path, data, ephemeral=True, makepath=True)
         return
     except NodeExistsError:
         stat = client.exists(path)

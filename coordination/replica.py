@@ -11,8 +11,7 @@ died, or was silent for longer than the session timeout), and the next replica h
 The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
 - confirms its node every sixth of the session timeout (and with each watermark), which extends
   its fencing deadline (`coordination.fencing`); its engine sends only before that deadline;
-- publishes its engine's delivered-up-to watermark every `watermark_interval_s`
-  (`coordination.watermark`);
+- publishes its engine's delivered-up-to watermark every `watermark_interval_s` (`coordination.watermark`);
 - stamps every message it sends with the epoch (`EpochStampingSink`, property `TW_LEASE_EPOCH`);
 - publishes the brokers its data directory saw serve each target topic (`share_brokers`,
   `coordination._shared_brokers`), and sends nothing from the moment it learns one until it has
@@ -25,8 +24,8 @@ and its engine sends everything due after the watermark, overdue messages first;
 between that watermark and the takeover may have been sent by the previous holder too (counted as
 `possible_duplicates`: those due by the time its next watermark was due).
 
-Cancels need no lease: each replica's own ingest stores what the delay topic carries, control
-messages included, into its own engine, so a cancel sent on the delay topic reaches every replica.
+Cancels need no lease: each replica's own ingest stores what the delay topic carries (control
+messages included), so a cancel sent on the delay topic reaches every replica.
 """
 from __future__ import annotations
 
@@ -37,20 +36,21 @@ import uuid
 from typing import Callable, Sequence
 
 import numpy as np
-from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from coordination._history import LostHistoryWatch, replica_client
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
-from coordination.errors import ZooKeeperJoinError, ZooKeeperUnreachableError
+from coordination._succession import Succession, fence_advert
+from coordination.errors import LeasePathDeletedError, ZooKeeperJoinError, ZooKeeperUnreachableError
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
 from coordination.lease import (ReplicaCounters, ReplicaIdTaken, claim_replica_id, epoch_of, lease_sequence,
                                 our_node)
 from coordination.members import Membership
-from coordination.watermark import (MAX_EXCEPTIONS, MalformedWatermark, Watermark, covered_by, publish_watermark,
+from coordination.watermark import (MalformedWatermark, Watermark, covered_by, engine_mark, publish_watermark,
                                     read_watermark)
 from timewheel.gate import NO_WATERMARK, DeliveredMark
 from timewheel.message import Message
@@ -94,6 +94,8 @@ class ShardReplica:
         self._session: int | None = None  # the session that owns it
         self._wake = threading.Event()
         self._node_prefix = f"{_PREFIX}{uuid.uuid4().hex[:12]}-"  # protected lease nodes: ours by name
+        # a holder's node deleted by hand leaves its fence open: the next one waits it out (coordination._succession)
+        self._succession = Succession(self.path, cfg.replica_id, cfg.fence_fraction * cfg.session_timeout_s, monotonic)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: str | None = None  # the error that ended the replica thread
@@ -234,16 +236,10 @@ class ShardReplica:
                 **(self._brokers.status() if self._brokers is not None else {})}
 
     def status_document(self) -> dict[str, object]:
-        """This replica's view and every shard's holder, epoch, watermark and lag as ZooKeeper has them."""
-        from coordination.status import shard_status
+        """This replica's view and every shard as ZooKeeper has it, or why not (`coordination.status`)."""
+        from coordination.status import shards_document
 
-        doc: dict[str, object] = {"replica": self.status()}
-        try:
-            now = self._now_ms()
-            doc["shards"] = [s.as_dict(now) for s in shard_status(self._client, self.cfg, self.delay_topic)]
-        except (KazooException, KazooTimeoutError) as e:
-            doc["shards_error"] = f"ZooKeeper did not answer: {e}"
-        return doc
+        return {"replica": self.status(), **shards_document(self._client, self.cfg, self.delay_topic, self._now_ms())}
 
     # ---- the contender's loop -----------------------------------------------------------------------
 
@@ -259,6 +255,12 @@ class ShardReplica:
         """The contenders changed (a holder left): look at once. One bound method, so kazoo keeps one watcher."""
         self._wake.set()
 
+    def _on_lease_node(self, event: WatchedEvent) -> None:
+        """Our lease node was deleted (by hand: our session lives): stop sending now, not at the next round."""
+        if event.type == EventType.DELETED:
+            self.fence.revoke()
+            self._wake.set()
+
     def dead_threads(self) -> list[str]:
         """The replica's thread, if it ended while the replica runs (an error escaped it)."""
         t = self._thread
@@ -273,8 +275,7 @@ class ShardReplica:
             self._contend()
         except Exception as e:
             self._failure = f"{type(e).__name__}: {e}"
-            # Nothing more confirms the lease: stop sending now. The thread ends; the service sees
-            # it dead, reports not ready and stops, which ends the session and hands the lease on.
+            # stop sending now; the service sees the thread dead, stops, and so hands the lease on
             self.fence.revoke()
             self._active = False
             log.critical("the replica thread of shard %s died; this replica no longer sends, and its service "
@@ -297,7 +298,8 @@ class ShardReplica:
                 log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self.path,
                             exc_info=True)
                 self._lose("ZooKeeper request failed")
-            wait = min(renew_every, max(0.0, next_publish - self._monotonic())) if holding else renew_every
+            wait = (min(renew_every, max(0.0, next_publish - self._monotonic())) if holding
+                    else min(renew_every, self._succession.wait_s() or renew_every))  # a takeover's wait ends
             self._wake.wait(wait)
 
     def _step(self) -> bool:
@@ -322,6 +324,7 @@ class ShardReplica:
                 f"{self.path}/lease/{self._node_prefix}", self.cfg.replica_id.encode(), ephemeral=True,
                 sequence=True).rsplit("/", 1)[1]
             self._session = session
+            self._succession.new_node()
         sent_at = self._monotonic()
         # sync first: a ZooKeeper follower cut off from its leader cannot answer it, so a stale view
         # of the contenders (a session the leader already expired) never confirms the lease
@@ -329,17 +332,23 @@ class ShardReplica:
         children = sorted((c for c in client.get_children(f"{self.path}/lease", watch=self._on_children)
                            if c.startswith(_PREFIX)), key=lease_sequence)
         if self._node not in children:
-            self._node = None  # gone with an expired session: contend again next round
-            self._lose("lease node gone")
+            # under its own session only a delete by hand takes it: stop sending, contend again as a standby
+            self._lose(f"its lease node {self._node} was deleted while its session lives, by hand or by a tool; it "
+                       f"contends again as a standby, its messages kept")
+            self._node = None
             return False
+        self._succession.look(client, f"{self.path}/lease", children, self._node)
         if children[0] != self._node:
             self._lose("another replica holds the lease")
             self._remember(self._read_mark())
             return False
-        stat = client.exists(f"{self.path}/lease/{self._node}")
+        stat = client.exists(f"{self.path}/lease/{self._node}", watch=self._on_lease_node)
         if stat is None or stat.ephemeralOwner != self._session:
             self._node = None
             self._lose("lease node not ours")
+            return False
+        if not self._active and self._succession.wait_s() > 0:  # an earlier holder's fence may still be open
+            self._remember(self._read_mark())
             return False
         negotiated = getattr(client, "_session_timeout", None)
         if negotiated:
@@ -380,10 +389,13 @@ class ShardReplica:
         """Register with the delay topic's members (ReplicaSetMismatch at start: `coordination.members`), then
         hold this replica's id in the shard (ReplicaIdTaken: `coordination.lease.claim_replica_id`)."""
         self._members.join(self._client)
-        claim_replica_id(self._client, self.path, self.cfg.replica_id)
+        claim_replica_id(self._client, self.path, self.cfg.replica_id, fence_advert(self._succession.fence_s))
 
     def _take_over(self, mark: Watermark) -> None:
         epoch = epoch_of(self._node) if self._node else 0
+        if epoch < mark.epoch or (epoch == mark.epoch and mark.replica != self.cfg.replica_id):
+            # the lease path deleted and created again after this round's look at it: epochs went back
+            raise LeasePathDeletedError(f"{self.path}/lease", f"{self.path}/watermark")
         self._remember(mark)
         with self._lock:
             self._epoch = epoch
@@ -409,25 +421,13 @@ class ShardReplica:
                         self.cfg.replica_id, why)
 
     def _publish(self) -> None:
-        """Publish the engine's watermark and stored offsets under our epoch.
-
-        The offsets are read first: every message below them was in the engine when the watermark
-        was computed, so the watermark speaks for each of them. The watermark is never ahead of this
-        replica's own clock. A frozen mark (`DeliveredMark.frozen`) is not published.
-        """
+        """Publish the engine's watermark and stored offsets under our epoch (`coordination.watermark.engine_mark`;
+        a frozen mark, `DeliveredMark.frozen`, is not published)."""
         if self._watermark_source is None:
             return
-        offsets = self._offsets_source() if self._offsets_source is not None else None
-        now = self._now_ms()
-        got = self._watermark_source()
-        done = got if isinstance(got, DeliveredMark) else DeliveredMark(got)
-        if done.frozen:
-            # the engine failed on its delivery path and stops: the mark already published stays,
-            # with the offsets it was computed for (with newer ones it could cover unsent messages)
+        mark = engine_mark(self._epoch, self.cfg.replica_id, self._now_ms, self._watermark_source, self._offsets_source)
+        if mark is None:
             return
-        w = min(done.up_to, now)
-        mark = Watermark(self._epoch, w, self.cfg.replica_id, now, offsets,
-                         tuple(e for e in done.exceptions[:MAX_EXCEPTIONS] if e[2] <= w))
         if publish_watermark(self._client, self.path, mark):
             self._published = mark
             with self._lock:

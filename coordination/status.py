@@ -4,13 +4,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
+from coordination._history import lease_path_deleted
 from coordination.config import HAConfig
+from coordination.errors import LeasePathDeletedError
 from coordination.replica import epoch_of, lease_sequence
 from coordination.watermark import MalformedWatermark, Watermark, read_watermark
 
-__all__ = ["ShardStatus", "shard_status"]
+__all__ = ["ShardStatus", "shard_status", "shards_document"]
 
 _PREFIX = "replica-"
 
@@ -59,3 +62,18 @@ def shard_status(client: KazooClient, cfg: HAConfig, delay_topic: str) -> list[S
         out.append(ShardStatus(k, holder[1] if holder else None, epoch_of(holder[0]) if holder else 0,
                                tuple(n for _, n in names[1:]), mark.watermark_ms, mark.epoch, mark.published_ms))
     return out
+
+
+def shards_document(client: KazooClient, cfg: HAConfig, delay_topic: str, now_ms: int) -> dict[str, object]:
+    """Every shard as `timewheel status` shows it ("shards"), and what keeps them from being read or held
+    ("shards_error"): ZooKeeper not answering, or a shard's lease path deleted by hand (in the words of
+    LeasePathDeletedError: nobody can hold that shard's lease until an operator acts)."""
+    try:
+        doc: dict[str, object] = {"shards": [s.as_dict(now_ms) for s in shard_status(client, cfg, delay_topic)]}
+        deleted = [e for e in (lease_path_deleted(client, f"{cfg.shard_path(delay_topic, k)}/lease")
+                               for k in range(cfg.shards)) if e is not None]
+    except (KazooException, KazooTimeoutError) as e:
+        return {"shards_error": f"ZooKeeper did not answer: {e}"}
+    if deleted:  # the running replicas' words (they stop with it): the start's would say "does not start"
+        doc["shards_error"] = " ".join(str(LeasePathDeletedError(e.lease_path, e.watermark_path)) for e in deleted)
+    return doc

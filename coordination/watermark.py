@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -25,9 +25,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from storage import LOST_QUEUE
-from timewheel.gate import NO_WATERMARK
+from timewheel.gate import NO_WATERMARK, DeliveredMark
 
-__all__ = ["MAX_EXCEPTIONS", "MalformedWatermark", "Watermark", "covered_by", "publish_watermark", "read_watermark"]
+__all__ = ["MAX_EXCEPTIONS", "MalformedWatermark", "Watermark", "covered_by", "engine_mark", "publish_watermark",
+           "read_watermark"]
 
 #: at most this many exceptions travel with a mark; past them, W stops before the next one
 MAX_EXCEPTIONS = 64
@@ -119,6 +120,26 @@ def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark) -> 
         except BadVersionError:
             continue
     return False
+
+
+def engine_mark(epoch: int, replica: str, now_ms: Callable[[], int], delivered: Callable[[], int | DeliveredMark],
+                offsets: Callable[[], dict[str, int]] | None) -> Watermark | None:
+    """The holder's engine's watermark and stored offsets under `epoch`; None when its mark is frozen.
+
+    The offsets are read first: every message below them was in the engine when the watermark
+    was computed, so the watermark speaks for each of them. The watermark is never ahead of the
+    holder's own clock (`now_ms`, read between the two).
+    """
+    stored = offsets() if offsets is not None else None
+    now = now_ms()
+    got = delivered()
+    done = got if isinstance(got, DeliveredMark) else DeliveredMark(got)
+    if done.frozen:
+        # the engine failed on its delivery path and stops: the mark already published stays,
+        # with the offsets it was computed for (with newer ones it could cover unsent messages)
+        return None
+    w = min(done.up_to, now)
+    return Watermark(epoch, w, replica, now, stored, tuple(e for e in done.exceptions[:MAX_EXCEPTIONS] if e[2] <= w))
 
 
 def covered_by(marks: Sequence[Watermark], due: np.ndarray, origins: np.ndarray, queue_names: Sequence[str],

@@ -311,6 +311,22 @@ def test_a_zookeeper_that_never_answers_the_first_connect_is_a_typed_one_line_er
     assert replica.dead_threads() == []
 
 
+def test_a_takeover_at_an_epoch_the_watermark_already_carries_is_refused(replicas: Callable[..., ShardReplica]) -> None:
+    """A lease path deleted and created again between a round's look at it and its takeover numbers epochs
+    from 1 again: the takeover, which reads the watermark, refuses an epoch at or below another replica's
+    published one (the start's refusal, in its words), and takes none of the lease's state."""
+    from coordination import LeasePathDeletedError
+
+    a = replicas("a", lambda: 2_000)
+    wait_for("a holds the lease", a.may_send)
+    took = a.counters.takeovers
+    for mark in (Watermark(a.epoch + 1, 2_000, "z", 0), Watermark(a.epoch, 2_000, "z", 0)):
+        with pytest.raises(LeasePathDeletedError, match="created again"):
+            a._take_over(mark)
+    a._take_over(Watermark(a.epoch, 2_000, "a", 0))  # its own mark of this epoch: a lease regained, not reused
+    assert a.counters.takeovers == took + 1
+
+
 @pytest.mark.parametrize("created_again", [False, True], ids=["deleted", "deleted-and-created-again"])
 def test_a_lease_path_deleted_under_live_sessions_stops_every_replica_saying_why_and_no_restart_counts_epochs_back(
         replicas: Callable[..., ShardReplica], zookeeper: LocalZooKeeper, created_again: bool) -> None:
@@ -338,6 +354,14 @@ def test_a_lease_path_deleted_under_live_sessions_stops_every_replica_saying_why
             r.stop()
         from coordination import CoordinationError, LeasePathDeletedError
 
+        found = operator.exists(lease)
+        if found is not None and found.cversion >= first:
+            # a replica's round made a node in the path created again before its next look found the path
+            # so (it stopped then, at the latest at its takeover): that path gives epochs above the watermark's
+            again = replicas("a", lambda: 4_000)
+            wait_for("a replica started again holds the lease", again.may_send, 30)
+            assert again.epoch > first and not again.dead_threads()
+            return
         with pytest.raises(LeasePathDeletedError, match=f"epoch {first}") as refused:
             replicas("a", lambda: 4_000)  # a supervisor's restart: it would take the lease with epoch 1
         assert f"{a.path}/watermark" in str(refused.value)
