@@ -1,6 +1,7 @@
 """Small file helpers shared by the writer, recovery and check."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -96,3 +97,28 @@ def unlock(fd: int) -> None:
     except OSError as e:
         if e.errno not in _NO_LOCKS:
             raise
+
+
+def remake(fd: int, path: Path) -> int:
+    """Make a file deleted while `fd` held it open (readable) again at `path`, with every byte it has:
+    copied to a temporary name beside it, fsynced (its bytes before its name), then renamed to `path`.
+    Returns a descriptor of the new file open to read and append; the caller closes `fd` and has the
+    directory fsynced."""
+    tmp = path.with_name(path.name + ".tmp")
+    new = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        at, size = 0, os.fstat(fd).st_size
+        while at < size:
+            chunk = os.pread(fd, min(size - at, 1 << 20), at)
+            if not chunk:
+                break
+            write_all(new, chunk)
+            at += len(chunk)
+        os.fsync(new)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(new)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return new

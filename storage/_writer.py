@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from storage._dispatch_writer import LOCK_WAIT_S
-from storage._files import lock_exclusive, write_all
+from storage._files import lock_exclusive, remake, write_all
 from storage.errors import StorageWriteError
-from storage.index import INDEX_ENTRY_SIZE, index_entries
+from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries
 from storage.ingest_log import LOCATION_DTYPE
 from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_ROW_SIZE, align_rows
-from storage.part import UNSAFE_WITHOUT_PART_LOCKS
+from storage.part import UNSAFE_WITHOUT_PART_LOCKS, repair_part
 
 log = logging.getLogger("timewheel.storage")
 #: parts whose three descriptors stay open at most (the least recently written closes first); a
@@ -34,6 +34,8 @@ _MAX_OPEN_FDS = 128
 _ARRAY_PLACE_MIN = 32
 #: where every live part ends: segment -> (part, bytes, entries)
 UndoPoint = dict[int, tuple[int, int, int]]
+#: a part's descriptors, in this order: records, index, origins
+_INDEX, _ORIGIN = 1, 2
 
 
 @dataclass(slots=True)
@@ -139,16 +141,18 @@ class PartWriter:
         if fds is not None:
             self._fds.move_to_end(key)
             return fds
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         opened: list[int] = []
         log_path = self.layout.part_log(segment_ms, part)
         try:
-            for path in (log_path, self.layout.part_index(segment_ms, part), self.layout.part_origin(segment_ms, part)):
-                opened.append(os.open(path, flags, 0o644))
+            opened.append(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+            # the sidecars readable too: one deleted while open is made again from what it holds (`_file`)
+            for path in (self.layout.part_index(segment_ms, part), self.layout.part_origin(segment_ms, part)):
+                opened.append(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644))
             # held until the descriptor closes: one flock a part opened, none a commit. `check(fix=True)`
             # repairs no part whose lock it cannot take, so its cuts and index entries never land
             # between this writer's record, origin and index writes (`storage.part.still_part`)
             lock_exclusive(opened[0], log_path, UNSAFE_WITHOUT_PART_LOCKS, LOCK_WAIT_S)
+            self._index_whole(segment_ms, part, opened[0], opened[1])
         except OSError as e:  # the files opened before the one that failed (EMFILE, ENOSPC) are held by nobody
             for fd in opened:
                 os.close(fd)
@@ -159,10 +163,66 @@ class PartWriter:
         fds = (opened[0], opened[1], opened[2])
         self._fds[key] = fds
         if len(self._fds) > _MAX_OPEN_FDS:
-            _, old = self._fds.popitem(last=False)
-            for fd in old:
-                os.close(fd)
+            self._close_part(next(iter(self._fds)))
         return fds
+
+    def _index_whole(self, segment_ms: int, part: int, log_fd: int, idx_fd: int) -> None:
+        """Make sure a part opened to append has its index end where its records end. An index deleted
+        (or cut) while the part was closed (its descriptors are opened again: `_MAX_OPEN_FDS`) would
+        otherwise hold only the entries written from now on: readers would scan its records instead
+        (`storage.part.trusted_index`), but the origins of the part, found through it, would read as
+        unknown. So the missing entries are indexed again from the records (`repair_part`, as recovery
+        does), the origin sidecar keeping its rows (written in step with the records); a log that
+        cannot be indexed to its end without cutting it is refused (the commit fails, nothing kept)."""
+        log_size, idx_size = os.fstat(log_fd).st_size, os.fstat(idx_fd).st_size
+        end = 0
+        if idx_size >= INDEX_ENTRY_SIZE:
+            at = idx_size - idx_size % INDEX_ENTRY_SIZE - INDEX_ENTRY_SIZE
+            last = np.frombuffer(os.pread(idx_fd, INDEX_ENTRY_SIZE, at), INDEX_DTYPE)[0]
+            end = int(last["offset"]) + int(last["length"])
+        if end == log_size and not idx_size % INDEX_ENTRY_SIZE:
+            return
+        log_path, idx_path = self.layout.part_log(segment_ms, part), self.layout.part_index(segment_ms, part)
+        plan = repair_part(log_path, idx_path, fix=False)
+        if plan.log_bytes_cut or plan.index_dropped or plan.index_rebuilt:
+            raise StorageWriteError(
+                f"the index {idx_path} ends at byte {end} of the {log_size} of {log_path}, and the records past it "
+                f"cannot all be indexed ({plan.bad_index or plan.reason or 'index missing'}): nothing is appended to "
+                "the part; restart the engine: its recovery repairs the part (as `storage.check(layout, fix=True)` does)")
+        repair_part(log_path, idx_path)
+        self.new_dirs.add(self.layout.segment_dir(segment_ms))  # its name may be new (O_CREAT above)
+        log.warning("index %s ended at byte %d of the %d of its records (deleted or cut while its part was closed): "
+                    "%d entr(ies) indexed again from the records", idx_path, end, log_size, plan.index_added)
+
+    def _file(self, key: tuple[int, int], which: int) -> tuple[int, os.stat_result]:
+        """A part's index or origin descriptor (`which`) and its stat; a file deleted while the writer had
+        it open (by hand, by a cleaner) is first made again at its path with all it holds (`remake`):
+        appended to as it was, what it holds and every later write would reach no reader, and be freed
+        at its close."""
+        fds = self._fds[key]
+        st = os.fstat(fds[which])
+        if st.st_nlink:
+            return fds[which], st
+        path = (self.layout.part_index if which == _INDEX else self.layout.part_origin)(*key)
+        fd = remake(fds[which], path)
+        os.close(fds[which])
+        self._fds[key] = (fds[0], fd, fds[2]) if which == _INDEX else (fds[0], fds[1], fd)
+        self.new_dirs.add(self.layout.segment_dir(key[0]))  # a name made again is made durable too
+        st = os.fstat(fd)
+        log.warning("%s was deleted while its part was open to append: made again with the %d byte(s) it held",
+                    path, st.st_size)
+        return fd, st
+
+    def _close_part(self, key: tuple[int, int], keep: bool = True) -> None:
+        """Close a part's descriptors; with `keep`, a sidecar deleted under them is made again first."""
+        if keep:
+            for which in (_INDEX, _ORIGIN):
+                try:
+                    self._file(key, which)
+                except OSError:
+                    log.exception("could not make a deleted sidecar of part %s/%s again", *key)
+        for fd in self._fds.pop(key):
+            os.close(fd)
 
     def write(self, locs: np.ndarray, blobs: list[bytes], origins: np.ndarray) -> None:
         """One write of records, one of origins (ORIGIN_DTYPE rows) and one of index entries per
@@ -185,37 +245,29 @@ class PartWriter:
                              org[rows].tobytes(), index[rows].tobytes())
 
     def _write_part(self, segment_ms: int, part: int, records: bytes, origins: bytes, index: bytes) -> None:
-        log_fd, idx_fd, _ = self._part_fds(segment_ms, part)
-        org_fd = self._origin_fd(segment_ms, part)
+        log_fd = self._part_fds(segment_ms, part)[0]
+        idx_fd, idx_st = self._file((segment_ms, part), _INDEX)
+        org_fd = self._origin_fd(segment_ms, part, idx_st.st_size // INDEX_ENTRY_SIZE)
         write_all(log_fd, records)
         write_all(org_fd, origins)
         write_all(idx_fd, index)
         self.dirty.add((segment_ms, part))
         self.log_seq_of[segment_ms] = self.log_seq
 
-    def _origin_fd(self, segment_ms: int, part: int) -> int:
-        """The part's origin sidecar, open, holding one row per entry of its index: where this commit's
-        rows go. Its descriptors stay open while the part is written (`_part_fds`), so a sidecar deleted
-        under the writer (by hand, by a cleaner) would take every later row with it, and the one made
-        again when the descriptors are opened again would get them from row 0: each an origin of
-        another record. So it is made again here, and the rows it lacks (those gone with it, or cut
-        from it) are written as lost (queue -2), the reading recovery gives rows an OS crash took:
-        the records stay stored and acknowledged, none is read with another's origin, and a replica
-        set never takes one of them for a record its lease holder sent. Stopping the write path
-        instead would leave the part with no sidecar, which reads as "origin unknown", judged by
-        the watermark alone (docs/HA.md)."""
-        key = (segment_ms, part)
-        log_fd, idx_fd, org_fd = self._fds[key]
-        path = self.layout.part_origin(segment_ms, part)
-        st = os.fstat(org_fd)
-        if st.st_nlink == 0:  # deleted while open: what is written to it now reaches no reader
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.close(org_fd)
-            org_fd = fd
-            self._fds[key] = (log_fd, idx_fd, org_fd)
-            st = os.fstat(org_fd)
-        rows = os.fstat(idx_fd).st_size // INDEX_ENTRY_SIZE
+    def _origin_fd(self, segment_ms: int, part: int, rows: int) -> int:
+        """The part's origin sidecar, open, holding one row per entry of its index (`rows`): where this
+        commit's rows go. Its descriptors stay open while the part is written (`_part_fds`), so a sidecar
+        deleted under the writer (by hand, by a cleaner) would take every later row with it, and the one
+        made again when the descriptors are opened again would get them from row 0: each an origin of
+        another record. One deleted while still open is made again with the rows it held (`_file`); the
+        rows a sidecar still lacks (deleted while its part was closed, or cut) are written as lost
+        (queue -2), the reading recovery gives rows an OS crash took: the records stay stored and
+        acknowledged, none is read with another's origin, and a replica set never takes one of them for
+        a record its lease holder sent. Stopping the write path instead would leave the part with no
+        sidecar, which reads as "origin unknown", judged by the watermark alone (docs/HA.md)."""
+        org_fd, st = self._file((segment_ms, part), _ORIGIN)
         if st.st_size != rows * ORIGIN_ROW_SIZE:
+            path = self.layout.part_origin(segment_ms, part)
             lost = align_rows(org_fd, rows)
             self.new_dirs.add(self.layout.segment_dir(segment_ms))  # a name made again is made durable too
             log.warning("origin sidecar %s held %d bytes for the %d record(s) of its part (deleted or cut under "
@@ -275,18 +327,15 @@ class PartWriter:
         """Close a segment's descriptors and forget its unsynced parts: it is being retired."""
         self.live.pop(segment_ms, None)
         self.log_seq_of.pop(segment_ms, None)
-        self._close_where(lambda seg: seg == segment_ms)
+        self._close_where(lambda seg: seg == segment_ms, keep=False)  # its files are on their way out
         self.dirty = {(seg, part) for seg, part in self.dirty if seg != segment_ms}
 
-    def _close_where(self, of_segment: Callable[[int], bool]) -> None:
-        """Close the descriptors of every part of the segments `of_segment` picks."""
+    def _close_where(self, of_segment: Callable[[int], bool], keep: bool = True) -> None:
+        """Close the descriptors of every part of the segments `of_segment` picks (`_close_part`)."""
         for key in [k for k in self._fds if of_segment(k[0])]:
-            for fd in self._fds.pop(key):
-                os.close(fd)
+            self._close_part(key, keep)
 
     def close(self) -> None:
         """Close every descriptor."""
-        for fds in self._fds.values():
-            for fd in fds:
-                os.close(fd)
-        self._fds.clear()
+        for key in list(self._fds):
+            self._close_part(key)

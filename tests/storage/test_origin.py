@@ -240,26 +240,33 @@ def test_check_reports_no_finding_for_a_part_without_an_origin_sidecar(tmp_path:
         assert check(store.layout).findings == []
 
 
-@pytest.mark.parametrize("reopened", [False, True], ids=["descriptor-held", "descriptor-reopened"])
+@pytest.mark.parametrize("when", ["while-open", "while-open-then-closed", "while-closed"])
 def test_a_live_parts_origin_sidecar_deleted_between_two_appends_never_misattributes(
-        tmp_path: Path, reopened: bool) -> None:
-    # the writer keeps a live part's files open and opens them again once more parts were written
-    # since than it keeps open: either way, the rows after the deletion must stay with their records
+        tmp_path: Path, when: str) -> None:
+    # the writer keeps a live part's files open, and closes them once more parts were written since than
+    # it keeps open (opening them again at the part's next write): the rows after the deletion must stay
+    # with their records, and the rows before it are kept as long as the writer held them
     store = ScheduleStore(tmp_path)
     try:
         first, second = _records(5), _records(3, 5)
         store.append(first, T0, [("b:0", 100 + i) for i in range(5)])
         (org,) = list(tmp_path.glob("schedule/*/*.org"))
-        org.unlink()
-        if reopened:  # one record in each of as many other hours as the writer keeps parts open
+        if when == "while-open":
+            org.unlink()
+        else:  # one record in each of as many other hours as the writer keeps parts open
+            if when == "while-open-then-closed":
+                org.unlink()
             others = [Record(f"other-{h}", "T", b"o", T0 + (h + 1) * 3_600_000) for h in range(_writer._MAX_OPEN_FDS)]
             store.append(others, T0, [("b:1", h) for h in range(len(others))])
+            if when == "while-closed":
+                org.unlink()
         store.append(second, T0, [("b:0", 200 + i) for i in range(3)])
         ids = [r.msg_id for r in first + second]
         want = [("b:0", 100 + i) for i in range(5)] + [("b:0", 200 + i) for i in range(3)]
         got = _origins_of(store, ids)
-        assert all(g in (w, "lost") for g, w in zip(got, want)), got
-        assert got[5:] == want[5:]  # what the part was given after the deletion is kept
+        # held open, the deleted sidecar still has its rows: they are kept; closed, they are gone, and
+        # read as lost, never as another record's
+        assert got == (["lost"] * 5 + want[5:] if when == "while-closed" else want)
     finally:
         store.close()
     with ScheduleStore(tmp_path) as again:

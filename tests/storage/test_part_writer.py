@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import _writer
+from storage import Record, ScheduleStore, StorageWriteError, _writer, check, encode
 from storage._writer import PartWriter
 from storage.index import index_entries
 from storage.layout import SegmentLayout
@@ -115,5 +115,70 @@ def test_a_part_whose_index_cannot_be_opened_leaves_no_descriptor_open(tmp_path:
         with pytest.raises(IsADirectoryError):
             writer.write(locs, [b"a"], np.zeros(1, ORIGIN_DTYPE))
         assert _open_fds() == before
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("when", ["while-open", "while-open-then-closed", "while-closed"])
+def test_a_live_parts_index_deleted_between_two_appends_keeps_every_record_readable(
+        tmp_path: Path, when: str) -> None:
+    # the writer keeps a live part's files open, and closes them once more parts were written since than
+    # it keeps open (opening them again at the part's next write): either way, every record of the part
+    # must be found through its index when its segment comes due, and at the next start
+    first = [Record(f"id-{i}", "T", b"x" * (i + 1), T0 + i * 10) for i in range(5)]
+    second = [Record(f"id-{i}", "T", b"y" * (i + 1), T0 + i * 10) for i in range(5, 8)]
+    ids = [r.msg_id for r in first + second]
+    store = ScheduleStore(tmp_path)
+    seg = T0 - T0 % store.layout.segment_ms
+    try:
+        store.append(first, T0, [("b:0", 100 + i) for i in range(5)])
+        (idx,) = list(tmp_path.glob("schedule/*/*.idx"))
+        if when == "while-open":
+            idx.unlink()
+        else:  # one record in each of as many other hours as the writer keeps parts open
+            if when == "while-open-then-closed":
+                idx.unlink()
+            others = [Record(f"other-{h}", "T", b"o", T0 + (h + 1) * HOUR) for h in range(_writer._MAX_OPEN_FDS)]
+            store.append(others, T0)
+            if when == "while-closed":
+                idx.unlink()
+        store.append(second, T0, [("b:0", 200 + i) for i in range(3)])
+        index = store.segment_index(seg)
+        got = store.read_records([seg] * len(index), index.part.tolist(), index.offset.tolist(), index.due_ms.tolist())
+        assert [r.msg_id for r in got if isinstance(r, Record)] == ids
+        # the origin sidecar, kept, still gives each record its own origin
+        assert store.read_origins(np.full(len(index), seg), index.part, index.offset)["offset"].tolist() == \
+            [100 + i for i in range(5)] + [200 + i for i in range(3)]
+    finally:
+        store.close()
+    with ScheduleStore(tmp_path) as again:
+        assert len(again.segment_index(seg)) == len(ids)
+        assert [f for f in check(again.layout).findings if f.path in (str(idx), str(idx.with_suffix(".org")))] == []
+
+
+def test_a_part_whose_records_cannot_be_indexed_to_their_end_again_is_not_appended_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # its index deleted while the writer had the part closed, and its log ending in a torn record: indexing
+    # it again would cut the log under the offsets the writer gives the next records, so the commit fails
+    monkeypatch.setattr(_writer, "_MAX_OPEN_FDS", 1)
+    layout = SegmentLayout(tmp_path)
+    writer = PartWriter(layout, 1 << 20)
+
+    def commit(due: int) -> tuple[int, int]:
+        blobs = [encode(Record(f"id-{due}", "T", b"x", due), T0)]
+        locs = writer.place([due], blobs)
+        writer.write(locs, blobs, np.zeros(1, ORIGIN_DTYPE))
+        return int(locs["segment_ms"][0]), int(locs["part"][0])
+
+    try:
+        seg, part = commit(T0)
+        commit(T0 + HOUR)  # closes the first part's files
+        log_path, idx_path = layout.part_log(seg, part), layout.part_index(seg, part)
+        with open(log_path, "ab") as f:
+            f.write(b"\x00" * 7)
+        idx_path.unlink()
+        with pytest.raises(StorageWriteError, match=str(idx_path)):
+            commit(T0 + 1)
+        assert os.path.getsize(log_path) == len(encode(Record(f"id-{T0}", "T", b"x", T0), T0)) + 7
     finally:
         writer.close()
