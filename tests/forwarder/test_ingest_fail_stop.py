@@ -21,6 +21,7 @@ from timewheel.app.settings import Settings
 from timewheel.cancels import CancelRequest
 from timewheel.config import EngineConfig
 from tests.polling import wait_for
+from tests.reliability.test_pull_thread_death import _restart_delivers_the_one_message
 
 CORRUPT = MetaStoreCorruptError("/data/meta", "/data/meta/000042.sst", "Corruption: block checksum mismatch")
 
@@ -83,14 +84,7 @@ def test_a_corrupt_meta_store_stops_ingest_at_once_unacknowledged_and_says_so_on
         assert service.stats()["ingest"]["redelivered"] == 0  # type: ignore[index]
     finally:
         service.stop()
-    # not acknowledged: the next start stores and delivers it
-    again = Service(settings).start()
-    try:
-        assert wait_for(lambda: _ingested(again) == 1, timeout=30), again.stats()["ingest"]
-        assert wait_for(lambda: again.stats()["delivered"] == 1, timeout=30), again.stats()
-        assert again.ready() and again.dead_threads() == []
-    finally:
-        again.stop()
+    _restart_delivers_the_one_message(settings)  # not acknowledged: the next start stores and delivers it
 
 
 def _ingest(cancel: Any) -> DelayTopicIngest:

@@ -10,8 +10,9 @@ import crc32c
 import numpy as np
 import pytest
 
-from storage import LOST_QUEUE, NO_QUEUE, Record, ScheduleStore, _writer, check
+from storage import LOST_QUEUE, NO_QUEUE, Record, ScheduleStore, check
 from storage.origin import ORIGIN_DTYPE, ORIGIN_ROW_SIZE, good_rows, origin_rows, unknown_origins
+from tests.storage._deleted_under_writer import MOMENTS, delete_under_writer
 
 T0 = 1_700_000_000_000
 
@@ -240,7 +241,7 @@ def test_check_reports_no_finding_for_a_part_without_an_origin_sidecar(tmp_path:
         assert check(store.layout).findings == []
 
 
-@pytest.mark.parametrize("when", ["while-open", "while-open-then-closed", "while-closed"])
+@pytest.mark.parametrize("when", MOMENTS)
 def test_a_live_parts_origin_sidecar_deleted_between_two_appends_never_misattributes(
         tmp_path: Path, when: str) -> None:
     # the writer keeps a live part's files open, and closes them once more parts were written since than
@@ -251,15 +252,7 @@ def test_a_live_parts_origin_sidecar_deleted_between_two_appends_never_misattrib
         first, second = _records(5), _records(3, 5)
         store.append(first, T0, [("b:0", 100 + i) for i in range(5)])
         (org,) = list(tmp_path.glob("schedule/*/*.org"))
-        if when == "while-open":
-            org.unlink()
-        else:  # one record in each of as many other hours as the writer keeps parts open
-            if when == "while-open-then-closed":
-                org.unlink()
-            others = [Record(f"other-{h}", "T", b"o", T0 + (h + 1) * 3_600_000) for h in range(_writer._MAX_OPEN_FDS)]
-            store.append(others, T0, [("b:1", h) for h in range(len(others))])
-            if when == "while-closed":
-                org.unlink()
+        delete_under_writer(store, org, when, T0)
         store.append(second, T0, [("b:0", 200 + i) for i in range(3)])
         ids = [r.msg_id for r in first + second]
         want = [("b:0", 100 + i) for i in range(5)] + [("b:0", 200 + i) for i in range(3)]

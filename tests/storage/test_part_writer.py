@@ -15,6 +15,7 @@ from storage._writer import PartWriter
 from storage.index import index_entries
 from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_DTYPE
+from tests.storage._deleted_under_writer import MOMENTS, delete_under_writer
 
 T0 = 1_800_000_000_000
 HOUR = 3_600_000
@@ -119,7 +120,7 @@ def test_a_part_whose_index_cannot_be_opened_leaves_no_descriptor_open(tmp_path:
         writer.close()
 
 
-@pytest.mark.parametrize("when", ["while-open", "while-open-then-closed", "while-closed"])
+@pytest.mark.parametrize("when", MOMENTS)
 def test_a_live_parts_index_deleted_between_two_appends_keeps_every_record_readable(
         tmp_path: Path, when: str) -> None:
     # the writer keeps a live part's files open, and closes them once more parts were written since than
@@ -133,15 +134,7 @@ def test_a_live_parts_index_deleted_between_two_appends_keeps_every_record_reada
     try:
         store.append(first, T0, [("b:0", 100 + i) for i in range(5)])
         (idx,) = list(tmp_path.glob("schedule/*/*.idx"))
-        if when == "while-open":
-            idx.unlink()
-        else:  # one record in each of as many other hours as the writer keeps parts open
-            if when == "while-open-then-closed":
-                idx.unlink()
-            others = [Record(f"other-{h}", "T", b"o", T0 + (h + 1) * HOUR) for h in range(_writer._MAX_OPEN_FDS)]
-            store.append(others, T0)
-            if when == "while-closed":
-                idx.unlink()
+        delete_under_writer(store, idx, when, T0)
         store.append(second, T0, [("b:0", 200 + i) for i in range(3)])
         index = store.segment_index(seg)
         got = store.read_records([seg] * len(index), index.part.tolist(), index.offset.tolist(), index.due_ms.tolist())
