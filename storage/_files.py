@@ -16,6 +16,8 @@ log = logging.getLogger("timewheel.storage")
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 #: what was said to be unsafe for want of locks (each once a process)
 _no_locks_said: set[str] = set()
+#: what `temporary` adds to a name
+TEMPORARY_SUFFIX = ".tmp"
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -99,12 +101,17 @@ def unlock(fd: int) -> None:
             raise
 
 
+def temporary(path: Path) -> Path:
+    """The name a file is made under beside `path` before it is renamed to it (`remake`)."""
+    return path.with_name(path.name + TEMPORARY_SUFFIX)
+
+
 def remake(fd: int, path: Path) -> int:
     """Make a file deleted while `fd` held it open (readable) again at `path`, with every byte it has:
     copied to a temporary name beside it, fsynced (its bytes before its name), then renamed to `path`.
     Returns a descriptor of the new file open to read and append; the caller closes `fd` and has the
-    directory fsynced."""
-    tmp = path.with_name(path.name + ".tmp")
+    directory fsynced. A crash before the rename leaves the copy (`storage._leftovers` settles it)."""
+    tmp = temporary(path)
     new = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         at, size = 0, os.fstat(fd).st_size

@@ -19,6 +19,7 @@ import numpy as np
 
 from storage._dispatch_writer import LOCK_WAIT_S
 from storage._files import lock_exclusive, remake, write_all
+from storage._leftovers import settle_part
 from storage.errors import StorageWriteError
 from storage.index import INDEX_DTYPE, INDEX_ENTRY_SIZE, index_entries
 from storage.ingest_log import LOCATION_DTYPE
@@ -145,13 +146,17 @@ class PartWriter:
         log_path = self.layout.part_log(segment_ms, part)
         try:
             opened.append(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
-            # the sidecars readable too: one deleted while open is made again from what it holds (`_file`)
-            for path in (self.layout.part_index(segment_ms, part), self.layout.part_origin(segment_ms, part)):
-                opened.append(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644))
             # held until the descriptor closes: one flock a part opened, none a commit. `check(fix=True)`
             # repairs no part whose lock it cannot take, so its cuts and index entries never land
             # between this writer's record, origin and index writes (`storage.part.still_part`)
             lock_exclusive(opened[0], log_path, UNSAFE_WITHOUT_PART_LOCKS, LOCK_WAIT_S)
+            # before a missing sidecar is made, empty: a copy a crash left may hold the part's only
+            # origin rows (`storage._leftovers`); under the lock, as `check(fix=True)` settles it
+            for settled in settle_part(log_path):
+                log.warning("%s", settled)
+            # the sidecars readable too: one deleted while open is made again from what it holds (`_file`)
+            for path in (self.layout.part_index(segment_ms, part), self.layout.part_origin(segment_ms, part)):
+                opened.append(os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644))
             self._index_whole(segment_ms, part, opened[0], opened[1])
         except OSError as e:  # the files opened before the one that failed (EMFILE, ENOSPC) are held by nobody
             for fd in opened:

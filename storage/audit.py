@@ -12,7 +12,6 @@ tail only under the log's lock once it stands still; any other is counted in `ta
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,18 +21,18 @@ import numpy as np
 from storage import dispatch as _dispatch
 from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
 from storage._files import size_of
+from storage._leftovers import Leftover, leftover_at
 from storage._meta_check import meta_store_findings
+from storage._sidecar_check import SETTLE_SECONDS, Looked, look_at_leftover, look_at_origins, moving
 from storage.index import INDEX_ENTRY_SIZE, read_index
 from storage.layout import (DISPATCH_LOG_NAME, PART_INDEX_SUFFIX, PART_LOG_SUFFIX, SegmentLayout,
                             parse_segment_name, segment_name)
-from storage.origin import ORIGIN_SUFFIX, read_origins, shortfall
+from storage.origin import ORIGIN_SUFFIX, read_origins
 from storage.part import repair_part, still_part, trusted_index
 from storage.record_reader import check_records
 
 #: told (segments done, segments in all) as a long audit goes
 SegmentProgress = Callable[[int, int], None]
-#: how long a file whose tail disagrees is watched for a write in flight before the tail is reported
-SETTLE_SECONDS = 0.5
 
 
 @dataclass(slots=True)
@@ -241,7 +240,8 @@ def check(layout: SegmentLayout, *, fix: bool = False, now_ms: int = 0,
     logs; and the meta store, read through (`corrupt_meta_store`: the table file RocksDB found damaged).
 
     With fix=True: repairs index/log tails that stand still and no writer holds (see the module
-    header), and marks corrupt records CORRUPT in the dispatch log so they are never served.
+    header), and so settles a sidecar's copy a crash left (`leftover_copy`) and mends an origin sidecar
+    short of its index; marks corrupt records CORRUPT in the dispatch log so they are never served.
     A file that cannot be read (a directory where a log belongs, a mode that keeps this user out, a
     failing disk) is an `unreadable` finding, and the rest is checked. `progress` is told (done, of)
     after each segment.
@@ -277,9 +277,16 @@ def _check_segment(layout: SegmentLayout, start: int, rep: CheckReport, fix: boo
     except OSError as e:
         _add(rep.findings, _unreadable(e, seg_dir, seg_dir))
         return
+    leftovers: list[Leftover] = []
     for name, path in names:
         stem, dot, suffix = name.partition(".")
         if name == DISPATCH_LOG_NAME or name.startswith("_staging"):
+            continue
+        if (leftover := leftover_at(Path(path))) is not None:  # a sidecar's copy a crash left
+            if int(stem) in parts:
+                leftovers.append(leftover)
+            else:
+                rep.findings.append(Finding("orphan_index", path, "copy of a sidecar without its part"))
             continue
         if dot and "." + suffix in (PART_LOG_SUFFIX, PART_INDEX_SUFFIX, ORIGIN_SUFFIX) and stem.isdigit():
             if "." + suffix == PART_INDEX_SUFFIX and int(stem) not in parts:
@@ -288,6 +295,8 @@ def _check_segment(layout: SegmentLayout, start: int, rep: CheckReport, fix: boo
                 rep.findings.append(Finding("orphan_index", path, "origin sidecar without its part"))
             continue
         rep.findings.append(Finding("unknown_file", path, "not a part, index or dispatch log"))
+    for leftover in leftovers:  # before its part is read: an origin sidecar's copy may be its only rows
+        _tally(rep, look_at_leftover(leftover, fix))
     # the dispatch log before the parts: every entry in it names a record indexed before it was
     # dispatched, so the parts read after it know them all, even as a running engine writes both
     dl = layout.dispatch_log(start)
@@ -313,7 +322,7 @@ def _check_segment(layout: SegmentLayout, start: int, rep: CheckReport, fix: boo
     if read.corrupt_frames:
         rep.findings.append(Finding("corrupt_dispatch_frame", str(dl),
                                     f"{read.corrupt_frames} frame(s) fail their CRC32C; their entries are ignored"))
-    if read.torn_bytes and not fix and _moving([dl], (dl_size,)):
+    if read.torn_bytes and not fix and moving([dl], (dl_size,)):
         rep.tails_in_flight += 1  # a frame being appended
     elif read.torn_bytes and fix and not cut_dispatch_tail(dl):
         rep.tails_in_flight += 1  # a frame in flight when read: whole under the lock, or still moving
@@ -348,7 +357,7 @@ def _check_part(layout: SegmentLayout, start: int, part: int, rep: CheckReport, 
     tail: list[Finding] | None = _part_tail_findings(log, idx_path, fix=False)
     if tail and fix:
         tail = _repair_still_tail(log, idx_path)
-    elif tail and _moving([log, idx_path], sizes):
+    elif tail and moving([log, idx_path], sizes):
         tail = None
     idx = read_index(idx_path)
     org = layout.part_origin(start, part)
@@ -371,12 +380,8 @@ def _check_part(layout: SegmentLayout, start: int, part: int, rep: CheckReport, 
     if bad_origins:  # read as origin lost, never as an origin they do not hold
         rep.findings.append(Finding("corrupt_origin", str(org),
                                     f"{bad_origins} row(s) fail their CRC32C; read as origin lost"))
-    short = shortfall(org, len(idx)) if tail is not None else None  # a part in flight is counted above
-    if short and _moving([idx_path, org], (size_of(idx_path), size_of(org))):
-        rep.tails_in_flight += 1  # a commit's rows being written
-    elif short:  # read again standing still: a failed commit cut back between the two reads is no shortfall
-        short = shortfall(org, size_of(idx_path) // INDEX_ENTRY_SIZE)
-        rep.findings += [Finding("corrupt_origin", str(org), short)] if short else []
+    if tail is not None:  # a part in flight is counted above
+        _tally(rep, look_at_origins(log, idx_path, org, len(idx), fix))
     return record_keys(np.full(len(idx), part), idx["offset"])
 
 
@@ -395,6 +400,13 @@ def _unreadable(e: OSError, path: Path, seg_dir: Path) -> Finding | None:
 def _add(findings: list[Finding], finding: Finding | None) -> None:
     if finding is not None:
         findings.append(finding)
+
+
+def _tally(rep: CheckReport, looked: Looked) -> None:
+    """Add what a look at a part's sidecars found (`storage._sidecar_check`) to `rep`."""
+    _add(rep.findings, None if looked.found is None else Finding(*looked.found))
+    rep.fixed += looked.fixed
+    rep.tails_in_flight += looked.in_flight
 
 
 def _part_tail_findings(log: Path, idx_path: Path, fix: bool) -> list[Finding]:
@@ -424,18 +436,6 @@ def _repair_still_tail(log: Path, idx_path: Path) -> list[Finding] | None:
     repaired; None when the engine has the part open or it changed: a commit in flight, never cut."""
     with still_part(log, SETTLE_SECONDS) as still:
         return _part_tail_findings(log, idx_path, fix=True) if still else None
-
-
-def _moving(paths: Sequence[Path], sizes: Sequence[int]) -> bool:
-    """Whether any of `paths` changed size from `sizes` within `SETTLE_SECONDS`: a running engine is
-    writing it, so a tail that does not agree is a write in flight, not damage."""
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while True:
-        if [size_of(p) for p in paths] != list(sizes):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
 
 
 def data_dir_bytes(path: Path) -> int:

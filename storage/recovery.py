@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from storage._files import size_of, write_all
+from storage._leftovers import settle_part
 from storage.index import INDEX_ENTRY_SIZE, index_entries, read_index
 from storage.layout import SegmentLayout
 from storage.origin import ORIGIN_ROW_SIZE, align_rows
@@ -102,6 +103,9 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     """Rewrite a part from its first replayed offset on: idempotent, whatever the crash left."""
     log_path = store.layout.part_log(seg, part)
     idx_path = store.layout.part_index(seg, part)
+    # before the sidecars are read and written (a missing one made): a copy a crash left may be the
+    # part's only origin rows (`storage._leftovers`)
+    rep.findings.extend(settle_part(log_path))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # the part may be new, and so may its segment directory, even when the directory is there: a
     # process killed before its checkpoint left it in the page cache, its name not yet durable. The
@@ -168,11 +172,13 @@ def _contiguous(locs: np.ndarray) -> bool:
 
 
 def repair_all_parts(layout: SegmentLayout, segments: Sequence[int] | None = None) -> RecoveryReport:
-    """Check every part's tail against its index (cost: one stat per part, a scan only of tails)."""
+    """Check every part's tail against its index (cost: one stat per part and two of its sidecars'
+    copies a crash may have left, `storage._leftovers`, settled first; a scan only of tails)."""
     rep = RecoveryReport()
     for seg in layout.list_segments() if segments is None else segments:
         for part in layout.list_parts(seg):
             rep.parts_checked += 1
+            rep.findings.extend(settle_part(layout.part_log(seg, part)))
             pr = repair_part(layout.part_log(seg, part), layout.part_index(seg, part))
             if pr.changed:
                 rep.parts_repaired += 1

@@ -231,6 +231,25 @@ def test_check_reports_an_origin_sidecar_shorter_than_its_part(tmp_path: Path, c
     have = int(cut_rows)
     assert f"holds {have} of 4 rows" in found[0].detail
     assert f"{4 - have} read as origin lost" in found[0].detail
+    assert "fix=True" in found[0].detail and "writes the rows it lacks as lost" in found[0].detail
+
+
+@pytest.mark.parametrize("cut_rows", [0, 1.5, 3])
+def test_check_fix_mends_an_origin_sidecar_shorter_than_its_part(tmp_path: Path, cut_rows: float) -> None:
+    # its rows are kept, a torn row cut, the rows it lacks written as lost: it reads as before, and
+    # is whole again (one row per index entry)
+    org = _one_part_stored(tmp_path, 4)
+    os.truncate(org, int(cut_rows * ORIGIN_ROW_SIZE))
+    have = int(cut_rows)
+    with ScheduleStore(tmp_path) as store:
+        rep = check(store.layout, fix=True)
+        assert [(f.kind, f.path) for f in rep.findings] == [("corrupt_origin", str(org))] and rep.fixed == 1
+        assert f"holds {have} of 4 rows" in rep.findings[0].detail
+        assert f"{4 - have} row(s) written as origin lost" in rep.findings[0].detail
+        assert check(store.layout).findings == []
+    rows = np.fromfile(org, ORIGIN_DTYPE)
+    assert rows["offset"][:have].tolist() == [500 + i for i in range(have)]
+    assert rows["queue"][have:].tolist() == [LOST_QUEUE] * (4 - have) and good_rows(rows).all()
 
 
 def test_check_reports_no_finding_for_a_part_without_an_origin_sidecar(tmp_path: Path) -> None:
