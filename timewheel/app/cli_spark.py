@@ -19,7 +19,7 @@ from timewheel.app._spark_printers import print_audit, print_backfill, print_exp
 from timewheel.config import EngineConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 _ENGINE_DEFAULTS: dict[str, int] = {f: EngineConfig.__dataclass_fields__[f].default  # type: ignore[misc]
                                     for f in ("max_delay_ms", "max_body_bytes")}
@@ -128,6 +128,33 @@ def _reading(data_dir: Path) -> Iterator[None]:
         _fail(read_error(data_dir, e))
 
 
+def _require_inputs(inputs: Sequence[str]) -> None:
+    """Fail naming the first local input that is not there, before a Spark session is paid for.
+
+    A URL (hdfs://, s3a://, ...) or a glob is left for Spark to resolve: `_read_input` reports those.
+    """
+    for item in inputs:
+        if "://" in item or any(c in item for c in "*?[{"):
+            continue
+        path = Path(item[len("file:"):] if item.startswith("file:") else item)
+        if not path.exists():
+            _fail(f"backfill input {item} does not exist: give Parquet, JSON lines or CSV files or directories")
+
+
+def _read_input(spark: "SparkSession", inputs: Sequence[str], fmt: str | None) -> "DataFrame":
+    """`spark.backfill.read_input`, an input Spark cannot find or read failing in one line."""
+    from pyspark.errors import AnalysisException
+
+    from spark.backfill import read_input
+
+    try:
+        return read_input(spark, inputs, fmt)
+    except AnalysisException as e:  # a missing path, or files not of the format (e.g. Parquet read as JSON)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        _fail(f"cannot read the backfill input ({first}): give Parquet, JSON lines or CSV files or directories, "
+              "and --format when their names do not say which")
+
+
 def backfill(
     inputs: Annotated[list[str], typer.Argument(help="Input files or directories (Parquet, JSON lines or CSV).",
                                                 metavar="INPUT")],
@@ -161,11 +188,13 @@ def backfill(
     the maximum, body too large, ...) are written to --rejects with their reason. A running engine
     picks the new parts up (it rescans loaded segments every few seconds).
 
-    Exits 1 when rows were rejected (the others are scheduled), 2 on a usage error.
+    Exits 1 when rows were rejected (the others are scheduled), 2 on a usage error or an input it
+    cannot read (missing, or not of its format).
     """
     _open_layout(data_dir)
     if body_encoding not in ("utf-8", "base64"):
         _fail("--body-encoding must be utf-8 or base64")
+    _require_inputs(inputs)
     from timewheel.app.settings import load_settings
     from timewheel.errors import ConfigError
 
@@ -174,13 +203,12 @@ def backfill(
     except ConfigError as e:
         _fail(str(e))
     from spark.backfill import backfill as run
-    from spark.backfill import read_input
     from spark.progress import stage_progress
 
     with _spark(master, conf, verbose) as spark, _reading(data_dir):
         with stage_progress(spark, "backfill", enabled=not as_json):
             try:
-                source = read_input(spark, inputs, fmt.value if fmt else None)
+                source = _read_input(spark, inputs, fmt.value if fmt else None)
                 result = run(spark, data_dir, source, rejects_path=rejects, max_delay_ms=max_delay_ms,
                              max_body_bytes=max_body_bytes, past_due=past_due.value, body_encoding=body_encoding,
                              partitions=partitions, reserved_topics=frozenset({rmq.delay_topic, rmq.dead_letter_topic}))

@@ -145,9 +145,16 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
     raw: dict[str, dict[str, Any]] = {name: {} for name in (*_SECTIONS, "shaping")}
     if path is not None:
         try:
-            doc = tomllib.loads(Path(path).read_text())
+            doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError as e:
             raise ConfigError(f"config file {path} does not exist") from e
+        except IsADirectoryError as e:
+            raise ConfigError(f"config file {path} is a directory: give the TOML file itself") from e
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path} ({e.strerror or e}): check that it is a file this "
+                              "user can read") from e
+        except UnicodeDecodeError as e:  # TOML is UTF-8 by definition
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}): save it as UTF-8") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
         for section, values in doc.items():
