@@ -72,6 +72,9 @@ class PartWriter:
         self.log_seq_of: dict[int, int] = {}
         #: directories that gained a name since the last checkpoint (new parts, new segments)
         self.new_dirs: set[Path] = set()
+        #: origin sidecar rows this writer wrote as lost (a sidecar deleted or cut while its part was closed,
+        #: or an index indexed again), so that each later row stays with its record
+        self.origin_rows_lost = 0
 
     def place(self, dues: list[int], blobs: list[bytes]) -> np.ndarray:
         """Give each new record its segment, part and offset (LOCATION_DTYPE): a segment's records go
@@ -194,7 +197,7 @@ class PartWriter:
                 f"the index {idx_path} ends at byte {end} of the {log_size} of {log_path}, and the records past it "
                 f"cannot all be indexed ({plan.bad_index or plan.reason or 'index missing'}): nothing is appended to "
                 "the part; restart the engine: its recovery repairs the part (as `storage.check(layout, fix=True)` does)")
-        repair_part(log_path, idx_path)
+        self.origin_rows_lost += repair_part(log_path, idx_path).origin_rows_lost
         self.new_dirs.add(self.layout.segment_dir(segment_ms))  # its name may be new (O_CREAT above)
         log.warning("index %s ended at byte %d of the %d of its records (deleted or cut while its part was closed): "
                     "%d entr(ies) indexed again from the records", idx_path, end, log_size, plan.index_added)
@@ -274,6 +277,7 @@ class PartWriter:
         if st.st_size != rows * ORIGIN_ROW_SIZE:
             path = self.layout.part_origin(segment_ms, part)
             lost = align_rows(org_fd, rows)
+            self.origin_rows_lost += lost
             self.new_dirs.add(self.layout.segment_dir(segment_ms))  # a name made again is made durable too
             log.warning("origin sidecar %s held %d bytes for the %d record(s) of its part (deleted or cut under "
                         "its writer): %d row(s) written as origin lost, so that each later row stays with its "

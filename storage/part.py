@@ -128,6 +128,7 @@ class PartRepair:
     reason: str | None = None
     bad_index: str | None = None  # why entries that do not tile the log were dropped and re-scanned
     damaged: int = 0  # records indexed by the scan although their CRC fails (see `scan_log`)
+    origin_rows_lost: int = 0  # origin sidecar rows written as lost to keep the sidecar one row per entry
 
     @property
     def changed(self) -> bool:
@@ -160,7 +161,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         rep.reason = scan.stopped_because
         rep.damaged = scan.damaged
         if fix:
-            _align_origins(idx_path, 0, len(scan.entries))  # nothing vouches for which record a row belonged to
+            rep.origin_rows_lost = _align_origins(idx_path, 0, len(scan.entries))  # nothing vouches for which record a row belonged to
             with open(idx_path, "wb") as f:
                 f.write(scan.entries.tobytes())
             if rep.log_bytes_cut:
@@ -184,7 +185,7 @@ def repair_part(log_path: Path, idx_path: Path, *, fix: bool = True) -> PartRepa
         # log) may belong to other records; the rows after the kept ones are those of the records the
         # scan indexes, written before their entries
         rows = keep + rep.index_added
-        _align_origins(idx_path, keep if rep.index_dropped else rows, rows)
+        rep.origin_rows_lost = _align_origins(idx_path, keep if rep.index_dropped else rows, rows)
         os.truncate(idx_path, keep * INDEX_ENTRY_SIZE)
         if scan is not None and len(scan.entries):
             fd = os.open(idx_path, os.O_WRONLY | os.O_APPEND)
@@ -248,19 +249,19 @@ def _size_or_missing(path: Path) -> int:
         return -1
 
 
-def _align_origins(idx_path: Path, keep: int, rows: int) -> None:
+def _align_origins(idx_path: Path, keep: int, rows: int) -> int:
     """Keep at most the first `keep` rows of a part's origin sidecar (`storage.origin`) and make it
     `rows` rows long, one per index entry, the rows it lacks written as lost (as recovery writes the
     rows an OS crash took): they read as before, and the part is left whole. A part without one (written
-    without origins) keeps none."""
+    without origins) keeps none. Returns how many rows were written as lost."""
     try:
         fd = os.open(idx_path.with_suffix(ORIGIN_SUFFIX), os.O_WRONLY)
     except FileNotFoundError:
-        return
+        return 0
     try:
         if os.fstat(fd).st_size > keep * ORIGIN_ROW_SIZE:
             os.ftruncate(fd, keep * ORIGIN_ROW_SIZE)
-        align_rows(fd, rows)
+        return align_rows(fd, rows)
     finally:
         os.close(fd)
 

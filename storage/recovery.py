@@ -40,6 +40,8 @@ class RecoveryReport:
     index_entries_added: int = 0
     index_entries_dropped: int = 0
     log_bytes_cut: int = 0
+    #: origin sidecar rows written as lost (rows an OS crash took, or of entries an index repair dropped)
+    origin_rows_lost: int = 0
     findings: list[str] = field(default_factory=list)
 
 
@@ -94,6 +96,7 @@ def recover(store: "ScheduleStore") -> RecoveryReport:
     rep.index_entries_added = tails.index_entries_added
     rep.index_entries_dropped = tails.index_entries_dropped
     rep.log_bytes_cut = tails.log_bytes_cut
+    rep.origin_rows_lost += tails.origin_rows_lost
     rep.findings.extend(tails.findings)
     return rep
 
@@ -138,7 +141,7 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     new_idx = np.sort(np.concatenate([between, replayed]), order="offset") if len(between) else replayed
     # the origin rows of these records, where the crash left them, still belong to them (same
     # records, same order); rows past them would misalign the sidecar
-    _mend_origins(store.layout.part_origin(seg, part), keep + len(new_idx))
+    rep.origin_rows_lost += _mend_origins(store.layout.part_origin(seg, part), keep + len(new_idx))
     fd = os.open(idx_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.ftruncate(fd, keep * INDEX_ENTRY_SIZE)
@@ -149,17 +152,17 @@ def _replay_part(store: "ScheduleStore", seg: int, part: int, items: list[tuple[
     store.writer.dirty.add((seg, part))
 
 
-def _mend_origins(org_path: Path, rows: int) -> None:
+def _mend_origins(org_path: Path, rows: int) -> int:
     """Make a replayed part's origin sidecar exactly `rows` rows long: rows past them are cut; rows an
     OS crash took (the file short, or gone) are written back as lost (`storage.origin.LOST_QUEUE`), as
     the ingest log holds no origins. They stay lost whatever reads them; a sidecar left gone would read
     as unknown, which a replica set judges by its watermark alone: a record that reached this replica
-    late would pass for one the holder sent."""
+    late would pass for one the holder sent. Returns how many rows were written as lost."""
     if size_of(org_path) == rows * ORIGIN_ROW_SIZE:
-        return
+        return 0
     fd = os.open(org_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        align_rows(fd, rows)
+        return align_rows(fd, rows)
     finally:
         os.close(fd)
 
@@ -180,6 +183,7 @@ def repair_all_parts(layout: SegmentLayout, segments: Sequence[int] | None = Non
             rep.parts_checked += 1
             rep.findings.extend(settle_part(layout.part_log(seg, part)))
             pr = repair_part(layout.part_log(seg, part), layout.part_index(seg, part))
+            rep.origin_rows_lost += pr.origin_rows_lost
             if pr.changed:
                 rep.parts_repaired += 1
                 rep.index_entries_added += pr.index_added

@@ -385,7 +385,8 @@ class Engine:
                            run.store.corrupt_records_found, self.shaper.stats() if self.shaper else None,
                            wheel_entries, wheel_bytes, loaded, self._lateness.summary(), len(run.tombstones),
                            run.queue.cancelled_held(), run.store.meta.memory_bytes(),
-                           run.store.origins.corrupt_rows)
+                           run.store.origins.corrupt_rows,
+                           run.store.recovery.origin_rows_lost + run.store.writer.origin_rows_lost)
 
     def delivered_up_to(self) -> int:
         """Every message due at or before this (epoch ms) has its outcome recorded: the watermark a

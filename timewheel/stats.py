@@ -49,6 +49,8 @@ class EngineStats:
     meta_store_bytes: Mapping[str, int] = field(default_factory=dict)  # the meta store's memory, by kind
     # origin sidecar rows found failing their CRC32C (read as lost: a replica set's standby holds their records)
     storage_corrupt_origin_rows: int = 0
+    # origin sidecar rows written as lost since the start (recovery, the writer over a sidecar cut or deleted)
+    storage_origin_rows_lost: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the counters at the top level beside the other fields (no shaping key

@@ -284,3 +284,22 @@ def test_a_live_parts_origin_sidecar_deleted_between_two_appends_never_misattrib
     with ScheduleStore(tmp_path) as again:
         assert _origins_of(again, ids) == got
         assert [f for f in check(again.layout).findings if f.path == str(org)] == []
+
+
+def test_rows_written_as_lost_are_counted_by_recovery_and_by_the_writer(tmp_path: Path) -> None:
+    # the log's warning was the only trace: an operator could not tell why a standby held records
+    ids = _stored_then_crashed(tmp_path / "crashed")
+    (org,) = list((tmp_path / "crashed").glob("schedule/*/*.org"))
+    os.truncate(org, 2 * ORIGIN_ROW_SIZE)  # the page cache lost four of the six rows
+    with ScheduleStore(tmp_path / "crashed") as again:
+        assert again.recovery.origin_rows_lost == 4
+        assert again.writer.origin_rows_lost == 0
+        assert _origins_of(again, ids)[2:] == ["lost"] * 4
+    with ScheduleStore(tmp_path / "crashed") as reopened:  # written back whole: nothing more to write
+        assert reopened.recovery.origin_rows_lost == 0
+    with ScheduleStore(tmp_path / "closed") as store:
+        store.append(_records(5), T0, [("b:0", 100 + i) for i in range(5)])
+        (org,) = list((tmp_path / "closed").glob("schedule/*/*.org"))
+        delete_under_writer(store, org, "while-closed", T0)
+        store.append(_records(3, 5), T0, [("b:0", 200 + i) for i in range(3)])
+        assert store.writer.origin_rows_lost == 5

@@ -11,7 +11,7 @@ KEYS = {"scheduled", "duplicates", "delivered", "cancelled", "dead_lettered", "r
         "held_by_shaping", "storage_corrupt_records", "shaping", "wheel_entries", "wheel_bytes", "loaded_segments",
         "lateness_ms", "tombstones", "cancel_requests", "cancels_applied", "cancelled_on_arrival",
         "cancel_tombstones_evicted", "cancels_held", "timer_thread_passes", "meta_store_bytes",
-        "storage_corrupt_origin_rows"}
+        "storage_corrupt_origin_rows", "storage_origin_rows_lost"}
 
 
 def test_as_dict_keeps_the_keys_and_is_json() -> None:

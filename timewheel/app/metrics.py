@@ -49,6 +49,10 @@ class EngineCollector(Collector):
         yield CounterMetricFamily("timewheel_storage_corrupt_origin_rows", "Origin sidecar rows found failing their "
                                   "CRC32C (read as lost: a standby holds their records until it holds the lease).",
                                   value=float(st.storage_corrupt_origin_rows))
+        yield CounterMetricFamily("timewheel_storage_origin_rows_lost", "Origin sidecar rows written as lost since "
+                                  "the start (an OS crash took them, or the sidecar was cut or deleted): their records "
+                                  "stay stored; a standby holds them until it holds the lease.",
+                                  value=float(st.storage_origin_rows_lost))
         yield from _shaping_families(st.shaping or {})
         ep = self._endpoints() if self._endpoints is not None else {}
         for sub, prefix in (("ingest", "timewheel_ingest"), ("delivery", "timewheel_delivery"), ("ha", "timewheel_ha"),

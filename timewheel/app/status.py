@@ -47,7 +47,8 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
         "ingest": {"queues": queues, "lag": sum(q.lag for q in lag or ()), "error": lag_error, **ingest},
         "pending_by_segment": [{"segment_ms": int(k), "pending": int(v)} for k, v in sorted(segments.items())],
         **{k: _num(stats, k) for k in ("ready", "backlog", "retrying", "held_by_shaping", "wheel_entries",
-                                        "scheduled", "delivered", "cancelled", "storage_corrupt_origin_rows")},
+                                        "scheduled", "delivered", "cancelled", "storage_corrupt_origin_rows",
+                                        "storage_origin_rows_lost")},
         # to an operator both are messages on the dead-letter topic: broke the contract, or failed every attempt
         "dead_lettered": _num(stats, "dead_lettered") + _num(ingest, "dead_lettered"),
         "dead_lettered_at_ingest": _num(ingest, "dead_lettered"),
@@ -149,6 +150,11 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
                           "(damage, or data a power loss did not keep): in a replica set a standby holds their "
                           "records and sends them only once it holds the lease; the log and `timewheel inspect "
                           "--verify` name each sidecar.", style="yellow"))
+    if doc.get("storage_origin_rows_lost"):
+        lines.append(Text(f"WARNING: {doc['storage_origin_rows_lost']:,} origin sidecar row(s) written as lost since the "
+                          "start (an OS crash took them, or a sidecar was cut or deleted): their records stay stored; "
+                          "in a replica set a standby holds them and sends them only once it holds the lease; the "
+                          "log names each sidecar.", style="yellow"))
     slow = sorted(k for k, compiled in (doc.get("hot_paths") or {}).items() if not compiled)
     if slow:
         lines.append(Text(f"WARNING: hot paths in pure Python (not built at install): {', '.join(slow)}; "
