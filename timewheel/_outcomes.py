@@ -8,7 +8,6 @@ sink and recorded DEAD_LETTERED; if the dead-letter sink fails too, it keeps ret
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from dataclasses import dataclass
 
@@ -51,7 +50,7 @@ class Outcomes:
         self._counters = counters
         self._lock = lock
         self.dead_letter_sink = dead_letter_sink
-        self._rng = random.Random(seed)
+        self._rng = np.random.default_rng(seed)
 
     def fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last;
@@ -88,7 +87,7 @@ class Outcomes:
             t = tries[retry].astype(np.int64)
             backoff = np.minimum(self._config.retry_base_ms * (2 ** np.minimum(t - 1, 30)), self._config.retry_max_ms)
             with self._lock:
-                jitter = np.array([self._rng.uniform(0.8, 1.2) for _ in range(len(t))])
+                jitter = self._rng.uniform(0.8, 1.2, len(t))  # one draw for the batch: a broker down retries many
                 self._counters.retries += int(retry.sum())
             again = bad.select(retry)
             for note, rows in by_note([why[i] for i in np.flatnonzero(retry).tolist()]):
