@@ -83,12 +83,11 @@ class LocalZooKeeper:
         on the same port and data directory (delete `run_dir / "data"` first for an empty server)."""
         if self._proc is not None:
             raise LocalZooKeeperError("the local ZooKeeper is already started")
+        if self._given_run_dir is not None:  # refused before java (a JVM) is looked for and jars fetched
+            self._run_dir = _make_run_dir(self._given_run_dir)
         java = find_java()
         lib = ensure_zookeeper(self._cache_dir, self._version)
-        if self._given_run_dir is not None:
-            self._given_run_dir.mkdir(parents=True, exist_ok=True)
-            self._run_dir = self._given_run_dir.resolve()
-        elif self._run_dir is None:  # started again after a stop: its own data, as a restarted server has
+        if self._run_dir is None:  # a temporary one, kept across a stop and start: its data, as a restarted server's
             self._run_dir = Path(tempfile.mkdtemp(prefix="timewheel-zookeeper-"))
         deadline = time.monotonic() + timeout
         for attempt in range(3):
@@ -151,6 +150,15 @@ class LocalZooKeeper:
             # snapshots and transaction logs of a test server never need purging by hand
             "autopurge.snapRetainCount=3\n"
             "autopurge.purgeInterval=1\n")
+
+
+def _make_run_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # "File exists" would not say that it is there as a file
+        why = "it is there and is not a directory" if isinstance(e, FileExistsError) else e.strerror or e
+        raise LocalZooKeeperError(f"cannot keep the local ZooKeeper in {path}: {why}; give a directory instead") from e
+    return path.resolve()
 
 
 def _launch(cmd: list[str], out_path: Path, cwd: Path) -> subprocess.Popen[bytes]:

@@ -177,12 +177,11 @@ class LocalRocketMQ:
         with self._lock:
             if self._namesrv is not None:
                 raise LocalRocketMQError("the local RocketMQ is already started")
+            if self._given_run_dir is not None:  # refused before java (a JVM) is looked for and jars fetched
+                self._run_dir = _make_run_dir(self._given_run_dir)
             self._java = find_java()
             self._lib = ensure_distribution(self._cache_dir, self._version)
-            if self._given_run_dir is not None:
-                self._given_run_dir.mkdir(parents=True, exist_ok=True)
-                self._run_dir = self._given_run_dir.resolve()
-            else:
+            if self._given_run_dir is None:
                 self._run_dir = Path(tempfile.mkdtemp(prefix="timewheel-rocketmq-"))
             if self.tls:
                 self.security = ClientSecurity(self.acl, tls=True, ca_file=str(self.tls_ca_file))
@@ -218,9 +217,8 @@ class LocalRocketMQ:
                         self._namesrv = None
                         self._nodes = []
                         if attempt == 2:
-                            raise LocalRocketMQError(
-                                f"the local RocketMQ could not bind its ports three times: see {self._run_dir}"
-                            ) from None
+                            raise LocalRocketMQError(f"the local RocketMQ could not bind its ports three times: "
+                                                     f"see {self._run_dir}") from None
             except BaseException:
                 self._cleanup(10.0)
                 raise
@@ -263,10 +261,9 @@ class LocalRocketMQ:
             try:
                 node.proc = self._start_broker_jvm(node, deadline)
             except PortTaken as e:
-                raise LocalRocketMQError(
-                    f"the broker {node.name} could not bind its old ports {node.port - 2}, {node.port}, "
-                    f"{node.ha_port} again: another process took one (see {node.folder / 'broker.out'})"
-                ) from e
+                raise LocalRocketMQError(f"the broker {node.name} could not bind its old ports {node.port - 2}, "
+                                         f"{node.port}, {node.ha_port} again: another process took one "
+                                         f"(see {node.folder / 'broker.out'})") from e
             self._wait_registered(node, deadline)
 
     def __enter__(self) -> LocalRocketMQ:
@@ -412,6 +409,15 @@ class LocalRocketMQ:
         self._run_dir = None if self._given_run_dir is None else self._run_dir
 
 
+def _make_run_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # "File exists" would not say that it is there as a file
+        why = "it is there and is not a directory" if isinstance(e, FileExistsError) else e.strerror or e
+        raise LocalRocketMQError(f"cannot keep the local RocketMQ in {path}: {why}; give a directory instead") from e
+    return path.resolve()
+
+
 def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls: bool = False,
                    version: str | None = None) -> None:
     """Run a local RocketMQ until SIGINT/SIGTERM, printing `namesrv 127.0.0.1:PORT` once ready
@@ -436,9 +442,8 @@ def run_foreground(dir: Path | None = None, acl: Credentials | None = None, tls:
                   flush=True)
         while not stop.wait(0.5):
             if not mq.broker_running:
-                raise LocalRocketMQError(
-                    f"the local RocketMQ broker exited unexpectedly: see {mq.run_dir / 'broker.out'}"
-                )
+                raise LocalRocketMQError(f"the local RocketMQ broker exited unexpectedly: "
+                                         f"see {mq.run_dir / 'broker.out'}")
     finally:
         mq.stop()
         for sig, handler in previous.items():

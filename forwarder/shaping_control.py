@@ -124,7 +124,10 @@ class ShapingControl:
         if self.config_path is None:
             return False
         try:
-            doc = tomllib.loads(self.config_path.read_text())
+            try:
+                doc = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError as e:  # TOML is UTF-8 by definition; not the locale's encoding
+                raise ConfigError(f"not UTF-8 text (byte {e.start}): save it as UTF-8") from e
             raw = doc.get("shaping", {})
             if not isinstance(raw, dict):
                 raise ConfigError("[shaping] must be a table")

@@ -514,6 +514,46 @@ def test_the_watched_file_applies_new_rules_within_a_second(tmp_path: Path) -> N
         meta.close()
 
 
+def _resave_not_utf8(path: Path) -> None:
+    path.write_bytes('[shaping]\nglobal_rate = 300  # caf\u00e9\n'.encode("latin-1"))
+
+
+def _replace_by_a_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+@pytest.mark.parametrize("damage", [_resave_not_utf8, _replace_by_a_directory], ids=lambda f: f.__name__.strip("_"))
+def test_a_config_file_that_cannot_be_read_any_more_is_a_refused_reload(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Any) -> None:
+    """Re-saved in another encoding, or replaced by a directory, while the engine runs: the reload is
+    refused as an invalid edit is (logged, the refusal in the status), the rules in force stay, and
+    the next good edit applies."""
+    path = tmp_path / "timewheel.toml"
+    path.write_text('[shaping]\nglobal_rate = 100\n', encoding="utf-8")
+    c = ShapingControl({"global_rate": 100}, config_path=path).start(None, watch=False)
+    damage(path)
+    with caplog.at_level("ERROR", logger="timewheel.shaping"):
+        assert c.reload_file() is False
+    assert c.rules == {"global_rate": 100}
+    error = c.status()["last_error"]
+    assert error.startswith(f"{path}: ")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"traffic rules in {path} refused, the rules in force stay: {error[len(f'{path}: '):]}"]
+    if damage is _resave_not_utf8:
+        assert "not UTF-8 text (byte 34): save it as UTF-8" in c.status()["last_error"]
+    # the same at a start that finds the file so (it is read once more as the watching begins)
+    again = ShapingControl({"global_rate": 100}, config_path=path).start(None)
+    try:
+        assert again.rules == {"global_rate": 100} and again.status()["last_error"] == c.status()["last_error"]
+    finally:
+        again.stop()
+    if path.is_dir():
+        path.rmdir()
+    path.write_text('[shaping]\nglobal_rate = 250\n', encoding="utf-8")
+    assert c.reload_file() and c.rules == {"global_rate": 250} and c.status()["last_error"] is None
+
+
 def test_stats_are_json_and_name_the_rules() -> None:
     shaper = TrafficShaper(parse_rules({"global_rate": 10, "topics": {"A": {"rate": 1}}}))
     shaper.grant({"A": 3, "B": 20}, 5)

@@ -11,13 +11,15 @@ from typing import Annotated, Optional, cast
 import typer
 
 from timewheel.app._cli_errors import fail as _fail, require_utf8 as _require_utf8
+from timewheel.app.datadir import data_dir_option
 
 # Help text is shown as written: rich markup would swallow every bracketed word ([ha], [rocketmq]).
 app = typer.Typer(help="Arbitrary-delay messages for Apache RocketMQ.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
-# existence is checked by open_data_dir, whose error says what to run
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")]
+# existence is checked by open_data_dir, whose error says what to run; an empty one, by its parser
+DataDir = Annotated[Path, typer.Option("--data-dir", parser=data_dir_option, metavar="<path>",
+                                       help="The engine's data directory.")]
 
 
 @app.callback()
@@ -278,8 +280,8 @@ def status(admin: Annotated[str, typer.Option("--admin", help="The engine's admi
 
 
 @app.command()
-def demo(duration: Annotated[float, typer.Option(help="Seconds of producing.")] = 30.0,
-         rate: Annotated[int, typer.Option(help="Messages per second.")] = 200,
+def demo(duration: Annotated[float, typer.Option(help="Seconds of producing (above 0).")] = 30.0,
+         rate: Annotated[int, typer.Option(help="Messages per second (at least 1).")] = 200,
          as_json: Annotated[bool, typer.Option("--json", help="End with the summary as one JSON line on stdout.")]
          = False) -> None:
     """Start a local RocketMQ, the engine, a producer and a consumer; show live lateness; summarize."""

@@ -12,13 +12,15 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from timewheel.app.datadir import data_dir_option
 from timewheel.find import DEFAULT_LIMIT, MAX_LIMIT
 
 __all__ = ["find", "register", "render"]
 
 
 def find(
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="The engine's data directory.")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", parser=data_dir_option, metavar="<path>",
+                                           help="The engine's data directory.")],
     msg_id: Annotated[Optional[str], typer.Option(
         "--id", help="The id the producer's send returned (UNIQ_KEY), or the engine's id "
                      "(TW_ORIGINAL_MSG_ID on a delivered copy).")] = None,

@@ -50,6 +50,8 @@ def send(topic: Annotated[str, typer.Option(help="The target topic the message i
     from forwarder._rmq_native import LogLevel, NativeProducer
     from forwarder.rocketmq import OutgoingMessage
 
+    if namesrv is not None:  # refused at once, as `serve` refuses it, not after the client's four tries
+        _check_namesrv(namesrv)
     judge = _judge(config, delay_topic)
     namesrv = namesrv or judge.namesrv
     if namesrv is None:
@@ -82,6 +84,18 @@ def send(topic: Annotated[str, typer.Option(help="The target topic the message i
     finally:
         producer.shutdown()
     typer.echo(f"sent {res.msg_id} to {judge.delay_topic} for {topic}")
+
+
+def _check_namesrv(namesrv: str) -> None:
+    """Fail unless `namesrv` is UTF-8 and HOST:PORT (several ';'-separated), by `serve`'s rule."""
+    from forwarder.config import RocketMQConfig
+    from timewheel.errors import ConfigError
+
+    _require_utf8("--namesrv", namesrv)
+    try:
+        RocketMQConfig(namesrv=namesrv)
+    except ConfigError as e:
+        _fail(f"--namesrv: {e}")
 
 
 def _judge(config: Optional[Path], delay_topic: Optional[str]) -> _Judge:

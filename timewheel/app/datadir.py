@@ -1,8 +1,9 @@
 """Making and opening a data directory from the command line, with errors that say what to run.
 
 `timewheel init` makes one with the engine's defaults (or the segment length given); the commands
-that read or write files offline (inspect, backfill, audit, replay, export) open one through
-`open_data_dir`, whose errors name the command that fixes them.
+that read or write files offline (inspect, find, backfill, audit, replay, export) open one through
+`open_data_dir`, whose errors name the command that fixes them. `data_dir_option` parses their
+--data-dir.
 """
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ DEFAULT_SEGMENT_MINUTES: int = EngineConfig.__dataclass_fields__["segment_minute
 
 class DataDirError(TimewheelError):
     """A path is not (and cannot become) a data directory; the message says what to run."""
+
+
+def data_dir_option(text: str) -> Path:
+    """Parse a --data-dir option; an empty one (an unset variable) is refused in one line, exit 2, as
+    `serve` refuses it, where a Path would take it for the working directory."""
+    from timewheel.app._cli_errors import fail
+
+    if not text.strip():
+        fail(f"--data-dir {text!r} is invalid: it must name a directory (for example --data-dir var/data)")
+    return Path(text)
 
 
 def _init_hint(path: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import sys
 import tempfile
@@ -140,7 +141,15 @@ def _send(producer: "NativeProducer", msg: "OutgoingMessage", state: DemoState) 
 
 
 class DemoError(TimewheelError):
-    """The demo's pipeline did not come up; the message names the logs to read."""
+    """The demo cannot run as asked, or its pipeline did not come up; the message says what to change or read."""
+
+
+def _check_inputs(duration: float, rate: int) -> None:
+    """Refuse, before anything starts, a rate or a duration the producer cannot run at."""
+    if rate < 1:  # the producer paces itself by 1 / rate
+        raise DemoError(f"--rate {rate} is invalid: it must be at least 1 (messages per second)")
+    if not 0 < duration < math.inf:  # NaN fails this too
+        raise DemoError(f"--duration {duration:g} is invalid: it must be a finite number of seconds above 0")
 
 
 def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, console: Console, work: Path) -> None:
@@ -166,7 +175,9 @@ def _warm_up(producer: "NativeProducer", cfg: RocketMQConfig, state: DemoState, 
 
 def run_demo(duration: float = 30.0, rate: int = 200, as_json: bool = False, max_delay_s: float | None = None,
              console: Console | None = None) -> dict[str, object]:
-    """Run the whole demo; returns (and with as_json prints last) the summary."""
+    """Run the whole demo; returns (and with as_json prints last) the summary. DemoError before anything
+    starts when `duration` or `rate` is out of range."""
+    _check_inputs(duration, rate)
     console = console or Console(stderr=as_json)
     max_delay_s = max_delay_s if max_delay_s is not None else min(180.0, max(2.0, 2 * duration))
     state = DemoState()

@@ -74,11 +74,14 @@ def test_a_data_dir_this_user_cannot_reach_is_one_line(tmp_path: Path, cmd: list
         pytest.skip("this user reads a directory whatever its mode (root): no way to make one unreadable")
     d = tmp_path / "locked" / "data"
     assert CliRunner().invoke(app, ["init", "--data-dir", str(d)]).exit_code == 0
-    d.chmod(0)  # the directory itself: refused while the option is parsed, in click's words
+    d.chmod(0)  # the directory itself
     try:
         res = CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]])
-        assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-        assert res.exit_code == 2 and "is not readable" in res.output, res.output
+        if cmd[0] in ("init", "inspect", "find"):  # their --data-dir is parsed by data_dir_option
+            _refused(res, "Permission denied", "--data-dir")
+        else:  # refused while the option is parsed, in click's words
+            assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+            assert res.exit_code == 2 and "is not readable" in res.output, res.output
     finally:
         d.chmod(0o755)
     d.parent.chmod(0)  # a directory above it: every look at the path fails with EACCES
@@ -160,6 +163,25 @@ def test_find_names_a_directory_of_the_data_dir_that_is_a_file(tmp_path: Path, s
     res = CliRunner().invoke(app, ["find", "--data-dir", str(d), *query])
     _refused(res, str(d / sub), "Not a directory")
     assert _listing(d) == before
+
+
+@pytest.mark.parametrize("given", ["", " "], ids=["empty", "blank"])
+@pytest.mark.parametrize("cmd", [["init"], ["inspect"], ["inspect", "--verify"], ["find", "--id", "m0"],
+                                 ["find", "--key", "k"]], ids=" ".join)
+def test_an_empty_data_dir_is_refused_never_taken_for_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cmd: list[str], given: str) -> None:
+    """`--data-dir "$UNSET"` is refused as `serve` refuses it: `init` would make a data directory
+    wherever it was run, and the others would read one that happens to be there."""
+    if cmd[0] == "init":
+        here = tmp_path / "empty"
+        here.mkdir()
+    else:
+        here, _ = _stored(tmp_path)
+    monkeypatch.chdir(here)
+    before = _listing(here)
+    res = CliRunner().invoke(app, [cmd[0], "--data-dir", given, *cmd[1:]])
+    _refused(res, f"--data-dir {given!r} is invalid: it must name a directory")
+    assert _listing(here) == before
 
 
 # ---- the Spark commands' stderr ------------------------------------------------------------------
