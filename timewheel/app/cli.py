@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional, cast
 
@@ -49,14 +50,20 @@ def init(data_dir: DataDir,
 def inspect(data_dir: DataDir,
             as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
             verify: Annotated[bool, typer.Option("--verify", help="Also check every record's CRC32C, and read "
-                                                 "the meta store through.")] = False
+                                                 "the meta store through.")] = False,
+            fix: Annotated[bool, typer.Option("--fix", help="--verify, and repair what it finds that can be: torn "
+                                              "tails no running engine holds, a sidecar's copy a crash left, an origin "
+                                              "sidecar short of its index; corrupt records are marked CORRUPT in the "
+                                              "dispatch log, never served.")] = False
             ) -> None:
     """Per segment: records, dispatched, cancelled, dead-lettered, pending, bytes, corrupt; then totals.
 
     Reads the files only, so it is safe beside a running engine. With --verify, a file whose end
     is being written while it is read is not reported as torn: it is counted as in flight. A file
-    that cannot be read is a finding, and the rest is counted. Exits 1 when it finds damage, 2 when
-    the data directory cannot be opened.
+    that cannot be read is a finding, and the rest is counted. --fix repairs only files that stand
+    still and that no engine holds (a part a running engine writes is left, counted as in flight), so
+    it too is safe beside one. Exits 1 when it finds damage (repaired or not), 2 when the data
+    directory cannot be opened.
     """
     from storage import check, summarize
     from timewheel.app.datadir import DataDirError, open_data_dir, read_error
@@ -66,9 +73,10 @@ def inspect(data_dir: DataDir,
         layout = open_data_dir(data_dir)
         with segment_progress("reading segments") as progress:
             report = summarize(layout, progress=progress)
+        verify = verify or fix
         if verify:
-            with segment_progress("checking every record") as progress:
-                rep = check(layout, progress=progress)
+            with segment_progress("repairing" if fix else "checking every record") as progress:
+                rep = check(layout, fix=fix, now_ms=int(time.time() * 1000), progress=progress)
     except DataDirError as e:
         _fail(str(e))
     except OSError as e:
@@ -77,6 +85,8 @@ def inspect(data_dir: DataDir,
     if verify:  # the check reads every file the summary did, and reports what it could not read too
         report["findings"] = [{"kind": f.kind, "path": f.path, "detail": f.detail} for f in rep.findings]
         report["tails_in_flight"] = in_flight = rep.tails_in_flight
+        if fix:
+            report["fixed"] = rep.fixed
     findings = cast("list[dict[str, str]]", report["findings"])
     if as_json:
         typer.echo(json.dumps(report))
@@ -102,7 +112,9 @@ def inspect(data_dir: DataDir,
         console.print(f"[red]{f['kind']}[/red] {f['path']}: {f['detail']}")
     if in_flight:
         console.print(f"{in_flight} file(s) were being written while read (a running engine): their last "
-                      "bytes are not judged")
+                      "bytes are not judged" + (", nor repaired" if fix else ""))
+    if fix and findings:
+        console.print(f"{rep.fixed} repair(s) made; `timewheel inspect --verify` shows what remains")
     if findings:  # damage is bad news, as the audit's findings are
         raise typer.Exit(1)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import DELIVERED, Record, ScheduleStore, dispatch_entries
+from storage import CORRUPT, DELIVERED, Record, ScheduleStore, dispatch_entries
 
 NOW = 1_795_460_400_000  # 2026-11-23 19:00 UTC
 HOUR = 3_600_000
@@ -77,3 +77,31 @@ def test_inspect_names_a_file_it_cannot_read_and_counts_the_rest(tmp_path: Path,
     assert (second["records"], second["dispatched"], second["pending"]) == (3, 1, 2), report
     table = _inspect(d, *flags)
     assert table.returncode == 1 and f"unreadable {segs[0] / name}" in table.stdout.replace("\n", ""), table.stdout
+
+
+def test_inspect_fix_repairs_what_verify_found_and_verify_then_finds_nothing(tmp_path: Path) -> None:
+    # check(fix=True) was reachable from Python only: an operator told "fix=True mends it" had no command
+    d, segs = _stored(tmp_path)
+    org = segs[0] / "00000.org"
+    os.truncate(org, org.stat().st_size // 3 + 5)  # rows lost, the last one torn
+    found = _inspect(d, "--verify")
+    assert found.returncode == 1 and "corrupt_origin" in found.stdout, (found.stdout, found.stderr)
+    assert os.path.getsize(org) % 16 != 0  # --verify alone changes nothing
+    fixed = _inspect(d, "--fix", "--json")
+    assert fixed.returncode == 1, (fixed.stdout, fixed.stderr)  # damage was found: bad news, even repaired
+    doc = json.loads(fixed.stdout)
+    assert [f["kind"] for f in doc["findings"]] == ["corrupt_origin"] and doc["fixed"] == 1
+    assert "mended" in doc["findings"][0]["detail"]
+    again = _inspect(d, "--verify")
+    assert again.returncode == 0, (again.stdout, again.stderr)
+
+
+def test_inspect_fix_marks_a_corrupt_record_so_it_is_never_served(tmp_path: Path) -> None:
+    d, segs = _stored(tmp_path)
+    _flip_last_record(segs[1])
+    res = _inspect(d, "--fix")
+    assert res.returncode == 1 and "corrupt_record" in res.stdout and "1 repair(s) made" in res.stdout, res.stdout
+    with ScheduleStore(d) as store:
+        log = store.dispatch_log(store.layout.segment_start(NOW + HOUR))
+        assert CORRUPT in log.entries["outcome"].tolist()  # stamped now, not at the epoch
+        assert int(log.entries["dispatch_ms"].max()) > NOW
