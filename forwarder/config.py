@@ -155,7 +155,7 @@ def _namesrv_ok(namesrv: str) -> bool:
     """Whether `namesrv` is one or more ';'-separated HOST:PORT, each with a host and a valid port."""
     for addr in namesrv.split(";"):
         host, _, port = addr.strip().rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             return False
     return True
 

@@ -66,6 +66,8 @@ def test_the_ha_section_comes_from_the_file_the_environment_and_shows_in_print_c
     pytest.param("rocketmq", ['namesrv = ";"'], "rocketmq.namesrv", "HOST:PORT", id="namesrv-only-separators"),
     pytest.param("rocketmq", ['namesrv = "127.0.0.1:9876;nohost"'], "rocketmq.namesrv", "HOST:PORT",
                  id="namesrv-one-bad-of-two"),
+    pytest.param("rocketmq", ['namesrv = "127.0.0.1:\uff19\uff18\uff17\uff16"'], "rocketmq.namesrv", "HOST:PORT",
+                 id="namesrv-port-in-full-width-digits"),
     pytest.param("rocketmq", ['dead_letter_topic = "%DLQ%orders"'], "rocketmq.dead_letter_topic", "system topic",
                  id="dead-letter-topic-a-system-topic"),
     pytest.param("rocketmq", ['delay_topic = "SCHEDULE_TOPIC_XXXX"'], "rocketmq.delay_topic", "system topic",
