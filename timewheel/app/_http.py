@@ -10,6 +10,11 @@ port, and with it `/healthz`, hostage. Here one event loop (its own thread) serv
   reads cannot hold a connection for good);
 - at most `max_connections` are open, and never more than a quarter of the process's soft limit
   on open files (`RLIMIT_NOFILE`): idle admin connections cannot starve the engine of descriptors;
+  when all are taken, the one that has waited longest for (the rest of) a request is closed to make
+  room, so that sockets left open and asking nothing cannot keep a probe from `/readyz`: only
+  connections whose requests are being answered make a newcomer wait for a 503;
+- a request whose head or body does not arrive within `read_timeout_s` is answered 408;
+- the query must be UTF-8 once percent-decoded (400): a stand-in character would name another id;
 - `Content-Length` must be ASCII digits within `max_body_bytes`, else 400/413 and the connection
   closes without reading the body; chunked bodies are refused (411): no admin request needs one;
 - handlers run on a small thread pool (they may take the engine's locks), except those the caller
@@ -25,7 +30,8 @@ import logging
 import resource
 import socket
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -156,7 +162,11 @@ def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
             headers[key] = value
     try:
         url = urlsplit(target)  # "/[" reads as an unclosed IPv6 host
-        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=32, strict_parsing=False)
+        query = parse_qs(url.query, keep_blank_values=True, max_num_fields=32, strict_parsing=False,
+                         errors="strict")
+    except UnicodeDecodeError as e:
+        raise HttpError(400, f"the query is not UTF-8 once percent-decoded (byte {e.object[e.start:e.start + 1]!r} "
+                             f"at {e.start}): percent-encode the UTF-8 bytes of each value") from e
     except ValueError as e:
         raise HttpError(400, f"malformed target or query: {e}") from e
     return Request(method, url.path, query, headers, b"", version)
@@ -188,6 +198,14 @@ def _encode(resp: Response, *, keep_alive: bool, head_only: bool = False) -> byt
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else resp.body)
 
 
+@dataclass
+class _Connection:
+    """One open connection: since when it waits for a request (or the rest of one); None while answered."""
+
+    writer: asyncio.StreamWriter
+    waiting_since: float | None
+
+
 class HttpServer:
     """Serves `handler` on HOST:PORT (port 0 picks a free one) from one event-loop thread."""
 
@@ -205,9 +223,14 @@ class HttpServer:
         self._started = threading.Event()
         self._start_failure: Exception | None = None  # why the event loop could not listen, for start()
         self._server: asyncio.AbstractServer | None = None
-        self.open_connections = 0
+        self._connections: dict[asyncio.StreamWriter, _Connection] = {}  # touched on the loop's thread only
         #: connections served at once: `limits.max_connections` within a quarter of the open-files limit
         self.max_connections = connection_cap(limits.max_connections)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
 
     @property
     def address(self) -> str:
@@ -267,37 +290,51 @@ class HttpServer:
         self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.open_connections >= self.max_connections:
-            writer.write(_encode(Response.json(503, {"error": "too many connections"}), keep_alive=False))
+        if len(self._connections) >= self.max_connections and not self._make_room():
+            writer.write(_encode(Response.json(503, {"error": "too many connections, each being answered"}),
+                                 keep_alive=False))
             await self._close(writer)
             return
-        self.open_connections += 1
+        conn = self._connections[writer] = _Connection(writer, time.monotonic())
         try:
-            await self._requests(reader, writer)
+            await self._requests(reader, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         except asyncio.CancelledError:  # the server stops: close without waiting, and end quietly
             writer.close()
             return
         finally:
-            self.open_connections -= 1
+            self._connections.pop(writer, None)
         await self._close(writer)
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        limits = self.limits
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for a request; False if every one is being answered."""
+        waiting = [c for c in self._connections.values() if c.waiting_since is not None]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)
+        del self._connections[oldest.writer]  # its slot is the newcomer's now; its task ends on the lost connection
+        oldest.writer.transport.abort()
+        return True
+
+    async def _requests(self, reader: asyncio.StreamReader, conn: _Connection) -> None:
+        limits, writer = self.limits, conn.writer
         while True:
+            conn.waiting_since = time.monotonic()
+            first = await asyncio.wait_for(reader.readexactly(1), limits.idle_timeout_s)
             try:
-                first = await asyncio.wait_for(reader.readexactly(1), limits.idle_timeout_s)
-                head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), limits.read_timeout_s)
+                head = first + await self._read(reader.readuntil(b"\r\n\r\n"), "request head")
                 req = parse_head(head, limits)
                 n = body_length(req.headers, limits)
+                body = await self._read(reader.readexactly(n), f"body of the {n} bytes its Content-Length says") \
+                    if n else b""
             except asyncio.LimitOverrunError:
                 await self._refuse(writer, HttpError(431, f"request head over {limits.max_head_bytes} bytes"))
                 return
             except HttpError as e:
                 await self._refuse(writer, e)
                 return
-            body = await asyncio.wait_for(reader.readexactly(n), limits.read_timeout_s) if n else b""
+            conn.waiting_since = None
             req = Request(req.method, req.path, req.query, req.headers, body, req.version)
             keep_alive = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
             resp = await self._answer(req)
@@ -305,6 +342,13 @@ class HttpServer:
             await asyncio.wait_for(writer.drain(), limits.write_timeout_s)
             if not keep_alive:
                 return
+
+    async def _read(self, read: Coroutine[Any, Any, bytes], what: str) -> bytes:
+        """What `read` returns within `read_timeout_s`; HttpError 408 naming `what` did not arrive."""
+        try:
+            return await asyncio.wait_for(read, self.limits.read_timeout_s)
+        except TimeoutError:
+            raise HttpError(408, f"the {what} did not arrive within {self.limits.read_timeout_s:g} s") from None
 
     async def _answer(self, req: Request) -> Response:
         try:

@@ -1,0 +1,138 @@
+"""The admin endpoint against careless and hostile clients: idle sockets filling every slot, a query
+that is not UTF-8, a body shorter than its `Content-Length`."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.polling import wait_for
+from tests.timewheel.app.test_admin import TOKEN, _Target
+from timewheel.app._http import HttpLimits, HttpServer, Request, Response
+from timewheel.app.admin import AdminServer
+
+SLOTS = 8
+
+
+@pytest.fixture
+def crowded_admin() -> Iterator[tuple[AdminServer, _Target]]:
+    target = _Target()
+    server = AdminServer("127.0.0.1:0", TOKEN, target, CollectorRegistry(),
+                         HttpLimits(max_connections=SLOTS, idle_timeout_s=600, read_timeout_s=1.0)).start()
+    try:
+        yield server, target
+    finally:
+        server.stop()
+
+
+def _call(address: str, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    """Whether the server closed `s` (it reads nothing more from it): EOF or a reset, within 10 s."""
+    s.settimeout(10)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_readyz_answers_while_idle_connections_hold_every_slot(crowded_admin: tuple[AdminServer, _Target]) -> None:
+    """A probe that finds every slot taken by sockets that ask nothing gets its answer, not a 503 that
+    would take a healthy engine out of rotation: the longest idle connection makes room."""
+    server, _ = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(SLOTS)]
+    try:
+        assert wait_for(lambda: server.http.open_connections == SLOTS, 10)
+        status, body = _call(server.address, "GET", "/readyz")
+        assert status == 200 and json.loads(body) == {"ready": True, "why": []}
+        assert _closed_by_server(idle[0]), "the connection idle the longest was not the one closed"
+        assert server.http.open_connections <= SLOTS
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_idle_connections_trickling_their_heads_cannot_starve_the_probe(
+        crowded_admin: tuple[AdminServer, _Target]) -> None:
+    server, _ = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    slow = [socket.create_connection((host, int(port)), timeout=10) for _ in range(SLOTS)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /readyz HTTP/1.1\r\nX-Slow: ")  # a head never finished
+        assert wait_for(lambda: server.http.open_connections == SLOTS, 10)
+        status, _ = _call(server.address, "GET", "/healthz")
+        assert status == 200
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_connections_whose_request_is_being_answered_are_not_closed_to_make_room() -> None:
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    def handler(req: Request) -> Response:
+        if req.path == "/hold":
+            entered.release()
+            release.wait(30)
+        return Response.json(200, {"path": req.path})
+
+    srv = HttpServer("127.0.0.1", 0, handler, HttpLimits(max_connections=2, handler_threads=2),
+                     inline=lambda r: r.path == "/healthz").start()
+    answers: list[int] = []
+    holders = [threading.Thread(target=lambda: answers.append(_call(srv.address, "GET", "/hold")[0]))
+               for _ in range(2)]
+    try:
+        for t in holders:
+            t.start()
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        status, body = _call(srv.address, "GET", "/healthz")
+        assert status == 503 and b"too many connections" in body
+        release.set()
+        for t in holders:
+            t.join(30)
+        assert answers == [200, 200]
+    finally:
+        release.set()
+        srv.stop()
+
+
+@pytest.mark.parametrize("query", ["id=%ff", "key=%C3", "id=a%80b"])
+def test_a_cancel_whose_query_is_not_utf8_is_refused_and_nothing_is_cancelled(
+        crowded_admin: tuple[AdminServer, _Target], query: str) -> None:
+    """Decoding would turn the bytes into U+FFFD and cancel some other id; the caller is told instead."""
+    server, target = crowded_admin
+    status, body = _call(server.address, "POST", f"/cancel?{query}", {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 400 and b"UTF-8" in body, body
+    assert target.cancels == []
+
+
+def test_a_body_shorter_than_its_content_length_is_answered_408(crowded_admin: tuple[AdminServer, _Target]) -> None:
+    server, target = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"PUT /shaping HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\n{{}}"
+                  .encode())
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"Content-Length" in answer and target.rules == {}
