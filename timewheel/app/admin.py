@@ -136,9 +136,10 @@ class AdminServer:
         """0 if the Authorization header carries the token, else the HTTP status to answer."""
         if not self.token:
             return 403
-        if not header or not header.startswith("Bearer "):
+        scheme, _, credentials = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110)
             return 401
-        return 0 if hmac.compare_digest(header[7:].strip().encode(), self.token.encode()) else 401
+        return 0 if hmac.compare_digest(credentials.strip().encode(), self.token.encode()) else 401
 
     def handle(self, req: Request) -> Response:
         """Route one request."""

@@ -136,3 +136,32 @@ def test_a_body_shorter_than_its_content_length_is_answered_408(crowded_admin: t
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert b"Content-Length" in answer and target.rules == {}
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER"])
+def test_the_bearer_scheme_is_matched_whatever_its_case(crowded_admin: tuple[AdminServer, _Target],
+                                                         scheme: str) -> None:
+    """HTTP's auth schemes are case-insensitive: a client that writes `bearer` was refused 401."""
+    server, target = crowded_admin
+    status, body = _call(server.address, "POST", "/cancel?id=m1", {"Authorization": f"{scheme} {TOKEN}"})
+    assert status == 200, body
+    assert target.cancels == [("m1", None)]
+
+
+def test_a_body_sent_after_100_continue_is_not_held_back(crowded_admin: tuple[AdminServer, _Target]) -> None:
+    """curl sends `Expect: 100-continue` before a body over 1 KiB and waits for the interim answer (a
+    second, then sends anyway): without it every such `PUT /shaping` waited that second."""
+    server, target = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    body = json.dumps({"topics": {f"T{i:04d}": {"rate": 100} for i in range(100)}}).encode()  # over 1 KiB
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"PUT /shaping HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {len(body)}\r\n"
+                  "Expect: 100-continue\r\n\r\n".encode())
+        interim = s.recv(4096)  # before the body is sent: the interim answer, or (without one) the 408
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), interim
+        s.sendall(body)
+        final = interim[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+        while b"\r\n\r\n" not in final:
+            final += s.recv(4096)
+    assert final.startswith(b"HTTP/1.1 200 "), final
+    assert len(target.rules["topics"]) == 100
