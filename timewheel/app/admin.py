@@ -192,10 +192,8 @@ class AdminServer:
         ids, keys, limits = req.query.get("id", []), req.query.get("key", []), req.query.get("limit", [])
         if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
             return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
-        try:
-            limit = int(limits[0]) if limits else DEFAULT_LIMIT
-        except ValueError:
-            limit = 0
+        text = limits[0] if limits else str(DEFAULT_LIMIT)
+        limit = int(text) if text.isascii() and text.isdigit() else 0  # int() would take "+5", " 5", "1_0"
         if not 1 <= limit <= MAX_LIMIT or len(limits) > 1:
             return _json(400, {"error": f"limit must be one whole number from 1 to {MAX_LIMIT}"})
         try:

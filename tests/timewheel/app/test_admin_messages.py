@@ -53,7 +53,8 @@ def test_a_look_up_needs_the_token_and_one_selector(served: tuple[AdminServer, _
     assert _get(server, "id=abc", None)[0] == 401
     assert _get(server, "id=abc", "wrong")[0] == 401
     for bad in ("", "id=", "id=a&key=b", "id=a&id=b", "key=k&limit=0", "key=k&limit=1001", "key=k&limit=2&limit=3",
-                "key=k&limit=ten"):
+                "key=k&limit=ten", "key=k&limit=%2B5", "key=k&limit=%205", "key=k&limit=1_0",
+                "key=k&limit=%EF%BC%95"):  # a sign, a space, a digit separator, a full-width 5: int() takes them
         status, body = _get(server, bad, "t0ken")
         assert status == 400 and body["error"], bad
     assert _get(server, "id=abc", "t0ken") == (200, {"query": {"id": "abc"}, "count": 0, "truncated": False,
