@@ -27,6 +27,9 @@ _RECV_CHUNK = 256 * 1024
 #: kept: setting it costs a system call, and a deadline set a moment ago is nearly the timeout
 _TIMEOUT_SLACK = 0.05
 
+#: why a TLS handshake met an answer that is not TLS
+_NOT_TLS = " (the peer does not answer in TLS: if it expects plaintext, set tls = false under [rocketmq])"
+
 #: Answers a request the peer sent (a broker asking its client); None: no answer (one-way notices).
 RequestHandler = Callable[[Request], Reply | None]
 
@@ -51,16 +54,22 @@ class Connection:
         self._on_request = on_request
         self.lock = threading.Lock()
         self._credentials = security.credentials if security is not None else None
-        host, _, port = addr.rpartition(":")
+        host, port = _host_port(addr)
+        sock: socket.socket | None = None
         try:
-            sock = socket.create_connection((host, int(port)), timeout=timeout)
+            sock = socket.create_connection((host, port), timeout=timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             ctx = security.context() if security is not None else None
             self._sock: socket.socket = sock if ctx is None else ctx.wrap_socket(
                 sock, server_hostname=host if ctx.check_hostname else None)
         except (OSError, ValueError) as e:
+            # a TLS context it could not build (a CA file it cannot read): the caller may keep the
+            # error, and with it this frame, for as long as it likes; the socket must not go with it
+            if sock is not None:
+                sock.close()
+            hint = _NOT_TLS if isinstance(e, ssl.SSLError) and e.reason == "WRONG_VERSION_NUMBER" else ""
             raise ConnectionFailedError(f"cannot connect to {addr}"
-                                        f"{' over TLS' if security and security.tls else ''}: {e}") from e
+                                        f"{' over TLS' if security and security.tls else ''}: {e}{hint}") from e
         self._tls = isinstance(self._sock, ssl.SSLSocket)
         self._sock_timeout = timeout  # what the socket has, as `create_connection` set it
         self.last_used = time.monotonic()  # of the last request written
@@ -244,6 +253,15 @@ class Connection:
                 self._sock.close()
             except OSError:
                 pass
+
+
+def _host_port(addr: str) -> tuple[str, int]:
+    """The host and port of "host:port"; ConnectionFailedError if it is not that (a port out of
+    range included: the resolver would take it modulo 65536 and connect elsewhere)."""
+    host, _, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ConnectionFailedError(f"cannot connect to {addr!r}: it is not HOST:PORT (a port from 1 to 65535)")
+    return host, int(port)
 
 
 def call(addr: str, code: int, ext: Mapping[str, str], body: bytes, timeout: float,

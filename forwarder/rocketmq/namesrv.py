@@ -21,8 +21,11 @@ from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RequestTimeoutError
 from forwarder.rocketmq.protocol import GET_ROUTEINFO_BY_TOPIC, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 
-__all__ = ["NameServerClient", "TopicRoute", "parse_route", "topic_route"]
+__all__ = ["MAX_ROUTE_QUEUES", "NameServerClient", "TopicRoute", "parse_route", "topic_route"]
 
+#: queues a route may list in all: far above any real topic's, far below what a corrupt count
+#: would take to hold (two billion of them, gigabytes)
+MAX_ROUTE_QUEUES = 1 << 16
 _MASTER_ID = "0"  # brokerAddrs key of a broker set's master
 _PERM_WRITE = 1 << 1
 _PERM_READ = 1 << 2
@@ -55,9 +58,20 @@ class TopicRoute:
             n = int(qd.get(count, 0))
             if max_queues is not None:
                 n = min(n, max_queues)
+            # checked before the list is built: a count is whatever the NameServer claims
+            if len(queues) + n > MAX_ROUTE_QUEUES:
+                raise ValueError(f"broker {name} claims {n} queues, more than a route may have ({MAX_ROUTE_QUEUES})")
+            if not _host_port_ok(masters[name]):
+                raise ValueError(f"broker {name} is at {masters[name]!r}, not HOST:PORT")
             queues += [(name, q) for q in range(n)]
             brokers[name] = masters[name]
         return cls(topic, tuple(queues), brokers, fetched, via_default_topic)
+
+
+def _host_port_ok(addr: object) -> bool:
+    """Whether a broker address is "host:port" with a port from 1 to 65535."""
+    host, _, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def parse_route(topic: str, data: Mapping[str, Any], **options: Any) -> TopicRoute:
@@ -106,7 +120,7 @@ class NameServerClient:
                     raise error_for_code(resp.code, resp.remark, f"NameServer {self._conn.addr}")
                 try:
                     data: dict[str, Any] = json.loads(resp.body)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
                     raise ProtocolError(f"route of {topic} from {self._conn.addr} is not JSON: {e}") from e
                 return data
         raise ConnectionFailedError(f"no NameServer answered for {topic}: {'; '.join(errors)}")

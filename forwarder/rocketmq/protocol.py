@@ -185,6 +185,9 @@ def take_frame(buf: bytearray, peer: str) -> bytes | None:
         return None
     (length,) = _FRAME_LENGTH.unpack_from(buf)
     if not _FRAME_LENGTH.size <= length <= MAX_FRAME_BYTES:
+        foreign = _foreign_protocol(bytes(buf[:_FRAME_LENGTH.size]))
+        if foreign is not None:
+            raise ProtocolError(f"{peer} does not speak RocketMQ (it answered like {foreign[0]}): {foreign[1]}")
         raise ProtocolError(f"{peer} sent a frame length of {length}, expected "
                             f"{_FRAME_LENGTH.size} to {MAX_FRAME_BYTES}")
     end = _FRAME_LENGTH.size + length
@@ -193,6 +196,27 @@ def take_frame(buf: bytearray, peer: str) -> bytes | None:
     frame = bytes(buf[_FRAME_LENGTH.size:end])
     del buf[:end]
     return frame
+
+
+_CHECK_ADDRESS = "check the NameServer address (--namesrv) and the broker addresses it names"
+_CHECK_TLS = "if it expects TLS, set tls = true under [rocketmq]; else " + _CHECK_ADDRESS
+#: the first bytes other services answer with -> (what the peer is likely to be, what to check)
+_FOREIGN_STARTS: tuple[tuple[bytes, str, str], ...] = (
+    (b"HTTP", "HTTP", _CHECK_ADDRESS),
+    (b"SSH-", "SSH", _CHECK_ADDRESS),
+    # TLS records: an alert (0x15) or a handshake (0x16), version 3.x
+    (b"\x15\x03", "TLS", _CHECK_TLS),
+    (b"\x16\x03", "TLS", _CHECK_TLS),
+)
+
+
+def _foreign_protocol(start: bytes) -> tuple[str, str] | None:
+    """(protocol, what to check) for a stream starting with `start` that another protocol's server
+    sent, when it is one we recognise."""
+    for prefix, name, check in _FOREIGN_STARTS:
+        if start.startswith(prefix):
+            return name, check
+    return None
 
 
 def decode_frame(frame: bytes, peer: str) -> tuple[int, dict[str, Any], bytes]:
