@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from forwarder.rocketmq.connection import Connection, call
 from forwarder.rocketmq.errors import ProtocolError, RemotingError
-from forwarder.rocketmq.namesrv import TopicRoute, topic_route
+from forwarder.rocketmq.namesrv import parse_route, topic_route
 from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.protocol import (GET_BROKER_CLUSTER_INFO, GET_BROKER_CONFIG, GET_CONSUMER_LIST_BY_GROUP, GET_MAX_OFFSET,
                                          QUERY_CONSUMER_OFFSET, QUERY_NOT_FOUND, SUCCESS,
@@ -134,7 +134,7 @@ def queue_lags(namesrv: str, group: str, topic: str, timeout: float = 5.0,
     doc = topic_route(namesrv, topic, timeout, security)
     if doc is None:
         return []
-    route = TopicRoute.parse(topic, doc, 0.0, readable=True)
+    route = parse_route(topic, doc, readable=True)  # a route that makes no sense is a ProtocolError
     out: list[QueueLag] = []
     for broker_name, addr in sorted(route.brokers.items()):
         queues = [q for b, q in route.queues if b == broker_name]

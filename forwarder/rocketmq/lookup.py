@@ -36,7 +36,7 @@ from forwarder.rocketmq.codec import decode_messages
 from forwarder.rocketmq.connection import Connection
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RemotingError, TopicNotFoundError
 from forwarder.rocketmq.message import UNIQ_KEY, ReceivedMessage
-from forwarder.rocketmq.namesrv import NameServerClient
+from forwarder.rocketmq.namesrv import NameServerClient, host_port_ok
 from forwarder.rocketmq.protocol import QUERY_MESSAGE, QUERY_NOT_FOUND, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 
@@ -204,6 +204,10 @@ class MessageLookup:
         except (KeyError, TypeError, AttributeError) as e:
             raise ProtocolError(f"the NameServer's route of {topic} has an unexpected shape: "
                                 f"{json.dumps(doc)[:200]}") from e
+        bad = {name: addr for name, addr in brokers.items() if not host_port_ok(addr)}
+        if bad:
+            raise ProtocolError(f"the NameServer's route of {topic} names broker(s) at an address that is not "
+                                f"HOST:PORT: {bad}")
         if not named:
             # no broker asked is no broker that answered: never a "missing"
             raise TopicNotFoundError(f"the NameServer's route of {topic} names no broker", code=TOPIC_NOT_EXIST)

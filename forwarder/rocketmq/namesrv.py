@@ -21,7 +21,7 @@ from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RequestTimeoutError
 from forwarder.rocketmq.protocol import GET_ROUTEINFO_BY_TOPIC, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 
-__all__ = ["MAX_ROUTE_QUEUES", "NameServerClient", "TopicRoute", "parse_route", "topic_route"]
+__all__ = ["MAX_ROUTE_QUEUES", "NameServerClient", "TopicRoute", "host_port_ok", "parse_route", "topic_route"]
 
 #: queues a route may list in all: far above any real topic's, far below what a corrupt count
 #: would take to hold (two billion of them, gigabytes)
@@ -61,14 +61,14 @@ class TopicRoute:
             # checked before the list is built: a count is whatever the NameServer claims
             if len(queues) + n > MAX_ROUTE_QUEUES:
                 raise ValueError(f"broker {name} claims {n} queues, more than a route may have ({MAX_ROUTE_QUEUES})")
-            if not _host_port_ok(masters[name]):
+            if not host_port_ok(masters[name]):
                 raise ValueError(f"broker {name} is at {masters[name]!r}, not HOST:PORT")
             queues += [(name, q) for q in range(n)]
             brokers[name] = masters[name]
         return cls(topic, tuple(queues), brokers, fetched, via_default_topic)
 
 
-def _host_port_ok(addr: object) -> bool:
+def host_port_ok(addr: object) -> bool:
     """Whether a broker address is "host:port" with a port from 1 to 65535."""
     host, _, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
     return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536

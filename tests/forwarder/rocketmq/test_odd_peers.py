@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from forwarder.rocketmq import Connection, OutgoingMessage, RemotingProducer
+from forwarder.rocketmq.admin import queue_lags
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RemotingError, RequestTimeoutError
+from forwarder.rocketmq.lookup import MessageLookup
 from forwarder.rocketmq.namesrv import MAX_ROUTE_QUEUES, NameServerClient, parse_route
 from forwarder.rocketmq.protocol import SUCCESS, decode_request, encode_response, take_frame
 from forwarder.rocketmq.security import ClientSecurity
@@ -282,3 +284,24 @@ def test_a_peer_that_breaks_the_framing_ends_the_request_and_the_connection(
 def test_a_connection_to_an_address_whose_port_is_out_of_range_is_refused_before_connecting() -> None:
     with pytest.raises(ConnectionFailedError, match="not HOST:PORT"):
         Connection("127.0.0.1:99999", 1.0)
+
+
+@pytest.mark.parametrize("addr", [10911, "127.0.0.1:99999"])
+def test_the_lag_look_up_over_a_route_that_makes_no_sense_is_a_protocol_error(
+        peers: Callable[[Handler], Peer], addr: object) -> None:
+    """`timewheel status` and the ingest lag read routes through `queue_lags`: an untyped error there
+    was a traceback where the look-ups beside it say what is wrong."""
+    ns = peers(_answering(_route(addr)))
+    with pytest.raises(ProtocolError, match="not HOST:PORT"):
+        queue_lags(ns.addr, "g", "T", timeout=2.0)
+
+
+def test_the_look_up_of_a_copy_over_a_route_naming_a_bad_address_is_a_protocol_error(
+        peers: Callable[[Handler], Peer]) -> None:
+    ns = peers(_answering(_route("127.0.0.1:99999")))
+    lookup = MessageLookup(ns.addr, timeout_ms=2000)
+    try:
+        with pytest.raises(ProtocolError, match="not HOST:PORT"):
+            lookup.brokers("T")
+    finally:
+        lookup.close()
