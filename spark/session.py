@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from typing import Mapping
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
@@ -13,6 +16,55 @@ DEFAULT_MASTER = "local[*]"
 #: than they save. Measured on local[2], 2M records: the JVM's CPU seconds for session start and
 #: the first audit went from 40 to 21, with the same results.
 LIGHT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+# The driver JVMs this process started, and whether they are to be stopped: PySpark hands its gateway
+# process over only once the JVM is up, too late for a command stopped while its session starts.
+_driver_jvms: list[subprocess.Popen[bytes]] = []
+_jvms_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+class _DriverJvm(subprocess.Popen):
+    """`subprocess.Popen` as PySpark's gateway launcher uses it, keeping the process to stop it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Start the process, and terminate it at once if `stop_driver_jvm` ran first."""
+        super().__init__(*args, **kwargs)
+        with _jvms_lock:
+            _driver_jvms.append(self)
+        if _stopping.is_set():
+            self.terminate()
+
+
+@contextmanager
+def _kept_driver_jvm() -> Iterator[None]:
+    """While PySpark may launch its gateway, launch it as a `_DriverJvm`."""
+    from pyspark import java_gateway
+
+    launcher = java_gateway.Popen
+    setattr(java_gateway, "Popen", _DriverJvm)
+    try:
+        yield
+    finally:
+        setattr(java_gateway, "Popen", launcher)
+
+
+def stop_driver_jvm(grace_s: float = 5.0) -> None:
+    """Terminate the driver JVM this process started (SIGTERM: its shutdown hooks stop the SparkContext
+    and remove its temporary files; SIGKILL after `grace_s`), also while `get_session` is still
+    starting it: one it starts after this call is terminated as soon as it is started."""
+    _stopping.set()
+    with _jvms_lock:
+        jvms = list(_driver_jvms)
+    for jvm in jvms:
+        if jvm.poll() is None:
+            jvm.terminate()
+            try:
+                jvm.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                jvm.kill()
+                jvm.wait()
 
 
 def register_sources(spark: SparkSession) -> None:
@@ -60,6 +112,7 @@ def get_session(master: str = DEFAULT_MASTER, app_name: str = "timewheel",
         conf["spark.sql.shuffle.partitions"] = str(2 * _local_cores(master))
     for k, v in conf.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    with _kept_driver_jvm():
+        spark = builder.getOrCreate()
     register_sources(spark)
     return spark

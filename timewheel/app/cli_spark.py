@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from contextlib import contextmanager
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Optional, Sequence
 import typer
 
 from timewheel.app._cli_errors import fail as _fail
+from timewheel.app._spark_interrupt import interruptible, start_off_main_thread
+from timewheel.app.datadir import data_dir_option
 from timewheel.app._spark_printers import print_audit, print_backfill, print_export, print_json, print_replay
 from timewheel.config import EngineConfig
 
@@ -25,8 +28,9 @@ _ENGINE_DEFAULTS: dict[str, int] = {f: EngineConfig.__dataclass_fields__[f].defa
                                     for f in ("max_delay_ms", "max_body_bytes")}
 
 # existence is checked by _open_layout, whose error says what to run
-DataDir = Annotated[Path, typer.Option("--data-dir", help="The engine's data directory (holds timewheel.json; "
-                                                          "`timewheel init` makes one).")]
+DataDir = Annotated[Path, typer.Option("--data-dir", parser=data_dir_option, metavar="<path>",
+                                       help="The engine's data directory (holds timewheel.json; `timewheel init` "
+                                            "makes one).")]
 Master = Annotated[str, typer.Option("--master", help="Spark master URL: local[*], local[4], spark://host:7077, "
                                                       "yarn, ...")]
 Conf = Annotated[Optional[list[str]], typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable).",
@@ -69,10 +73,11 @@ def _quiet_log4j() -> Path:
 
 
 @contextmanager
-def _spark(master: str, conf: list[str] | None, verbose: bool, *,
+def _spark(master: str, conf: list[str] | None, verbose: bool, *, undone: str = "the command did not finish",
            light_jvm: bool = False) -> Iterator["SparkSession"]:
     """A session on `master` (or the one already active in this process), stopped after the
-    command when the command started it; `light_jvm` as `spark.session.get_session` takes it."""
+    command when the command started it; `light_jvm` as `spark.session.get_session` takes it.
+    A Ctrl-C stops a session it started, and the command: `timewheel: interrupted: {undone}`, exit 130."""
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     from pyspark.sql import SparkSession
 
@@ -97,13 +102,21 @@ def _spark(master: str, conf: list[str] | None, verbose: bool, *,
         register_sources(active)
         yield active
         return
-    spark = get_session(master, "timewheel-cli", extra, light_jvm=light_jvm)
-    if not verbose:
-        spark.sparkContext.setLogLevel("ERROR")
-    try:
-        yield spark
-    finally:
-        spark.stop()
+    with interruptible(undone) as interrupts:
+        spark = start_off_main_thread(lambda: get_session(master, "timewheel-cli", extra, light_jvm=light_jvm))
+        interrupts.started(spark)
+        if not verbose:
+            spark.sparkContext.setLogLevel("ERROR")
+        try:
+            yield spark
+        finally:
+            spark.stop()
+
+
+def _require_finite(value: float, flag: str) -> None:
+    """Fail unless `value` is a finite number (a range check lets infinity through)."""
+    if not math.isfinite(value):
+        _fail(f"{flag} must be a finite number, not {value}")
 
 
 def _open_layout(data_dir: Path) -> None:
@@ -166,13 +179,13 @@ def backfill(
                                                             "on each run.")] = Path("timewheel-rejects"),
     past_due: Annotated[PastDue, typer.Option("--past-due", help="Rows due in a segment already past: reject "
                                                                  "them, or schedule them for now.")] = PastDue.reject,
-    max_delay_ms: Annotated[int, typer.Option("--max-delay-ms", help="Refuse rows due further ahead.")]
+    max_delay_ms: Annotated[int, typer.Option("--max-delay-ms", min=0, help="Refuse rows due further ahead.")]
     = _ENGINE_DEFAULTS["max_delay_ms"],
-    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Refuse larger bodies.")]
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=0, help="Refuse larger bodies.")]
     = _ENGINE_DEFAULTS["max_body_bytes"],
     body_encoding: Annotated[str, typer.Option("--body-encoding", help="How text bodies are turned into bytes: "
                                                                        "utf-8 or base64.")] = "utf-8",
-    partitions: Annotated[Optional[int], typer.Option("--partitions", help="Write tasks (default: sized by "
+    partitions: Annotated[Optional[int], typer.Option("--partitions", min=1, help="Write tasks (default: sized by "
                                                                            "Spark's adaptive execution).")] = None,
     master: Master = "local[*]",
     conf: Conf = None,
@@ -205,7 +218,9 @@ def backfill(
     from spark.backfill import backfill as run
     from spark.progress import stage_progress
 
-    with _spark(master, conf, verbose) as spark, _reading(data_dir):
+    undone = ("no part of this backfill was published unless it had finished: run it again to schedule what it "
+              "did not (rows already scheduled are never scheduled twice)")
+    with _spark(master, conf, verbose, undone=undone) as spark, _reading(data_dir):
         with stage_progress(spark, "backfill", enabled=not as_json):
             try:
                 source = _read_input(spark, inputs, fmt.value if fmt else None)
@@ -226,7 +241,7 @@ def audit(
     data_dir: DataDir,
     out: Annotated[Path, typer.Option("--out", help="Where report.json, findings/ (Parquet) and lateness.png "
                                                     "go.")] = Path("timewheel-audit"),
-    grace_seconds: Annotated[float, typer.Option("--grace-seconds", help="A record due less than this long ago "
+    grace_seconds: Annotated[float, typer.Option("--grace-seconds", min=0, help="A record due less than this long ago "
                                                                          "is not lost yet.")] = 300.0,
     now: Annotated[Optional[str], typer.Option("--now", help="Audit as of this time (ISO-8601 or epoch ms; "
                                                              "default: the wall clock).")] = None,
@@ -248,13 +263,15 @@ def audit(
     corrupt or unreadable records, or dispatch entries naming no record in a segment ended before
     the grace.
     """
+    _require_finite(grace_seconds, "--grace-seconds")
     _open_layout(data_dir)
     now_ms = _time_ms(now, "--now") if now else time.time_ns() // 1_000_000
     from spark.audit import run_audit
     from spark.progress import stage_progress
 
     # the audit's per-record work is numpy in the Python workers: a light driver JVM saves CPU
-    with _spark(master, conf, verbose, light_jvm=True) as spark, _reading(data_dir):
+    undone = f"the audit did not finish: it found nothing either way, and {out} holds no report of this run"
+    with _spark(master, conf, verbose, undone=undone, light_jvm=True) as spark, _reading(data_dir):
         with stage_progress(spark, "audit", enabled=not as_json):
             rep = run_audit(spark, data_dir, now_ms=now_ms, grace_ms=int(grace_seconds * 1000), out_dir=out)
     if as_json:
@@ -278,8 +295,8 @@ def replay(
     config: Annotated[Optional[Path], typer.Option("--config", help="TOML config file: its [rocketmq] section "
                                                    "(NameServer, ACL credentials, TLS) is used to send.")] = None,
     group: Annotated[str, typer.Option("--group", help="Producer group.")] = "timewheel-replay",
-    rate: Annotated[float, typer.Option("--rate", help="Messages a second per executor (0: unlimited).")] = 1000.0,
-    show: Annotated[int, typer.Option("--show", help="Messages listed by --dry-run.")] = 20,
+    rate: Annotated[float, typer.Option("--rate", min=0, help="Messages a second per executor (0: unlimited).")] = 1000.0,
+    show: Annotated[int, typer.Option("--show", min=0, help="Messages listed by --dry-run.")] = 20,
     master: Master = "local[*]",
     conf: Conf = None,
     as_json: AsJson = False,
@@ -293,6 +310,7 @@ def replay(
     the range are corrupt (skipped, counted on stderr), or when records of a part no longer written
     cannot be read (each such part named on stderr): the rest is sent; --dry-run exits 1 on those too.
     """
+    _require_finite(rate, "--rate")
     _open_layout(data_dir)
     since_ms, until_ms = _time_ms(since, "--since"), _time_ms(until, "--until")
     if until_ms <= since_ms:
@@ -307,7 +325,10 @@ def replay(
         cfg = load_settings(config, None, {"engine": {"data_dir": data_dir}, "rocketmq": {"namesrv": namesrv}}).rocketmq
     except ConfigError as e:
         _fail(str(e))
-    with _spark(master, conf, verbose) as spark, _reading(data_dir):
+    undone = ("the dry run did not finish; nothing was sent" if dry_run else
+              "the replay did not finish: some messages may have been sent (each recorded as REPLAYED in its "
+              "segment's dispatch log, but for the last batch a task was sending), the rest were not")
+    with _spark(master, conf, verbose, undone=undone) as spark, _reading(data_dir):
         with stage_progress(spark, "replay" if not dry_run else "replay (dry run)", enabled=not as_json):
             result = run(spark, data_dir, since_ms=since_ms, until_ms=until_ms, topic=topic, dry_run=dry_run,
                          sender_factory=None if dry_run else replay_sender_for(cfg, group), rate=rate, sample=show)
@@ -349,7 +370,8 @@ def export(
     from spark.export import export as run
     from spark.progress import stage_progress
 
-    with _spark(master, conf, verbose) as spark, _reading(data_dir):
+    undone = f"the export did not finish: {out} holds only part of it (the data directory is unchanged)"
+    with _spark(master, conf, verbose, undone=undone) as spark, _reading(data_dir):
         with stage_progress(spark, "export", enabled=not as_json):
             result = run(spark, data_dir, out, since_ms=since_ms, until_ms=until_ms, topic=topic, dispatch=dispatch)
     if as_json:

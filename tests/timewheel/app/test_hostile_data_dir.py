@@ -167,7 +167,8 @@ def test_find_names_a_directory_of_the_data_dir_that_is_a_file(tmp_path: Path, s
 
 @pytest.mark.parametrize("given", ["", " "], ids=["empty", "blank"])
 @pytest.mark.parametrize("cmd", [["init"], ["inspect"], ["inspect", "--verify"], ["find", "--id", "m0"],
-                                 ["find", "--key", "k"]], ids=" ".join)
+                                 ["find", "--key", "k"], ["audit"], ["export", "--out", "x"], ["replay", "--dry-run"],
+                                 ["backfill", "in.json"]], ids=" ".join)
 def test_an_empty_data_dir_is_refused_never_taken_for_the_working_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cmd: list[str], given: str) -> None:
     """`--data-dir "$UNSET"` is refused as `serve` refuses it: `init` would make a data directory
