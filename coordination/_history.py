@@ -52,6 +52,7 @@ from kazoo.exceptions import ConnectionLoss, KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
+from coordination._session_grant import record_grants
 from coordination.errors import LeasePathDeletedError, ZooKeeperHistoryLostError
 from coordination.watermark import MalformedWatermark, read_watermark
 
@@ -62,7 +63,7 @@ def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
     """A replica's ZooKeeper client, which waits at most half a session (plus kazoo's jitter, up to 40 %)
     between reconnects, so that it is back within a session of ZooKeeper, however long that was down."""
     retry = KazooRetry(max_tries=-1, max_delay=session_timeout_s / 2)
-    return KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry)
+    return record_grants(KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry))
 
 
 def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:

@@ -32,6 +32,9 @@ class HAConfig:
         checks = [
             ("zookeeper", not self.zookeeper or all(_host_port(a) for a in self.zookeeper.split("/")[0].split(",")),
              "HOST:PORT[,HOST:PORT...] (optionally followed by a /chroot)"),
+            # ZooKeeper paths have no relative steps: the client would refuse this one with a bare ValueError
+            ("zookeeper", not ({".", ".."} & set(self.zookeeper.partition("/")[2].split("/"))),
+             "HOST:PORT[,HOST:PORT...] followed by an absolute /chroot, without '.' or '..' steps"),
             ("root", self.root.startswith("/") and not self.root.endswith("/") and "//" not in self.root,
              "an absolute znode path such as /timewheel"),
             ("shards", 1 <= self.shards <= 1024, "between 1 and 1024"),

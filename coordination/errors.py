@@ -1,7 +1,7 @@
 """Typed errors of coordination: callers branch on the class, never on messages."""
 from __future__ import annotations
 
-from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from kazoo.exceptions import ConnectionLoss, NoAuthError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 __all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LeasePathDeletedError", "LocalZooKeeperError",
@@ -34,8 +34,13 @@ class ZooKeeperJoinError(CoordinationError, ConnectionError):
         """The message names the connect string, the replica, its shard and what ZooKeeper did."""
         dropped = isinstance(cause, (ConnectionLoss, SessionExpiredError, KazooTimeoutError))
         what = "dropped the connection" if dropped else f"refused a request ({type(cause).__name__}: {cause})"
+        act = "start it again"
+        if isinstance(cause, NoAuthError):  # a start again meets the same ACL
+            what = "refused a request (NoAuthError: a znode's ACL denies this client's writes)"
+            act = (f"grant this client create, delete and write on {shard_path} and the znodes above it, or set "
+                   f"ha.root to a path it may write")
         super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what} while replica {replica_id!r} joined "
-                         f"shard {shard_path}: nothing was taken; start it again")
+                         f"shard {shard_path}: nothing was taken; {act}")
 
 
 class DedupeBrokersUnpublishedError(CoordinationError):

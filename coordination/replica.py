@@ -41,6 +41,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from coordination._history import LostHistoryWatch, replica_client
+from coordination._session_grant import granted_session_timeout_s
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
 from coordination._succession import Succession, fence_advert
 from coordination.errors import LeasePathDeletedError, ZooKeeperJoinError, ZooKeeperUnreachableError
@@ -282,9 +283,9 @@ class ShardReplica:
                          "stops to hand the lease on", self.path, exc_info=True)
 
     def _contend(self) -> None:
-        renew_every = self.cfg.session_timeout_s / 6  # several confirmations per fencing period
         next_publish = 0.0
         while not self._stopping.is_set():
+            renew_every = self.fence.session_timeout_s / 6  # several confirmations per (granted) fencing period
             self._wake.clear()
             holding = False
             try:
@@ -350,9 +351,8 @@ class ShardReplica:
         if not self._active and self._succession.wait_s() > 0:  # an earlier holder's fence may still be open
             self._remember(self._read_mark())
             return False
-        negotiated = getattr(client, "_session_timeout", None)
-        if negotiated:
-            self.fence.set_session_timeout(negotiated / 1000)
+        # ZooKeeper expires the session after the timeout it granted, which may be shorter than the one asked
+        self.fence.set_session_timeout(granted_session_timeout_s(client, self.cfg.session_timeout_s))
         if not self._active:
             self._take_over(self._read_mark())
         self.fence.confirmed(sent_at)
