@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from forwarder.contract import SYSTEM_TOPIC_PREFIXES, ContractViolation, check_target_topic
 from forwarder.rocketmq import ClientSecurity, Credentials
+from forwarder.rocketmq.connection import host_port_ok
 from timewheel.errors import ConfigError
 
 #: the default `dedupe_sentinel_topic` (the local launcher creates it on every broker)
@@ -153,11 +154,7 @@ class RocketMQConfig:
 
 def _namesrv_ok(namesrv: str) -> bool:
     """Whether `namesrv` is one or more ';'-separated HOST:PORT, each with a host and a valid port."""
-    for addr in namesrv.split(";"):
-        host, _, port = addr.strip().rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-            return False
-    return True
+    return all(host_port_ok(addr.strip()) for addr in namesrv.split(";"))
 
 
 def _topic_problem(topic: str) -> str | None:

@@ -255,12 +255,18 @@ class Connection:
                 pass
 
 
-def _host_port(addr: str) -> tuple[str, int]:
-    """The host and port of "host:port"; ConnectionFailedError if it is not that (a port out of
-    range included: the resolver would take it modulo 65536 and connect elsewhere)."""
+def host_port_ok(addr: object) -> bool:
+    """Whether `addr` is "host:port" with a port of ASCII digits from 1 to 65535 (the resolver would
+    take a port out of range modulo 65536 and connect elsewhere)."""
     host, _, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
-    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+
+
+def _host_port(addr: str) -> tuple[str, int]:
+    """The host and port of "host:port"; ConnectionFailedError if it is not that (`host_port_ok`)."""
+    if not host_port_ok(addr):
         raise ConnectionFailedError(f"cannot connect to {addr!r}: it is not HOST:PORT (a port from 1 to 65535)")
+    host, _, port = addr.rpartition(":")
     return host, int(port)
 
 

@@ -33,10 +33,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from forwarder.rocketmq.codec import decode_messages
-from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.connection import Connection, host_port_ok
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RemotingError, TopicNotFoundError
 from forwarder.rocketmq.message import UNIQ_KEY, ReceivedMessage
-from forwarder.rocketmq.namesrv import NameServerClient, host_port_ok
+from forwarder.rocketmq.namesrv import NameServerClient
 from forwarder.rocketmq.protocol import QUERY_MESSAGE, QUERY_NOT_FOUND, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 

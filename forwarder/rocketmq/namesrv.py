@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forwarder.rocketmq.connection import Connection
+from forwarder.rocketmq.connection import Connection, host_port_ok
 from forwarder.rocketmq.security import ClientSecurity
 from forwarder.rocketmq.errors import ConnectionFailedError, ProtocolError, RequestTimeoutError
 from forwarder.rocketmq.protocol import GET_ROUTEINFO_BY_TOPIC, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 
-__all__ = ["MAX_ROUTE_QUEUES", "NameServerClient", "TopicRoute", "host_port_ok", "parse_route", "topic_route"]
+__all__ = ["MAX_ROUTE_QUEUES", "NameServerClient", "TopicRoute", "parse_route", "topic_route"]
 
 #: queues a route may list in all: far above any real topic's, far below what a corrupt count
 #: would take to hold (two billion of them, gigabytes)
@@ -66,12 +66,6 @@ class TopicRoute:
             queues += [(name, q) for q in range(n)]
             brokers[name] = masters[name]
         return cls(topic, tuple(queues), brokers, fetched, via_default_topic)
-
-
-def host_port_ok(addr: object) -> bool:
-    """Whether a broker address is "host:port" with a port from 1 to 65535."""
-    host, _, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
-    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 def parse_route(topic: str, data: Mapping[str, Any], **options: Any) -> TopicRoute:

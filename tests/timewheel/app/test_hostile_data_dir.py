@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
+from tests.timewheel.app._refusals import forbid_spark, refused
 from storage import SegmentLayout
 from tests.storage._meta_damage import NOW, stored
 from timewheel.app.cli import app
@@ -24,21 +25,8 @@ _COMMANDS = [["init"], ["inspect"], ["inspect", "--verify"], ["find", "--id", "m
 @pytest.fixture
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Spark commands must refuse these paths before a session starts."""
-    import timewheel.app.cli_spark as cli_spark
+    forbid_spark(monkeypatch, "a data directory")
 
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a Spark session was started for a data directory the command refuses")
-
-    monkeypatch.setattr(cli_spark, "_spark", no_session)
-
-
-def _refused(res: Result, *words: str) -> None:
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("timewheel: "), res.output
-    for w in words:
-        assert w in res.output, res.output
 
 
 def _listing(root: Path) -> dict[str, int]:
@@ -50,7 +38,7 @@ def _listing(root: Path) -> dict[str, int]:
 def test_a_data_dir_whose_name_the_filesystem_refuses_is_one_line(tmp_path: Path, cmd: list[str]) -> None:
     d = tmp_path / ("x" * 300)  # past NAME_MAX (255): every stat of it fails with ENAMETOOLONG
     res = CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]])
-    _refused(res, "File name too long", "--data-dir")
+    refused(res, "File name too long", "--data-dir")
     assert str(d) not in res.output, "a path too long for the filesystem is cut in the message"
 
 
@@ -78,7 +66,7 @@ def test_a_data_dir_this_user_cannot_reach_is_one_line(tmp_path: Path, cmd: list
     try:
         res = CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]])
         if cmd[0] in ("init", "inspect", "find"):  # their --data-dir is parsed by data_dir_option
-            _refused(res, "Permission denied", "--data-dir")
+            refused(res, "Permission denied", "--data-dir")
         else:  # refused while the option is parsed, in click's words
             assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
             assert res.exit_code == 2 and "is not readable" in res.output, res.output
@@ -86,7 +74,7 @@ def test_a_data_dir_this_user_cannot_reach_is_one_line(tmp_path: Path, cmd: list
         d.chmod(0o755)
     d.parent.chmod(0)  # a directory above it: every look at the path fails with EACCES
     try:
-        _refused(CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]]), "Permission denied")
+        refused(CliRunner().invoke(app, [cmd[0], "--data-dir", str(d), *cmd[1:]]), "Permission denied")
     finally:
         d.parent.chmod(0o755)
 
@@ -144,7 +132,7 @@ def test_a_file_of_the_data_dir_that_cannot_be_read_is_named_in_one_line(
     elif res.exit_code != 2:  # what cannot be read was not needed: an answer, not a traceback
         assert res.exit_code in (0, 1), res.output
     else:
-        _refused(res, str(bad))
+        refused(res, str(bad))
     assert _listing(d) == before, "a command that reads changed the data directory"
 
 
@@ -161,7 +149,7 @@ def test_find_names_a_directory_of_the_data_dir_that_is_a_file(tmp_path: Path, s
     (d / sub).write_text("not a directory")
     before = _listing(d)
     res = CliRunner().invoke(app, ["find", "--data-dir", str(d), *query])
-    _refused(res, str(d / sub), "Not a directory")
+    refused(res, str(d / sub), "Not a directory")
     assert _listing(d) == before
 
 
@@ -181,7 +169,7 @@ def test_an_empty_data_dir_is_refused_never_taken_for_the_working_directory(
     monkeypatch.chdir(here)
     before = _listing(here)
     res = CliRunner().invoke(app, [cmd[0], "--data-dir", given, *cmd[1:]])
-    _refused(res, f"--data-dir {given!r} is invalid: it must name a directory")
+    refused(res, f"--data-dir {given!r} is invalid: it must name a directory")
     assert _listing(here) == before
 
 

@@ -6,22 +6,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 import coordination.local_zookeeper as local_zookeeper
+from tests.timewheel.app._refusals import refused
 import forwarder
 import forwarder._rmq_native as native
 import forwarder.local_rocketmq as local_rocketmq
 from timewheel.app.cli import app
 
-
-def _refused(res: Result, *words: str) -> None:
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("timewheel: "), res.output
-    for w in words:
-        assert w in res.output, res.output
 
 
 def _not_a_directory(tmp_path: Path, kind: str) -> Path:
@@ -55,7 +48,7 @@ def test_a_run_directory_that_cannot_be_a_directory_is_refused_before_any_jvm(
         tmp_path: Path, java_looked_for: list[str], command: str, kind: str) -> None:
     run_dir = _not_a_directory(tmp_path, kind)
     res = CliRunner().invoke(app, [command, "--dir", str(run_dir)])
-    _refused(res, str(run_dir), "not a directory" if kind == "a file" else "Not a directory", "give a directory")
+    refused(res, str(run_dir), "not a directory" if kind == "a file" else "Not a directory", "give a directory")
     assert java_looked_for == []
     assert (tmp_path / "store.txt").read_text() == "not a directory"
 
@@ -78,7 +71,7 @@ def no_local_rocketmq(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_demo_rate_or_duration_out_of_range_is_refused_before_anything_starts(
         no_local_rocketmq: None, option: str, value: str, want: str) -> None:
     res = CliRunner().invoke(app, ["demo", option, value])
-    _refused(res, f"{option} {value} is invalid: it must be", want)
+    refused(res, f"{option} {value} is invalid: it must be", want)
 
 
 class _NoProducer:
@@ -95,7 +88,7 @@ def test_send_refuses_a_name_server_that_is_not_host_port_as_serve_does(monkeypa
     monkeypatch.setattr(native, "NativeProducer", _NoProducer)
     res = CliRunner().invoke(app, ["send", "--namesrv", namesrv, "--topic", "ORDERS", "--delay", "30s",
                                    "--body", "hello"])
-    _refused(res, "--namesrv", repr(namesrv), "it must be HOST:PORT")
+    refused(res, "--namesrv", repr(namesrv), "it must be HOST:PORT")
     served = CliRunner().invoke(app, ["serve", "--namesrv", namesrv, "--data-dir", "data", "--print-config"])
     assert served.exit_code == 2 and "it must be HOST:PORT" in served.output, served.output
 
@@ -105,4 +98,4 @@ def test_send_refuses_a_name_server_that_is_not_utf8(monkeypatch: pytest.MonkeyP
     namesrv = b"broker-\xff:9876".decode("utf-8", "surrogateescape")  # what Python makes of such bytes in argv
     res = CliRunner().invoke(app, ["send", "--namesrv", namesrv, "--topic", "ORDERS", "--delay", "30s",
                                    "--body", "hello"])
-    _refused(res, "--namesrv", "is not valid UTF-8")
+    refused(res, "--namesrv", "is not valid UTF-8")

@@ -7,18 +7,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.timewheel.app._refusals import forbid_spark
 from timewheel.app.cli import app
 
 
 @pytest.fixture
 def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An initialised data directory, with Spark sessions forbidden."""
-    import timewheel.app.cli_spark as cli_spark
-
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a Spark session was started for a flag the command refuses")
-
-    monkeypatch.setattr(cli_spark, "_spark", no_session)
+    forbid_spark(monkeypatch, "a flag")
     data = tmp_path / "data"
     assert CliRunner().invoke(app, ["init", "--data-dir", str(data)]).exit_code == 0
     return data

@@ -4,29 +4,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
+from tests.timewheel.app._refusals import forbid_spark, refused
 from timewheel.app.cli import app
 
 
 @pytest.fixture
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Spark commands must refuse these inputs before a session starts."""
-    import timewheel.app.cli_spark as cli_spark
+    forbid_spark(monkeypatch, "an input")
 
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a Spark session was started for an input the command refuses")
-
-    monkeypatch.setattr(cli_spark, "_spark", no_session)
-
-
-def _refused(res: Result, *words: str) -> None:
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    assert res.exit_code == 2, res.output
-    lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("timewheel: "), res.output
-    for w in words:
-        assert w in res.output, res.output
 
 
 def _data_dir(tmp_path: Path) -> Path:
@@ -56,7 +44,7 @@ def test_a_config_file_that_cannot_be_read_is_refused_naming_it(tmp_path: Path, 
     path = _configs(tmp_path)[kind]
     data = ["--data-dir", str(_data_dir(tmp_path))] if command[0] in ("serve", "replay") else []
     res = CliRunner().invoke(app, [*command, *data, "--config", str(path)])
-    _refused(res, str(path))
+    refused(res, str(path))
 
 
 def test_a_backfill_input_that_does_not_exist_is_refused_before_spark_starts(tmp_path: Path,
@@ -65,4 +53,4 @@ def test_a_backfill_input_that_does_not_exist_is_refused_before_spark_starts(tmp
     there.write_text('{"topic": "ORDERS", "body": "x", "deliver_at_ms": 1}\n')
     missing = tmp_path / "orders-2026-11.json"
     res = CliRunner().invoke(app, ["backfill", str(there), str(missing), "--data-dir", str(_data_dir(tmp_path))])
-    _refused(res, str(missing), "does not exist")
+    refused(res, str(missing), "does not exist")
