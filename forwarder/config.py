@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from forwarder.contract import SYSTEM_TOPIC_PREFIXES, ContractViolation, check_target_topic
 from forwarder.rocketmq import ClientSecurity, Credentials
 from forwarder.rocketmq.connection import host_port_ok
+from forwarder.rocketmq.security import CA_FILE_WANTED, ca_file_problem
 from timewheel.errors import ConfigError
 
 #: the default `dedupe_sentinel_topic` (the local launcher creates it on every broker)
@@ -87,6 +88,9 @@ class RocketMQConfig:
     }
 
     def __post_init__(self) -> None:
+        # loaded, not only looked for: a file that holds no certificate would fail every connection
+        # later, as if the brokers were down
+        ca_problem = ca_file_problem(self.tls_ca_file) if self.tls and self.tls_ca_file else None
         checks = [
             ("namesrv", _namesrv_ok(self.namesrv), "HOST:PORT, several ';'-separated, each with a host and a port "
                                                    "between 1 and 65535"),
@@ -127,8 +131,7 @@ class RocketMQConfig:
              "a topic name other than delay_topic and dead_letter_topic"),
             ("fault_after_sends", self.fault_after_sends >= 0, "0 (off) or a positive count"),
             ("fault_signal", self.fault_signal in ("SIGKILL", "SIGSTOP"), '"SIGKILL" or "SIGSTOP"'),
-            ("tls_ca_file", not (self.tls and self.tls_ca_file) or Path(self.tls_ca_file).is_file(),
-             "a readable PEM file of the CA certificates that signed the brokers'"),
+            ("tls_ca_file", ca_problem is None, f"{CA_FILE_WANTED} (it cannot be used: {ca_problem})"),
         ]
         for name, ok, want in checks:
             if not ok:

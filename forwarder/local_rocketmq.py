@@ -183,8 +183,6 @@ class LocalRocketMQ:
             self._lib = ensure_distribution(self._cache_dir, self._version)
             if self._given_run_dir is None:
                 self._run_dir = Path(tempfile.mkdtemp(prefix="timewheel-rocketmq-"))
-            if self.tls:
-                self.security = ClientSecurity(self.acl, tls=True, ca_file=str(self.tls_ca_file))
             deadline = time.monotonic() + timeout
             rng = random.Random()
             try:
@@ -206,6 +204,8 @@ class LocalRocketMQ:
                         self._nodes.append(node)
                     try:
                         self._namesrv = self._start_jvm("namesrv", deadline)
+                        if self.tls:  # now that its certificate is made: the clients' settings load it as their CA
+                            self.security = ClientSecurity(self.acl, tls=True, ca_file=str(self.tls_ca_file))
                         for node in self._nodes:
                             node.proc = self._start_broker_jvm(node, deadline)
                         for node in self._nodes:  # with the sentinel of the engine's look-ups (copy_finder)

@@ -169,7 +169,10 @@ def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
                              f"at {e.start}): percent-encode the UTF-8 bytes of each value") from e
     except ValueError as e:
         raise HttpError(400, f"malformed target or query: {e}") from e
-    return Request(method, url.path, query, headers, b"", version)
+    # the path as sent: a target is always origin-form here, so a doubled "/" (which urlsplit would
+    # read as a host) stays part of the path, and the request matches no route instead of another one
+    path = target.partition("#")[0].partition("?")[0]
+    return Request(method, path, query, headers, b"", version)
 
 
 def body_length(headers: Mapping[str, str], limits: HttpLimits = HttpLimits()) -> int:

@@ -25,7 +25,8 @@
     PUT  /shaping                 replace the rules (JSON body); needs the token; 503 while starting or stopping
 
 Mutations and message look-ups are refused with 403 when no token is configured, 401 when the
-request's is wrong.
+request's is wrong. A path asked with a method it does not take is answered 405 with `Allow`; paths
+are matched exactly (`//readyz` is a 404), as a proxy in front that filters by path sees them.
 It listens on loopback unless configured otherwise. The HTTP server (`_http`) bounds what a client
 can hold: head, body (1 MiB), connections, time; health and readiness answer on its event loop,
 the rest on a small pool, so a slow cancel or scrape never keeps `/healthz` waiting.
@@ -35,8 +36,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -144,12 +147,22 @@ class AdminServer:
     def handle(self, req: Request) -> Response:
         """Route one request."""
         route = self._routes.get((req.method if req.method != "HEAD" else "GET", req.path))
-        if route is None:
-            known = {p for _, p in self._routes}
-            if req.path in known:
-                return _json(405, {"error": f"{req.method} is not allowed on {req.path}"})
-            return _json(404, {"error": f"no such endpoint: {req.path}"})
-        return route(req)
+        if route is not None:
+            return route(req)
+        allow = self.allowed_methods(req.path)
+        if allow:
+            # RFC 9110: a 405 must say what the path takes
+            return _json(405, {"error": f"{req.method} is not allowed on {req.path}: it takes {', '.join(allow)}"},
+                         {"Allow": ", ".join(allow)})
+        # paths match exactly, never folded: a proxy in front may tell "//cancel" from "/cancel"
+        meant = re.sub("/{2,}", "/", req.path)
+        hint = f"; did you mean {meant}? (paths are matched exactly)" if self.allowed_methods(meant) else ""
+        return _json(404, {"error": f"no such endpoint: {req.path}{hint}"})
+
+    def allowed_methods(self, path: str) -> list[str]:
+        """The methods `path` takes, sorted (HEAD wherever GET is); none for a path with no route."""
+        methods = {m for m, p in self._routes if p == path}
+        return sorted(methods | {"HEAD"} if "GET" in methods else methods)
 
     def _guard(self, req: Request) -> Response | None:
         status = self.authorized(req.headers.get("authorization"))
@@ -257,8 +270,8 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number the rules accept")
 
 
-def _json(status: int, obj: Any) -> Response:
-    return Response(status, (json.dumps(obj, default=_plain) + "\n").encode())
+def _json(status: int, obj: Any, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(status, (json.dumps(obj, default=_plain) + "\n").encode(), headers=headers or {})
 
 
 __all__ = ["AdminServer", "AdminTarget", "HttpError", "HttpLimits", "parse_json_object"]

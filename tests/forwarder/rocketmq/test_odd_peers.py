@@ -4,6 +4,7 @@ typed error within its deadline, with the connection closed and nothing allocate
 from __future__ import annotations
 
 import json
+import pickle
 import socket
 import ssl
 import subprocess
@@ -22,6 +23,7 @@ from forwarder.rocketmq.lookup import MessageLookup
 from forwarder.rocketmq.namesrv import MAX_ROUTE_QUEUES, NameServerClient, parse_route
 from forwarder.rocketmq.protocol import SUCCESS, decode_request, encode_response, take_frame
 from forwarder.rocketmq.security import ClientSecurity
+from tests.forwarder.rocketmq._ca_file import make_ca_file
 
 _IO_TIMEOUT_S = 10.0  # every socket operation of the peers: a failing test fails, never hangs
 _REPO = Path(__file__).resolve().parents[3]
@@ -212,13 +214,18 @@ def test_a_tls_handshake_never_answered_ends_within_the_timeout(peers: Callable[
 
 def test_a_tls_setting_that_cannot_be_used_closes_the_socket_it_opened(peers: Callable[[Handler], Peer],
                                                                         tmp_path: Path) -> None:
+    """Settings shipped elsewhere (a Spark executor's copy) build their TLS context at the first
+    connection: a CA file missing there is named, and the socket opened for it closed."""
     peer = peers(_silent_until_closed)
+    ca = make_ca_file(tmp_path)
+    shipped = pickle.dumps(ClientSecurity(tls=True, ca_file=str(ca)))
+    ca.unlink()
     held: list[ConnectionFailedError] = []
     try:
-        Connection(peer.addr, 2.0, ClientSecurity(tls=True, ca_file=str(tmp_path / "missing.pem")))
+        Connection(peer.addr, 2.0, pickle.loads(shipped))
     except ConnectionFailedError as e:
         held.append(e)  # as a caller keeps it to report: with it the frame that opened the socket
-    assert held and "over TLS" in str(held[0])
+    assert held and "over TLS" in str(held[0]) and f"rocketmq.tls_ca_file = {str(ca)!r}" in str(held[0])
     assert peer.done.wait(_IO_TIMEOUT_S), "the socket stays open after the error"
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.forwarder.rocketmq._ca_file import make_ca_file
 from timewheel.app.settings import load_settings
 from timewheel.errors import ConfigError
 
@@ -91,8 +92,7 @@ def test_settings_that_cannot_work_are_refused_with_the_key_and_why(tmp_path: Pa
 
 
 def test_the_defaults_and_a_tls_setup_with_a_ca_file_load(tmp_path: Path) -> None:
-    ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    ca = make_ca_file(tmp_path)  # loaded at start: a file that holds no certificate is refused
     path = tmp_path / "timewheel.toml"
     path.write_text(f'[engine]\ndata_dir = "{tmp_path}"\n[rocketmq]\ntls = true\ntls_ca_file = "{ca}"\n'
                     f'namesrv = "10.0.0.1:9876;10.0.0.2:9876"\n')
