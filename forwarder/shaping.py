@@ -25,6 +25,8 @@ its rate (at least one message, at most its burst): throttled topics then go in 
 milliseconds' worth rather than one message per millisecond, at the same rate.
 
 New rules (`apply`) take effect at the next call, with buckets refilled up to then under the old ones.
+The state of a topic idle for a minute is dropped, and `stats()` lists a bounded number of topics
+(`forwarder.shaping_topics`): memory follows the topics in use, not every topic ever seen.
 Thread-safe: one lock around everything (the dispatch threads call it; admin and config threads
 apply rules and read stats).
 """
@@ -36,74 +38,12 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from forwarder.shaping_rules import DEFAULT_CLASS, ShapingRules, parse_rules
-from forwarder.shaping_shares import EPS as _EPS, class_shares, fair_split
+from forwarder.shaping_shares import class_shares, fair_split
+from forwarder.shaping_topics import (IDLE_MS, MAX_TOPICS, Bucket as _Bucket, Counters as _Counters,
+                                      TopicState as _Topic, backoff_lapsed, least_recent, listed)
 
 _PAUSED_RECHECK_MS = 10
-#: a clock this far behind a bucket's last refill was stepped back (NTP, a VM restored): the bucket
-#: refills from its new reading on; less is threads' readings of one moment arriving out of order
-_CLOCK_STEP_BACK_MS = 1000
-
-
-class _Bucket:
-    """Tokens refilled lazily at a rate (per second) up to a burst."""
-
-    __slots__ = ("tokens", "stamp")
-
-    def __init__(self, tokens: float, stamp: int) -> None:
-        self.tokens = tokens
-        self.stamp = stamp
-
-    def refill(self, now: int, rate: float, burst: float) -> None:
-        """Add what `rate` earned since the last refill, up to `burst`."""
-        if now > self.stamp:
-            self.tokens = min(burst, self.tokens + rate * (now - self.stamp) / 1000)
-            self.stamp = now
-        else:
-            self.tokens = min(burst, self.tokens)
-            if now < self.stamp - _CLOCK_STEP_BACK_MS:  # else it would earn nothing until the clock caught up
-                self.stamp = now
-
-    def whole(self) -> int:
-        """Whole tokens available."""
-        return max(0, math.floor(self.tokens + _EPS))
-
-    def ms_until(self, tokens: float, rate: float) -> int:
-        """Milliseconds from the last refill until `tokens` are there."""
-        missing = tokens - _EPS - self.tokens
-        return 0 if missing <= 0 else max(1, math.ceil(missing * 1000 / rate))
-
-
-@dataclass(slots=True)
-class _Counters:
-    """What shaping did to a topic or a class."""
-
-    granted: int = 0
-    released: int = 0  # granted, then given back untaken (`granted` only grows: it is exported as a counter)
-    sent: int = 0
-    failed: int = 0
-    throttled: int = 0  # messages held back at least once by a limit (a retried message counts again)
-    held_ms_sum: float = 0.0  # time messages waited in the dispatch queues before their send
-    held_count: int = 0
-    backoffs: int = 0  # multiplicative decreases after failed sends
-
-
-class _Topic:
-    """Per-topic state: bucket, backoff, observed rate, fair-share remainder, counters."""
-
-    __slots__ = ("bucket", "backoff_rate", "backoff_base", "backoff_stamp", "observed", "observed_stamp", "credit",
-                 "denied", "outstanding", "counters")
-
-    def __init__(self) -> None:
-        self.bucket: _Bucket | None = None  # None while the topic has no limit (pass-through)
-        self.backoff_rate: float | None = None  # None while not backed off
-        self.backoff_base = 0.0  # the rate recovery aims at when the topic has no limit of its own
-        self.backoff_stamp = 0
-        self.observed = 0.0  # messages per second, exponentially decayed over about a second
-        self.observed_stamp = 0
-        self.credit = 0.0
-        self.denied = 0  # messages at the head of its queue already held back once
-        self.outstanding = 0  # granted, not yet recorded as sent or failed
-        self.counters = _Counters()
+_SWEEP_EVERY_MS = IDLE_MS // 6  # so an idle topic's state goes between one and 1.2 idle periods after its last use
 
 
 class TrafficShaper:
@@ -129,6 +69,8 @@ class TrafficShaper:
         self._waiting: dict[str, int] = {}
         self._paused = paused
         self._backed_off: set[str] = set()  # topics whose failed sends lowered their rate
+        self._sweep_ms: int | None = None  # when idle topics are looked for next (None: at the next call)
+        self._sweep_size = MAX_TOPICS  # ... or once this many topics have state
 
     # ---- rules ------------------------------------------------------------------------------------
 
@@ -177,7 +119,7 @@ class TrafficShaper:
             demand: dict[str, int] = {}
             bucket_limited: set[str] = set()
             for topic, n in waiting.items():
-                st = self._topic(topic)
+                st = self._topic(topic, now_ms)
                 rate, _ = self._refresh(topic, st, now_ms)
                 if rate is None or st.bucket is None:
                     demand[topic] = n
@@ -199,6 +141,7 @@ class TrafficShaper:
             if self._global is not None:
                 self._global.tokens -= sum(grants.values())
             self._waiting = {t: n - grants.get(t, 0) for t, n in waiting.items() if n > grants.get(t, 0)}
+            self._forget_idle(now_ms)
             return {t: g for t, g in grants.items() if g > 0}
 
     def next_grant_ms(self, now_ms: int) -> int | None:
@@ -211,7 +154,7 @@ class TrafficShaper:
                 return None
             wait = math.inf
             for topic, n in self._waiting.items():
-                st = self._topic(topic)
+                st = self._topic(topic, now_ms)
                 rate, burst = self._refresh(topic, st, now_ms)
                 if rate is None or st.bucket is None:
                     wait = 0
@@ -229,7 +172,7 @@ class TrafficShaper:
         with self._lock:
             self._sync(now_ms)
             rules = self._rules
-            st = self._topic(topic)
+            st = self._topic(topic, now_ms)
             n = sent + failed
             st.outstanding = max(0, st.outstanding - n)
             decay = math.exp(-max(0, now_ms - st.observed_stamp) / 1000) if st.observed_stamp else 0.0
@@ -265,18 +208,23 @@ class TrafficShaper:
                     self._backed_off.discard(topic)
                     if not limit:
                         st.bucket = None
+            self._forget_idle(now_ms)
 
     def stats(self) -> dict[str, object]:
-        """Totals, and per topic and per class: granted, released, sent, failed, throttled, held time, backoffs."""
+        """Totals, and per class and per listed topic (at most `LISTED_TOPICS`, `topics_not_listed`
+        counts the others): granted, released, sent, failed, throttled, held time, backoffs."""
         with self._lock:
             rules = self._pending or self._rules
-            total = _Counters()
-            topics: dict[str, object] = {}
-            for name, st in sorted(self._topics.items()):
-                c = st.counters
+            total = _Counters()  # over the classes: they count what topics whose state was dropped did
+            for c in self._classes.values():
                 for f in ("granted", "released", "sent", "failed", "throttled", "held_count", "backoffs"):
                     setattr(total, f, getattr(total, f) + getattr(c, f))
                 total.held_ms_sum += c.held_ms_sum
+            topics: dict[str, object] = {}
+            for name in listed(self._topics, lambda t, st: t in rules.topics or st.backoff_rate is not None,
+                               self._waiting):
+                st = self._topics[name]
+                c = st.counters
                 rate, _ = self._limit(name, st, rules)
                 rule = rules.topics.get(name)
                 topics[name] = {"class": rules.class_of(name), "rate_limit": rule.rate if rule else 0.0,
@@ -286,18 +234,40 @@ class TrafficShaper:
                               "min_share": rules.classes[name].min_share if name in rules.classes else 0.0,
                               **asdict(c)}
                        for name, c in sorted(self._classes.items())}
-            backed_off = sum(st.backoff_rate is not None for st in self._topics.values())
-            return {**asdict(total), "backed_off_topics": backed_off,
+            return {**asdict(total), "backed_off_topics": len(self._backed_off),
+                    "topics_tracked": len(self._topics), "topics_not_listed": len(self._topics) - len(topics),
                     "waiting": sum(self._waiting.values()), "global_rate": rules.global_rate,
                     "paused": self._paused, "rules_digest": rules.digest, "topics": topics, "classes": classes}
 
     # ---- inside -------------------------------------------------------------------------------------
 
-    def _topic(self, topic: str) -> _Topic:
+    def _topic(self, topic: str, now: int) -> _Topic:
         st = self._topics.get(topic)
         if st is None:
-            st = self._topics[topic] = _Topic()
+            st = self._topics[topic] = _Topic(now)
+        else:
+            st.last_ms = now
         return st
+
+    def _idle(self, topic: str, st: _Topic, now: int) -> bool:
+        """Whether the topic's state may go: it comes back as new with nothing lost (module docstring)."""
+        if st.outstanding or topic in self._waiting or topic in self._rules.topics \
+                or (self._pending is not None and topic in self._pending.topics):
+            return False
+        return backoff_lapsed(st, 0.0, self._rules.backoff.recover, now)
+
+    def _forget_idle(self, now: int) -> None:
+        """Drop idle topics' state, every `_SWEEP_EVERY_MS` or once `_sweep_size` topics have some."""
+        due = self._sweep_ms
+        if len(self._topics) <= self._sweep_size and due is not None and due - 2 * _SWEEP_EVERY_MS <= now < due:
+            return  # (a clock stepped far back looks again at once)
+        keep = MAX_TOPICS // 2 if len(self._topics) > MAX_TOPICS else MAX_TOPICS  # below the cap: the expired only
+        for topic in least_recent(self._topics, lambda t, st: self._idle(t, st, now), now, keep):
+            del self._topics[topic]
+            self._backed_off.discard(topic)
+        self._sweep_ms = now + _SWEEP_EVERY_MS
+        # topics in use stay: the next look waits for half the cap of new ones, not for the next one
+        self._sweep_size = max(MAX_TOPICS, len(self._topics) + MAX_TOPICS // 2)
 
     def _class(self, name: str) -> _Counters:
         c = self._classes.get(name)

@@ -84,7 +84,8 @@ class Batch:
 
 
 class HeldQueues:
-    """Due messages the shaper holds back: a FIFO per topic (they are due, so already read)."""
+    """Due messages the shaper holds back: a FIFO per topic (they are due, so already read); a topic
+    whose queue empties leaves none behind (producers may name a new topic per message)."""
 
     def __init__(self) -> None:
         self.queues: dict[str, deque[tuple[Batch, int, int]]] = {}  # topic -> (batch, row, held since)
@@ -113,6 +114,8 @@ class HeldQueues:
             while q and n > 0 and len(rows) < limit:
                 rows.append(q.popleft())
                 n -= 1
+            if q is not None and not q:
+                del self.queues[topic]
         if not rows:
             return None, np.empty(0)
         self.size -= len(rows)
@@ -134,7 +137,7 @@ class HeldQueues:
         if not hits:
             return None
         rows: dict[int, list[int]] = {}
-        for topic, q in self.queues.items():
+        for topic, q in list(self.queues.items()):
             kept: deque[tuple[Batch, int, int]] = deque()
             for b, i, since in q:
                 m = hits.get(id(b))
@@ -142,7 +145,10 @@ class HeldQueues:
                     rows.setdefault(id(b), []).append(i)
                 else:
                     kept.append((b, i, since))
-            self.queues[topic] = kept
+            if kept:
+                self.queues[topic] = kept
+            else:
+                del self.queues[topic]
         if not rows:  # the rows named left already (granted): only others of their batches are held
             return None
         self.size -= sum(map(len, rows.values()))

@@ -5,6 +5,11 @@ every `retry_s`); while the NameServer cannot be reached or no longer lists a ro
 drops a broker that stopped), the last route is kept: that broker's connection tells the truth.
 A topic without a route goes through the default topic's route when `auto_create_topics`, so a
 broker configured with autoCreateTopicEnable creates it on first send.
+
+Producers choose target topics, and some name a new one per message (a request id in the name): a
+route unused for `idle_s` is let go, and beyond `max_topics` the least recently used one is, so the
+cache holds the topics in use, not every topic ever sent to. A topic let go is looked up again on
+its next use, as a new one is.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -26,21 +32,30 @@ log = logging.getLogger("timewheel.remoting")
 DEFAULT_TOPIC = "TBW102"  # the broker creates a missing topic from this one's config when allowed
 DEFAULT_TOPIC_QUEUES = 4  # queues of a topic the broker creates on first send (as the clients ask)
 _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")  # the broker's TopicValidator
+IDLE_S = 600.0  # a route unused this long is let go
+MAX_TOPICS = 10_000  # routes kept at most (about a kilobyte each); past it the least recently used goes
 
 
 class RouteCache:
     """Topic routes as a producer uses them; thread-safe (see the module docstring)."""
 
-    def __init__(self, namesrv: NameServerClient, *, ttl_s: float, retry_s: float, auto_create_topics: bool) -> None:
+    def __init__(self, namesrv: NameServerClient, *, ttl_s: float, retry_s: float, auto_create_topics: bool,
+                 idle_s: float = IDLE_S, max_topics: int = MAX_TOPICS) -> None:
         """Empty: each topic is looked up on first use."""
+        if max_topics < 1:
+            raise ValueError("max_topics must be at least 1")
         self.namesrv = namesrv
         self.ttl_s = ttl_s
         self.retry_s = retry_s
         self.auto_create_topics = auto_create_topics
+        self.idle_s = idle_s
+        self.max_topics = max_topics
         self._lock = threading.Lock()
         self._routes: dict[str, TopicRoute] = {}
+        # topics with a route -> monotonic time of their last use, least recently used first
+        self._used: OrderedDict[str, float] = OrderedDict()
         self._stale: set[str] = set()  # topics whose route must be looked up again before use
-        self._tried: dict[str, float] = {}  # topic -> monotonic time of the last look-up
+        self._tried: dict[str, float] = {}  # topic with a route -> monotonic time of its last look-up
         #: called with each route looked up on the NameServer (topic, its brokers' names), not with cached ones
         self.on_route: Callable[[str, Collection[str]], None] | None = None
 
@@ -61,12 +76,16 @@ class RouteCache:
         now = time.monotonic()
         with self._lock:
             cached = self._routes.get(topic)
+            if cached is not None:
+                self._used[topic] = now
+                self._used.move_to_end(topic)
             ttl = self.retry_s if cached is not None and cached.via_default_topic else self.ttl_s
             due = cached is None or topic in self._stale or now - cached.fetched >= ttl
             if not due or (cached is not None and now - self._tried.get(topic, 0.0) < self.retry_s):
                 assert cached is not None
                 return cached
-            self._tried[topic] = now
+            if cached is not None:  # a topic without a route is looked up on each use: nothing to remember
+                self._tried[topic] = now
         try:
             route = self._lookup(topic)
         except RemotingError as e:
@@ -82,6 +101,9 @@ class RouteCache:
         with self._lock:
             self._routes[topic] = route
             self._stale.discard(topic)
+            self._used[topic] = now
+            self._used.move_to_end(topic)
+            self._let_go(now)
         if self.on_route is not None:
             self.on_route(topic, route.brokers.keys())
         return route
@@ -89,7 +111,24 @@ class RouteCache:
     def mark_stale(self, topic: str) -> None:
         """Look the topic's route up again before its next use (a send through it failed)."""
         with self._lock:
-            self._stale.add(topic)
+            if topic in self._routes:  # else its next use looks it up anyway
+                self._stale.add(topic)
+
+    def __len__(self) -> int:
+        """How many topics' routes are kept."""
+        with self._lock:
+            return len(self._routes)
+
+    def _let_go(self, now: float) -> None:
+        """Forget the least recently used routes: those idle for `idle_s`, and any past `max_topics`."""
+        while self._used:
+            topic, used = next(iter(self._used.items()))
+            if len(self._used) <= self.max_topics and now - used < self.idle_s:
+                return
+            del self._used[topic]
+            self._routes.pop(topic, None)
+            self._stale.discard(topic)
+            self._tried.pop(topic, None)
 
     def route_document(self, topic: str) -> dict[str, Any] | None:
         """The NameServer's TopicRouteData for `topic`, or None if it has none."""

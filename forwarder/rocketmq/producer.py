@@ -41,7 +41,7 @@ from forwarder.rocketmq.connection import FENCED_NOTE, Connection
 from forwarder.rocketmq.errors import (ConnectionFailedError, MessageRejectedError, RemotingError,
                                        TopicNotFoundError)
 from forwarder.rocketmq.message import OutgoingMessage, Receipt
-from forwarder.rocketmq._routes import DEFAULT_TOPIC, RouteCache
+from forwarder.rocketmq._routes import DEFAULT_TOPIC, MAX_TOPICS, RouteCache
 from forwarder.rocketmq._send_batch import (EncodedBatches, Outcome, SendBatch, batch_header, cut_encoded, fail,
                                              settle, stored_or_error)
 from forwarder.rocketmq.namesrv import NameServerClient, TopicRoute
@@ -96,7 +96,7 @@ class RemotingProducer:
         self._routes = RouteCache(self._namesrv, ttl_s=route_ttl_s, retry_s=route_retry_s,
                                   auto_create_topics=auto_create_topics)
         self._lock = threading.Lock()  # connections, queue cursors, back-offs
-        self._cursor: dict[str, int] = defaultdict(lambda: random.randrange(1 << 16))
+        self._cursor: dict[str, int] = {}  # topic -> its next queue (round robin)
         self._down_until: dict[str, float] = {}  # broker name -> no new connection before this
         self._conns: dict[str, Connection] = {}
         self._ids: IdMaker | None = None
@@ -275,7 +275,11 @@ class RemotingProducer:
                 if not healthy:
                     raise ConnectionFailedError(f"no reachable broker for topic {route.topic} "
                                                 f"(tried {', '.join(sorted(tried)) or 'none'})")
-                cursor = self._cursor[route.topic]
+                cursor = self._cursor.get(route.topic)
+                if cursor is None:
+                    if len(self._cursor) >= MAX_TOPICS:  # one-off topics; each cursor starts anywhere anyway
+                        self._cursor.clear()
+                    cursor = random.randrange(1 << 16)
                 self._cursor[route.topic] = cursor + 1
                 batch.queue = healthy[cursor % len(healthy)]
             name = batch.queue[0]

@@ -27,3 +27,18 @@ def test_the_messages_a_cancel_names_are_taken_out_wherever_they_wait_and_the_re
     rest, since = held.take({"A": 5, "B": 5}, 10)
     assert rest is not None and rest.refs.tolist() == [1, 2, 5] and since.tolist() == [5, 5, 6]
     assert held.size == 0 and held.take_refs(np.array([1], np.uint64)) is None
+
+
+def test_a_topic_whose_queue_is_emptied_leaves_no_queue_behind() -> None:
+    held = HeldQueues()
+    topics = [f"REPLY_{i:05d}" for i in range(10_000)]  # one-off topics, a request id in each name
+    held.add(_batch(list(range(1, 10_001)), topics), 5)
+    held.add(_batch([10_001, 10_002], ["ORDERS", "ORDERS"]), 6)
+    out = held.take_refs(np.array([10_001], np.uint64))
+    assert out is not None and out.refs.tolist() == [10_001]
+    rest, _ = held.take(dict.fromkeys(topics, 1), 20_000)
+    assert rest is not None and len(rest) == 10_000
+    assert held.size == 1 and held.sizes() == {"ORDERS": 1}
+    assert list(held.queues) == ["ORDERS"]
+    assert held.take_refs(np.array([10_002], np.uint64)) is not None
+    assert held.size == 0 and held.queues == {} and held.earliest_due() is None

@@ -137,11 +137,15 @@ _SHAPING_GAUGES = {
     "backed_off_topics": "Topics sending below their normal rate after failed sends.",
     "waiting": "Due messages waiting for the traffic shaper.",
     "global_rate": "Global cap in messages per second (0: none).",
+    "topics_tracked": "Topics the traffic shaper holds state for (an idle topic's goes after a minute).",
+    "topics_not_listed": "Topics left out of the per-topic shaping series (at most 100 are: those a rule names "
+                         "or backed off first, then the most waiting, then the most recently used).",
 }
 
 
 def _shaping_families(sh: Mapping[str, object]) -> Iterable[Metric]:
-    """Traffic shaping: totals, and per topic and per class (lateness it caused, throttling)."""
+    """Traffic shaping: totals, and per class and per listed topic (lateness it caused, throttling); the
+    shaper lists a bounded number of topics, so the topic label's values stay bounded."""
     if not sh:
         return
     for key, doc in _SHAPING_COUNTERS.items():

@@ -56,7 +56,8 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
         "lateness_last_minute_ms": {"p50": lateness_ms[0], "p99": lateness_ms[1], "count": lateness_count,
                                     "span_ms": lateness_span_ms},
         "shaping": {"circuit_open": bool(stats.get("circuit_open", False)), "paused": bool(shaping.get("paused")),
-                    **{k: shaping.get(k, 0) for k in ("waiting", "backed_off_topics", "global_rate", "throttled")},
+                    **{k: shaping.get(k, 0) for k in ("waiting", "backed_off_topics", "global_rate", "throttled",
+                                                      "topics_tracked", "topics_not_listed")},
                     "backed_off": sorted(t for t, row in (shaping.get("topics") or {}).items()  # type: ignore
                                          if row.get("backed_off")),
                     "rules": shaping.get("rules")},
@@ -100,7 +101,9 @@ def _shaping_text(sh: Mapping[str, Any]) -> str:
     if sh.get("paused"):
         parts.append("PAUSED")
     backed = sh.get("backed_off") or []
-    parts.append(f"backed off: {', '.join(backed)}" if backed else "no topic backed off")
+    more = int(sh.get("backed_off_topics") or 0) - len(backed)  # the shaper lists a bounded number of topics
+    parts.append(f"backed off: {', '.join(backed)}{f' (+{more:,} more)' if more > 0 else ''}" if backed
+                 else "no topic backed off")
     parts.append(f"{sh.get('waiting', 0):,} waiting")
     parts.append(f"global cap {sh['global_rate']:g}/s" if sh.get("global_rate") else "no global cap")
     rules = sh.get("rules") or {}
