@@ -137,6 +137,8 @@ class RocketMQConfig:
             if not ok:
                 shown = "<redacted>" if name in self.SECRET_KEYS else repr(getattr(self, name))
                 raise ConfigError(f"rocketmq.{name} = {shown} is invalid: it must be {want}")
+        if self.secret_key_file:  # read now: a file missing or empty is said before anything starts
+            _read_secret_file(self.secret_key_file)
 
     def security(self) -> ClientSecurity | None:
         """What every connection to the cluster applies: ACL signing and/or TLS (None: neither)."""
@@ -144,15 +146,25 @@ class RocketMQConfig:
             return None
         creds = None
         if self.access_key:
-            secret = self.secret_key
-            if self.secret_key_file:
-                try:
-                    secret = Path(self.secret_key_file).read_text().splitlines()[0].strip()
-                except (OSError, IndexError) as e:
-                    raise ConfigError(f"rocketmq.secret_key_file = {self.secret_key_file!r} cannot be read: {e}; "
-                                      f"point it at a file whose first line is the secret key") from e
+            # read again: the file may have changed, or gone, since the settings were loaded
+            secret = _read_secret_file(self.secret_key_file) if self.secret_key_file else self.secret_key
             creds = Credentials(self.access_key, secret)
         return ClientSecurity(creds, self.tls, self.tls_insecure, self.tls_ca_file or None)
+
+
+def _read_secret_file(path: str) -> str:
+    """The ACL secret: the first line of the file at `path`, stripped; ConfigError naming the key and the file."""
+    fix = "point it at a file whose first line is the secret key"
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"rocketmq.secret_key_file = {path!r} cannot be read ({(e.strerror or str(e)).lower()}): "
+                          f"{fix}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"rocketmq.secret_key_file = {path!r} is not UTF-8 text (byte {e.start}): {fix}") from e
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"rocketmq.secret_key_file = {path!r} holds no secret (its first line is empty): {fix}")
+    return lines[0].strip()
 
 
 def _namesrv_ok(namesrv: str) -> bool:

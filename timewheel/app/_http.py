@@ -17,6 +17,8 @@ port, and with it `/healthz`, hostage. Here one event loop (its own thread) serv
 - the query must be UTF-8 once percent-decoded (400): a stand-in character would name another id;
 - `Content-Length` must be ASCII digits within `max_body_bytes`, else 400/413 and the connection
   closes without reading the body; chunked bodies are refused (411): no admin request needs one;
+- a method the handler takes on no path (`methods`) is answered 501 naming it, without calling the
+  handler: 405 is the handler's, for a path asked with a method it takes elsewhere;
 - handlers run on a small thread pool (they may take the engine's locks), except those the caller
   marks inline (health probes), which answer even while every worker is busy.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import resource
 import socket
 import threading
@@ -42,7 +45,10 @@ from timewheel.errors import TimewheelError
 
 log = logging.getLogger("timewheel.app.http")
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"})
+#: the methods a server takes unless told which its handler answers
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE"})
+#: what RFC 9110 lets a method name be (a token)
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 @dataclass(frozen=True)
@@ -121,8 +127,9 @@ class Response:
 Handler = Callable[[Request], Response]
 
 
-def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
-    """Parse a request line and headers (ending in a blank line); HttpError if malformed or too big."""
+def parse_head(head: bytes, limits: HttpLimits = HttpLimits(), methods: frozenset[str] = METHODS) -> Request:
+    """Parse a request line and headers (ending in a blank line); HttpError if malformed or too big,
+    501 for a method not in `methods`."""
     if len(head) > limits.max_head_bytes:
         raise HttpError(431, f"request head over {limits.max_head_bytes} bytes")
     try:
@@ -138,8 +145,12 @@ def parse_head(head: bytes, limits: HttpLimits = HttpLimits()) -> Request:
     if len(parts) != 3:
         raise HttpError(400, "malformed request line")
     method, target, version = parts
-    if method not in _METHODS:
-        raise HttpError(405, f"method {method[:16]!r} not allowed")
+    if not _TOKEN.fullmatch(method):
+        raise HttpError(400, "malformed request line: the method is not a token")
+    if method not in methods:
+        # RFC 9110: 405 is for a method the target does not take; one no target takes is 501
+        raise HttpError(501, f"method {method[:16]!r} is not implemented: this server takes "
+                             f"{', '.join(sorted(methods))}")
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         raise HttpError(505, "only HTTP/1.0 and HTTP/1.1 are spoken")
     if not target.startswith("/") or any(c in target for c in "\x00\r\n\t "):
@@ -213,10 +224,13 @@ class HttpServer:
     """Serves `handler` on HOST:PORT (port 0 picks a free one) from one event-loop thread."""
 
     def __init__(self, host: str, port: int, handler: Handler, limits: HttpLimits = HttpLimits(), *,
-                 inline: Callable[[Request], bool] = lambda r: False, name: str = "timewheel-http") -> None:
+                 inline: Callable[[Request], bool] = lambda r: False, name: str = "timewheel-http",
+                 methods: frozenset[str] = METHODS) -> None:
         self.handler = handler
         self.limits = limits
         self.inline = inline
+        #: the methods `handler` answers on some path; any other is refused before it is called (501)
+        self.methods = methods
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # Bound now, so that the address (and a port in use) is known before start().
         self._sock = socket.create_server((host, port), family=family, backlog=128)
@@ -327,7 +341,7 @@ class HttpServer:
             first = await asyncio.wait_for(reader.readexactly(1), limits.idle_timeout_s)
             try:
                 head = first + await self._read(reader.readuntil(b"\r\n\r\n"), "request head")
-                req = parse_head(head, limits)
+                req = parse_head(head, limits, self.methods)
                 n = body_length(req.headers, limits)
                 if n and req.headers.get("expect", "").lower() == "100-continue":
                     # curl asks before a body over 1 KiB and waits a second for this before sending anyway

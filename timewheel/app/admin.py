@@ -25,8 +25,9 @@
     PUT  /shaping                 replace the rules (JSON body); needs the token; 503 while starting or stopping
 
 Mutations and message look-ups are refused with 403 when no token is configured, 401 when the
-request's is wrong. A path asked with a method it does not take is answered 405 with `Allow`; paths
-are matched exactly (`//readyz` is a 404), as a proxy in front that filters by path sees them.
+request's is wrong. A path asked with a method it does not take is answered 405 with `Allow`, a method
+no path takes (PATCH, DELETE, ...) 501; paths are matched exactly (`//readyz` is a 404), as a proxy in
+front that filters by path sees them.
 It listens on loopback unless configured otherwise. The HTTP server (`_http`) bounds what a client
 can hold: head, body (1 MiB), connections, time; health and readiness answer on its event loop,
 the rest on a small pool, so a slow cancel or scrape never keeps `/healthz` waiting.
@@ -115,8 +116,10 @@ class AdminServer:
                         ("GET", "/stats"): self._stats, ("GET", "/status"): self._status,
                         ("GET", "/messages"): self._messages, ("POST", "/cancel"): self._cancel,
                         ("PUT", "/shaping"): self._put_shaping}
+        # a method no route takes is the server's 501, before any handler runs
         self.http = HttpServer(host.strip("[]"), int(port), self.handle, limits, name="timewheel-admin",
-                               inline=lambda r: r.path in ("/healthz", "/readyz"))
+                               inline=lambda r: r.path in ("/healthz", "/readyz"),
+                               methods=frozenset(m for m, _ in self._routes) | {"HEAD"})
         self._status_lock = threading.Lock()  # one computation at a time; the others take its answer
         self._status_cached: tuple[float, dict[str, Any]] | None = None
 

@@ -208,7 +208,9 @@ def serve(data_dir: Annotated[Optional[str], typer.Option("--data-dir", metavar=
     setup_logging(settings.log.format, settings.log.level)
     try:
         Service(settings, config_path=config).run_until_signalled()
-    except (StartError, MetaStoreCorruptError) as e:  # the latter met after the engine started (its traffic rules)
+    # the start has stopped what it started before raising; a ConfigError here is a file the settings
+    # name that changed since they were loaded, a MetaStoreCorruptError met after the engine started
+    except (StartError, ConfigError, MetaStoreCorruptError) as e:
         _fail(str(e))
 
 

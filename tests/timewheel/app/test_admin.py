@@ -182,7 +182,7 @@ def test_cancel_needs_exactly_one_non_empty_selector(admin: tuple[AdminServer, _
         assert _request(server, "POST", path)[0] == 400
     assert _request(server, "POST", "/cancel?key=order-1")[0] == 200
     assert target.cancels == [(None, "order-1")]
-    assert _request(server, "DELETE", "/cancel?id=x")[0] == 405
+    assert _request(server, "GET", "/cancel?id=x")[0] == 405
 
 
 def test_a_cancel_that_did_not_reach_every_queue_answers_503(admin: tuple[AdminServer, _Target]) -> None:

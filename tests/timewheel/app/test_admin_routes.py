@@ -38,7 +38,7 @@ def _call(server: AdminServer, method: str, path: str,
 @pytest.mark.parametrize("method, path, allow", [
     ("POST", "/readyz", "GET, HEAD"),
     ("GET", "/cancel", "POST"),
-    ("DELETE", "/shaping", "GET, HEAD, PUT"),
+    ("POST", "/shaping", "GET, HEAD, PUT"),
 ])
 def test_a_method_a_path_does_not_take_is_answered_405_with_the_methods_it_does(
         admin: tuple[AdminServer, _Target], method: str, path: str, allow: str) -> None:
@@ -46,6 +46,19 @@ def test_a_method_a_path_does_not_take_is_answered_405_with_the_methods_it_does(
     status, headers, body = _call(server, method, path, {"Authorization": f"Bearer {TOKEN}"})
     assert (status, headers.get("Allow")) == (405, allow)
     assert allow in str(body["error"])
+    assert target.cancels == [] and target.rules == {}
+
+
+@pytest.mark.parametrize("method", ["PATCH", "FOO", "DELETE", "OPTIONS"])
+@pytest.mark.parametrize("path", ["/shaping", "/cancel?id=x", "/no-such-path"])
+def test_a_method_no_path_takes_is_answered_501_naming_it(admin: tuple[AdminServer, _Target], method: str,
+                                                         path: str) -> None:
+    """RFC 9110: a 405 says the path takes other methods; a method the endpoint takes nowhere is not
+    implemented at all, whatever the path."""
+    server, target = admin
+    status, headers, body = _call(server, method, path, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 501 and headers.get("Allow") is None, (status, body)
+    assert f"method {method!r} is not implemented" in str(body["error"])
     assert target.cancels == [] and target.rules == {}
 
 

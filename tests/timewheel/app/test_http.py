@@ -83,6 +83,25 @@ def test_two_content_lengths_are_refused() -> None:
     assert e.value.status == 400
 
 
+@pytest.mark.parametrize("method, methods, status", [("PATCH", None, 501), ("BREW", None, 501),
+                                                     ("DELETE", frozenset({"GET", "HEAD"}), 501),
+                                                     ("G(T", None, 400), ("DELETE", None, None)])
+def test_a_method_the_server_takes_nowhere_is_501_naming_it(method: str, methods: frozenset[str] | None,
+                                                           status: int | None) -> None:
+    """RFC 9110: 501 for a method not recognised for any resource; a request line whose method is not a
+    token is malformed (400), not a method."""
+    head = f"{method} /x HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    if status is None:
+        assert parse_head(head, LIMITS).method == method
+        return
+    with pytest.raises(HttpError) as e:
+        parse_head(head, LIMITS) if methods is None else parse_head(head, LIMITS, methods)
+    assert e.value.status == status
+    if status == 501:
+        assert f"method {method!r} is not implemented" in e.value.reason
+        assert ", ".join(sorted(methods or {"DELETE", "GET", "HEAD", "POST", "PUT"})) in e.value.reason
+
+
 def _handler(req: Request) -> Response:
     if req.path == "/boom":
         raise RuntimeError("handler bug")
