@@ -10,6 +10,12 @@ Producers choose target topics, and some name a new one per message (a request i
 route unused for `idle_s` is let go, and beyond `max_topics` the least recently used one is, so the
 cache holds the topics in use, not every topic ever sent to. A topic let go is looked up again on
 its next use, as a new one is.
+
+Some name topics that do not exist (a typo, a hostile client): the NameServer's "no route" is kept
+`retry_s`, and a send within it fails at once with the same TopicNotFoundError, so such a topic
+costs the NameServer one look-up per `retry_s`, not one per send, and a topic created since is found
+at most `retry_s` later. At most `max_topics` such answers are kept, the least recently used going
+first. A NameServer that cannot be reached said nothing about the topic: that is never kept.
 """
 from __future__ import annotations
 
@@ -56,6 +62,9 @@ class RouteCache:
         self._used: OrderedDict[str, float] = OrderedDict()
         self._stale: set[str] = set()  # topics whose route must be looked up again before use
         self._tried: dict[str, float] = {}  # topic with a route -> monotonic time of its last look-up
+        # topics without a route -> (monotonic time of the NameServer's answer, the error it meant),
+        # least recently used first
+        self._missing: OrderedDict[str, tuple[float, str]] = OrderedDict()
         #: called with each route looked up on the NameServer (topic, its brokers' names), not with cached ones
         self.on_route: Callable[[str, Collection[str]], None] | None = None
 
@@ -84,29 +93,66 @@ class RouteCache:
             if not due or (cached is not None and now - self._tried.get(topic, 0.0) < self.retry_s):
                 assert cached is not None
                 return cached
-            if cached is not None:  # a topic without a route is looked up on each use: nothing to remember
+            if cached is not None:
                 self._tried[topic] = now
+            else:
+                self._raise_if_missing(topic, now)
         try:
             route = self._lookup(topic)
         except RemotingError as e:
-            # NameServer unreachable, or it dropped the route of a broker that went down: the last
-            # route is the best guess, and that broker's connection tells the truth.
-            keep = cached is not None and (
-                e.retriable or (isinstance(e, TopicNotFoundError) and not cached.via_default_topic))
-            if not keep:
-                raise
-            assert cached is not None
-            log.debug("route look-up of %s failed (%s); keeping the last route", topic, e)
-            return cached
+            if cached is None and isinstance(e, TopicNotFoundError):
+                self._remember_missing(topic, now, str(e))
+            route = self._keep_or_raise(topic, cached, e)
+        else:
+            self._remember_route(topic, route, now)
+        return route
+
+    def _keep_or_raise(self, topic: str, cached: TopicRoute | None, e: RemotingError) -> TopicRoute:
+        """The last route when the failed look-up should not end its use, else the error."""
+        # NameServer unreachable, or it dropped the route of a broker that went down: the last
+        # route is the best guess, and that broker's connection tells the truth.
+        keep = cached is not None and (
+            e.retriable or (isinstance(e, TopicNotFoundError) and not cached.via_default_topic))
+        if not keep:
+            raise e
+        assert cached is not None
+        log.debug("route look-up of %s failed (%s); keeping the last route", topic, e)
+        return cached
+
+    def _remember_route(self, topic: str, route: TopicRoute, now: float) -> None:
+        """Keep a route just looked up, and tell `on_route`."""
         with self._lock:
             self._routes[topic] = route
+            self._missing.pop(topic, None)
             self._stale.discard(topic)
             self._used[topic] = now
             self._used.move_to_end(topic)
             self._let_go(now)
         if self.on_route is not None:
             self.on_route(topic, route.brokers.keys())
-        return route
+
+    def _raise_if_missing(self, topic: str, now: float) -> None:
+        """Raise the NameServer's "no route" for `topic` again if it answered so within `retry_s` (the lock held)."""
+        missing = self._missing.get(topic)
+        if missing is None:
+            return
+        answered, why = missing
+        if now - answered >= self.retry_s:
+            del self._missing[topic]
+            return
+        self._missing.move_to_end(topic)
+        raise TopicNotFoundError(why, code=TOPIC_NOT_EXIST)
+
+    def _remember_missing(self, topic: str, now: float, why: str) -> None:
+        """Keep the NameServer's "no route" for `topic`; forget the least recently used past `max_topics`."""
+        with self._lock:
+            self._missing[topic] = (now, why)
+            self._missing.move_to_end(topic)
+            while self._missing:
+                oldest, (answered, _) = next(iter(self._missing.items()))
+                if len(self._missing) <= self.max_topics and now - answered < self.retry_s:
+                    return
+                del self._missing[oldest]
 
     def mark_stale(self, topic: str) -> None:
         """Look the topic's route up again before its next use (a send through it failed)."""
@@ -118,6 +164,11 @@ class RouteCache:
         """How many topics' routes are kept."""
         with self._lock:
             return len(self._routes)
+
+    def missing_count(self) -> int:
+        """How many topics' "no route" answers are kept."""
+        with self._lock:
+            return len(self._missing)
 
     def _let_go(self, now: float) -> None:
         """Forget the least recently used routes: those idle for `idle_s`, and any past `max_topics`."""

@@ -21,6 +21,10 @@ What the index promises, and so what this module checks (measured on RocketMQ 5.
 - A broker killed with `messageIndexSafe=false` (the default) loses most recent index entries on
   restart: only brokers with `messageIndexSafe=true` answer "missing" truthfully after a crash.
 A broker that cannot be reached, or answers with an error, leaves its keys unknown, never missing.
+
+Routes are cached `route_ttl_s`; an expired one is let go at the next look-up, and beyond
+`MAX_ROUTES` the least recently used one is, so the table holds the topics looked up lately, not
+every target topic ever checked.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import enum
 import json
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +45,15 @@ from forwarder.rocketmq.namesrv import NameServerClient
 from forwarder.rocketmq.protocol import QUERY_MESSAGE, QUERY_NOT_FOUND, SUCCESS, TOPIC_NOT_EXIST, error_for_code
 from forwarder.rocketmq.security import ClientSecurity
 
-__all__ = ["Copy", "KeyLookup", "LookupState", "MessageLookup", "UNIQUE_KEY_QUERY_MAX", "answer_copies", "matching",
-           "query_broker"]
+__all__ = ["Copy", "KeyLookup", "LookupState", "MAX_ROUTES", "MessageLookup", "UNIQUE_KEY_QUERY_MAX", "answer_copies",
+           "matching", "query_broker"]
 
 #: the most messages a broker returns for a unique-key query (its defaultQueryMaxNum)
 UNIQUE_KEY_QUERY_MAX = 32
 _UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"  # MixAll.UNIQUE_MSG_QUERY_FLAG
 _IN_FLIGHT = 256  # requests written to one broker before reading answers: bounds what is buffered
+#: routes a MessageLookup keeps at most; past it the least recently used one goes
+MAX_ROUTES = 10_000
 
 
 class LookupState(enum.Enum):
@@ -151,14 +158,18 @@ class MessageLookup:
     """Looks UNIQ_KEYs up on every master broker of a topic's route; thread-safe, connections kept."""
 
     def __init__(self, namesrv: str, *, timeout_ms: int = 3000, route_ttl_s: float = 30.0,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None, max_routes: int = MAX_ROUTES) -> None:
         """Configure (connects lazily); `namesrv` is "host:port", several separated by ';'."""
+        if max_routes < 1:
+            raise ValueError("max_routes must be at least 1")
         self.timeout = timeout_ms / 1000
         self.route_ttl_s = route_ttl_s
+        self.max_routes = max_routes
         self.security = security
         self._namesrv = NameServerClient(namesrv, self.timeout, security)
         self._lock = threading.Lock()
-        self._routes: dict[str, tuple[float, dict[str, str]]] = {}  # topic -> (fetched, broker name -> master)
+        # topic -> (fetched, broker name -> master), least recently used first
+        self._routes: OrderedDict[str, tuple[float, dict[str, str]]] = OrderedDict()
         self._conns: dict[str, Connection] = {}
 
     def lookup(self, topic: str, keys: Sequence[str], begin_ms: int, end_ms: int) -> dict[str, KeyLookup]:
@@ -192,6 +203,7 @@ class MessageLookup:
         with self._lock:
             cached = self._routes.get(topic)
             if cached is not None and time.monotonic() - cached[0] < self.route_ttl_s:
+                self._routes.move_to_end(topic)
                 return cached[1]
         doc = self._namesrv.route_document(topic)
         if doc is None:
@@ -214,9 +226,20 @@ class MessageLookup:
         if len(brokers) < len(named):
             # a broker set without a master cannot answer; say so rather than count it as "missing"
             raise ConnectionFailedError(f"broker(s) {sorted(named - set(brokers))} of {topic} have no master")
+        now = time.monotonic()
         with self._lock:
-            self._routes[topic] = (time.monotonic(), brokers)
+            self._routes[topic] = (now, brokers)
+            self._routes.move_to_end(topic)
+            self._let_go(now)
         return brokers
+
+    def _let_go(self, now: float) -> None:
+        """Forget the least recently used routes: those expired, and any past `max_routes` (the lock held)."""
+        while self._routes:
+            topic, (fetched, _) = next(iter(self._routes.items()))
+            if len(self._routes) <= self.max_routes and now - fetched < self.route_ttl_s:
+                return
+            del self._routes[topic]
 
     def _ask(self, name: str, addr: str, topic: str, keys: Sequence[str], begin_ms: int, end_ms: int,
              deadline: float) -> Mapping[str, list[Copy] | RemotingError]:

@@ -13,7 +13,7 @@ from forwarder.contract import delivered_id
 from forwarder.rocketmq import KeyLookup, LookupState, MessageLookup, ProtocolError, UNIQ_KEY
 from forwarder.rocketmq.codec import derived_id
 from forwarder.rocketmq.errors import BrokerUnavailableError, ConnectionFailedError, TopicNotFoundError
-from forwarder.rocketmq.lookup import UNIQUE_KEY_QUERY_MAX, answer_copies, query_broker
+from forwarder.rocketmq.lookup import MAX_ROUTES, UNIQUE_KEY_QUERY_MAX, answer_copies, query_broker
 from forwarder.rocketmq.protocol import QUERY_NOT_FOUND, SUCCESS, SYSTEM_ERROR
 from tests.forwarder.rocketmq.test_codec import stored
 
@@ -130,3 +130,32 @@ def test_a_route_naming_no_broker_leaves_every_key_unknown_never_missing() -> No
             lookup.brokers("T")
         got = lookup.lookup("T", ["a"], DUE - 2000, DUE)
     assert got["a"].state is LookupState.UNKNOWN and "TopicNotFoundError" in got["a"].errors[0]
+
+
+def _one_broker_route(topic: str) -> dict[str, object]:
+    """A route of one broker holding 4 queues of `topic`."""
+    return {"brokerDatas": [{"brokerName": "broker-a", "brokerAddrs": {"0": "127.0.0.1:10911"}}],
+            "queueDatas": [{"brokerName": "broker-a", "perm": 6, "writeQueueNums": 4, "readQueueNums": 4}]}
+
+
+def test_the_route_table_holds_the_topics_in_use_not_every_topic_ever_looked_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    asked: list[str] = []
+
+    def route(topic: str) -> dict[str, object]:
+        asked.append(topic)
+        return _one_broker_route(topic)
+
+    with MessageLookup("127.0.0.1:1", route_ttl_s=30.0) as lookup:
+        lookup._namesrv.route_document = route  # type: ignore[method-assign]
+        for i in range(100_000):
+            lookup.brokers(f"REPLY_{i:06d}")
+            if i % 1000 == 0:
+                lookup.brokers("ORDERS")
+        assert asked.count("ORDERS") == 1  # in use all along, within its ttl: looked up once
+        assert len(lookup._routes) <= MAX_ROUTES
+        clock[0] += 30.0  # every route expired: the next look-up lets them go
+        lookup.brokers("ORDERS")
+        assert list(lookup._routes) == ["ORDERS"]
