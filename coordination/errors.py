@@ -5,7 +5,16 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 __all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LeasePathDeletedError", "LocalZooKeeperError",
-           "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
+           "ZooKeeperFailingError", "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
+
+#: what a NoAuthError means, at a replica's start as while it runs
+_NO_AUTH = "NoAuthError: a znode's ACL denies this client the request"
+
+
+def _one_line(error: BaseException) -> str:
+    """`Type: message` on one line (kazoo's errors often carry no message: then the type alone)."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class CoordinationError(Exception):
@@ -33,14 +42,38 @@ class ZooKeeperJoinError(CoordinationError, ConnectionError):
     def __init__(self, zookeeper: str, replica_id: str, shard_path: str, cause: BaseException) -> None:
         """The message names the connect string, the replica, its shard and what ZooKeeper did."""
         dropped = isinstance(cause, (ConnectionLoss, SessionExpiredError, KazooTimeoutError))
-        what = "dropped the connection" if dropped else f"refused a request ({type(cause).__name__}: {cause})"
+        what = "dropped the connection" if dropped else f"refused a request ({_one_line(cause)})"
         act = "start it again"
         if isinstance(cause, NoAuthError):  # a start again meets the same ACL
-            what = "refused a request (NoAuthError: a znode's ACL denies this client's writes)"
+            what = f"refused a request ({_NO_AUTH})"
             act = (f"grant this client create, delete and write on {shard_path} and the znodes above it, or set "
                    f"ha.root to a path it may write")
         super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} {what} while replica {replica_id!r} joined "
                          f"shard {shard_path}: nothing was taken; {act}")
+
+
+class ZooKeeperFailingError(CoordinationError):
+    """Every round of a running replica has failed (ZooKeeper refusing its requests, or out of reach) for
+    longer than its session timeout: it sends nothing and cannot take the lease over until a round
+    succeeds. Raised by nobody: its message is the service's reason not to be ready (`/readyz`, `status`)."""
+
+    def __init__(self, zookeeper: str, replica_id: str, shard_path: str, failing_s: float, rounds: int,
+                 last: BaseException | str) -> None:
+        """The message names the connect string, the replica, its shard, how long and how many rounds, the
+        last failure (an error, or why no request could be made) and what to check."""
+        self.failing_s, self.rounds = failing_s, rounds
+        if isinstance(last, NoAuthError):
+            what = _NO_AUTH
+            act = (f"check the ACLs of {shard_path} and the znodes under it (getAcl in zkCli.sh) against this "
+                   f"client, which connects without credentials (world:anyone, and its host's ip): grant it "
+                   f"create, delete, read and write on them")
+        else:
+            what = _one_line(last) if isinstance(last, BaseException) else last
+            act = "check that it is up, reachable from this host and answering (ruok, zkCli.sh)"
+        super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} has failed every round of replica {replica_id!r} "
+                         f"of shard {shard_path} for {failing_s:.0f} s ({rounds} rounds; the last: {what}): it sends "
+                         f"nothing and cannot take the lease over; {act}. It is ready again at the first round "
+                         f"that succeeds")
 
 
 class DedupeBrokersUnpublishedError(CoordinationError):

@@ -40,6 +40,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
+from coordination._failing_rounds import ZOOKEEPER_ERRORS, FailingRounds
 from coordination._history import LostHistoryWatch, replica_client
 from coordination._session_grant import granted_session_timeout_s
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
@@ -48,8 +49,7 @@ from coordination.errors import LeasePathDeletedError, ZooKeeperJoinError, ZooKe
 from coordination.config import HAConfig
 from coordination.fencing import FencingDeadline
 from coordination.identity import Eligibility
-from coordination.lease import (ReplicaCounters, ReplicaIdTaken, claim_replica_id, epoch_of, lease_sequence,
-                                our_node)
+from coordination.lease import ReplicaCounters, ReplicaIdTaken, claim_replica_id, epoch_of, lease_sequence, our_node
 from coordination.members import Membership
 from coordination.watermark import (MalformedWatermark, Watermark, covered_by, engine_mark, publish_watermark,
                                     read_watermark)
@@ -77,6 +77,7 @@ class ShardReplica:
         self.hold_ms = cfg.hold_ms
         self.fence = FencingDeadline(cfg.session_timeout_s, cfg.fence_fraction, monotonic)
         self.counters = ReplicaCounters()
+        self.zookeeper_rounds = FailingRounds(cfg.zookeeper, cfg.replica_id, self.path, self.fence, now_ms, monotonic)
         self._members = Membership(cfg, delay_topic, namesrv)
         self._now_ms = now_ms
         self._monotonic = monotonic
@@ -225,8 +226,7 @@ class ShardReplica:
         return {**counters, **(self._brokers.counters() if self._brokers is not None else {})}
 
     def status(self) -> dict[str, object]:
-        """This replica's view: holder or not, epoch, the watermarks, the fencing deadline, counters, and why
-        the brokers it learnt are not published or which parts of the holder's it cannot read."""
+        """This replica's view: holder or not, epoch, watermarks, fence, counters, failing ZooKeeper rounds, brokers."""
         counters = self.counter_values()
         return {"shard": self.cfg.shard, "shards": self.cfg.shards, "replica": self.cfg.replica_id,
                 "holder": self._active, "epoch": self.epoch, "peer_watermark_ms": self._peer_watermark,
@@ -234,7 +234,7 @@ class ShardReplica:
                 "published_exceptions": len(self._published.exceptions),
                 "fence_remaining_s": round(self.fence.remaining_s(), 3) if self._active else None,
                 **(self.eligibility.status() if self.eligibility is not None else {"eligible": True}), **counters,
-                **(self._brokers.status() if self._brokers is not None else {})}
+                **self.zookeeper_rounds.status(), **(self._brokers.status() if self._brokers is not None else {})}
 
     def status_document(self) -> dict[str, object]:
         """This replica's view and every shard as ZooKeeper has it, or why not (`coordination.status`)."""
@@ -293,12 +293,12 @@ class ShardReplica:
                 if holding and self._brokers is not None:  # at once when a broker was learnt: sends wait for it
                     self._brokers.publish(self._client, self._epoch)
                 if holding and self._monotonic() >= next_publish:
+                    self._publish()  # one that fails is tried again next round: a round skipping it proves nothing
                     next_publish = self._monotonic() + self.cfg.watermark_interval_s
-                    self._publish()
-            except (KazooException, KazooTimeoutError, ConnectionError, OSError):
-                log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self.path,
-                            exc_info=True)
-                self._lose("ZooKeeper request failed")
+            except ZOOKEEPER_ERRORS as e:
+                self.zookeeper_rounds.failed(e)  # logged there
+                holding = self._lose("ZooKeeper request failed")
+            self.zookeeper_rounds.end_round()
             wait = (min(renew_every, max(0.0, next_publish - self._monotonic())) if holding
                     else min(renew_every, self._succession.wait_s() or renew_every))  # a takeover's wait ends
             self._wake.wait(wait)
@@ -311,8 +311,8 @@ class ShardReplica:
         if client_id is None:
             # Not connected (kazoo reconnecting after a dropped connection, the session still ours
             # maybe): nothing can be confirmed, nor our nodes told from another process's, until it is.
-            self._lose("not connected to ZooKeeper")
-            return False
+            self.zookeeper_rounds.failed("not connected to ZooKeeper (its client keeps reconnecting)")
+            return self._lose("not connected to ZooKeeper")
         session = client_id[0]
         eligible = self.eligibility.check() if self.eligibility is not None else True
         if self._node is None or self._session is None or self._session != session:
@@ -346,8 +346,7 @@ class ShardReplica:
         stat = client.exists(f"{self.path}/lease/{self._node}", watch=self._on_lease_node)
         if stat is None or stat.ephemeralOwner != self._session:
             self._node = None
-            self._lose("lease node not ours")
-            return False
+            return self._lose("lease node not ours")
         if not self._active and self._succession.wait_s() > 0:  # an earlier holder's fence may still be open
             self._remember(self._read_mark())
             return False
@@ -411,7 +410,7 @@ class ShardReplica:
                     "(the last holder's watermark, epoch %d)", self.path, self.cfg.replica_id, epoch,
                     self._peer_watermark, mark.epoch)
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str) -> bool:  # False: not holding, a round's answer
         self.fence.revoke()
         if self._active:
             with self._lock:
@@ -419,6 +418,7 @@ class ShardReplica:
                 self.counters.losses += 1
             log.warning("shard %s: this replica (%s) no longer holds the lease (%s); not sending", self.path,
                         self.cfg.replica_id, why)
+        return False
 
     def _publish(self) -> None:
         """Publish the engine's watermark and stored offsets under our epoch (`coordination.watermark.engine_mark`;

@@ -23,10 +23,20 @@ class _Engine(Protocol):
     def checkpoint_failure(self) -> str | None: ...
 
 
+class _Rounds(Protocol):
+    def not_ready_why(self) -> list[str]: ...
+
+
+class _Replica(Protocol):
+    @property
+    def zookeeper_rounds(self) -> _Rounds: ...
+
+
 def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequence[str],
-                  failures: Mapping[str, str] | None = None) -> list[str]:
+                  failures: Mapping[str, str] | None = None, replica: _Replica | None = None) -> list[str]:
     """Why the service is not ready (none: ready): not running, not consuming the delay topic yet,
-    a thread that died (with the error that ended it, from `failures`), checkpoints that fail."""
+    a thread that died (with the error that ended it, from `failures`), checkpoints that fail, and with
+    [ha] a `replica` whose ZooKeeper has failed its every round for longer than its session timeout."""
     if engine is None:
         return ["the engine is not running (starting or stopping)"]
     why = []
@@ -40,6 +50,8 @@ def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequenc
     failure = engine.checkpoint_failure()
     if failure is not None:
         why.append(f"checkpoints fail: {failure} (retried every checkpoint_seconds)")
+    if replica is not None:  # it sends nothing and cannot take the lease over: a replica set short of one
+        why += replica.zookeeper_rounds.not_ready_why()
     return why
 
 

@@ -265,7 +265,7 @@ class Service:
 
     def not_ready_why(self) -> list[str]:
         """Why the service is not ready, a line an operator can act on each (none: ready)."""
-        return not_ready_why(self.engine, self._consuming, self.dead_threads(), self.thread_failures())
+        return not_ready_why(self.engine, self._consuming, self.dead_threads(), self.thread_failures(), self.replica)
 
     def dead_threads(self) -> list[str]:
         """The threads this service relies on that ended while it runs: the engine's, the delay topic

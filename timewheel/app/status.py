@@ -189,6 +189,11 @@ def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:
         out.append(Text(f"NOT ELIGIBLE for the lease: {me.get('eligibility')}" if me.get("eligible") is False
                         else f"eligible ({me.get('eligibility')}), but its data directory has a gap: {me.get('gap')}",
                         style="yellow"))
+    if me.get("zookeeper_failed_rounds"):  # a blip; past a session, also a reason not to serve (above)
+        since = human_time(me["zookeeper_failing_since_ms"])
+        out.append(Text(f"WARNING: ZooKeeper has failed every round since {since} ({me['zookeeper_failed_rounds']} "
+                        f"rounds; the last: {me.get('zookeeper_last_error')}): not sending, not taking the lease over",
+                        style="yellow"))
     if me.get("dedupe_brokers_unpublished"):  # a holder that learnt a broker it cannot publish sends nothing
         out.append(Text(f"WARNING: {me['dedupe_brokers_unpublished']}", style="red"))
     out += [Text(f"WARNING: {w}", style="yellow") for w in me.get("dedupe_brokers_unreadable") or []]

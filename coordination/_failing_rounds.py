@@ -1,0 +1,97 @@
+"""A replica's rounds that ZooKeeper failed in a row: what `status` shows, and past a session why it is not ready.
+
+Each round of the replica's loop (`ShardReplica._contend`) either completes or fails: a request
+refused or dropped, or no connection to make one on. A failed round stops sending, and the next one
+tries again, which is right for a blip. A failure that lasts (an ACL changed under the shard, the
+ensemble out of reach) keeps a replica from ever sending or taking over: its status names the last
+failure, since when and how many rounds, from the first failure on; once that has lasted longer
+than the session timeout ZooKeeper granted (a blip never does: the session survives it), the service
+is not ready, with `ZooKeeperFailingError`'s words. The first round that completes clears it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from coordination.errors import ZooKeeperFailingError, _one_line
+from coordination.fencing import FencingDeadline
+
+__all__ = ["ZOOKEEPER_ERRORS", "FailingRounds"]
+
+log = logging.getLogger("timewheel.replica")
+
+#: what a round's ZooKeeper requests raise when ZooKeeper refuses or drops them
+ZOOKEEPER_ERRORS = (KazooException, KazooTimeoutError, ConnectionError, OSError)
+#: a failure's text is cut to this in `status` (the log has it whole)
+_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The failed rounds in a row so far."""
+
+    since: float  # monotonic, the first of them
+    since_ms: int  # epoch ms, the same
+    rounds: int
+    last: BaseException | str
+
+
+def _text(last: BaseException | str) -> str:
+    text = _one_line(last) if isinstance(last, BaseException) else last
+    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 1] + "…"
+
+
+class FailingRounds:
+    """The run of failed rounds of one replica (none while its rounds complete)."""
+
+    def __init__(self, zookeeper: str, replica_id: str, path: str, fence: FencingDeadline,
+                 now_ms: Callable[[], int], monotonic: Callable[[], float]) -> None:
+        """`fence` holds the granted session timeout, which a run must outlast to make the service not ready."""
+        self._zookeeper, self._replica_id, self._path = zookeeper, replica_id, path
+        self._fence, self._now_ms, self._monotonic = fence, now_ms, monotonic
+        # replaced whole by the replica's thread, read whole by the admin's: no lock needed
+        self._run: _Run | None = None
+        self._this_round_failed = False
+
+    def failed(self, why: BaseException | str) -> None:
+        """This round failed: a ZooKeeper error (logged here, with its traceback) or why no request was made."""
+        if isinstance(why, BaseException):
+            log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self._path,
+                        exc_info=why)
+        self._this_round_failed = True
+        run = self._run
+        if run is None:
+            self._run = _Run(self._monotonic(), self._now_ms(), 1, why)
+        else:
+            self._run = _Run(run.since, run.since_ms, run.rounds + 1, why)
+
+    def end_round(self) -> None:
+        """A round ended: one that did not fail ends the run."""
+        run, failed, self._this_round_failed = self._run, self._this_round_failed, False
+        if run is not None and not failed:
+            self._run = None
+            log.info("lease of shard %s: ZooKeeper answers again after %d failed round(s) over %.1f s (the last: %s)",
+                     self._path, run.rounds, self._monotonic() - run.since, _text(run.last))
+
+    def status(self) -> dict[str, object]:
+        """Since when (epoch ms), how many rounds and the last failure, one line; None, 0, None while none fails."""
+        run = self._run
+        if run is None:
+            return {"zookeeper_failing_since_ms": None, "zookeeper_failed_rounds": 0, "zookeeper_last_error": None}
+        return {"zookeeper_failing_since_ms": run.since_ms, "zookeeper_failed_rounds": run.rounds,
+                "zookeeper_last_error": _text(run.last)}
+
+    def not_ready_why(self) -> list[str]:
+        """The reason not to be ready once the run has lasted longer than the granted session timeout."""
+        run = self._run
+        if run is None:
+            return []
+        failing_s = self._monotonic() - run.since
+        if failing_s <= self._fence.session_timeout_s:
+            return []
+        return [str(ZooKeeperFailingError(self._zookeeper, self._replica_id, self._path, failing_s, run.rounds,
+                                          run.last))]

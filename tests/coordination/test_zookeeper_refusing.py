@@ -1,0 +1,119 @@
+"""A running replica whose ZooKeeper keeps failing its rounds (the shard's ACLs changed under it, the
+ensemble out of reach) says so in its status and, past its session timeout, in the service's readiness."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.security import ACL, make_digest_acl
+
+from coordination import HAConfig, LocalZooKeeper, ShardReplica
+from tests.coordination.cluster import TcpProxy, wait_for
+from tests.timewheel.app.service_parts import readiness_only
+
+SESSION_S = 2.0
+MakeReplica = Callable[..., ShardReplica]
+
+
+class _Engine:
+    """An engine that is itself ready: whatever readiness says comes from the replica."""
+
+    def dead_threads(self) -> list[str]:
+        return []
+
+    def thread_failures(self) -> dict[str, str]:
+        return {}
+
+    def checkpoint_failure(self) -> str | None:
+        return None
+
+
+@pytest.fixture
+def replicas(zookeeper: LocalZooKeeper) -> Iterator[MakeReplica]:
+    """`make(name, via=None)`: a replica of a shard of its own, through `via` (a connect string) if given."""
+    topic = f"TW_DELAY_{uuid.uuid4().hex[:8]}"
+    made: list[ShardReplica] = []
+
+    def make(name: str, via: str | None = None) -> ShardReplica:
+        cfg = HAConfig(zookeeper=via or zookeeper.connect_string, replica_id=name, session_timeout_s=SESSION_S,
+                       watermark_interval_s=0.2)
+        r = ShardReplica(cfg, topic, now_ms=lambda: time.time_ns() // 1_000_000).start(lambda: 1_000)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+@pytest.fixture
+def operator(zookeeper: LocalZooKeeper) -> Iterator[KazooClient]:
+    """An operator's client, authenticated as digest user ops (what a restrictive ACL would grant)."""
+    client = KazooClient(hosts=zookeeper.connect_string, auth_data=[("digest", "ops:secret")])
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def _subtree(client: KazooClient, path: str) -> list[str]:
+    """`path` and every znode under it."""
+    return [path, *(p for child in client.get_children(path) for p in _subtree(client, f"{path}/{child}"))]
+
+
+def _set_acls(client: KazooClient, acls: dict[str, list[ACL]]) -> None:
+    for path, acl in acls.items():
+        client.set_acls(path, acl)
+
+
+def _readiness(replica: ShardReplica) -> list[str]:
+    return readiness_only(_Engine(), replica).not_ready_why()
+
+
+def test_a_holder_whose_shard_acl_refuses_it_says_so_in_status_and_past_a_session_in_readiness(
+        replicas: MakeReplica, operator: KazooClient) -> None:
+    a = replicas("a")
+    wait_for("a holds the lease", a.may_send)
+    assert _readiness(a) == []
+    # `setAcl -R` with the operator's digest only: this replica's client (no credentials) may do nothing there
+    before = {p: operator.get_acls(p)[0] for p in _subtree(operator, a.path)}
+    _set_acls(operator, {p: [make_digest_acl("ops", "secret", all=True)] for p in before})
+    try:
+        wait_for("readiness names the refusal", lambda: any("NoAuthError" in w for w in _readiness(a)), 10.0)
+        [why] = _readiness(a)
+        assert a.path in why and "ACL" in why and "getAcl" in why and "ha.zookeeper" in why, why
+        status = a.status()
+        assert "NoAuthError" in str(status.get("zookeeper_last_error")), status
+        assert isinstance(status["zookeeper_failed_rounds"], int) and status["zookeeper_failed_rounds"] >= 1
+        assert isinstance(status["zookeeper_failing_since_ms"], int) and status["holder"] is False
+        assert not a.may_send()
+    finally:
+        _set_acls(operator, before)
+    wait_for("a holds the lease again", a.may_send, 10.0)
+    wait_for("readiness clears", lambda: _readiness(a) == [], 10.0)
+    status = a.status()
+    assert (status["zookeeper_failed_rounds"], status["zookeeper_last_error"],
+            status["zookeeper_failing_since_ms"]) == (0, None, None)
+
+
+def test_a_replica_cut_off_from_zookeeper_past_its_session_is_not_ready_until_it_answers_again(
+        replicas: MakeReplica, zookeeper: LocalZooKeeper) -> None:
+    proxy = TcpProxy(zookeeper.connect_string)
+    try:
+        a = replicas("a", via=proxy.address)
+        wait_for("a holds the lease", a.may_send)
+        proxy.cut("drop")
+        wait_for("readiness names the failure", lambda: any(proxy.address in w for w in _readiness(a)), 10.0)
+        [why] = _readiness(a)
+        assert a.path in why and "reachable" in why, why
+        assert a.status().get("zookeeper_last_error") is not None
+        assert not a.may_send()
+        proxy.heal()
+        wait_for("a holds the lease again", a.may_send, 20.0)
+        wait_for("readiness clears", lambda: _readiness(a) == [], 10.0)
+        assert a.status()["zookeeper_failed_rounds"] == 0
+    finally:
+        proxy.stop()
