@@ -47,6 +47,8 @@ class FencedSink:
         self.fence = fence
         self.max_in_flight = int(getattr(inner, "max_in_flight", 1))
         self.linger_ms = int(getattr(inner, "linger_ms", 0))
+        # how far the linger grows under load: dropped here, it would stay at its quiet floor
+        self.linger_max_ms: int | None = getattr(inner, "linger_max_ms", None)
 
     def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
                      fence: Fence | None = None) -> list[bool]:

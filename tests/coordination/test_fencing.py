@@ -217,3 +217,36 @@ def test_fenced_dead_letters_refuse_while_closed_and_pass_on_while_open() -> Non
     fence.open = True
     sink.dead_letter([Message("T", b"x", 0, msg_id="b")], "why")
     assert parked.parked == ["b"]
+
+
+class _PacedSink:
+    """A delivery sink that says how it wants sends paced, as `forwarder.delivery.RocketMQSink` does."""
+
+    max_in_flight = 3
+    linger_ms = 1
+    linger_max_ms = 6
+
+    def send_batch(self, messages: Sequence[Message]) -> list[bool]:
+        return [True] * len(messages)
+
+    def send_records(self, records: RecordBytes, extra: Mapping[str, str] | None = None,
+                     fence: Callable[[], bool] | None = None) -> list[bool]:
+        return [True] * len(records)
+
+
+def test_the_replica_sets_wrappers_keep_the_delivery_sinks_pacing(tmp_path: Path) -> None:
+    """The engine reads how to pace sends (threads, the linger and how far it grows with the due rate)
+    from its sink: the replica set's wrappers must hand the delivery sink's on, or an engine of a
+    replica set sends in many small batches under load (the linger stuck at its quiet floor)."""
+    from coordination import EpochStampingSink
+
+    class _Epoch:
+        epoch = 1
+
+    sink = FencedSink(EpochStampingSink(_PacedSink(), _Epoch()), lambda: True)  # type: ignore[arg-type]
+    assert (sink.max_in_flight, sink.linger_ms, getattr(sink, "linger_max_ms", None)) == (3, 1, 6)
+    e = Engine(EngineConfig(tmp_path / "d"), sink, ManualClock(T0), seed=1).start(background=False)
+    try:
+        assert e._run is not None and e._run.queue._linger_max == 6
+    finally:
+        e.stop()
