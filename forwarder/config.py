@@ -70,6 +70,10 @@ class RocketMQConfig:
     dedupe_sentinel_topic: str = SENTINEL_TOPIC
     #: how far apart the engine's clock and the brokers' may be: widens every look-up window
     dedupe_clock_skew_ms: int = 2000
+    #: hold every send while this host's clock is measured ahead of a broker's by more than this
+    #: (`forwarder.clock_check`: due times are made by the brokers' clocks, so a host far ahead would
+    #: send early); measured with a message to `dedupe_sentinel_topic`; 0: off (nothing measured)
+    max_clock_ahead_ms: int = 30_000
     #: fault injection for the fault harness, never for production: after this many send batches
     #: were written and answered, and before their outcomes are recorded, signal this very process
     #: (`fault_signal`); 0: never
@@ -126,6 +130,8 @@ class RocketMQConfig:
              "broker; `timewheel broker --tls` prints its CA file instead)"),
             ("dedupe_quiet_ms", 0 <= self.dedupe_quiet_ms <= 600_000, "between 0 and 600000"),
             ("dedupe_clock_skew_ms", 0 <= self.dedupe_clock_skew_ms <= 600_000, "between 0 and 600000"),
+            ("max_clock_ahead_ms", self.max_clock_ahead_ms == 0 or 1_000 <= self.max_clock_ahead_ms <= 86_400_000,
+             "0 (off) or between 1000 and 86400000 (a day)"),
             ("dedupe_sentinel_topic", _topic_problem(self.dedupe_sentinel_topic) is None
              and self.dedupe_sentinel_topic not in (self.delay_topic, self.dead_letter_topic),
              "a topic name other than delay_topic and dead_letter_topic"),

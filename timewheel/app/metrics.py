@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Mapping
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
                                    SummaryMetricFamily)
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from timewheel.app.gc_pauses import GcPauses
 from timewheel.lateness import LatenessBuckets
@@ -80,6 +80,12 @@ class EngineCollector(Collector):
         if "circuit_open" in ep:
             yield GaugeMetricFamily("timewheel_circuit_open", "1 while sends to the broker are held back.",
                                     value=float(bool(ep["circuit_open"])))
+        clock = ep.get("broker_clock")
+        offset = clock.get("offset_ms") if isinstance(clock, Mapping) else None
+        if isinstance(offset, int):  # measured: sends are held while it is over the bound
+            yield GaugeMetricFamily("timewheel_broker_clock_offset_ms", "This host's clock minus the broker's it is "
+                                    "most ahead of, in ms, as last measured (sends are held while it is over "
+                                    "rocketmq.max_clock_ahead_ms).", value=float(offset))
         meta = GaugeMetricFamily("timewheel_meta_store_memory_bytes", "The meta store's memory by kind: block cache "
                                  "(bounded by RocksDB's default capacity), memtables, table readers.", labels=["kind"])
         for kind, n in st.meta_store_bytes.items():
@@ -91,6 +97,16 @@ class EngineCollector(Collector):
             pending.add_metric([seg], float(n))
         yield pending
         yield _lateness_family(self._lateness(), "timewheel_lateness_seconds", "Send time minus due time.")
+
+
+def service_registry(stats: Callable[[], EngineStats], lateness: Callable[[], LatenessBuckets],
+                     endpoints: Callable[[], Mapping[str, object]], pauses: GcPauses) -> CollectorRegistry:
+    """The registry a service's admin endpoint exports: the engine's families (`EngineCollector`) and the
+    garbage collector's pauses."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(stats, lateness, endpoints))
+    registry.register(GcPausesCollector(pauses))
+    return registry
 
 
 class GcPausesCollector(Collector):

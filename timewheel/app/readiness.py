@@ -32,11 +32,17 @@ class _Replica(Protocol):
     def zookeeper_rounds(self) -> _Rounds: ...
 
 
+class _ClockGuard(Protocol):
+    def not_ready_why(self) -> list[str]: ...
+
+
 def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequence[str],
-                  failures: Mapping[str, str] | None = None, replica: _Replica | None = None) -> list[str]:
+                  failures: Mapping[str, str] | None = None, replica: _Replica | None = None,
+                  clock: _ClockGuard | None = None) -> list[str]:
     """Why the service is not ready (none: ready): not running, not consuming the delay topic yet,
-    a thread that died (with the error that ended it, from `failures`), checkpoints that fail, and with
-    [ha] a `replica` whose ZooKeeper has failed its every round for longer than its session timeout."""
+    a thread that died (with the error that ended it, from `failures`), checkpoints that fail, with
+    [ha] a `replica` whose ZooKeeper has failed its every round for longer than its session timeout,
+    and sends held because the host's clock runs far ahead of the brokers' (`clock`, the clock check)."""
     if engine is None:
         return ["the engine is not running (starting or stopping)"]
     why = []
@@ -52,6 +58,8 @@ def not_ready_why(engine: _Engine | None, consuming: bool, dead_threads: Sequenc
         why.append(f"checkpoints fail: {failure} (retried every checkpoint_seconds)")
     if replica is not None:  # it sends nothing and cannot take the lease over: a replica set short of one
         why += replica.zookeeper_rounds.not_ready_why()
+    if clock is not None:  # nothing is lost, but nothing is delivered either until the clock is fixed
+        why += clock.not_ready_why()
     return why
 
 

@@ -16,8 +16,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
 from storage import StorageError
 from timewheel.app._stop_steps import StopSteps
 from timewheel.app._start_checks import (StartError, check_zookeeper_reachable, claim_data_dir as _claim_data_dir,
@@ -33,7 +31,7 @@ from timewheel.clock import Clock, SystemClock
 from timewheel.engine import Engine
 from timewheel.message import DeadLetterSink, RecordSink, ScheduleFn
 from timewheel.errors import ConfigError, EngineStateError
-from timewheel.app.metrics import EngineCollector, GcPausesCollector
+from timewheel.app.metrics import service_registry
 from timewheel.app.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +41,7 @@ if TYPE_CHECKING:
     from forwarder.shaping_control import ShapingControl
     from forwarder.trace import TraceWriter
     from forwarder.copy_finder import BrokerCopyFinder
+    from forwarder.clock_check import ClockGuard
 
 log = logging.getLogger("timewheel.app.service")
 
@@ -76,6 +75,7 @@ class Service:
         self._want_admin = admin
         self.trace: TraceWriter | None = None
         self.copy_finder: BrokerCopyFinder | None = None
+        self.clock_guard: ClockGuard | None = None  # holds every send while this host's clock runs far ahead
         self.hot_paths: dict[str, bool] = {}  # which hot loops run compiled (set at start)
         self.gc_pauses = GcPauses()  # timed while started
 
@@ -131,6 +131,9 @@ class Service:
             self.trace = TraceWriter(self._endpoints.dead_letters, rmq.trace_topic, rmq.consumer_group,
                                      rmq.producer_group).start()
             delivery = TracingSink(delivery, self.trace, self.clock.now_ms)
+        if rmq.max_clock_ahead_ms:  # measured before the first send: a host clock far ahead would send early
+            from forwarder.clock_check import ClockGuard
+            delivery = self.clock_guard = ClockGuard.started(delivery, rmq, self.clock.now_ms)
         if ha.enabled:
             from coordination import CoordinationError, EpochStampingSink, FencedDeadLetters, FencedSink, ShardReplica
             from coordination.identity import Eligibility
@@ -199,9 +202,7 @@ class Service:
 
     def _bind_admin(self, engine: Engine) -> AdminServer:
         """The admin endpoint, listening but not serving yet; StartError if it cannot listen."""
-        registry = CollectorRegistry()
-        registry.register(EngineCollector(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats))
-        registry.register(GcPausesCollector(self.gc_pauses))
+        registry = service_registry(engine.stats, lambda: engine.lateness_buckets, self.endpoint_stats, self.gc_pauses)
         listen = self.settings.admin.listen
         try:
             return AdminServer(listen, self.settings.admin.token, self, registry)
@@ -240,6 +241,10 @@ class Service:
         with steps("the copy finder"):
             if finder is not None:
                 finder.close()
+        guard, self.clock_guard = self.clock_guard, None
+        with steps("the clock check"):
+            if guard is not None:
+                guard.close()
         trace, self.trace = self.trace, None
         with steps("the trace"):  # what was traced is sent before its producer closes
             if trace is not None:
@@ -265,7 +270,8 @@ class Service:
 
     def not_ready_why(self) -> list[str]:
         """Why the service is not ready, a line an operator can act on each (none: ready)."""
-        return not_ready_why(self.engine, self._consuming, self.dead_threads(), self.thread_failures(), self.replica)
+        return not_ready_why(self.engine, self._consuming, self.dead_threads(), self.thread_failures(), self.replica,
+                             self.clock_guard)
 
     def dead_threads(self) -> list[str]:
         """The threads this service relies on that ended while it runs: the engine's, the delay topic
@@ -345,7 +351,7 @@ class Service:
     def status(self) -> dict[str, Any]:
         """One screen for whoever is on call: ingest lag, pending, retries, last-minute lateness, shaping."""
         from timewheel.app.ingest_lag import IngestLagError, ingest_lag
-        from timewheel.app.status import status_document
+        from timewheel.app.status import dedupe_status, status_document
 
         now = self.clock.now_ms()
         lag, lag_error = None, None
@@ -367,17 +373,9 @@ class Service:
                               lateness_ms=late, lateness_count=count, lateness_span_ms=span)
         if self.replica is not None:
             doc["ha"] = self.replica.status_document()
-        doc["dedupe"] = self.dedupe_status()
+        doc["dedupe"] = dedupe_status(self.copy_finder, engine.recovery if engine is not None else None)
         doc["hot_paths"] = dict(self.hot_paths)
         return doc
-
-    def dedupe_status(self) -> dict[str, Any]:
-        """The look-ups before sending again: on or off, what they did, the brokers' index settings."""
-        if self.copy_finder is None:
-            return {"enabled": False, "note": "rocketmq.dedupe is off: after a crash or takeover, messages may be "
-                                              "delivered twice (consumers dedupe on TW_ORIGINAL_MSG_ID)"}
-        recovery = self.engine.recovery if self.engine is not None else None
-        return {"enabled": True, **(recovery.snapshot() if recovery is not None else {}), **self.copy_finder.status()}
 
     def endpoint_stats(self) -> dict[str, object]:
         """RocketMQ counters: `ingest` (the delay topic's consumer), `delivery` (the sink), `circuit_open`,
@@ -392,6 +390,8 @@ class Service:
             out["ha_holder"] = self.replica.may_send()
         if self.trace is not None:  # with [rocketmq] trace: records written, sent, dropped, failed
             out["trace"] = self.trace.counter_values()
+        if self.clock_guard is not None:  # the host's clock against the brokers' (sends held while far ahead)
+            out["broker_clock"] = self.clock_guard.status()
         recovery = self.engine.recovery if self.engine is not None else None
         if self.copy_finder is not None and recovery is not None:  # the look-ups before sending again
             snap = recovery.snapshot()

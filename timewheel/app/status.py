@@ -10,7 +10,7 @@ import http.client
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from rich.columns import Columns
 from rich.console import Group, RenderableType
@@ -61,7 +61,26 @@ def status_document(stats: Mapping[str, object], *, serving: bool, now_ms: int, 
                     "backed_off": sorted(t for t, row in (shaping.get("topics") or {}).items()  # type: ignore
                                          if row.get("backed_off")),
                     "rules": shaping.get("rules")},
+        # the host's clock against the brokers' (`forwarder.clock_check`), when it is measured
+        "broker_clock": stats.get("broker_clock"),
     }
+
+
+class _Snapshots(Protocol):
+    def snapshot(self) -> dict[str, int]: ...
+
+
+class _Statuses(Protocol):
+    def status(self) -> dict[str, object]: ...
+
+
+def dedupe_status(finder: _Statuses | None, recovery: _Snapshots | None) -> dict[str, Any]:
+    """The look-ups before sending again: on or off, what they did (`recovery`, the engine's), the brokers'
+    index settings (`finder`, the copy finder; None: rocketmq.dedupe is off)."""
+    if finder is None:
+        return {"enabled": False, "note": "rocketmq.dedupe is off: after a crash or takeover, messages may be "
+                                          "delivered twice (consumers dedupe on TW_ORIGINAL_MSG_ID)"}
+    return {"enabled": True, **(recovery.snapshot() if recovery is not None else {}), **finder.status()}
 
 
 def unreachable(admin: str, reason: object) -> str:
@@ -148,6 +167,8 @@ def render_status(doc: Mapping[str, Any], admin: str) -> RenderableType:
         lines.extend(_ha_lines(doc["ha"]))
     if doc.get("dedupe"):
         lines.extend(_dedupe_lines(doc["dedupe"]))
+    if doc.get("broker_clock"):
+        lines.extend(_clock_lines(doc["broker_clock"]))
     if doc.get("storage_corrupt_origin_rows"):
         lines.append(Text(f"WARNING: {doc['storage_corrupt_origin_rows']:,} origin sidecar row(s) fail their CRC32C "
                           "(damage, or data a power loss did not keep): in a replica set a standby holds their "
@@ -175,6 +196,17 @@ def _dedupe_lines(d: Mapping[str, Any]) -> list[RenderableType]:
         f"{d.get('unknown', 0):,} (waiting); barriers {d.get('barriers', 0)}, slowest {d.get('resolve_ms_max', 0)} ms")]
     out += [Text(f"WARNING: {w}", style="yellow") for w in d.get("warnings") or []]
     return out
+
+
+def _clock_lines(c: Mapping[str, Any]) -> list[RenderableType]:
+    """The host's clock against the brokers' as last measured, and whether sends are held for it."""
+    if c.get("offset_ms") is None:
+        line = Text("clock: not measured against the brokers' yet")
+    else:
+        held = "sends HELD" if c.get("holding") else "sends not held"
+        line = Text(f"clock: this host {c['offset_ms']:+,} ms against broker {c.get('broker')} (host minus broker; "
+                    f"{held}, bound {c.get('max_ahead_ms', 0):,} ms)", style="red" if c.get("holding") else "")
+    return [line, *(Text(f"WARNING: {w}", style="yellow") for w in c.get("warnings") or [])]
 
 
 def _ha_lines(ha: Mapping[str, Any]) -> list[RenderableType]:

@@ -12,4 +12,5 @@ def readiness_only(engine: Any, replica: Any = None, consuming: bool = True) -> 
     `not_ready_why()` and `dead_threads()` read, set here in one place."""
     svc = Service.__new__(Service)
     svc.engine, svc._consuming, svc.replica, svc._endpoints = engine, consuming, replica, None
+    svc.clock_guard = None  # the clock check holds nothing here
     return svc
