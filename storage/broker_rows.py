@@ -6,7 +6,9 @@ forms hold them (docs/FORMAT.md, "Served brokers"):
 
 - lines, the data directory's `dedupe-brokers.txt`: `FILE_HEADER`, then one row a line, written as
   `json.dumps` writes it (`["broker-a", "T", "U"]`); read back, blank lines and lines whose first
-  other character is `#` are passed over.
+  other character is `#` are passed over. Rows learnt later are appended (`encode_lines` without the
+  header), so a broker may have several lines: `topics_of` merges them. A crash in an append can leave
+  a last line without its line break that is not a row: `cut_torn` sets it apart.
 - an array, a part of a replica set's `dedupe-brokers` znode: every row in one compact JSON array
   (`[["broker-a","T","U"],["broker-b","T"]]`); no bytes at all read as no rows.
 
@@ -20,12 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from storage.errors import StorageError
 
-__all__ = ["FILE_HEADER", "BrokerRowsError", "decode_array", "decode_lines", "encode_array", "encode_lines",
-           "pairs_of", "rows_of", "rows_of_pairs", "topics_of"]
+__all__ = ["FILE_HEADER", "BrokerRowsError", "cut_torn", "decode_array", "decode_lines", "encode_array",
+           "encode_lines", "pairs_of", "rows_of", "rows_of_pairs", "topics_of"]
 
 #: the first line of the file form
 FILE_HEADER = ("# brokers that served the engine's target topics, one JSON array a line: [broker, topic, ...]; "
-               "delete a broker's line once it is gone for good (docs/OPERATIONS.md)\n")
+               "delete a broker's lines once it is gone for good (docs/OPERATIONS.md)\n")
 _EXCERPT = 200  # characters of the offending text quoted in an error
 
 
@@ -65,9 +67,23 @@ def topics_of(rows: Iterable[Sequence[str]]) -> dict[str, set[str]]:
     return topics
 
 
-def encode_lines(rows: Iterable[Sequence[str]]) -> str:
-    """The file form: `FILE_HEADER`, then one row a line."""
-    return FILE_HEADER + "".join(json.dumps(list(r)) + "\n" for r in rows)
+def encode_lines(rows: Iterable[Sequence[str]], header: bool = True) -> str:
+    """The file form: `FILE_HEADER` (unless `header` is false: lines to append), then one row a line."""
+    return (FILE_HEADER if header else "") + "".join(json.dumps(list(r)) + "\n" for r in rows)
+
+
+def cut_torn(data: bytes) -> tuple[bytes, bytes]:
+    """The file form's bytes split before a torn last line: one without its line break that is neither a
+    row, a comment nor blank (what a crash in an append leaves); `(data, b"")` when there is none."""
+    start = data.rfind(b"\n") + 1
+    last = data[start:]
+    if not last:
+        return data, b""
+    try:
+        decode_lines(last.decode())
+    except (UnicodeDecodeError, BrokerRowsError):  # cut inside a character, or inside the JSON
+        return data[:start], last
+    return data, b""
 
 
 def decode_lines(text: str) -> list[list[str]]:

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from storage import (BrokerRowsError, broker_pairs_of, broker_rows_of, broker_rows_of_pairs, broker_topics_of,
                      decode_broker_array, decode_broker_lines, encode_broker_array, encode_broker_lines)
+from storage.broker_rows import cut_torn
 
 SAMPLE = {"T": {"broker-b", "broker-a"}, "U": {"broker-a"}, "T\u00f6": {"broker-\u00fc"}, "E": set()}
 #: the sample as `dedupe-brokers.txt` has always held it
 SAMPLE_FILE = (b"# brokers that served the engine's target topics, one JSON array a line: [broker, topic, ...]; "
-               b"delete a broker's line once it is gone for good (docs/OPERATIONS.md)\n"
+               b"delete a broker's lines once it is gone for good (docs/OPERATIONS.md)\n"
                b'["broker-a", "T", "U"]\n["broker-b", "T"]\n["broker-\\u00fc", "T\\u00f6"]\n')
 #: the sample as a part of the `dedupe-brokers` znode has always held it
 SAMPLE_PART = b'[["broker-a","T","U"],["broker-b","T"],["broker-\\u00fc","T\\u00f6"]]'
@@ -119,3 +120,40 @@ def test_arbitrary_input_reads_as_rows_or_raises_the_typed_error(decode: Callabl
     except BrokerRowsError:
         return
     assert all(_is_row(r) for r in read)
+
+
+@pytest.mark.parametrize("tail,cut", [
+    (b"", False),
+    (b'["broker-c", "V"', True),
+    (b'["broker-c", "V", "W\\u00', True),
+    (b'["broker-c", "\xc3', True),  # cut inside a character
+    (b'["broker-c", "V"]', False),  # a whole row, its line break missing: an edit by hand, kept
+    (b"# a note", False),
+    (b"  ", False),
+])
+def test_a_torn_last_line_is_set_apart_and_nothing_else(tail: bytes, cut: bool) -> None:
+    data = SAMPLE_FILE + encode_broker_lines([["broker-a", "V"]], header=False).encode() + tail
+    assert cut_torn(data) == ((data[: len(data) - len(tail)], tail) if cut else (data, b""))
+
+
+def test_a_bad_line_before_the_last_is_not_cut() -> None:
+    data = SAMPLE_FILE + b'["broker-c", "V"\n["broker-d", "W'
+    kept, torn = cut_torn(data)
+    assert torn == b'["broker-d", "W' and kept == SAMPLE_FILE + b'["broker-c", "V"\n'
+    with pytest.raises(BrokerRowsError, match="^line 5: not JSON"):
+        decode_broker_lines(kept.decode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows, rows, st.data())
+def test_rows_appended_read_back_merged_and_any_torn_append_cut_to_the_rows_before(
+        first: list[list[str]], later: list[list[str]], data: st.DataObject) -> None:
+    whole = encode_broker_lines(first).encode()
+    appended = encode_broker_lines(later, header=False).encode()
+    assert broker_topics_of(decode_broker_lines((whole + appended).decode())) == broker_topics_of(first + later)
+    torn = appended[: data.draw(st.integers(0, len(appended)))]
+    whole_lines = torn.count(b"\n") + appended[len(torn):].startswith(b"\n")  # torn before a line break only
+    kept, cut = cut_torn(whole + torn)
+    assert kept + cut == whole + torn
+    assert decode_broker_lines(kept.decode()) == first + later[:whole_lines]
+    assert cut == (b"" if appended[len(torn):].startswith(b"\n") else torn[torn.rfind(b"\n") + 1:])
