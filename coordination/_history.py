@@ -44,6 +44,7 @@ ZooKeeper is.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
@@ -56,7 +57,9 @@ from coordination._session_grant import record_grants
 from coordination.errors import LeasePathDeletedError, ZooKeeperHistoryLostError
 from coordination.watermark import MalformedWatermark, read_watermark
 
-__all__ = ["LostHistoryWatch", "ensemble_zxid", "lease_path_deleted", "replica_client"]
+__all__ = ["LostHistoryWatch", "end_session", "ensemble_zxid", "lease_path_deleted", "replica_client"]
+
+log = logging.getLogger(__name__)
 
 
 def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
@@ -64,6 +67,15 @@ def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
     between reconnects, so that it is back within a session of ZooKeeper, however long that was down."""
     retry = KazooRetry(max_tries=-1, max_delay=session_timeout_s / 2)
     return record_grants(KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry))
+
+
+def end_session(client: KazooClient) -> None:
+    """Stop and close a replica's client: its session ends, and its ephemeral nodes (the lease node) go with it."""
+    try:
+        client.stop()
+        client.close()
+    except KazooException:
+        log.warning("closing the ZooKeeper session failed", exc_info=True)
 
 
 def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:

@@ -1,12 +1,12 @@
 """One replica of one shard: contends for the shard's lease, gates its engine, publishes or follows the watermark.
 
-Every replica of a shard consumes the shard's queues into its own data directory; only the holder
-of the shard's lease sends. The lease is ZooKeeper's classic election: each replica creates an
-ephemeral sequential znode `<shard>/lease/replica-<seq>`, and the lowest live one holds the lease.
-Its sequence number (plus one, so that 0 means none) is the lease's epoch: ZooKeeper numbers
-children in creation order, and the lowest live node's number only grows as holders die, so every
-new holder has a larger epoch than the last. The node vanishes when its session ends (the process
-died, or was silent for longer than the session timeout), and the next replica holds the lease.
+Every replica of a shard consumes the shard's queues into its own data directory; only the holder of the
+shard's lease sends. The lease is ZooKeeper's classic election: each replica creates an ephemeral sequential
+znode `<shard>/lease/replica-<seq>`, and the lowest live one holds the lease. Its sequence number (plus one,
+so that 0 means none) is the lease's epoch: ZooKeeper numbers children in creation order, and the lowest live
+node's number only grows as holders die, so every new holder has a larger epoch than the last. The node
+vanishes when its session ends (the process died, or was silent for longer than the session timeout), and
+the next replica holds the lease.
 
 The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
 - confirms its node every sixth of the session timeout (and with each watermark), which extends
@@ -17,15 +17,15 @@ The holder (`ShardReplica`, a `timewheel.gate.DeliveryGate` for its engine)
   `coordination._shared_brokers`), and sends nothing from the moment it learns one until it has
   (giving the lease up when that lasts `dedupe_brokers_publish_timeout_s`).
 
-A replica that does not hold the lease follows the published watermark: its engine records what is
-due up to it as delivered elsewhere and holds the rest; the holder's brokers join its data
-directory's, for its look-ups after a takeover. When it becomes the holder it reads both once more,
-and its engine sends everything due after the watermark, overdue messages first; what was due
-between that watermark and the takeover may have been sent by the previous holder too (counted as
-`possible_duplicates`: those due by the time its next watermark was due).
+A replica that does not hold the lease follows the published watermark: its engine records what is due up to
+it as delivered elsewhere and holds the rest; the holder's brokers join its data directory's, for its look-ups
+after a takeover. When it becomes the holder it reads both once more, and its engine sends everything due
+after the watermark, overdue messages first; what was due between that watermark and the takeover may have
+been sent by the previous holder too (counted as `possible_duplicates`: those due by the time its next
+watermark was due).
 
-Cancels need no lease: each replica's own ingest stores what the delay topic carries (control
-messages included), so a cancel sent on the delay topic reaches every replica.
+Cancels need no lease: each replica's own ingest stores what the delay topic carries (control messages
+included), so a cancel sent on the delay topic reaches every replica.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from coordination._failing_rounds import ZOOKEEPER_ERRORS, FailingRounds
-from coordination._history import LostHistoryWatch, replica_client
+from coordination._history import LostHistoryWatch, end_session, replica_client
 from coordination._session_grant import granted_session_timeout_s
 from coordination._shared_brokers import RememberedBrokers, SharedBrokers
 from coordination._succession import Succession, fence_advert
@@ -207,17 +207,15 @@ class ShardReplica:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._active:
+        if self._active and self._client.connected:  # kazoo holds a request made while reconnecting until it is
             try:
                 self._publish()
-            except (KazooException, KazooTimeoutError):
+            except ZOOKEEPER_ERRORS:
                 log.warning("could not publish the last watermark of shard %s", self.path, exc_info=True)
+        elif self._active:
+            log.warning("not connected to ZooKeeper: the last watermark of shard %s is not published", self.path)
         self._active = False
-        try:
-            self._client.stop()  # ends the session: its lease node goes with it
-            self._client.close()
-        except KazooException:
-            log.warning("closing the ZooKeeper session failed", exc_info=True)
+        end_session(self._client)  # its lease node goes with it: the next replica takes over at once
 
     def counter_values(self) -> dict[str, int]:
         """A copy of the counters (with the shared brokers' writes that failed and parts found unreadable)."""
@@ -428,7 +426,7 @@ class ShardReplica:
         mark = engine_mark(self._epoch, self.cfg.replica_id, self._now_ms, self._watermark_source, self._offsets_source)
         if mark is None:
             return
-        if publish_watermark(self._client, self.path, mark):
+        if publish_watermark(self._client, self.path, mark, timeout_s=self.fence.session_timeout_s):
             self._published = mark
             with self._lock:
                 self.counters.watermarks_published += 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -48,6 +50,32 @@ def zookeeper() -> Iterator[LocalZooKeeper]:
         yield zk
     finally:
         zk.stop()
+
+
+#: kazoo runs a client's connection in a thread it names after this function
+_KAZOO_CONNECTION_THREAD = "(zk_loop)"
+_LEFT_RUNNING_GRACE_S = 5.0
+_reported_left_running: set[int | None] = set()
+
+
+@pytest.fixture(autouse=True)
+def _no_zookeeper_client_left_running() -> Iterator[None]:
+    """Fails the test after which a ZooKeeper client still runs (each such client once, at the test that left it)."""
+    # A client left reconnecting to a ZooKeeper that is gone draws on the `random` module from its
+    # thread for ever, and hypothesis then fails unrelated property tests for "using random inside a
+    # strategy". This names the test that left it instead.
+    yield
+    deadline = time.monotonic() + _LEFT_RUNNING_GRACE_S
+    while True:
+        left = [t for t in threading.enumerate()
+                if t.name.endswith(_KAZOO_CONNECTION_THREAD) and t.ident not in _reported_left_running]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if left:
+        _reported_left_running.update(t.ident for t in left)
+        pytest.fail(f"a ZooKeeper client still runs after this test ({', '.join(t.name for t in left)}): "
+                    "stop and close every client it started, on every path")
 
 
 # Opt-in descriptor audit. A test that never closes its writers or stores can hold thousands of
