@@ -205,8 +205,10 @@ class ShardReplica:
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
+            self._thread.join(self.fence.session_timeout_s)
+            if self._thread.is_alive():  # in a request made while kazoo reconnects: ending the session fails it
+                end_session(self._client)
             self._thread.join()
-            self._thread = None
         if self._active and self._client.connected:  # kazoo holds a request made while reconnecting until it is
             try:
                 self._publish()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -165,4 +165,37 @@ def test_a_holder_cut_off_from_zookeeper_as_it_stops_still_stops(
         proxy.cut("drop")
         assert _returns_within(a.stop, 5 * SESSION_S), "stop() waits for a ZooKeeper that does not answer"
     finally:
+        proxy.stop()
+
+
+class _RequestAfterTheDrop(ShardReplica):
+    """A replica whose rounds, once `late` is set, make one request first: what a round does when the
+    connection drops between its check that the client is connected and its next request."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.late = threading.Event()
+
+    def _step(self) -> bool:
+        if self.late.is_set():
+            self._client.exists(self.path)  # kazoo queues it until it has reconnected
+        return super()._step()
+
+
+def test_a_replica_whose_round_waits_on_a_request_made_while_reconnecting_still_stops(
+        zookeeper: LocalZooKeeper) -> None:
+    proxy = TcpProxy(zookeeper.connect_string)
+    cfg = HAConfig(zookeeper=proxy.address, replica_id="a", session_timeout_s=SESSION_S, watermark_interval_s=0.2)
+    a = _RequestAfterTheDrop(cfg, f"TW_DELAY_{uuid.uuid4().hex[:8]}", now_ms=lambda: time.time_ns() // 1_000_000)
+    try:
+        a.start(lambda: 1_000)
+        wait_for("a holds the lease", a.may_send)
+        proxy.cut("drop")
+        wait_for("a knows it is cut off", lambda: not a.may_send(), 10.0)
+        a.late.set()
+        time.sleep(3 * SESSION_S / 6)  # a round or two: the next one is waiting on its request
+        assert _returns_within(a.stop, 5 * SESSION_S), "stop() waits for a round that waits for ZooKeeper"
+    finally:
+        if not a.late.is_set():  # failed before the request: stop() has nothing to wait for
+            a.stop()
         proxy.stop()
