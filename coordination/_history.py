@@ -53,6 +53,7 @@ from kazoo.exceptions import ConnectionLoss, KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
+from coordination._bounded_requests import BoundedRequestsHandler
 from coordination._session_grant import record_grants
 from coordination.errors import LeasePathDeletedError, ZooKeeperHistoryLostError
 from coordination.watermark import MalformedWatermark, read_watermark
@@ -66,7 +67,9 @@ def replica_client(hosts: str, session_timeout_s: float) -> KazooClient:
     """A replica's ZooKeeper client, which waits at most half a session (plus kazoo's jitter, up to 40 %)
     between reconnects, so that it is back within a session of ZooKeeper, however long that was down."""
     retry = KazooRetry(max_tries=-1, max_delay=session_timeout_s / 2)
-    return record_grants(KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry))
+    # a request waits a session at most, not until a lost connection is back (`coordination._bounded_requests`)
+    return record_grants(KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=retry,
+                                     handler=BoundedRequestsHandler(session_timeout_s)))
 
 
 def end_session(client: KazooClient) -> None:

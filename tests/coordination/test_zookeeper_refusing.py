@@ -182,6 +182,34 @@ class _RequestAfterTheDrop(ShardReplica):
         return super()._step()
 
 
+def _cut_off_with_a_late_request(proxy: TcpProxy) -> _RequestAfterTheDrop:
+    """A holder through `proxy`, cut off, whose rounds from then on make a request while its client reconnects."""
+    cfg = HAConfig(zookeeper=proxy.address, replica_id="a", session_timeout_s=SESSION_S, watermark_interval_s=0.2)
+    a = _RequestAfterTheDrop(cfg, f"TW_DELAY_{uuid.uuid4().hex[:8]}", now_ms=lambda: time.time_ns() // 1_000_000)
+    a.start(lambda: 1_000)
+    wait_for("a holds the lease", a.may_send)
+    proxy.cut("drop")
+    wait_for("a knows it is cut off", lambda: not a.may_send(), 10.0)
+    a.late.set()
+    return a
+
+
+def test_a_round_whose_request_was_made_while_reconnecting_fails_after_a_session_instead_of_waiting(
+        zookeeper: LocalZooKeeper) -> None:
+    proxy = TcpProxy(zookeeper.connect_string)
+    try:
+        a = _cut_off_with_a_late_request(proxy)
+        try:
+            # rounds go on, each failing on its request's bound, so status and readiness keep telling
+            wait_for("a round fails on its request's bound",
+                     lambda: "KazooTimeoutError" in str(a.status().get("zookeeper_last_error")), 5 * SESSION_S)
+            wait_for("readiness names the failure", lambda: any(proxy.address in w for w in _readiness(a)), 10.0)
+        finally:
+            a.stop()
+    finally:
+        proxy.stop()
+
+
 def test_a_replica_whose_round_waits_on_a_request_made_while_reconnecting_still_stops(
         zookeeper: LocalZooKeeper) -> None:
     proxy = TcpProxy(zookeeper.connect_string)
