@@ -84,7 +84,7 @@ def end_session(client: KazooClient) -> None:
 def ensemble_zxid(hosts: str, timeout_s: float) -> int | None:
     """The ensemble's last transaction id as a fresh client at `hosts` learns it, after a sync (so a
     follower's lag does not show as a loss); None when it does not answer within `timeout_s`."""
-    probe = KazooClient(hosts=hosts, timeout=timeout_s)
+    probe = KazooClient(hosts=hosts, timeout=timeout_s, handler=BoundedRequestsHandler(timeout_s))
     try:
         probe.start(timeout=timeout_s)
         probe.sync("/")
