@@ -428,7 +428,7 @@ class ShardReplica:
         mark = engine_mark(self._epoch, self.cfg.replica_id, self._now_ms, self._watermark_source, self._offsets_source)
         if mark is None:
             return
-        if publish_watermark(self._client, self.path, mark, timeout_s=self.fence.session_timeout_s):
+        if publish_watermark(self._client, self.path, mark):
             self._published = mark
             with self._lock:
                 self.counters.watermarks_published += 1

@@ -89,20 +89,18 @@ def read_watermark(client: KazooClient, shard_path: str) -> Watermark:
     return Watermark.from_json(data)
 
 
-def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark, timeout_s: float | None = None) -> bool:
+def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark) -> bool:
     """Write `mark` unless a newer epoch wrote already; never moves it back within an epoch.
 
-    Returns False when a newer epoch owns the watermark (the caller lost its lease). `timeout_s`
-    bounds each request (`KazooTimeoutError` past it): kazoo queues a request made while its
-    client reconnects until the connection comes back, however long that takes.
+    Returns False when a newer epoch owns the watermark (the caller lost its lease).
     """
     path = f"{shard_path}/watermark"
     for _ in range(5):
         try:
-            data, stat = client.get_async(path).get(timeout=timeout_s)
+            data, stat = client.get(path)
         except NoNodeError:
             try:
-                client.create_async(path, mark.to_json(), makepath=True).get(timeout=timeout_s)
+                client.create(path, mark.to_json(), makepath=True)
                 return True
             except NodeExistsError:
                 continue
@@ -117,7 +115,7 @@ def publish_watermark(client: KazooClient, shard_path: str, mark: Watermark, tim
                 and old.offsets == mark.offsets)):
             return True  # never back; at the same W, written again only when it covers differently
         try:
-            client.set_async(path, mark.to_json(), version=stat.version).get(timeout=timeout_s)
+            client.set(path, mark.to_json(), version=stat.version)
             return True
         except BadVersionError:
             continue

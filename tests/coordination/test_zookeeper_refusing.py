@@ -13,6 +13,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, make_digest_acl
 
 from coordination import HAConfig, LocalZooKeeper, ShardReplica, Watermark, publish_watermark
+from coordination._bounded_requests import BoundedRequestsHandler
 from tests.coordination.cluster import TcpProxy, wait_for
 from tests.timewheel.app.service_parts import readiness_only
 
@@ -132,7 +133,7 @@ def _returns_within(call: Callable[[], object], seconds: float) -> bool:
 def test_a_watermark_published_while_the_client_reconnects_times_out_instead_of_waiting_for_the_connection(
         zookeeper: LocalZooKeeper) -> None:
     proxy = TcpProxy(zookeeper.connect_string)
-    client = KazooClient(hosts=proxy.address, timeout=SESSION_S)
+    client = KazooClient(hosts=proxy.address, timeout=SESSION_S, handler=BoundedRequestsHandler(0.5))
     try:
         client.start(timeout=30)
         proxy.cut("drop")
@@ -141,7 +142,7 @@ def test_a_watermark_published_while_the_client_reconnects_times_out_instead_of_
 
         def publish() -> None:
             try:
-                publish_watermark(client, f"/tw-{uuid.uuid4().hex[:8]}", Watermark(1, 1_000, "a", 0), timeout_s=0.5)
+                publish_watermark(client, f"/tw-{uuid.uuid4().hex[:8]}", Watermark(1, 1_000, "a", 0))
             except BaseException as e:
                 outcome.append(e)
         assert _returns_within(publish, 10.0), "the publish waits for a connection that does not come back"
@@ -187,9 +188,13 @@ def _cut_off_with_a_late_request(proxy: TcpProxy) -> _RequestAfterTheDrop:
     cfg = HAConfig(zookeeper=proxy.address, replica_id="a", session_timeout_s=SESSION_S, watermark_interval_s=0.2)
     a = _RequestAfterTheDrop(cfg, f"TW_DELAY_{uuid.uuid4().hex[:8]}", now_ms=lambda: time.time_ns() // 1_000_000)
     a.start(lambda: 1_000)
-    wait_for("a holds the lease", a.may_send)
-    proxy.cut("drop")
-    wait_for("a knows it is cut off", lambda: not a.may_send(), 10.0)
+    try:
+        wait_for("a holds the lease", a.may_send)
+        proxy.cut("drop")
+        wait_for("a knows it is cut off", lambda: not a.may_send(), 10.0)
+    except BaseException:
+        a.stop()
+        raise
     a.late.set()
     return a
 
@@ -213,17 +218,9 @@ def test_a_round_whose_request_was_made_while_reconnecting_fails_after_a_session
 def test_a_replica_whose_round_waits_on_a_request_made_while_reconnecting_still_stops(
         zookeeper: LocalZooKeeper) -> None:
     proxy = TcpProxy(zookeeper.connect_string)
-    cfg = HAConfig(zookeeper=proxy.address, replica_id="a", session_timeout_s=SESSION_S, watermark_interval_s=0.2)
-    a = _RequestAfterTheDrop(cfg, f"TW_DELAY_{uuid.uuid4().hex[:8]}", now_ms=lambda: time.time_ns() // 1_000_000)
     try:
-        a.start(lambda: 1_000)
-        wait_for("a holds the lease", a.may_send)
-        proxy.cut("drop")
-        wait_for("a knows it is cut off", lambda: not a.may_send(), 10.0)
-        a.late.set()
+        a = _cut_off_with_a_late_request(proxy)
         time.sleep(3 * SESSION_S / 6)  # a round or two: the next one is waiting on its request
         assert _returns_within(a.stop, 5 * SESSION_S), "stop() waits for a round that waits for ZooKeeper"
     finally:
-        if not a.late.is_set():  # failed before the request: stop() has nothing to wait for
-            a.stop()
         proxy.stop()
