@@ -74,8 +74,11 @@ class ChurnResult:
     acknowledged: int
     delivered: int
     lost: int
-    duplicates: int
+    duplicates: int  # second copies stored on the target
     segments_retired: int
+    redeliveries: int = 0  # the test consumer handing a stored copy over again (not the engine's doing)
+    duplicate_copies: list[str] = field(default_factory=list)  # the first few duplicates' copies
+    kill_ms: list[int] = field(default_factory=list)  # when each SIGKILL was sent (epoch ms)
     samples: list[Sample] = field(default_factory=list)
     held_deleted: list[str] = field(default_factory=list)  # the first few such files, to name them
     kills: int = 0  # SIGKILLs of the engine (each followed by a start)
@@ -211,6 +214,7 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
         while time.monotonic() - t0 < seconds:
             time.sleep(max(0.0, min(next_look, next_kill) - time.monotonic()))
             if time.monotonic() >= next_kill:
+                result.kill_ms.append(time.time_ns() // 1_000_000)
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
                 result.kills += 1
@@ -231,6 +235,7 @@ def run_churn(mq: LocalRocketMQ, seconds: float, work: Path, *, rate: int = 200,
     tally = load.tally()
     result.acknowledged, result.delivered, result.lost, result.duplicates = \
         tally.acknowledged, tally.delivered, tally.lost, tally.duplicates
+    result.redeliveries, result.duplicate_copies = tally.redeliveries, list(tally.duplicate_copies)
     result.seconds = round(time.monotonic() - t0, 1)
     result.segments_retired = max((s.retired for s in result.samples), default=0)
     result.problems = _problems(result)
@@ -243,7 +248,8 @@ def _problems(r: ChurnResult) -> list[str]:
     if r.lost:
         out.append(f"{r.lost} of {r.acknowledged} acknowledged messages not delivered")
     if r.duplicates:
-        out.append(f"{r.duplicates} duplicate deliveries")
+        out.append(f"{r.duplicates} duplicates stored on the target (kills at {r.kill_ms} epoch ms): "
+                   f"{r.duplicate_copies}")
     if not r.segments_retired:
         out.append("no segment was retired: the run proves nothing about retention")
     if held := max((s.deleted_held for s in r.samples), default=0):
@@ -265,7 +271,8 @@ def table(r: ChurnResult) -> str:
              f"{s.deleted_held} | {s.on_retired} | {s.segments} | {s.retired} | {s.data_mb:.1f} | {s.kills} |"
              for s in r.samples]
     rows.append(f"\n{r.acknowledged} acknowledged, {r.delivered} delivered, {r.lost} lost, {r.duplicates} "
-                f"duplicates; {r.segments_retired} segments retired and {r.kills} kills in {r.seconds:.0f} s; "
+                f"duplicates stored, {r.redeliveries} redelivered by the consumer; {r.segments_retired} segments "
+                f"retired and {r.kills} kills in {r.seconds:.0f} s; "
                 f"{r.lookups} look-ups by key "
                 f"({r.found_states}), {len(r.lookup_failures)} wrong")
     rows.append("every check held" if not r.problems else "PROBLEMS: " + "; ".join(r.problems))

@@ -15,12 +15,19 @@ from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
 
 @dataclass(frozen=True)
 class Tally:
-    """Acknowledged = accepted by the broker for the delay topic; the rest counts those only."""
+    """Acknowledged = accepted by the broker for the delay topic; the rest counts those only.
+
+    A duplicate is a second copy stored on the target (another queue position); a redelivery is the
+    consumer handing the same stored copy over again (RocketMQ's consumers are at-least-once), which
+    says nothing about the engine, so it is counted apart."""
 
     acknowledged: int
     delivered: int
     lost: int
     duplicates: int
+    redeliveries: int = 0
+    #: for the first few duplicates: body, then each copy's queue@offset and store time (epoch ms)
+    duplicate_copies: tuple[str, ...] = ()
 
 
 class SteadyLoad:
@@ -33,6 +40,7 @@ class SteadyLoad:
         self._run, self._delay_topic, self._target = run, delay_topic, target
         self._rate, self._due_in_ms = rate, due_in_ms
         self._receipts: dict[bytes, int] = {}
+        self._copies: dict[bytes, set[tuple[int, int, int, int]]] = {}  # stored positions seen per body
         self._acked: set[bytes] = set()
         self._order: list[bytes] = []  # acknowledged bodies, in the order sent
         self._lock = threading.Lock()
@@ -52,6 +60,10 @@ class SteadyLoad:
     def _on_message(self, m: ReceivedMessage) -> bool:
         with self._lock:
             self._receipts[m.body] = self._receipts.get(m.body, 0) + 1
+            # one broker's commit-log offset tells its copies apart; with the queue position, copies on
+            # two brokers too
+            self._copies.setdefault(m.body, set()).add((m.queue_id, m.queue_offset, m.commit_log_offset,
+                                                        m.store_timestamp))
         return True
 
     def _produce(self) -> None:
@@ -98,8 +110,13 @@ class SteadyLoad:
         """What arrived of what was acknowledged."""
         with self._lock:
             delivered = len(self._acked & self._receipts.keys())
-            duplicates = sum(c - 1 for b, c in self._receipts.items() if b in self._acked)
-            return Tally(len(self._acked), delivered, len(self._acked) - delivered, duplicates)
+            copies = {b: c for b, c in self._copies.items() if b in self._acked}
+            duplicates = sum(len(c) - 1 for c in copies.values())
+            redeliveries = sum(self._receipts[b] - len(c) for b, c in copies.items())
+            shown = tuple(f"{b.decode(errors='replace')}: " + ", ".join(f"q{q}@{o} stored {t}"
+                                                                        for q, o, _, t in sorted(c))
+                          for b, c in copies.items() if len(c) > 1)[:5]
+            return Tally(len(self._acked), delivered, len(self._acked) - delivered, duplicates, redeliveries, shown)
 
     def close(self) -> None:
         """Stop sending and shut the producer and the consumer down."""
