@@ -19,6 +19,9 @@ port, and with it `/healthz`, hostage. Here one event loop (its own thread) serv
   closes without reading the body; chunked bodies are refused (411): no admin request needs one;
 - a method the handler takes on no path (`methods`) is answered 501 naming it, without calling the
   handler: 405 is the handler's, for a path asked with a method it takes elsewhere;
+- a request the caller's `screen` refuses on its head alone (a missing token) is answered before
+  its body is read, and the body is read away without being kept: an unauthenticated client cannot
+  make the server hold a body;
 - handlers run on a small thread pool (they may take the engine's locks), except those the caller
   marks inline (health probes), which answer even while every worker is busy.
 
@@ -225,10 +228,14 @@ class HttpServer:
 
     def __init__(self, host: str, port: int, handler: Handler, limits: HttpLimits = HttpLimits(), *,
                  inline: Callable[[Request], bool] = lambda r: False, name: str = "timewheel-http",
-                 methods: frozenset[str] = METHODS) -> None:
+                 methods: frozenset[str] = METHODS,
+                 screen: Callable[[Request], Response | None] = lambda r: None) -> None:
         self.handler = handler
         self.limits = limits
         self.inline = inline
+        #: the answer to a request refused on its head alone (None: read its body and call the handler);
+        #: it runs on the event loop, so it must be quick and take no lock the handlers hold
+        self.screen = screen
         #: the methods `handler` answers on some path; any other is refused before it is called (501)
         self.methods = methods
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -343,6 +350,9 @@ class HttpServer:
                 head = first + await self._read(reader.readuntil(b"\r\n\r\n"), "request head")
                 req = parse_head(head, limits, self.methods)
                 n = body_length(req.headers, limits)
+                if n and (refused := self.screen(req)) is not None:
+                    await self._refuse_before_body(reader, writer, refused, n)
+                    return
                 if n and req.headers.get("expect", "").lower() == "100-continue":
                     # curl asks before a body over 1 KiB and waits a second for this before sending anyway
                     writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -381,6 +391,22 @@ class HttpServer:
         except Exception:
             log.exception("admin request %s %s failed", req.method, req.path)
             return Response.json(500, {"error": "internal error: see the engine's log"})
+
+    async def _refuse_before_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                  resp: Response, n: int) -> None:
+        """Answer `resp` and close, reading the `n` body bytes away unkept (closing with them unread would
+        reset the connection, and the client could lose the answer), for `read_timeout_s` at most."""
+        writer.write(_encode(resp, keep_alive=False))
+        await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+        deadline = time.monotonic() + self.limits.read_timeout_s
+        while n > 0 and (left := deadline - time.monotonic()) > 0:
+            try:
+                chunk = await asyncio.wait_for(reader.read(min(n, 65536)), left)
+            except (TimeoutError, ConnectionError):
+                return
+            if not chunk:
+                return
+            n -= len(chunk)
 
     async def _refuse(self, writer: asyncio.StreamWriter, err: HttpError) -> None:
         writer.write(_encode(Response.json(err.status, {"error": err.reason}), keep_alive=False))

@@ -57,6 +57,8 @@ log = logging.getLogger("timewheel.app.admin")
 #: how long one `/status` answer serves every caller: it opens a connection to the NameServer and
 #: one to each broker, and needs no authentication
 STATUS_CACHE_S = 2.0
+#: routes that need the token (they change the engine, or show keys and topics)
+_GUARDED = frozenset({("GET", "/messages"), ("POST", "/cancel"), ("PUT", "/shaping")})
 
 
 class AdminTarget(Protocol):
@@ -119,7 +121,7 @@ class AdminServer:
         # a method no route takes is the server's 501, before any handler runs
         self.http = HttpServer(host.strip("[]"), int(port), self.handle, limits, name="timewheel-admin",
                                inline=lambda r: r.path in ("/healthz", "/readyz"),
-                               methods=frozenset(m for m, _ in self._routes) | {"HEAD"})
+                               methods=frozenset(m for m, _ in self._routes) | {"HEAD"}, screen=self._screen)
         self._status_lock = threading.Lock()  # one computation at a time; the others take its answer
         self._status_cached: tuple[float, dict[str, Any]] | None = None
 
@@ -149,9 +151,9 @@ class AdminServer:
 
     def handle(self, req: Request) -> Response:
         """Route one request."""
-        route = self._routes.get((req.method if req.method != "HEAD" else "GET", req.path))
+        route = self._routes.get(_route_key(req))
         if route is not None:
-            return route(req)
+            return self._screen(req) or route(req)
         allow = self.allowed_methods(req.path)
         if allow:
             # RFC 9110: a 405 must say what the path takes
@@ -166,6 +168,11 @@ class AdminServer:
         """The methods `path` takes, sorted (HEAD wherever GET is); none for a path with no route."""
         methods = {m for m, p in self._routes if p == path}
         return sorted(methods | {"HEAD"} if "GET" in methods else methods)
+
+    def _screen(self, req: Request) -> Response | None:
+        """The refusal of a request to a guarded route without the token, from its head alone: the
+        body of an unauthenticated request is never kept."""
+        return self._guard(req) if _route_key(req) in _GUARDED else None
 
     def _guard(self, req: Request) -> Response | None:
         status = self.authorized(req.headers.get("authorization"))
@@ -200,9 +207,6 @@ class AdminServer:
         return _json(200, cached[1])
 
     def _messages(self, req: Request) -> Response:
-        refused = self._guard(req)
-        if refused is not None:
-            return refused
         from timewheel.find import DEFAULT_LIMIT, MAX_LIMIT
 
         ids, keys, limits = req.query.get("id", []), req.query.get("key", []), req.query.get("limit", [])
@@ -220,9 +224,6 @@ class AdminServer:
             return _json(503, {"error": str(e)})
 
     def _cancel(self, req: Request) -> Response:
-        refused = self._guard(req)
-        if refused is not None:
-            return refused
         ids, keys = req.query.get("id", []), req.query.get("key", [])
         if len(ids) + len(keys) != 1 or not (ids or keys)[0]:
             return _json(400, {"error": "give exactly one non-empty ?id= or ?key="})
@@ -240,9 +241,6 @@ class AdminServer:
             return _json(400, {"error": str(e)})
 
     def _put_shaping(self, req: Request) -> Response:
-        refused = self._guard(req)
-        if refused is not None:
-            return refused
         try:
             rules = parse_json_object(req.body)
             return _json(200, self.target.replace_shaping_rules(rules))
@@ -271,6 +269,11 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number the rules accept")
+
+
+def _route_key(req: Request) -> tuple[str, str]:
+    """(method, path) as the routes are keyed: HEAD is GET without the body."""
+    return req.method if req.method != "HEAD" else "GET", req.path
 
 
 def _json(status: int, obj: Any, headers: Mapping[str, str] | None = None) -> Response:

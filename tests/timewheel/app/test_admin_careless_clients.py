@@ -1,11 +1,12 @@
 """The admin endpoint against careless and hostile clients: idle sockets filling every slot, a query
-that is not UTF-8, a body shorter than its `Content-Length`."""
+that is not UTF-8, a body shorter than its `Content-Length`, a body sent without the token."""
 from __future__ import annotations
 
 import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -165,3 +166,58 @@ def test_a_body_sent_after_100_continue_is_not_held_back(crowded_admin: tuple[Ad
             final += s.recv(4096)
     assert final.startswith(b"HTTP/1.1 200 "), final
     assert len(target.rules["topics"]) == 100
+
+
+def _answer_head(s: socket.socket) -> bytes:
+    """What the server answers on `s` up to the end of its head (or the connection's end)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer and (chunk := s.recv(4096)):
+        answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("token", ["", "wrong"])
+def test_a_guarded_request_without_the_token_is_refused_before_its_body_is_read(
+        crowded_admin: tuple[AdminServer, _Target], token: str) -> None:
+    """Its head alone is answered: the server neither waits for nor holds an unauthenticated body (a
+    few hundred such clients could otherwise make it hold a MiB each)."""
+    server, target = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"PUT /shaping HTTP/1.1\r\n{auth}Content-Length: 1000000\r\n\r\n".encode())
+        answer = _answer_head(s)  # no body sent: waiting for it would answer 408 after the read timeout
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        assert b"Connection: close" in answer
+    assert target.rules == {}
+
+
+def test_a_client_sending_its_body_after_the_refusal_can_still_send_it_and_read_the_answer(
+        crowded_admin: tuple[AdminServer, _Target]) -> None:
+    """The body is read away unkept before the close. A client that sends its whole body before reading
+    (most do) would otherwise write into a closed connection: a broken pipe instead of the 401."""
+    server, target = crowded_admin
+    host, port = server.address.rsplit(":", 1)
+    body = b"x" * (1 << 20)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"POST /cancel?id=m1 HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        time.sleep(0.3)  # the server answers meanwhile
+        for i in range(0, len(body), 65536):
+            s.sendall(body[i:i + 65536])
+        answer = _answer_head(s)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        assert _closed_by_server(s)
+    assert target.cancels == []
+
+
+def test_a_server_without_a_token_refuses_a_guarded_body_with_403() -> None:
+    target = _Target()
+    server = AdminServer("127.0.0.1:0", "", target, CollectorRegistry(), HttpLimits(read_timeout_s=1.0)).start()
+    try:
+        host, port = server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"PUT /shaping HTTP/1.1\r\nContent-Length: 500\r\n\r\n")
+            answer = _answer_head(s)
+        assert answer.startswith(b"HTTP/1.1 403 ") and b"no admin token" in answer, answer
+    finally:
+        server.stop()
