@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from bench.peers.common import RESULTS_DIR
 from bench.peers.report import console, write_report
@@ -47,6 +48,17 @@ _HELP = {
 }
 
 
+def _require_bench_extras() -> None:
+    """Exit naming the install command if the benchmark's extras are missing: every system would
+    otherwise fail on its first import, one after another, each after starting its broker."""
+    import importlib.util
+
+    missing = [m for m in ("psutil", "redis", "psycopg") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"the benchmark needs {', '.join(missing)}: pip install -e '.[dev,bench]' "
+                 "(`make bench-peers` installs them and runs it)")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -84,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "leaving bench/ alone")
     args = ap.parse_args(args_list)
     if args.cmd == "run":
+        _require_bench_extras()
         cfg = RunConfig(**{f.name: getattr(args, f.name) for f in fields(RunConfig) if f.name != "systems"},
                         systems=tuple(args.systems or ALL_SYSTEMS))
         command = "python -m bench.peers " + shlex.join(args_list)
@@ -99,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             write_report(doc, args.stem)
         print(console(doc))
+        systems: dict[str, dict[str, Any]] = doc["systems"]  # type: ignore[assignment]  # the run's JSON
+        if failed := [name for name, r in systems.items() if "error" in r]:
+            sys.exit(f"{len(failed)} of {len(systems)} systems failed ({', '.join(failed)}): "
+                     "their errors are in the report")
     else:
         results = RESULTS_DIR if args.out is None else args.out / "results"
         doc = json.loads((results / f"{args.stem}.json").read_text())

@@ -320,7 +320,11 @@ def chart(doc: dict, path: Path) -> None:
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    if labels:
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    else:  # every system failed: the chart says so rather than the run ending on matplotlib's error
+        fig.text(0.5, 0.02, "no system has lateness figures: see each system's error in the report",
+                 ha="center", fontsize=10)
     fig.suptitle(f"Lateness CDF, {doc['machine']['date']}, {doc['machine']['cpus']} CPUs, "
                  f"load avg {doc['load_average_start'][0]}")
     fig.tight_layout(rect=(0, 0.06, 1, 1))

@@ -1,0 +1,37 @@
+"""A `bench.peers run` whose every system failed: a report and a chart that say so, and a non-zero exit."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peers import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_run_whose_systems_all_failed_reports_them_and_exits_non_zero(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    doc: dict[str, Any] = json.loads((ROOT / "bench" / "results" / "peers.json").read_text())
+    doc["systems"] = {name: {"error": "ModuleNotFoundError: No module named 'psutil'"}
+                      for name in ("plain-hop", "timewheel")}
+    monkeypatch.setattr(cli, "run_fast_switch", lambda cfg, command: doc)
+    monkeypatch.setattr(cli, "_require_bench_extras", lambda: None)  # the suite's environment lacks them
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--system", "plain-hop", "--system", "timewheel", "--out", str(tmp_path)])
+    assert "2 of 2 systems failed (plain-hop, timewheel)" in str(exit_.value.code)
+    assert (tmp_path / "results" / "peers.png").stat().st_size > 0
+    assert "No module named 'psutil'" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_a_run_without_the_benchmark_extras_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psutil" else real(name, *a))
+    monkeypatch.setattr(cli, "run_fast_switch", lambda cfg, command: pytest.fail("ran without its extras"))
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--system", "timewheel"])
+    assert "needs psutil" in str(exit_.value.code) and "[dev,bench]" in str(exit_.value.code)
