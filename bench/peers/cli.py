@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.peers.common import RESULTS_DIR
 from bench.peers.report import console, write_report
@@ -48,13 +48,13 @@ _HELP = {
 }
 
 
-def _require_bench_extras() -> None:
-    """Exit naming the install command if the benchmark's extras are missing: every system would
+def _require_bench_extras(systems: Sequence[str]) -> None:
+    """Exit naming the install command if a module `systems` need is missing: each system would
     otherwise fail on its first import, one after another, each after starting its broker."""
     import importlib.util
 
-    missing = [m for m in ("psutil", "redis", "psycopg") if importlib.util.find_spec(m) is None]
-    if missing:
+    needed = ["psutil"] + ["redis"] * ("redis-zset" in systems) + ["psycopg"] * ("postgres" in systems)
+    if missing := [m for m in needed if importlib.util.find_spec(m) is None]:
         sys.exit(f"the benchmark needs {', '.join(missing)}: pip install -e '.[dev,bench]' "
                  "(`make bench-peers` installs them and runs it)")
 
@@ -96,9 +96,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "leaving bench/ alone")
     args = ap.parse_args(args_list)
     if args.cmd == "run":
-        _require_bench_extras()
         cfg = RunConfig(**{f.name: getattr(args, f.name) for f in fields(RunConfig) if f.name != "systems"},
                         systems=tuple(args.systems or ALL_SYSTEMS))
+        _require_bench_extras(cfg.systems)
         command = "python -m bench.peers " + shlex.join(args_list)
         doc = run_fast_switch(cfg, command)
         if args.out is not None:
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             write_report(doc, args.stem)
         print(console(doc))
-        systems: dict[str, dict[str, Any]] = doc["systems"]  # type: ignore[assignment]  # the run's JSON
+        systems = cast("dict[str, dict[str, Any]]", doc["systems"])
         if failed := [name for name, r in systems.items() if "error" in r]:
             sys.exit(f"{len(failed)} of {len(systems)} systems failed ({', '.join(failed)}): "
                      "their errors are in the report")

@@ -18,7 +18,7 @@ def test_a_run_whose_systems_all_failed_reports_them_and_exits_non_zero(tmp_path
     doc["systems"] = {name: {"error": "ModuleNotFoundError: No module named 'psutil'"}
                       for name in ("plain-hop", "timewheel")}
     monkeypatch.setattr(cli, "run_fast_switch", lambda cfg, command: doc)
-    monkeypatch.setattr(cli, "_require_bench_extras", lambda: None)  # the suite's environment lacks them
+    monkeypatch.setattr(cli, "_require_bench_extras", lambda systems: None)  # the suite's environment lacks them
     with pytest.raises(SystemExit) as exit_:
         cli.main(["run", "--system", "plain-hop", "--system", "timewheel", "--out", str(tmp_path)])
     assert "2 of 2 systems failed (plain-hop, timewheel)" in str(exit_.value.code)
@@ -26,12 +26,34 @@ def test_a_run_whose_systems_all_failed_reports_them_and_exits_non_zero(tmp_path
     assert "No module named 'psutil'" in (tmp_path / "RESULTS.md").read_text()
 
 
-def test_a_run_without_the_benchmark_extras_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("system", "module"), [("timewheel", "psutil"), ("redis-zset", "redis"),
+                                                ("postgres", "psycopg")])
+def test_a_run_without_a_module_its_systems_need_names_the_install_command(
+        monkeypatch: pytest.MonkeyPatch, system: str, module: str) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psutil" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
     monkeypatch.setattr(cli, "run_fast_switch", lambda cfg, command: pytest.fail("ran without its extras"))
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["run", "--system", "timewheel"])
-    assert "needs psutil" in str(exit_.value.code) and "[dev,bench]" in str(exit_.value.code)
+        cli.main(["run", "--system", system])
+    assert f"needs {module}:" in str(exit_.value.code) and "[dev,bench]" in str(exit_.value.code)
+
+
+def test_a_run_asks_only_for_the_modules_of_its_systems(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    # psutil there (the suite's environment may lack it), the other two systems' modules not
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("redis", "psycopg") else object())
+    ran: list[object] = []
+
+    def run(cfg: object, command: str) -> dict[str, object]:
+        ran.append(cfg)
+        return {"systems": {}}
+
+    monkeypatch.setattr(cli, "run_fast_switch", run)
+    monkeypatch.setattr(cli, "write_report", lambda *a: None)
+    monkeypatch.setattr(cli, "console", lambda doc: "")
+    cli.main(["run", "--system", "timewheel", "--out", "unused"])
+    assert len(ran) == 1

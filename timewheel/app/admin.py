@@ -153,7 +153,8 @@ class AdminServer:
         """Route one request."""
         route = self._routes.get(_route_key(req))
         if route is not None:
-            return self._screen(req) or route(req)
+            refused = self._screen(req)  # a guarded request with no body was not screened by the server
+            return refused if refused is not None else route(req)
         allow = self.allowed_methods(req.path)
         if allow:
             # RFC 9110: a 405 must say what the path takes
