@@ -27,6 +27,9 @@ _RECV_CHUNK = 256 * 1024
 #: kept: setting it costs a system call, and a deadline set a moment ago is nearly the timeout
 _TIMEOUT_SLACK = 0.05
 
+#: frames `Connection.serve_requests` reads at most a call
+SERVE_LIMIT = 64
+
 #: why a TLS handshake met an answer that is not TLS
 _NOT_TLS = " (the peer does not answer in TLS: if it expects plaintext, set tls = false under [rocketmq])"
 
@@ -171,16 +174,20 @@ class Connection:
                 return resp
             self._answer(frame)
 
-    def serve_requests(self) -> int:
+    def serve_requests(self, limit: int = SERVE_LIMIT) -> int:
         """Answer the requests the peer sent while nothing was awaited, without blocking; how many.
 
+        At most `limit` frames a call: a peer that keeps sending would otherwise hold the caller (a
+        consumer's rebalance thread) here for good; the rest wait for the next call.
         A connection another thread is using is left alone: that thread answers them as it reads.
         """
         if self.closed or not self.lock.acquire(blocking=False):
             return 0
         served = 0
+        read = 0
         try:
-            while not self.closed and self.readable(0):
+            while read < limit and not self.closed and self.readable(0):
+                read += 1
                 frame = self._read_frame(time.monotonic() + self._timeout)
                 if decode_response(frame, self.addr) is None:  # else: an answer nobody waits for any more
                     self._answer(frame)

@@ -159,3 +159,35 @@ def test_a_joining_member_is_noticed_at_once_not_at_the_next_round(rocketmq: Loc
     finally:
         second.stop()
         first.stop()
+
+
+def test_serving_a_flood_of_requests_returns_after_its_limit(fake_broker: FakeBroker) -> None:
+    # a broker that keeps sending must not hold the rebalance thread in one call for good
+    seen: list[int] = []
+
+    def handler(req: Request) -> None:
+        seen.append(req.opaque)
+        return None
+
+    conn = Connection(fake_broker.addr, 2.0, on_request=handler)
+    try:
+        while fake_broker.peer is None:
+            time.sleep(0.01)
+        frames = bytearray()
+        for opaque in range(1, 201):
+            frame = bytearray(encode_request(NOTIFY_CONSUMER_IDS_CHANGED, opaque, {"consumerGroup": "g"}, b""))
+            frame[8:] = frame[8:].replace(b'"flag":0', b'"flag":2')  # one-way: nothing to answer
+            frames += frame
+        fake_broker.peer.sendall(bytes(frames))
+        deadline = time.monotonic() + 5
+        while not conn.readable(0.05) and time.monotonic() < deadline:
+            pass
+        time.sleep(0.2)  # all 200 on the client's side of the socket
+        assert conn.serve_requests(limit=64) == 64
+        assert seen == list(range(1, 65))
+        served = 64
+        while served < 200 and time.monotonic() < deadline:
+            served += conn.serve_requests(limit=64)
+        assert served == 200 and seen == list(range(1, 201)), "the rest are served by the next calls"
+    finally:
+        conn.close()
