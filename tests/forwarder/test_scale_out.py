@@ -41,6 +41,7 @@ from forwarder.errors import ForwarderError
 from forwarder.local_rocketmq import LocalRocketMQ
 from storage import SegmentLayout, decode, read_index
 from tests.reliability.kill_loop import serve_env, start_serve
+from tests.stored_copies import StoredCopies
 
 pytestmark = [pytest.mark.rocketmq, pytest.mark.slow]
 
@@ -90,19 +91,16 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
 
     lock = threading.Lock()
     receipts: Counter[str] = Counter()  # TW_ORIGINAL_MSG_ID -> deliveries (copies stored on the target)
-    copies_seen: set[tuple[int, int, int]] = set()
-    redelivered = [0]  # a stored copy the push consumer handed over again: the consumer's, not an engine's
+    # a stored copy the push consumer handed over again is the consumer's, not an engine's
+    stored: StoredCopies[str] = StoredCopies()
     body_of: dict[str, bytes] = {}
     received_at: dict[str, int] = {}  # first delivery, consumer's clock
 
     def on_delivery(m: ReceivedMessage) -> bool:
         orig = m.properties.get(ORIGINAL_MSG_ID, "")
-        where = (m.queue_id, m.queue_offset, m.commit_log_offset)
+        if not stored.add(orig, m):
+            return True
         with lock:
-            if where in copies_seen:
-                redelivered[0] += 1
-                return True
-            copies_seen.add(where)
             receipts[orig] += 1
             body_of[orig] = m.body
             received_at.setdefault(orig, _now_ms())
@@ -226,7 +224,7 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
           f"lost {len(lost)}; {sum(counts.values())} deliveries, {duplicates} duplicates ({twice} stored by two "
           f"engines in the rebalance, {resent} re-sent by the killed engine); {normal} in normal operation, each "
           f"once; stored per engine {[len(s) for s in stores]}; {len(held)} held by the killed engine while down; "
-          f"{time.monotonic() - t_start:.0f} s; {redelivered[0]} copies handed over again by the test's consumer")
+          f"{time.monotonic() - t_start:.0f} s; {stored.redeliveries()} copies handed over again by the test's consumer")
     for i in [i for i, c in counts.items() if c > 1][:10]:
         print(f"  duplicate {i}: {counts[i]}x, stored by engines "
               f"{[n for n, s in enumerate(stores) if i in s]} at "

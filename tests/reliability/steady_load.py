@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from forwarder._rmq_native import LogLevel, NativeProducer, NativePushConsumer
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage
+from tests.stored_copies import StoredCopies
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,7 @@ class SteadyLoad:
                  due_in_ms: Callable[[int], int], name: str) -> None:
         self._run, self._delay_topic, self._target = run, delay_topic, target
         self._rate, self._due_in_ms = rate, due_in_ms
-        self._receipts: dict[bytes, int] = {}
-        self._copies: dict[bytes, set[tuple[int, int, int, int]]] = {}  # stored positions seen per body
+        self._copies: StoredCopies[bytes] = StoredCopies()  # stored positions seen per body
         self._acked: set[bytes] = set()
         self._order: list[bytes] = []  # acknowledged bodies, in the order sent
         self._lock = threading.Lock()
@@ -58,12 +58,7 @@ class SteadyLoad:
         self._thread.start()
 
     def _on_message(self, m: ReceivedMessage) -> bool:
-        with self._lock:
-            self._receipts[m.body] = self._receipts.get(m.body, 0) + 1
-            # one broker's commit-log offset tells its copies apart; with the queue position, copies on
-            # two brokers too
-            self._copies.setdefault(m.body, set()).add((m.queue_id, m.queue_offset, m.commit_log_offset,
-                                                        m.store_timestamp))
+        self._copies.add(m.body, m)
         return True
 
     def _produce(self) -> None:
@@ -100,8 +95,9 @@ class SteadyLoad:
         """Wait until every acknowledged message arrived at least once (False: not within `timeout`)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            received = self._copies.keys()
             with self._lock:
-                if self._acked <= self._receipts.keys():
+                if self._acked <= received:
                     return True
             time.sleep(poll_s)
         return False
@@ -109,14 +105,10 @@ class SteadyLoad:
     def tally(self) -> Tally:
         """What arrived of what was acknowledged."""
         with self._lock:
-            delivered = len(self._acked & self._receipts.keys())
-            copies = {b: c for b, c in self._copies.items() if b in self._acked}
-            duplicates = sum(len(c) - 1 for c in copies.values())
-            redeliveries = sum(self._receipts[b] - len(c) for b, c in copies.items())
-            shown = tuple(f"{b.decode(errors='replace')}: " + ", ".join(f"q{q}@{o} stored {t}"
-                                                                        for q, o, _, t in sorted(c))
-                          for b, c in copies.items() if len(c) > 1)[:5]
-            return Tally(len(self._acked), delivered, len(self._acked) - delivered, duplicates, redeliveries, shown)
+            acked = set(self._acked)
+        arrived = acked & self._copies.keys()
+        return Tally(len(acked), len(arrived), len(acked) - len(arrived), self._copies.duplicates(arrived),
+                     self._copies.redeliveries(arrived), self._copies.described(arrived))
 
     def close(self) -> None:
         """Stop sending and shut the producer and the consumer down."""
