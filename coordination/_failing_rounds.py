@@ -17,7 +17,7 @@ from typing import Callable
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from coordination.errors import ZooKeeperFailingError, _one_line
+from coordination.errors import ZooKeeperFailingError, one_line
 from coordination.fencing import FencingDeadline
 
 __all__ = ["ZOOKEEPER_ERRORS", "FailingRounds"]
@@ -41,7 +41,7 @@ class _Run:
 
 
 def _text(last: BaseException | str) -> str:
-    text = _one_line(last) if isinstance(last, BaseException) else last
+    text = one_line(last) if isinstance(last, BaseException) else last
     return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 1] + "…"
 
 

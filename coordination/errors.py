@@ -5,13 +5,14 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
 __all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LeasePathDeletedError", "LocalZooKeeperError",
-           "ZooKeeperFailingError", "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError"]
+           "ZooKeeperFailingError", "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError",
+           "one_line"]
 
 #: what a NoAuthError means, at a replica's start as while it runs
 _NO_AUTH = "NoAuthError: a znode's ACL denies this client the request"
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """`Type: message` on one line (kazoo's errors often carry no message: then the type alone)."""
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -42,7 +43,7 @@ class ZooKeeperJoinError(CoordinationError, ConnectionError):
     def __init__(self, zookeeper: str, replica_id: str, shard_path: str, cause: BaseException) -> None:
         """The message names the connect string, the replica, its shard and what ZooKeeper did."""
         dropped = isinstance(cause, (ConnectionLoss, SessionExpiredError, KazooTimeoutError))
-        what = "dropped the connection" if dropped else f"refused a request ({_one_line(cause)})"
+        what = "dropped the connection" if dropped else f"refused a request ({one_line(cause)})"
         act = "start it again"
         if isinstance(cause, NoAuthError):  # a start again meets the same ACL
             what = f"refused a request ({_NO_AUTH})"
@@ -68,7 +69,7 @@ class ZooKeeperFailingError(CoordinationError):
                    f"client, which connects without credentials (world:anyone, and its host's ip): grant it "
                    f"create, delete, read and write on them")
         else:
-            what = _one_line(last) if isinstance(last, BaseException) else last
+            what = one_line(last) if isinstance(last, BaseException) else last
             act = "check that it is up, reachable from this host and answering (ruok, zkCli.sh)"
         super().__init__(f"ZooKeeper at ha.zookeeper = {zookeeper!r} has failed every round of replica {replica_id!r} "
                          f"of shard {shard_path} for {failing_s:.0f} s ({rounds} rounds; the last: {what}): it sends "
