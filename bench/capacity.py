@@ -2,13 +2,15 @@
 second, measured on this machine, and how many engines a load needs.
 
     python -m bench.capacity [--messages 50000] [--due-rate 10000] [--low-due-rate 1000]
-        [--check-rate 2000 --check-rate 5000] [--loaded 500000]
+        [--check-rate 2000 --check-rate 5000] [--loaded 500000] [--ha]
 
 - ingest: a `timewheel serve` process on a real local RocketMQ stores --messages delay messages
   (200-byte bodies) due in two hours; its CPU time (from /proc, idle cost subtracted) per message,
   and of that its kernel (system) time, and the data directory's bytes per message once checkpointed;
 - delivery: messages come due for 10 s at --due-rate a second, then at --low-due-rate, then at each
   --check-rate; CPU time per delivered message at each;
+- with --ha, the engine runs as a replica set of one (`[ha]` on a local ZooKeeper, the lease taken
+  before anything is measured): the fenced sink, the watermark and the look-ups a replica runs;
 - loaded memory: a fresh process opens a data directory holding --loaded messages due within the
   loaded segments; RSS growth per message, and the wheel's own bytes per entry.
 
@@ -23,6 +25,7 @@ example loads) is computed from those figures. Writes bench/results/capacity.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -40,6 +43,7 @@ from typing import Callable, Sequence
 from bench.engine_latency import _machine
 from bench.rocketmq_e2e import RemoteReceiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
+from coordination import LocalZooKeeper
 from forwarder import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage
 from forwarder.rocketmq import RemotingProducer
@@ -189,58 +193,73 @@ class Profile:
 
 def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None,
                      gil: bool = False, serve_extra: dict[str, str] | None = None,
-                     other_rates: Sequence[int] = ()) -> dict[str, object]:
+                     other_rates: Sequence[int] = (), ha: bool = False) -> dict[str, object]:
     """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message: delivery
-    at `due_rate` (`delivery`), then at each of `other_rates` (`delivery_R`)."""
+    at `due_rate` (`delivery`), then at each of `other_rates` (`delivery_R`); with `ha`, the engine
+    is a replica set of one on a local ZooKeeper, holding the lease before anything is measured."""
     out: dict[str, object] = {}
-    with LocalRocketMQ(work / "mq", stop_timeout=3.0) as mq:
-        run = uuid.uuid4().hex[:8]
-        delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
-        mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=8)
-        # in a process of its own: its callbacks would otherwise take CPU and the GIL from this one's
-        recv = RemoteReceiver(mq.namesrv_addr, target)
-        producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
-        data = work / "serve"
-        # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
-        proc = start_serve(data, serve_env(mq, run, **{"TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2",
-                                                                  **(serve_extra or {})}), work / "serve.log")
-        meter = CpuMeter(proc.pid)
-        try:
-            # idle: timers, long polls, heartbeats
-            c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()
-            time.sleep(5.0)
-            idle = (meter.sample()[1] - c0) / (time.monotonic() - t0)
-            idle_kernel = (_system_seconds(proc.pid) - k0) / (time.monotonic() - t0)
-            out["idle"] = {"cpu_cores": round(idle, 4), "rss_mb": round(_rss_bytes(proc.pid) / 2**20, 1)}
-            # ingest: due in two hours, so nothing is loaded into the wheel
-            far = time.time_ns() // 1_000_000 + 7_200_000
-            ingest_msgs = [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
-                "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)]
-            with Profile(proc.pid, profile and profile / "ingest.txt", gil=gil):
-                c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()
-                sent = produce(producer, ingest_msgs)
-                _wait(lambda: _stored(data) >= sent, 600)
-                dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
-                kernel = _system_seconds(proc.pid) - k0
-            time.sleep(5.0)  # two checkpoints: the ingest log is let go
-            disk = data_dir_bytes(data)
-            out["ingest"] = {"messages": sent, "seconds": round(dt, 1), "per_s": round(sent / dt),
-                             "cpu_us_per_message": round((cpu - idle * dt) / sent * 1e6, 1),
-                             "kernel_us_per_message": round((kernel - idle_kernel * dt) / sent * 1e6, 1),
-                             "disk_bytes_per_message": round(disk / sent, 1), "body_bytes": len(BODY)}
-            print("ingest", out["ingest"], flush=True)
-            ingest_s_per_msg = dt / max(sent, 1)  # sending and storing the due ones takes about as long
-            for label, rate in [("delivery", due_rate), *((f"delivery_{r}", r) for r in other_rates)]:
-                with Profile(proc.pid, profile and profile / f"{label}.txt", gil=gil):
-                    out[label] = _delivery(producer, recv, meter, data, delay_topic, target, rate, ingest_s_per_msg,
-                                           (idle, idle_kernel), proc.pid, work / "serve.log")
-                print(label, out[label], flush=True)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-            producer.close()
-            recv.stop()
+    with contextlib.ExitStack() as stack:
+        mq = stack.enter_context(LocalRocketMQ(work / "mq", stop_timeout=3.0))
+        if ha:
+            zk = stack.enter_context(LocalZooKeeper(work / "zk"))
+            serve_extra = {"TIMEWHEEL_HA_ZOOKEEPER": zk.connect_string, "TIMEWHEEL_HA_REPLICA_ID": "capacity",
+                           **(serve_extra or {})}
+        _measure(mq, out, messages, due_rate, work, profile, gil, serve_extra, other_rates, ha)
     return out
+
+
+def _measure(mq: LocalRocketMQ, out: dict[str, object], messages: int, due_rate: int, work: Path,
+             profile: Path | None, gil: bool, serve_extra: dict[str, str] | None, other_rates: Sequence[int],
+             ha: bool) -> None:
+    """`through_rocketmq` on a started broker (and ZooKeeper): its figures into `out`."""
+    run = uuid.uuid4().hex[:8]
+    delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
+    mq.create_topics([delay_topic, f"TW_DLQ_{run}", target], queues=8)
+    # in a process of its own: its callbacks would otherwise take CPU and the GIL from this one's
+    recv = RemoteReceiver(mq.namesrv_addr, target)
+    producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
+    data = work / "serve"
+    # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
+    proc = start_serve(data, serve_env(mq, run, **{"TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2", **(serve_extra or {})}),
+                       work / "serve.log")
+    meter = CpuMeter(proc.pid)
+    try:
+        if ha and not _wait(lambda: "holds the lease" in (work / "serve.log").read_text(errors="replace"), 120):
+            raise RuntimeError(f"the engine never took the lease (see {work / 'serve.log'})")
+        # idle: timers, long polls, heartbeats
+        c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()
+        time.sleep(5.0)
+        idle = (meter.sample()[1] - c0) / (time.monotonic() - t0)
+        idle_kernel = (_system_seconds(proc.pid) - k0) / (time.monotonic() - t0)
+        out["idle"] = {"cpu_cores": round(idle, 4), "rss_mb": round(_rss_bytes(proc.pid) / 2**20, 1)}
+        # ingest: due in two hours, so nothing is loaded into the wheel
+        far = time.time_ns() // 1_000_000 + 7_200_000
+        ingest_msgs = [OutgoingMessage(delay_topic, BODY + str(i).encode(), None, None, {
+            "TW_TARGET_TOPIC": target, "TW_DELIVER_AT_MS": str(far + i)}) for i in range(messages)]
+        with Profile(proc.pid, profile and profile / "ingest.txt", gil=gil):
+            c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()
+            sent = produce(producer, ingest_msgs)
+            _wait(lambda: _stored(data) >= sent, 600)
+            dt, cpu = time.monotonic() - t0, meter.sample()[1] - c0
+            kernel = _system_seconds(proc.pid) - k0
+        time.sleep(5.0)  # two checkpoints: the ingest log is let go
+        disk = data_dir_bytes(data)
+        out["ingest"] = {"messages": sent, "seconds": round(dt, 1), "per_s": round(sent / dt),
+                         "cpu_us_per_message": round((cpu - idle * dt) / sent * 1e6, 1),
+                         "kernel_us_per_message": round((kernel - idle_kernel * dt) / sent * 1e6, 1),
+                         "disk_bytes_per_message": round(disk / sent, 1), "body_bytes": len(BODY)}
+        print("ingest", out["ingest"], flush=True)
+        ingest_s_per_msg = dt / max(sent, 1)  # sending and storing the due ones takes about as long
+        for label, rate in [("delivery", due_rate), *((f"delivery_{r}", r) for r in other_rates)]:
+            with Profile(proc.pid, profile and profile / f"{label}.txt", gil=gil):
+                out[label] = _delivery(producer, recv, meter, data, delay_topic, target, rate, ingest_s_per_msg,
+                                       (idle, idle_kernel), proc.pid, work / "serve.log")
+            print(label, out[label], flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        producer.close()
+        recv.stop()
 
 
 def _delivery(producer: RemotingProducer, recv: RemoteReceiver, meter: CpuMeter, data: Path, delay_topic: str,
@@ -378,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "holding the GIL (where the engine's Python runs, not where it waits)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="TIMEWHEEL_X=VALUE",
                     help="a setting of the measured engine, as its environment variable (repeatable)")
+    ap.add_argument("--ha", action="store_true", help="run the measured engine as a replica set of one ([ha] on "
+                    "a local ZooKeeper): what a replica's fencing, watermark and look-ups cost")
     ap.add_argument("--skip-loaded", action="store_true", help="measure through RocketMQ only (no loaded memory)")
     ap.add_argument("--table", action="store_true", help="print the tables of the results in --out, measure nothing")
     ap.add_argument("--out", type=Path, default=RESULTS / "capacity.json",
@@ -395,7 +416,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve_extra = dict(kv.split("=", 1) for kv in args.serve_env)
     checks = [r for r in (args.check_rate if args.check_rate is not None else [2_000, 5_000]) if r > 0]
     others = [r for r in [args.low_due_rate, *checks] if r > 0 and r != args.due_rate]
-    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil, serve_extra, others)
+    measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil, serve_extra, others,
+                                args.ha)
+    measured["ha"] = args.ha
     measured["low_due_rate"] = args.low_due_rate
     if args.skip_loaded:
         print(json.dumps(measured, indent=2))
@@ -425,7 +448,8 @@ def markdown(out: dict) -> str:
             f"{m['loaded']['rss_bytes_per_entry']} bytes of RSS per message in the wheel "
             f"({m['loaded']['wheel_bytes_per_entry']} of them the wheel's arrays); idle "
             f"{m['idle']['cpu_cores']} cores, {m['idle']['rss_mb']} MB RSS. Load average when started: "
-            f"{out['machine'].get('load_average_1_5_15')}.",
+            f"{out['machine'].get('load_average_1_5_15')}."
+            + (" The engine ran as a replica set of one (`--ha`)." if m.get("ha") else ""),
             "",
             *_fit_rows(mod, fit_fell_behind(m)),
             "",
