@@ -27,7 +27,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,8 +89,8 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
     logs = [tmp_path / f"engine{i}.log" for i in range(ENGINES)]
 
     lock = threading.Lock()
-    receipts: Counter[str] = Counter()  # TW_ORIGINAL_MSG_ID -> deliveries (copies stored on the target)
-    # a stored copy the push consumer handed over again is the consumer's, not an engine's
+    # TW_ORIGINAL_MSG_ID -> copies stored on the target; a stored copy the push consumer handed over
+    # again is the consumer's, not an engine's
     stored: StoredCopies[str] = StoredCopies()
     body_of: dict[str, bytes] = {}
     received_at: dict[str, int] = {}  # first delivery, consumer's clock
@@ -101,7 +100,6 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
         if not stored.add(orig, m):
             return True
         with lock:
-            receipts[orig] += 1
             body_of[orig] = m.body
             received_at.setdefault(orig, _now_ms())
         return True
@@ -158,8 +156,7 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
         # The killed engine stays down until everything it had accepted has come due, and until
         # the survivors' offsets of the last messages are committed.
         time.sleep(max(produced_ms + OFFSET_PERSIST_MS + 1_000, kill_ms + DELAY_MS[1] + 1_000) / 1000 - time.time())
-        with lock:
-            delivered_while_down = set(receipts)
+        delivered_while_down = stored.keys()
         restart_ms = _now_ms()
         procs[0] = start_serve(dirs[0], env, logs[0])
         expected = len(acked)
@@ -182,8 +179,8 @@ def test_three_engines_deliver_each_message_once_and_a_killed_one_loses_nothing(
         consumer.shutdown()
 
     stores = [stored_messages(d) for d in dirs]
+    counts = {i: stored.copies(i) for i in stored.keys()}
     with lock:
-        counts = dict(receipts)
         bodies = dict(body_of)
     delivered_bodies = set(bodies.values())
     lost = acked - delivered_bodies
