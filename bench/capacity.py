@@ -193,10 +193,12 @@ class Profile:
 
 def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | None = None,
                      gil: bool = False, serve_extra: dict[str, str] | None = None,
-                     other_rates: Sequence[int] = (), ha: bool = False) -> dict[str, object]:
+                     other_rates: Sequence[int] = (), ha: bool = False,
+                     engine_tree: Path | None = None) -> dict[str, object]:
     """Ingest and delivery CPU of a `timewheel serve` process, and its disk per message: delivery
     at `due_rate` (`delivery`), then at each of `other_rates` (`delivery_R`); with `ha`, the engine
-    is a replica set of one on a local ZooKeeper, holding the lease before anything is measured."""
+    is a replica set of one on a local ZooKeeper, holding the lease before anything is measured;
+    with `engine_tree`, the engine is that checkout's (another revision's)."""
     out: dict[str, object] = {}
     with contextlib.ExitStack() as stack:
         mq = stack.enter_context(LocalRocketMQ(work / "mq", stop_timeout=3.0))
@@ -204,13 +206,13 @@ def through_rocketmq(messages: int, due_rate: int, work: Path, profile: Path | N
             zk = stack.enter_context(LocalZooKeeper(work / "zk"))
             serve_extra = {"TIMEWHEEL_HA_ZOOKEEPER": zk.connect_string, "TIMEWHEEL_HA_REPLICA_ID": "capacity",
                            **(serve_extra or {})}
-        _measure(mq, out, messages, due_rate, work, profile, gil, serve_extra, other_rates, ha)
+        _measure(mq, out, messages, due_rate, work, profile, gil, serve_extra, other_rates, ha, engine_tree)
     return out
 
 
 def _measure(mq: LocalRocketMQ, out: dict[str, object], messages: int, due_rate: int, work: Path,
              profile: Path | None, gil: bool, serve_extra: dict[str, str] | None, other_rates: Sequence[int],
-             ha: bool) -> None:
+             ha: bool, engine_tree: Path | None = None) -> None:
     """`through_rocketmq` on a started broker (and ZooKeeper): its figures into `out`."""
     run = uuid.uuid4().hex[:8]
     delay_topic, target = f"TW_DELAY_{run}", f"CAP_{run}"
@@ -221,7 +223,7 @@ def _measure(mq: LocalRocketMQ, out: dict[str, object], messages: int, due_rate:
     data = work / "serve"
     # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
     proc = start_serve(data, serve_env(mq, run, **{"TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2", **(serve_extra or {})}),
-                       work / "serve.log")
+                       work / "serve.log", tree=engine_tree)
     meter = CpuMeter(proc.pid)
     try:
         if ha and not _wait(lambda: "holds the lease" in (work / "serve.log").read_text(errors="replace"), 120):
@@ -400,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--ha", action="store_true", help="run the measured engine as a replica set of one ([ha] on "
                     "a local ZooKeeper): what a replica's fencing, watermark and look-ups cost")
     ap.add_argument("--skip-loaded", action="store_true", help="measure through RocketMQ only (no loaded memory)")
+    ap.add_argument("--engine-tree", type=Path, help="measure the `timewheel serve` of this checkout of another "
+                    "revision (`bench.peers ab --engine-only` makes one): writes only the figures through RocketMQ "
+                    "(the loaded memory and the model would be this checkout's code)")
     ap.add_argument("--table", action="store_true", help="print the tables of the results in --out, measure nothing")
     ap.add_argument("--out", type=Path, default=RESULTS / "capacity.json",
                     help="the results file (default bench/results/capacity.json)")
@@ -409,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.table:
         print(markdown(json.loads(args.out.read_text())))
         return
+    if args.engine_tree is not None and not (args.engine_tree / "timewheel" / "__main__.py").is_file():
+        ap.error(f"--engine-tree {args.engine_tree} is not a timewheel checkout (no timewheel/__main__.py)")
+    if args.engine_tree is not None and args.ha:
+        ap.error("--ha measures this checkout's replica set: drop --engine-tree or --ha")
     work = Path(tempfile.mkdtemp(prefix="tw-capacity-"))
     out: dict[str, object] = {"machine": _machine(), "command": " ".join(["python -m bench.capacity", *(sys.argv[1:] if argv is None else argv)])}
     if args.profile:
@@ -417,11 +426,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     checks = [r for r in (args.check_rate if args.check_rate is not None else [2_000, 5_000]) if r > 0]
     others = [r for r in [args.low_due_rate, *checks] if r > 0 and r != args.due_rate]
     measured = through_rocketmq(args.messages, args.due_rate, work, args.profile, args.gil, serve_extra, others,
-                                args.ha)
+                                args.ha, args.engine_tree)
     measured["ha"] = args.ha
     measured["low_due_rate"] = args.low_due_rate
-    if args.skip_loaded:
+    if args.skip_loaded or args.engine_tree is not None:
         print(json.dumps(measured, indent=2))
+        if args.engine_tree is not None:
+            out["measured"] = measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=2) + "\n")
         return
     measured["loaded"] = loaded_memory(args.loaded, work)
     print("loaded", measured["loaded"], flush=True)

@@ -11,6 +11,11 @@ each run's rows and each side's mean and spread (`--out`/ab.md):
 - `burst`: `bench.rocketmq_e2e --ingest 100000 --burst 200000 --intake-ceiling --skip-steady`.
 
 `--bench peers --bench capacity --bench burst --pairs 2` is every target, about 70 minutes on 2 cores.
+
+`--engine-only` runs this checkout's harness for both sides, REV's side with REV's engine (`timewheel
+serve` started from its worktree): the pairs then differ by the engine alone, and a revision older
+than today's rows (the Java clients' 10k/s phase, the reference rows) still gets them. `burst` runs
+its engine in the harness's own process, so it cannot take another revision's: it is refused.
 `--table` rebuilds ab.md from what `--out` holds, running nothing.
 """
 from __future__ import annotations
@@ -35,10 +40,13 @@ def _compiled_files(tree: Path) -> list[Path]:
 
 
 def _worktree(rev: str, where: Path) -> Path:
-    """A detached worktree of `rev` with the compiled modules this checkout has, built for it: copied when
-    their sources are the same at `rev`, else built in a scratch environment (pip builds them so too)."""
+    """A detached worktree of `rev` with the compiled modules this checkout has and `rev` has the sources
+    of, built for it: copied when their sources are the same at `rev`, else built in a scratch environment
+    (pip builds them so too); a revision from before the compiled modules gets none."""
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True)
-    files = _compiled_files(REPO)
+    files = [f for f in _compiled_files(REPO) if (where / _source_of(f)).is_file()]
+    if not files:
+        return where
     same = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", rev, "--", "setup.py", "*.pyx", "*.pxd"])
     if same.returncode == 0:
         for f in files:
@@ -58,6 +66,11 @@ def _worktree(rev: str, where: Path) -> Path:
     return where
 
 
+def _source_of(compiled: Path) -> Path:
+    """The Cython source a compiled module is built from: x/_y.cpython-311-....so -> x/_y.pyx."""
+    return compiled.with_name(compiled.name.split(".", 1)[0] + ".pyx")
+
+
 def _logged(cmd: Sequence[str], tree: Path, log_path: Path) -> None:
     """Run `cmd` in `tree`, its output to `log_path`; stop the A/B runs if it fails."""
     with open(log_path, "w") as log:
@@ -65,10 +78,22 @@ def _logged(cmd: Sequence[str], tree: Path, log_path: Path) -> None:
             raise SystemExit(f"a run from {tree} failed: see {log_path}")
 
 
-def _run(bench: str, tree: Path, out: Path, side: str, i: int, extra: Sequence[str]) -> None:
-    """One run of `bench` from `tree`, its results where `run_files` looks for them."""
+def _run(bench: str, tree: Path, out: Path, side: str, i: int, extra: Sequence[str],
+         engine_only: bool = False) -> None:
+    """One run of `bench` from `tree`, its results where `run_files` looks for them; with `engine_only`,
+    this checkout's harness runs `tree`'s engine."""
     where = run_files(out, bench, side, i)[0]
     log_path = out / f"{bench}_{side}{i}.log"
+    if engine_only:
+        engine = [] if tree == REPO else ["--engine-tree", str(tree)]
+        if bench == "peers":
+            _logged([sys.executable, "-m", "bench.peers", "run", "--system", "plain-hop", "--system", "timewheel",
+                     "--out", str(where.parents[1]), "--no-results-md", *engine, *extra], REPO, log_path)
+        elif bench == "capacity":
+            _logged([sys.executable, "-m", "bench.capacity", "--out", str(where), *engine], REPO, log_path)
+        else:
+            raise SystemExit(f"--engine-only cannot run {bench}: its engine runs in the harness's process")
+        return
     if bench == "peers":
         _logged([sys.executable, "-m", "bench.peers", "run", "--system", "plain-hop", "--system", "timewheel",
                  "--out", str(where.parents[1]), "--no-results-md", *extra], tree, log_path)
@@ -110,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--bench", action="append", choices=list(BENCHES), dest="benches",
                     help="a benchmark each run runs (repeatable; default peers)")
     ap.add_argument("--out", type=Path, required=True, help="a directory for each run's results and log")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="this checkout's harness for both sides, REV's engine on REV's side (peers, capacity)")
     ap.add_argument("--table", action="store_true", help="rebuild OUT/ab.md from the results OUT holds, run nothing")
     ap.epilog = "Flags after -- go to each `bench.peers run` (e.g. -- --steady-seconds 20)."
     given = list(sys.argv[1:] if argv is None else argv)
@@ -125,9 +152,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if known.returncode:
         raise SystemExit(f"{args.rev} is not a commit of {REPO}")
     benches = list(dict.fromkeys(args.benches or ["peers"]))
+    if args.engine_only and "burst" in benches:
+        ap.error("--engine-only runs peers and capacity: burst's engine runs in its harness's process")
     args.out.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    (args.out / "ab.json").write_text(json.dumps({"base": args.rev, "head": f"this checkout ({head.stdout.strip()})"}))
+    (args.out / "ab.json").write_text(json.dumps({"base": f"{args.rev}'s engine" if args.engine_only else args.rev, "head": f"this checkout ({head.stdout.strip()})"}))
     scratch = Path(tempfile.mkdtemp(prefix="timewheel-ab-"))
     base = scratch / "base"
     ran = False
@@ -137,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for side, tree in (("base", base), ("head", REPO)):
                 for bench in benches:
                     print(f"run {bench} {args.rev if side == 'base' else 'this checkout'}#{i} ...", flush=True)
-                    _run(bench, tree, args.out, side, i, extra)
+                    _run(bench, tree, args.out, side, i, extra, args.engine_only)
                     ran = True
     finally:
         if base.exists():  # also when REV could not be built: no worktree is left behind

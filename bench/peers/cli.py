@@ -41,6 +41,8 @@ _HELP = {
               "written to this file (read it with `python -m bench.stage_cpu timeline`); empty: not",
     "broker_logs": ("a directory: each local RocketMQ's logs (its store.log holds the broker's own put latency "
                     "each minute, [PAGECACHERT]) are copied to DIR/SYSTEM before its store goes; empty: not"),
+    "engine_tree": ("timewheel only: run `timewheel serve` from this directory, a checkout of another revision "
+                    "(its engine under this harness; `bench.peers ab --engine-only` makes one); empty: this checkout"),
     "seed": "random seed of the delays and due times",
     "broker_per_system": "start a fresh local RocketMQ for each system and reference row, so that what one "
                          "leaves in the broker (the intake rows store millions) does not move the next one's "

@@ -57,6 +57,7 @@ class RunConfig:
     broker_per_system: bool = True
     stages: str = ""
     broker_logs: str = ""
+    engine_tree: str = ""
 
 
 class Ids:
@@ -346,7 +347,8 @@ def _make(name: str, sink: Sink, cfg: RunConfig, work: Path, mq: object, produce
     if name == "plain-hop":
         return PlainHop(sink, d, mq, producer)  # type: ignore[arg-type]
     if name == "timewheel":
-        return Timewheel(sink, d, mq, producer, Path(cfg.stages) if cfg.stages else None)  # type: ignore[arg-type]
+        return Timewheel(sink, d, mq, producer, Path(cfg.stages) if cfg.stages else None,  # type: ignore[arg-type]
+                         Path(cfg.engine_tree) if cfg.engine_tree else None)
     if name == "rocketmq-timer":
         s: System = RocketMQTimer(sink, d, mq, producer)  # type: ignore[arg-type]
         s.horizon_count = cfg.horizon_broker_messages

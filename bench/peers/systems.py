@@ -339,10 +339,16 @@ class Timewheel(_RocketMQSystem):
         return self.delay_topic, "PEER_TW_OUT_JAVA"
 
     def __init__(self, deliver: Deliver, work: Path, mq: LocalRocketMQ, producer: NativeProducer,
-                 stages: Path | None = None) -> None:
-        """`stages`: run the engine under `bench.stage_cpu serve`, its snapshots written there."""
+                 stages: Path | None = None, engine_tree: Path | None = None) -> None:
+        """`stages`: run the engine under `bench.stage_cpu serve`, its snapshots written there;
+        `engine_tree`: run the `timewheel serve` of that checkout (another revision's engine)."""
         super().__init__(deliver, work, mq, producer)
+        if stages is not None and engine_tree is not None:
+            raise ValueError("stages are measured on this checkout's engine only: drop the engine tree or the stages")
+        if engine_tree is not None and not (engine_tree / "timewheel" / "__main__.py").is_file():
+            raise ValueError(f"{engine_tree} is not a timewheel checkout (no timewheel/__main__.py)")
         self.stages = stages
+        self.engine_tree = engine_tree
         self.data_dir = work / "data"
         self.proc: subprocess.Popen[bytes] | None = None
         self.admin_port = free_port()
@@ -365,9 +371,10 @@ class Timewheel(_RocketMQSystem):
                  "--admin", f"127.0.0.1:{self.admin_port}"]
         run = (["-m", "timewheel", "serve"] if self.stages is None
                else ["-m", "bench.stage_cpu", "serve", "--out", str(self.stages.resolve()), "--"])
+        # `python -m` imports from its working directory first: the engine's tree is the code that runs
         self.proc = subprocess.Popen(
-            [sys.executable, *run, *serve],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
+            [sys.executable, *run, *serve], stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=self.engine_tree or Path(__file__).resolve().parents[2])
         log.close()
         self.scheduled_base = 0
         if wait and not wait_until(self._ready, 120, 0.05):

@@ -1,6 +1,10 @@
 """`bench.capacity`'s model says when its delivery fit was taken through an engine that fell behind."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from bench.capacity import BEHIND_P99_MS, fit_fell_behind, markdown
 
 
@@ -33,3 +37,17 @@ def test_the_table_tells_the_reader_not_to_size_from_a_saturated_fit() -> None:
     assert "**Do not size from this fit.** The engine fell behind at 10,000 due a second" in markdown(out)
     measured["delivery"]["lateness_ms"]["p99"] = 90.0
     assert "Do not size" not in markdown(out)
+
+
+def test_another_revisions_engine_must_be_a_checkout_and_not_a_replica_set(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.capacity import main
+
+    with pytest.raises(SystemExit):
+        main(["--engine-tree", str(tmp_path)])
+    assert "is not a timewheel checkout" in capsys.readouterr().err
+    (tmp_path / "timewheel").mkdir()
+    (tmp_path / "timewheel" / "__main__.py").write_text("")
+    with pytest.raises(SystemExit):
+        main(["--engine-tree", str(tmp_path), "--ha"])
+    assert "drop --engine-tree or --ha" in capsys.readouterr().err

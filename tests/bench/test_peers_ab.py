@@ -173,3 +173,42 @@ def test_ab_without_a_revision_or_table_says_what_it_needs(tmp_path: Path) -> No
         main(["--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="holds no A/B run"):
         main(["--table", "--out", str(tmp_path)])
+
+
+def test_a_revision_from_before_the_compiled_modules_gets_a_worktree_without_them(tmp_path: Path) -> None:
+    import subprocess
+
+    from bench.peers.ab import REPO, _worktree
+
+    added = subprocess.run(["git", "-C", str(REPO), "log", "--diff-filter=A", "--format=%H", "--", "*.pyx"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    before = f"{added[-1]}~1"  # the first .pyx's parent: no compiled module, no setup.py to build one
+    where = _worktree(before, tmp_path / "base")
+    try:
+        assert (where / "timewheel" / "__main__.py").is_file()
+        assert not list(where.rglob("*.so")), "nothing of this checkout's build is copied into it"
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], check=True)
+
+
+def test_engine_only_runs_this_checkouts_harness_with_the_revisions_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.peers.ab as ab
+
+    ran: list[tuple[list[str], Path]] = []
+    monkeypatch.setattr(ab, "_logged", lambda cmd, tree, log: ran.append((list(cmd), tree)))
+    base, out = tmp_path / "base", tmp_path / "out"
+    ab._run("peers", base, out, "base", 1, ["--steady-seconds", "5"], engine_only=True)
+    ab._run("capacity", base, out, "base", 1, [], engine_only=True)
+    ab._run("capacity", ab.REPO, out, "head", 1, [], engine_only=True)
+    (peers, peers_tree), (cap, cap_tree), (head, _) = ran
+    assert peers_tree == cap_tree == ab.REPO, "the harness is this checkout's"
+    assert peers[peers.index("--engine-tree") + 1] == str(base)
+    assert peers[-2:] == ["--steady-seconds", "5"]
+    assert cap[cap.index("--engine-tree") + 1] == str(base)
+    assert cap[cap.index("--out") + 1] == str(out / "capacity_base1.json")
+    assert "--engine-tree" not in head, "this checkout's side runs its own engine"
+    with pytest.raises(SystemExit, match="cannot run burst"):
+        ab._run("burst", base, out, "base", 1, [], engine_only=True)
+    with pytest.raises(SystemExit):
+        ab.main(["HEAD", "--engine-only", "--bench", "burst", "--out", str(out)])

@@ -91,3 +91,36 @@ def test_a_phase_given_no_messages_or_no_time_is_skipped_not_run() -> None:
     s.horizon_count = 100_000  # the broker's timer and levels take theirs from --horizon-broker-messages
     assert not _given_zero("horizon", s, cfg)
     assert not any(_given_zero(p, s, RunConfig()) for p in ("steady", "steady_high", "burst", "horizon", "batch_ingest"))
+
+
+def test_timewheel_runs_the_engine_of_the_tree_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    import bench.peers.systems as systems
+
+    tree = tmp_path / "old"
+    (tree / "timewheel").mkdir(parents=True)
+    (tree / "timewheel" / "__main__.py").write_text("")
+    started: list[dict[str, object]] = []
+
+    class _Started:
+        pid = 1
+
+        def __init__(self, cmd: list[str], **kw: object) -> None:
+            started.append({"cmd": cmd, **kw})
+
+        def poll(self) -> None:
+            return None
+
+    monkeypatch.setattr(subprocess, "Popen", _Started)
+    mq = type("MQ", (), {"namesrv_addr": "127.0.0.1:9876"})()
+    system = systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, engine_tree=tree)  # type: ignore[arg-type]
+    (tmp_path / "work").mkdir()
+    system._start_process(wait=False)
+    assert started[0]["cwd"] == tree
+    assert started[0]["cmd"][1:4] == ["-m", "timewheel", "serve"]  # type: ignore[index]
+    with pytest.raises(ValueError, match="not a timewheel checkout"):
+        systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, engine_tree=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="this checkout's engine only"):
+        systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, stages=tmp_path / "s.jsonl",  # type: ignore[arg-type]
+                          engine_tree=tree)

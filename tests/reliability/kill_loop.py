@@ -53,13 +53,14 @@ def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_serve(data_dir: Path, env: dict[str, str], log: Path, port: int | None = None) -> subprocess.Popen[bytes]:
-    """Start `timewheel serve` on `data_dir` (admin on `port`, else a free loopback port) and wait
-    until it is ready."""
+def start_serve(data_dir: Path, env: dict[str, str], log: Path, port: int | None = None,
+                tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `timewheel serve` on `data_dir` (admin on `port`, else a free loopback port) from the
+    checkout `tree` (default this one; `python -m` imports from its working directory first) and wait until it is ready."""
     port = port or free_port()
     with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
-                                 "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=ROOT, env=env,
+                                 "--admin", f"127.0.0.1:{port}", "--log-format", "json"], cwd=tree or ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
 
     def ready() -> bool:
