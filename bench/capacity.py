@@ -49,9 +49,11 @@ from forwarder.rocketmq import OutgoingMessage
 from forwarder.rocketmq import RemotingProducer
 from storage import SegmentLayout, summarize
 from storage.audit import data_dir_bytes
+from tests.ports import free_port
 from tests.reliability.kill_loop import serve_env, start_serve
 from forwarder.config import RocketMQConfig
 from timewheel.app.settings import load_settings
+from timewheel.app.status import fetch_status
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import FULL_LINGER_RATE, linger_for_rate
 
@@ -74,6 +76,12 @@ def _rss_bytes(pid: int | str = "self") -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def holds_lease(admin: str) -> bool:
+    """Whether the engine at `admin` (HOST:PORT) says, on its GET /status, that its replica holds the lease."""
+    replica = (fetch_status(admin).get("ha") or {}).get("replica") or {}
+    return replica.get("holder") is True
 
 
 def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -222,11 +230,12 @@ def _measure(mq: LocalRocketMQ, out: dict[str, object], messages: int, due_rate:
     producer = RemotingProducer(mq.namesrv_addr, f"cap_producer_{run}")
     data = work / "serve"
     # checkpoint often so the ingest log (bounded, not per message) is let go before disk is measured
+    admin = free_port()
     proc = start_serve(data, serve_env(mq, run, **{"TIMEWHEEL_ENGINE_CHECKPOINT_SECONDS": "2", **(serve_extra or {})}),
-                       work / "serve.log", tree=engine_tree)
+                       work / "serve.log", admin, tree=engine_tree)
     meter = CpuMeter(proc.pid)
     try:
-        if ha and not _wait(lambda: "holds the lease" in (work / "serve.log").read_text(errors="replace"), 120):
+        if ha and not _wait(lambda: holds_lease(f"127.0.0.1:{admin}"), 120):
             raise RuntimeError(f"the engine never took the lease (see {work / 'serve.log'})")
         # idle: timers, long polls, heartbeats
         c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()

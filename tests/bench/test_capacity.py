@@ -51,3 +51,34 @@ def test_another_revisions_engine_must_be_a_checkout_and_not_a_replica_set(
     with pytest.raises(SystemExit):
         main(["--engine-tree", str(tmp_path), "--ha"])
     assert "drop --engine-tree or --ha" in capsys.readouterr().err
+
+
+def test_the_lease_is_read_from_the_engines_status_not_its_log() -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bench.capacity import holds_lease
+
+    answers = [{"serving": True}, {"ha": {"replica": {"holder": False, "epoch": 0}}},
+               {"ha": {"replica": {"holder": True, "epoch": 3}}}]
+
+    class _Status(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(answers.pop(0) if self.path == "/status" else {}).encode()
+            self.send_response(200 if self.path == "/status" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Status)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        admin = f"127.0.0.1:{server.server_address[1]}"
+        assert [holds_lease(admin) for _ in range(3)] == [False, False, True]
+    finally:
+        server.shutdown()
+        server.server_close()
