@@ -332,7 +332,7 @@ class Timewheel(_RocketMQSystem):
     out_topic = "PEER_TW_OUT"
     delay_topic = "TW_DELAY"
     probe_delay_ms = 10_000
-    phases = ("steady", "steady_high", "burst", "horizon", "batch_ingest")
+    phases: tuple[str, ...] = ("steady", "steady_high", "burst", "horizon", "batch_ingest")
 
     def paced_topics(self) -> tuple[str, str | None]:
         """Delay messages to the delay topic, for a target topic of their own."""
@@ -349,6 +349,11 @@ class Timewheel(_RocketMQSystem):
             raise ValueError(f"{engine_tree} is not a timewheel checkout (no timewheel/__main__.py)")
         self.stages = stages
         self.engine_tree = engine_tree
+        if engine_tree is not None:
+            # the horizon's prefill writes this checkout's store layout, which an older engine may refuse
+            self.phases = tuple(p for p in self.phases if p != "horizon")
+            self.notes.append(f"the engine of {engine_tree.name}, another checkout: no horizon phase (its "
+                              "prefill writes this checkout's store layout)")
         self.data_dir = work / "data"
         self.proc: subprocess.Popen[bytes] | None = None
         self.admin_port = free_port()

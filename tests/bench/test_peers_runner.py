@@ -118,6 +118,8 @@ def test_timewheel_runs_the_engine_of_the_tree_it_is_given(tmp_path: Path, monke
     (tmp_path / "work").mkdir()
     system._start_process(wait=False)
     assert started[0]["cwd"] == tree
+    assert "horizon" not in system.phases and "batch_ingest" in system.phases, "no prefill in this checkout's layout"
+    assert "horizon" in systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None).phases  # type: ignore[arg-type]
     assert started[0]["cmd"][1:4] == ["-m", "timewheel", "serve"]  # type: ignore[index]
     with pytest.raises(ValueError, match="not a timewheel checkout"):
         systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, engine_tree=tmp_path)  # type: ignore[arg-type]
