@@ -452,7 +452,10 @@ def observations(doc: dict) -> str:
         restart = _get(r, "horizon", "restart") or {}
         if isinstance(restart, dict) and restart.get("warning"):
             out.append(f"- {name}: {restart['warning']}.")
-    return "\n".join(out) + "\n" if out else "- none\n"
+    return "\n".join(out) + "\n" if out else (
+        "- None of the anomalies this report looks for: a plain-hop consumer that stalled, a producer short of "
+        "its rate, accepted messages never received, a burst stored past its due time, messages an engine "
+        "dropped as duplicates, lateness that arose after the broker stored a message, a restart's warning.\n")
 
 
 def render(doc: dict, json_name: str, png_name: str) -> str:

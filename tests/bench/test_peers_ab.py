@@ -212,3 +212,16 @@ def test_engine_only_runs_this_checkouts_harness_with_the_revisions_engine(
         ab._run("burst", base, out, "base", 1, [], engine_only=True)
     with pytest.raises(SystemExit):
         ab.main(["HEAD", "--engine-only", "--bench", "burst", "--out", str(out)])
+
+
+def test_a_report_with_no_anomaly_says_which_it_looked_for() -> None:
+    from bench.peers.report import observations
+
+    doc = _doc(6.0, 20.0, 30.0, 1.6, 9.0)
+    doc["config"] = {"steady_rate": 1000, "burst": 2000, "burst_lead_s": 15.0}
+    for phase in ("steady", "steady_high"):
+        doc["systems"]["timewheel"][phase]["received"] = doc["systems"]["timewheel"][phase]["accepted"]
+    clean = observations(doc)
+    assert clean.startswith("- None of the anomalies") and "duplicates" in clean and "stalled" in clean
+    doc["systems"]["timewheel"]["steady"]["received"] = 29_990
+    assert observations(doc) == "- timewheel, steady: 10 of 30,000 accepted messages never reached the consumer.\n"
