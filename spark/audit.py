@@ -21,7 +21,9 @@ entries naming no record. All of them fail the audit but the last, which fails i
 segment that ended before `now - grace`: nothing records an outcome for a record it has not
 indexed, and the audit lists a segment's parts after reading its dispatch log, so there such an
 entry names a record gone; in a segment still being written it is reported only, as a record
-pending there is not lost yet. Lateness (`lateness`): dispatch_ms - due_ms of each record's first
+pending there is not lost yet. Copies of sidecars a crash left beside parts (`leftover_copies`,
+`timewheel inspect`'s `leftover_copy`) are listed with what settling them does, and do not fail it.
+Lateness (`lateness`): dispatch_ms - due_ms of each record's first
 delivery, p50/p99/max per segment and topic.
 
 The per-record work happens in numpy inside the partitions of the `timewheel_audit` source
@@ -46,7 +48,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark._util import require_readable
-from storage import DELIVERED
+from storage import DELIVERED, SegmentLayout, leftovers_of
 from storage.audit import OUTCOME_COUNTS as _OUTCOME_OF
 from storage.audit import STATUSES
 
@@ -216,6 +218,9 @@ class AuditReport:
     sample_findings: list[dict] = field(default_factory=list)
     findings_path: str | None = None
     chart_path: str | None = None
+    #: copies of sidecars a crash left beside parts (`storage.check`'s `leftover_copy`), each with what
+    #: `timewheel inspect --fix` does with it: not a fault of any record, so the audit does not fail on them
+    leftover_copies: list[dict] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -233,6 +238,13 @@ class AuditReport:
         return out
 
 
+def leftover_copies(layout: SegmentLayout, segments: Sequence[int]) -> list[dict]:
+    """The copies of sidecars a crash left beside the parts of `segments` (a listing, read in the driver):
+    each one's path and what settling it does (`storage.Leftover.plan`)."""
+    return [{"path": str(copy.path), "plan": copy.plan()}
+            for seg in segments for part in layout.list_parts(seg) for copy in leftovers_of(layout.part_log(seg, part))]
+
+
 def _bucket_ms(lo: int, hi: int, points: int = 240) -> int:
     """A round bucket (a whole number of minutes, or 1 s) giving at most about `points` buckets."""
     span = max(1, hi - lo)
@@ -247,13 +259,14 @@ def run_audit(spark: SparkSession, data_dir: str | Path, *, now_ms: int, grace_m
     """Audit a data directory: one scan reducing records to cells (`cells`, cached), then at
     most three small jobs: the histogram (collected), the findings (written), a sample of them.
     With `out_dir`: report.json, findings/ (Parquet), lateness.png."""
-    from storage import SegmentLayout, segment_name
+    from storage import segment_name
 
     layout = SegmentLayout.open_existing(data_dir)
     require_readable(layout)
     segments = layout.list_segments()
     rep = AuditReport(now_ms, grace_ms)
     rep.lateness_ms = {"p50_ms": None, "p99_ms": None, "max_ms": None, "delivered": 0}
+    rep.leftover_copies = leftover_copies(layout, segments)
     if not segments:
         _write_report(rep, out_dir)
         return rep

@@ -3,6 +3,7 @@
 Imports nothing of the project; every other package reads and writes these bytes through here.
 """
 from storage._dispatch_writer import append_dispatch, cut_dispatch_tail
+from storage._leftovers import Leftover, leftovers_of
 from storage._reader import RecordReader, SegmentIndex
 from storage.broker_rows import (BrokerRowsError, decode_array as decode_broker_array,
                                   decode_lines as decode_broker_lines, encode_array as encode_broker_array,
@@ -42,7 +43,7 @@ __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "MetaStoreCorruptError",
-    "LOST_QUEUE", "NO_QUEUE",
+    "LOST_QUEUE", "Leftover", "NO_QUEUE", "leftovers_of",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",
     "SegmentLayout", "SegmentSummary", "SnapshotMovedError", "StorageError", "StorageWriteError", "StoreClosedError", "TERMINAL",

@@ -240,3 +240,31 @@ def test_a_part_made_after_the_audit_listed_its_segment_names_its_records(tmp_pa
         deliver(s, PAST, late, DELIVERED, NOW)
     table = pa.Table.from_batches(list(reader.read(planned[0])))
     assert sum(table.column("unknown_entries").to_pylist()) == 0
+
+
+def test_the_audit_lists_sidecar_copies_a_crash_left_without_failing_or_touching_them(spark: SparkSession,
+                                                                                       tmp_path: Path) -> None:
+    import shutil
+
+    d, seg = _stored(tmp_path)
+    shutil.copyfile(seg / "00000.idx", seg / "00000.idx.tmp")  # a crash between the copy and its rename
+    shutil.copyfile(seg / "00001.org", seg / "00001.org.tmp")
+    code, doc = _audit_cli(d, tmp_path / "out")
+    assert code == 0 and doc["ok"] and doc["scheduled"] == 15 and doc["dispatched"] == 15
+    copies = {Path(c["path"]).name: c["plan"] for c in doc["leftover_copies"]}
+    assert copies == {"00000.idx.tmp": "a copy of 00000.idx a crash left while the sidecar was being made again: "
+                                       "fix=True removes it (the index is made again from the part's records "
+                                       "where it falls short)",
+                      "00001.org.tmp": "a copy of 00001.org a crash left while the sidecar was being made again; "
+                                       "00001.org is there: fix=True removes it"}
+    assert (seg / "00000.idx.tmp").exists() and (seg / "00001.org.tmp").exists(), "an audit only reads"
+
+
+def test_the_audit_screen_names_each_leftover_copy_and_what_settles_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from spark.audit import AuditReport
+    from timewheel.app._spark_printers import print_audit
+
+    rep = AuditReport(NOW, GRACE, leftover_copies=[{"path": "seg/00000.idx.tmp", "plan": "fix=True removes it"}])
+    print_audit(rep)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "leftover copy seg/00000.idx.tmp: fix=True removes it (`timewheel inspect --fix` settles it" in out

@@ -72,6 +72,9 @@ def print_audit(rep: AuditReport) -> None:
                     ("unknown dispatch entries", rep.unknown_dispatch_entries)):
         if n:
             console.print(f"[red]{kind}[/red]: {n:,}")
+    for copy in rep.leftover_copies[:20]:
+        console.print(f"[yellow]leftover copy[/yellow] {copy['path']}: {copy['plan']} "
+                      "(`timewheel inspect --fix` settles it)")
     for f in rep.sample_findings[:20]:
         console.print(f"  {f['kind']} segment {human_time(f['segment_ms'])} part {f['part']} offset {f['offset']} "
                       f"{f['msg_id'] or ''} {f['topic'] or ''}: {f['detail']}")
