@@ -85,12 +85,13 @@ def _interrupt(argv: list[str], ready: Callable[[int], bool], tmp_path: Path) ->
     return code, out.read_text(), err.read_text(), proc.pid
 
 
-def _check_interrupted(code: int, out: str, err: str, pgid: int) -> None:
+def _check_interrupted(code: int, out: str, err: str, pgid: int,
+                       undone: str = "timewheel: interrupted: the audit did not finish") -> None:
     try:
         assert code == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         last = (err.strip().splitlines() or [""])[-1]
-        assert last.startswith("timewheel: interrupted: the audit did not finish"), err
+        assert last.startswith(undone), err
         assert "ok" not in out.split(), out
         # the JVM exits once the command's end closes its stdin: wait for that, never for a fixed time
         assert wait_for(lambda: not _group(pgid), 60), _group(pgid)
@@ -109,3 +110,35 @@ def test_ctrl_c_while_a_job_runs_stops_the_audit(command: tuple[list[str], int],
     argv, port = command
     code, out, err, pgid = _interrupt(argv, lambda pgid: _job_started(port), tmp_path)
     _check_interrupted(code, out, err, pgid)
+
+
+@pytest.fixture(scope="module")
+def backfill_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """200,000 rows of JSON lines for a backfill, enough for its job to run a while."""
+    path = tmp_path_factory.mktemp("interrupt-backfill") / "rows.jsonl"
+    with open(path, "w") as f:
+        for i in range(200_000):
+            f.write(json.dumps({"topic": "ORDERS", "body": f"b{i}", "deliver_at_ms": NOW + 3_600_000 + i,
+                                "msg_id": f"bf{i}"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", ["export", "replay --dry-run", "backfill"])
+def test_ctrl_c_while_a_job_runs_stops_each_other_spark_command(name: str, data_dir: Path, backfill_input: Path,
+                                                                tmp_path: Path) -> None:
+    """The commands that share the audit's wrapper: each stops with what it left undone."""
+    port = free_port()
+    spark = ["--master", "local[1]", "--conf", f"spark.ui.port={port}"]
+    with ScheduleStore(tmp_path / "fresh"):  # a backfill's target: an engine's data directory
+        pass
+    args, undone = {
+        "export": (["export", "--data-dir", str(data_dir), "--out", str(tmp_path / "export")],
+                   "the export did not finish"),
+        "replay --dry-run": (["replay", "--data-dir", str(data_dir), "--since", str(NOW), "--until",
+                              str(NOW + 3_600_000), "--dry-run"], "the dry run did not finish; nothing was sent"),
+        "backfill": (["backfill", str(backfill_input), "--data-dir", str(tmp_path / "fresh"), "--format", "json"],
+                     "no part of this backfill was published unless it had finished"),
+    }[name]
+    argv = [sys.executable, "-m", "timewheel", *args, *spark]
+    code, out, err, pgid = _interrupt(argv, lambda pgid: _job_started(port), tmp_path)
+    _check_interrupted(code, out, err, pgid, f"timewheel: interrupted: {undone}")
