@@ -16,6 +16,7 @@ each run's rows and each side's mean and spread (`--out`/ab.md):
 serve` started from its worktree): the pairs then differ by the engine alone, and a revision older
 than today's rows (the Java clients' 10k/s phase, the reference rows) still gets them. `burst` runs
 its engine in the harness's own process, so it cannot take another revision's: it is refused.
+
 `--table` rebuilds ab.md from what `--out` holds, running nothing.
 """
 from __future__ import annotations
@@ -156,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--engine-only runs peers and capacity: burst's engine runs in its harness's process")
     args.out.mkdir(parents=True, exist_ok=True)
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    (args.out / "ab.json").write_text(json.dumps({"base": f"{args.rev}'s engine" if args.engine_only else args.rev, "head": f"this checkout ({head.stdout.strip()})"}))
+    base_label = f"{args.rev}'s engine" if args.engine_only else args.rev
+    (args.out / "ab.json").write_text(json.dumps({"base": base_label, "head": f"this checkout ({head.stdout.strip()})"}))
     scratch = Path(tempfile.mkdtemp(prefix="timewheel-ab-"))
     base = scratch / "base"
     ran = False

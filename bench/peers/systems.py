@@ -325,6 +325,12 @@ class RocketMQLevels(_RocketMQSystem):
         return super().prefill(ids, dues, body)
 
 
+def _revision_of(tree: Path) -> str:
+    """The short commit a checkout is at, or its directory's name when git cannot tell."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else tree.name
+
+
 class Timewheel(_RocketMQSystem):
     """`timewheel serve` as a subprocess: delay topic in, target topic out, on the same broker."""
 
@@ -352,7 +358,7 @@ class Timewheel(_RocketMQSystem):
         if engine_tree is not None:
             # the horizon's prefill writes this checkout's store layout, which an older engine may refuse
             self.phases = tuple(p for p in self.phases if p != "horizon")
-            self.notes.append(f"the engine of {engine_tree.name}, another checkout: no horizon phase (its "
+            self.notes.append(f"the engine of {_revision_of(engine_tree)}, another checkout: no horizon phase (its "
                               "prefill writes this checkout's store layout)")
         self.data_dir = work / "data"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -112,17 +112,28 @@ def test_timewheel_runs_the_engine_of_the_tree_it_is_given(tmp_path: Path, monke
         def poll(self) -> None:
             return None
 
-    monkeypatch.setattr(subprocess, "Popen", _Started)
     mq = type("MQ", (), {"namesrv_addr": "127.0.0.1:9876"})()
     system = systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, engine_tree=tree)  # type: ignore[arg-type]
+    monkeypatch.setattr(subprocess, "Popen", _Started)  # the engine's start only (its commit was asked of git)
     (tmp_path / "work").mkdir()
     system._start_process(wait=False)
     assert started[0]["cwd"] == tree
     assert "horizon" not in system.phases and "batch_ingest" in system.phases, "no prefill in this checkout's layout"
+    assert system.notes[-1].startswith("the engine of old, another checkout"), "not a git checkout: its name"
     assert "horizon" in systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None).phases  # type: ignore[arg-type]
     assert started[0]["cmd"][1:4] == ["-m", "timewheel", "serve"]  # type: ignore[index]
     with pytest.raises(ValueError, match="not a timewheel checkout"):
         systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, engine_tree=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="this checkout's engine only"):
-        systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None, stages=tmp_path / "s.jsonl",  # type: ignore[arg-type]
-                          engine_tree=tree)
+        systems.Timewheel(lambda *a: None, tmp_path / "work", mq, None,  # type: ignore[arg-type]
+                          stages=tmp_path / "s.jsonl", engine_tree=tree)
+
+
+def test_another_checkouts_engine_is_named_by_its_commit() -> None:
+    import subprocess
+
+    from bench.peers.systems import _revision_of
+
+    here = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert _revision_of(here) == head.stdout.strip()

@@ -56,7 +56,8 @@ def serve_env(mq: LocalRocketMQ, run: str, **extra: str) -> dict[str, str]:
 def start_serve(data_dir: Path, env: dict[str, str], log: Path, port: int | None = None,
                 tree: Path | None = None) -> subprocess.Popen[bytes]:
     """Start `timewheel serve` on `data_dir` (admin on `port`, else a free loopback port) from the
-    checkout `tree` (default this one; `python -m` imports from its working directory first) and wait until it is ready."""
+    checkout `tree` (default this one; `python -m` imports from its working directory first) and wait
+    until it is ready."""
     port = port or free_port()
     with open(log, "ab") as err:  # the child writes to its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "timewheel", "serve", "--data-dir", str(data_dir),
