@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 from bench.engine_latency import _machine
 from bench.rocketmq_e2e import RemoteReceiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
+from bench.peers.common import not_a_checkout
 from coordination import LocalZooKeeper
 from forwarder import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage
@@ -423,8 +424,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.table:
         print(markdown(json.loads(args.out.read_text())))
         return
-    if args.engine_tree is not None and not (args.engine_tree / "timewheel" / "__main__.py").is_file():
-        ap.error(f"--engine-tree {args.engine_tree} is not a timewheel checkout (no timewheel/__main__.py)")
+    if args.engine_tree is not None and (why := not_a_checkout(args.engine_tree)):
+        ap.error(f"--engine-tree: {why}")
     if args.engine_tree is not None and args.ha:
         ap.error("--ha measures this checkout's replica set: drop --engine-tree or --ha")
     work = Path(tempfile.mkdtemp(prefix="tw-capacity-"))

@@ -200,3 +200,10 @@ def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
 def remove_tree(path: Path) -> None:
     """Delete a directory tree, ignoring what is already gone."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def not_a_checkout(tree: Path) -> str | None:
+    """Why `tree` cannot give a `timewheel serve` to measure (another revision's engine), or None."""
+    if (tree / "timewheel" / "__main__.py").is_file():
+        return None
+    return f"{tree} is not a timewheel checkout (no timewheel/__main__.py)"

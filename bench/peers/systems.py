@@ -21,8 +21,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from bench.peers.common import (BenchMessage, Deliver, Recorder, dir_allocated_bytes, free_port, now_ms, remove_tree,
-                                terminate, tree_rss, wait_until)
+from bench.peers.common import (BenchMessage, Deliver, Recorder, dir_allocated_bytes, free_port, not_a_checkout,
+                                now_ms, remove_tree, terminate, tree_rss, wait_until)
 from bench.peers.heap_engine import HeapEngine
 from bench.peers.servers import PostgresServer, RedisServer
 from forwarder import LocalRocketMQ
@@ -351,8 +351,8 @@ class Timewheel(_RocketMQSystem):
         super().__init__(deliver, work, mq, producer)
         if stages is not None and engine_tree is not None:
             raise ValueError("stages are measured on this checkout's engine only: drop the engine tree or the stages")
-        if engine_tree is not None and not (engine_tree / "timewheel" / "__main__.py").is_file():
-            raise ValueError(f"{engine_tree} is not a timewheel checkout (no timewheel/__main__.py)")
+        if engine_tree is not None and (why := not_a_checkout(engine_tree)):
+            raise ValueError(why)
         self.stages = stages
         self.engine_tree = engine_tree
         if engine_tree is not None:
