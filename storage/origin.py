@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from operator import itemgetter
 from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
@@ -178,7 +179,8 @@ class QueueTable:
     def numbers(self, names: Sequence[str | None]) -> np.ndarray:
         """The number of each name (None: NO_QUEUE), adding new names to the table (saved first)."""
         with self._lock:
-            fresh = [n for n in dict.fromkeys(names) if n is not None and n not in self._numbers]
+            distinct = dict.fromkeys(names)
+            fresh = [n for n in distinct if n is not None and n not in self._numbers]
             if fresh:
                 names_now = self._names + fresh
                 # durably, before any row with a new number reaches a part: a checkpoint fsyncs the
@@ -187,8 +189,14 @@ class QueueTable:
                 self._meta.put_document(_DOCUMENT, names_now, sync=True)  # type: ignore[attr-defined]
                 self._names = names_now
                 self._numbers = {name: i for i, name in enumerate(names_now)}
-            get = self._numbers.get
-            return np.fromiter((NO_QUEUE if n is None else get(n, NO_QUEUE) for n in names), np.int32, len(names))
+            numbers = self._numbers
+            if not distinct:
+                return np.empty(0, np.int32)
+            if len(distinct) == 1:  # the usual commit: the rows of one queue's answer
+                [only] = distinct
+                return np.full(len(names), NO_QUEUE if only is None else numbers[only], np.int32)
+            of = {n: NO_QUEUE if n is None else numbers[n] for n in distinct}
+            return np.array(itemgetter(*names)(of), np.int32)  # two names at least: a tuple
 
     def names(self) -> list[str]:
         """Every known queue name, by number."""

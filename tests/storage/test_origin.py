@@ -133,6 +133,12 @@ def test_a_new_queue_number_is_durable_before_a_row_can_name_it(tmp_path: Path) 
     assert table.numbers(["broker-a:0", "broker-a:1", None]).tolist() == [0, 1, NO_QUEUE]
     assert table.numbers(["broker-a:1"]).tolist() == [1]  # known: nothing written
     assert meta.puts == [("origin_queues", ["broker-a:0", "broker-a:1"], True)]
+    # the usual commit (one queue's rows), no row, unknown rows only, and rows mixed
+    assert table.numbers(["broker-a:1"] * 3).tolist() == [1, 1, 1]
+    assert table.numbers([]).tolist() == []
+    assert table.numbers([None, None]).tolist() == [NO_QUEUE, NO_QUEUE]
+    assert table.numbers(["broker-a:1", None, "broker-a:0", "broker-a:1"]).tolist() == [1, NO_QUEUE, 0, 1]
+    assert table.numbers(["broker-a:1"] * 3).dtype == np.int32
 
 
 def test_the_queue_table_reads_back_after_a_restart(tmp_path: Path) -> None:
