@@ -41,6 +41,10 @@ class GcPauses:
         self._seconds = [0.0] * _GENERATIONS
         self._longest = [0.0] * _GENERATIONS
         self._started = 0.0
+        #: objects `freeze_started_heap` froze, as it counted them then: `gc.get_freeze_count()` walks
+        #: the whole frozen list under the interpreter's lock (milliseconds for a million objects, every
+        #: engine thread stopped), too dear for each scrape; nothing else freezes or unfreezes
+        self.frozen = 0
 
     def install(self) -> "GcPauses":
         """Start timing collections; returns self."""

@@ -1,7 +1,6 @@
 """Prometheus exposition of the engine's counters, gauges and lateness histogram."""
 from __future__ import annotations
 
-import gc
 from typing import Callable, Iterable, Mapping
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
@@ -132,7 +131,7 @@ class GcPausesCollector(Collector):
         yield from (count, seconds, longest)
         yield GaugeMetricFamily("timewheel_gc_frozen_objects", "Objects of the start moved out of the garbage "
                                 "collector's full passes (`timewheel serve` freezes them once started).",
-                                value=float(gc.get_freeze_count()))
+                                value=float(self._pauses.frozen))
 
 
 def _lateness_family(buckets: LatenessBuckets, name: str, doc: str) -> HistogramMetricFamily:

@@ -425,7 +425,7 @@ class Service:
         self.start()
         # This process serves and nothing else: what the start made stays, and full collections need
         # not walk it again and again (each one stops every engine thread; `timewheel.app.gc_pauses`).
-        frozen = freeze_started_heap()
+        frozen = self.gc_pauses.frozen = freeze_started_heap()
         self.gc_pauses.reset()  # what the metrics show is the serving's, not the start's own full collection
         log.info("%d objects of the start frozen out of the garbage collector's full passes", frozen)
         failed = False
