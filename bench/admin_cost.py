@@ -1,0 +1,89 @@
+"""What an admin request costs the engine: its CPU for each GET /metrics, /status and /healthz.
+
+    python -m bench.admin_cost [--requests 300] [--profile FILE]
+
+Starts a local RocketMQ and `timewheel serve` on it (idle: no message flows), sends `--requests`
+requests of each path one after another, and prints the serve process's CPU (user + system, from
+/proc) a request, its idle CPU a second beside it, and the answer's size. A scrape runs under the
+interpreter's lock: what it costs, every engine thread waits for. `--profile` also records the
+serve process with py-spy while /metrics is scraped without a pause (raw collapsed stacks:
+`python -m bench.profile_summary FILE --active`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from forwarder import LocalRocketMQ
+from tests.ports import free_port
+from tests.reliability.kill_loop import serve_env, start_serve
+
+PATHS = ("/metrics", "/status", "/healthz")
+_WARM_UP = 20
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(base: str, pid: int, requests: int) -> list[tuple[str, float, int]]:
+    """(path, the process's CPU ms a request, answer bytes) for each of PATHS."""
+    rows = []
+    for path in PATHS:
+        for _ in range(_WARM_UP):
+            urllib.request.urlopen(base + path, timeout=5).read()
+        before = _cpu_s(pid)
+        size = 0
+        for _ in range(requests):
+            size = len(urllib.request.urlopen(base + path, timeout=5).read())
+        rows.append((path, (_cpu_s(pid) - before) / requests * 1e3, size))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run it."""
+    ap = argparse.ArgumentParser(prog="python -m bench.admin_cost", description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=300, help="requests of each path (default 300)")
+    ap.add_argument("--profile", type=Path, help="also record the serve process with py-spy into this file")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="tw-admin-cost-"))
+    mq = LocalRocketMQ(work / "mq")
+    proc = None
+    try:
+        mq.start()
+        mq.create_topics(["TW_DELAY_cost", "TW_DLQ_cost"], queues=8)
+        port = free_port()
+        proc = start_serve(work / "data", serve_env(mq, "cost"), work / "serve.log", port)
+        base = f"http://127.0.0.1:{port}"
+        for path, ms, size in measure(base, proc.pid, args.requests):
+            print(f"{path:9} {ms:6.2f} ms of the engine's CPU a request ({size:,} bytes)")
+        before = _cpu_s(proc.pid)
+        time.sleep(5)
+        print(f"idle      {(_cpu_s(proc.pid) - before) / 5 * 1e3:6.1f} ms of CPU a second (in the figures above too)")
+        if args.profile is not None:
+            spy = subprocess.Popen(["py-spy", "record", "-r", "1000", "-f", "raw", "-o", str(args.profile),
+                                    "-p", str(proc.pid), "-d", "8"])
+            end = time.monotonic() + 8
+            while time.monotonic() < end:
+                urllib.request.urlopen(base + "/metrics", timeout=5).read()
+            spy.wait()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+        mq.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
