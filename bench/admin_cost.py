@@ -12,7 +12,6 @@ serve process with py-spy while /metrics is scraped without a pause (raw collaps
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from bench.peers.common import process_cpu_seconds
 from forwarder import LocalRocketMQ
 from tests.ports import free_port
 from tests.reliability.kill_loop import serve_env, start_serve
@@ -31,9 +31,7 @@ _WARM_UP = 20
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(process_cpu_seconds(pid))
 
 
 def measure(base: str, pid: int, requests: int) -> list[tuple[str, float, int]]:

@@ -29,7 +29,6 @@ import contextlib
 import json
 import math
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from typing import Callable, Sequence
 from bench.engine_latency import _machine
 from bench.rocketmq_e2e import RemoteReceiver, lateness_summary, produce
 from bench.forwarder_client_throughput import CpuMeter
-from bench.peers.common import not_a_checkout
+from bench.peers.common import not_a_checkout, process_cpu_seconds
 from coordination import LocalZooKeeper
 from forwarder import LocalRocketMQ
 from forwarder.rocketmq import OutgoingMessage
@@ -67,8 +66,7 @@ BODY = b"x" * 200
 def _system_seconds(pid: int) -> float:
     """CPU seconds process `pid` has spent in the kernel (its system time): the socket, file and
     futex calls, which no change to the engine's Python takes away."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_seconds(pid)[1]
 
 
 def _rss_bytes(pid: int | str = "self") -> int:

@@ -29,6 +29,7 @@ from typing import TypedDict, Unpack
 from rocketmq.client import ConsumeStatus, Message, Producer, PushConsumer, RecvMessage
 from rocketmq.exceptions import RocketMQException
 
+from bench.peers.common import process_cpu_seconds
 from forwarder._rmq_native import NativeProducer, NativePushConsumer
 from forwarder.rocketmq import OutgoingMessage, ReceivedMessage, RemotingProducer, SendResult
 from forwarder.errors import SendError
@@ -61,17 +62,15 @@ class CpuMeter:
     """CPU seconds used by this process and by the broker: less sensitive to a busy machine than rates."""
 
     def __init__(self, broker_pid: int | None) -> None:
-        self._stat = Path(f"/proc/{broker_pid}/stat") if broker_pid else None
+        self._pid = broker_pid
 
     def sample(self) -> tuple[float, float]:
         """(this process, broker) CPU seconds so far; broker NaN where /proc is not available."""
         times = os.times()
         own = times.user + times.system
         try:
-            assert self._stat is not None
-            fields = self._stat.read_text().rsplit(")", 1)[1].split()
-            broker = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (AssertionError, OSError, IndexError, ValueError):
+            broker = sum(process_cpu_seconds(self._pid)) if self._pid else float("nan")
+        except (OSError, IndexError, ValueError):
             broker = float("nan")
         return own, broker
 

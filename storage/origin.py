@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from operator import itemgetter
 from collections import OrderedDict
+from operator import itemgetter
 from pathlib import Path
 from typing import Sequence
 

@@ -207,3 +207,11 @@ def not_a_checkout(tree: Path) -> str | None:
     if (tree / "timewheel" / "__main__.py").is_file():
         return None
     return f"{tree} is not a timewheel checkout (no timewheel/__main__.py)"
+
+
+def process_cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds process `pid` has used so far, from /proc (no psutil: only the
+    `bench` extra installs it); OSError once the process is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
