@@ -269,7 +269,7 @@ class ShardReplica:
 
     def thread_failures(self) -> dict[str, str]:
         """Of the threads `dead_threads` names, the error that ended each."""
-        return {"timewheel-replica": self._failure} if self._failure is not None else {}
+        return {name: self._failure for name in self.dead_threads()} if self._failure is not None else {}
 
     def _run(self) -> None:
         try:
