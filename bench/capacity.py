@@ -53,7 +53,7 @@ from tests.ports import free_port
 from tests.reliability.kill_loop import serve_env, start_serve
 from forwarder.config import RocketMQConfig
 from timewheel.app.settings import load_settings
-from timewheel.app.status import fetch_status
+from timewheel.app.status import StatusError, fetch_status
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import FULL_LINGER_RATE, linger_for_rate
 
@@ -77,9 +77,17 @@ def _rss_bytes(pid: int | str = "self") -> int:
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
-def holds_lease(admin: str) -> bool:
-    """Whether the engine at `admin` (HOST:PORT) says, on its GET /status, that its replica holds the lease."""
-    replica = (fetch_status(admin).get("ha") or {}).get("replica") or {}
+def holds_lease(admin: str, said: list[str] | None = None) -> bool:
+    """Whether the engine at `admin` (HOST:PORT) says, on its GET /status, that its replica holds the lease.
+    One that does not answer it yet (starting, or an HTTP error) does not: what went wrong is appended to
+    `said`, for the caller to show if it never takes the lease."""
+    try:
+        doc = fetch_status(admin)
+    except StatusError as e:
+        if said is not None:
+            said.append(str(e))
+        return False
+    replica = (doc.get("ha") or {}).get("replica") or {}
     return replica.get("holder") is True
 
 
@@ -234,8 +242,10 @@ def _measure(mq: LocalRocketMQ, out: dict[str, object], messages: int, due_rate:
                        work / "serve.log", admin, tree=engine_tree)
     meter = CpuMeter(proc.pid)
     try:
-        if ha and not _wait(lambda: holds_lease(f"127.0.0.1:{admin}"), 120):
-            raise RuntimeError(f"the engine never took the lease (see {work / 'serve.log'})")
+        said: list[str] = []
+        if ha and not _wait(lambda: holds_lease(f"127.0.0.1:{admin}", said), 120):
+            last = f"; the last /status error: {said[-1]}" if said else ""
+            raise RuntimeError(f"the engine never took the lease (see {work / 'serve.log'}){last}")
         # idle: timers, long polls, heartbeats
         c0, k0, t0 = meter.sample()[1], _system_seconds(proc.pid), time.monotonic()
         time.sleep(5.0)

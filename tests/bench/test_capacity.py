@@ -60,13 +60,15 @@ def test_the_lease_is_read_from_the_engines_status_not_its_log() -> None:
 
     from bench.capacity import holds_lease
 
-    answers = [{"serving": True}, {"ha": {"replica": {"holder": False, "epoch": 0}}},
-               {"ha": {"replica": {"holder": True, "epoch": 3}}}]
+    answers = [(503, {"error": "starting"}), (200, {"serving": True}),
+               (200, {"ha": {"replica": {"holder": False, "epoch": 0}}}),
+               (200, {"ha": {"replica": {"holder": True, "epoch": 3}}})]
 
     class _Status(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps(answers.pop(0) if self.path == "/status" else {}).encode()
-            self.send_response(200 if self.path == "/status" else 404)
+            code, doc = answers.pop(0) if self.path == "/status" else (404, {})
+            body = json.dumps(doc).encode()
+            self.send_response(code)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -78,7 +80,10 @@ def test_the_lease_is_read_from_the_engines_status_not_its_log() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         admin = f"127.0.0.1:{server.server_address[1]}"
-        assert [holds_lease(admin) for _ in range(3)] == [False, False, True]
+        said: list[str] = []
+        # a 503 while it starts is "not yet", not the end of the run; what it said is kept for the message
+        assert [holds_lease(admin, said) for _ in range(4)] == [False, False, False, True]
+        assert len(said) == 1 and "HTTP 503" in said[0] and "starting" in said[0], said
     finally:
         server.shutdown()
         server.server_close()
