@@ -209,12 +209,17 @@ def not_a_checkout(tree: Path) -> str | None:
     return f"{tree} is not a timewheel checkout (no timewheel/__main__.py)"
 
 
+def _stat_cpu_seconds(stat: Path) -> tuple[float, float]:
+    """(user, system) CPU seconds in a /proc `stat` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def process_cpu_seconds(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds process `pid` has used so far, from /proc (no psutil: only the
     `bench` extra installs it); OSError once the process is gone."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_usage(pid: int) -> dict[int, tuple[str, float, int]]:
@@ -222,15 +227,14 @@ def thread_usage(pid: int) -> dict[int, tuple[str, float, int]]:
     system; how many times it went to sleep of its own accord, a wait or a blocking call:
     `voluntary_ctxt_switches`). A thread that ends meanwhile is left out. By id, not name: a thread
     renamed between two readings (`timewheel serve` names its threads as they start) is the same."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[str, float, int]] = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = sum(_stat_cpu_seconds(task / "stat"))
             status = (task / "status").read_text()
         except OSError:
             continue
         sleeps = int(status.split("\nvoluntary_ctxt_switches:", 1)[1].split()[0])
-        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick, sleeps)
+        out[int(task.name)] = (name, cpu, sleeps)
     return out

@@ -1,12 +1,13 @@
 """CPU seconds of a system's processes and of the engine's threads, read once or sampled through a phase."""
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from bench.peers.common import thread_usage
 
 if TYPE_CHECKING:
     from bench.peers.systems import System
@@ -74,18 +75,16 @@ def thread_cpu_seconds(system: System) -> dict[str, float]:
     out: dict[str, float] = {}
     if system.name != "timewheel":
         return out
-    tick = os.sysconf("SC_CLK_TCK")
     for pid in system.process_pids():
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                name = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the thread ended meanwhile
-                continue
+        try:
+            threads = thread_usage(pid)
+        except OSError:  # the process ended meanwhile
+            continue
+        for name, cpu, _ in threads.values():
             if not name.startswith("tw-"):
                 continue  # the broker's threads and the runtime's own: in server_cpu_s only
             group = "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
-            out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+            out[group] = out.get(group, 0.0) + cpu
     return out
 
 

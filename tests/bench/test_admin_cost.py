@@ -61,7 +61,8 @@ def test_an_idle_thread_is_charged_its_own_cpu_and_wakes_under_the_name_it_gave_
         stop.set()
         t.join()
     ms, wakes = rows["tw-bench-waker"]
-    assert 10 <= wakes <= 150, rows  # about 100 (fewer on a busy machine): a wait that timed out is one each
+    # about 100: a wait that timed out is one each (fewer on a busy machine; waits for the GIL add some)
+    assert 10 <= wakes <= 400, rows
     assert ms > 0, rows
     tid = t.native_id
     assert tid is not None and mine[tid][0] == "tw-bench-waker" and mine[tid][2] >= wakes, mine

@@ -64,3 +64,44 @@ def test_the_run_queue_of_a_process_counts_its_threads_and_its_childrens() -> No
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_engines_threads_are_read_by_the_name_they_gave_the_os_siblings_summed() -> None:
+    import os
+    import threading
+    import time
+
+    from bench.peers.cpu import thread_cpu_seconds
+
+    class Me:
+        name = "timewheel"
+
+        def process_pids(self) -> list[int]:
+            return [os.getpid()]
+
+    stop = threading.Event()
+    burnt = [threading.Event() for _ in range(3)]
+
+    def burn(comm: str, seconds: float, done: threading.Event) -> None:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(comm)
+        start = time.thread_time()
+        while time.thread_time() - start < seconds:
+            pass
+        done.set()
+        stop.wait(10)  # alive while read: an ended thread is no longer in /proc
+
+    threads = [threading.Thread(target=burn, args=(comm, s, done), daemon=True)
+               for (comm, s), done in zip((("tw-dispatch-0", 0.1), ("tw-dispatch-1", 0.1), ("tw-in-broker-a", 0.2)),
+                                          burnt)]
+    for t in threads:
+        t.start()
+    try:
+        assert all(done.wait(10) for done in burnt)
+        got = thread_cpu_seconds(Me())  # type: ignore[arg-type]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert set(got) == {"tw-dispatch", "tw-in"}, "the main thread and other threads are not the engine's"
+    assert 0.15 <= got["tw-dispatch"] <= 0.4 and 0.15 <= got["tw-in"] <= 0.4, got
