@@ -69,10 +69,15 @@ def _process_tree(pid: int) -> list[int]:
     return out
 
 
-def thread_cpu_seconds(system: System) -> dict[str, float]:
-    """CPU seconds of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
-    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
-    out: dict[str, float] = {}
+#: one reading of a process's threads: by thread id, (the name it gave the OS, CPU seconds so far)
+ThreadReadings = dict[int, tuple[str, float]]
+
+
+def thread_readings(system: System) -> ThreadReadings:
+    """Every thread of the engine's processes, by thread id: (its name, CPU seconds so far); empty for
+    other systems. Differences are taken by id (`threads_between`): a thread named between two
+    readings is charged only what it did after the first."""
+    out: ThreadReadings = {}
     if system.name != "timewheel":
         return out
     for pid in system.process_pids():
@@ -80,12 +85,33 @@ def thread_cpu_seconds(system: System) -> dict[str, float]:
             threads = thread_usage(pid)
         except OSError:  # the process ended meanwhile
             continue
-        for name, cpu, _ in threads.values():
-            if not name.startswith("tw-"):
-                continue  # the broker's threads and the runtime's own: in server_cpu_s only
-            group = "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
-            out[group] = out.get(group, 0.0) + cpu
+        out.update((tid, (name, cpu)) for tid, (name, cpu, _) in threads.items())
     return out
+
+
+def _group(name: str) -> str | None:
+    """The engine thread group a thread name belongs to (`tw-dispatch-0` -> `tw-dispatch`, every
+    `tw-in-BROKER` -> `tw-in`); None for the broker's threads and the runtime's own."""
+    if not name.startswith("tw-"):
+        return None
+    return "tw-in" if name.startswith("tw-in-") else re.sub(r"-\d+$", "", name)
+
+
+def threads_between(before: ThreadReadings, after: ThreadReadings) -> dict[str, float]:
+    """CPU seconds each engine thread group spent from `before` to `after`, thread by thread (a thread
+    started in between counts whole; one ended in between is not in `after`: sample often enough)."""
+    out: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        group = _group(name)
+        if group is not None:
+            out[group] = out.get(group, 0.0) + cpu - before.get(tid, ("", 0.0))[1]
+    return out
+
+
+def thread_cpu_seconds(system: System) -> dict[str, float]:
+    """CPU seconds so far of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
+    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
+    return threads_between({}, thread_readings(system))
 
 
 class CpuSampler:
@@ -95,8 +121,8 @@ class CpuSampler:
     def __init__(self, system: System, every_s: float = 0.5) -> None:
         self.system = system
         self.every_s = every_s
-        #: (time.monotonic(), cpu_seconds, thread_cpu_seconds, run_queue_seconds)
-        self.samples: list[tuple[float, dict[str, float], dict[str, float], dict[str, float]]] = []
+        #: (time.monotonic(), cpu_seconds, thread_readings, run_queue_seconds)
+        self.samples: list[tuple[float, dict[str, float], ThreadReadings, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
@@ -111,7 +137,7 @@ class CpuSampler:
         self._sample()
 
     def _sample(self) -> None:
-        self.samples.append((time.monotonic(), cpu_seconds(self.system), thread_cpu_seconds(self.system),
+        self.samples.append((time.monotonic(), cpu_seconds(self.system), thread_readings(self.system),
                              run_queue_seconds(self.system)))
 
     def _run(self) -> None:
@@ -120,15 +146,19 @@ class CpuSampler:
 
     def window(self, start: float, end: float) -> dict[str, object] | None:
         """CPU spent between the samples nearest `start` and `end` (time.monotonic()); None if the
-        window holds fewer than two samples."""
+        window holds fewer than two samples. The engine's threads are charged sample to sample, by
+        thread id: one named or ended inside the window is charged what it did there (to its last sample)."""
         inside = [s for s in self.samples if start - self.every_s / 2 <= s[0] <= end + self.every_s / 2]
         if len(inside) < 2:
             return None
-        (t0, c0, h0, q0), (t1, c1, h1, q1) = inside[0], inside[-1]
+        (t0, c0, _, q0), (t1, c1, _, q1) = inside[0], inside[-1]
+        threads: dict[str, float] = {}
+        for (_, _, h0, _), (_, _, h1, _) in zip(inside, inside[1:]):
+            for k, v in threads_between(h0, h1).items():
+                threads[k] = threads.get(k, 0.0) + v
         return {"seconds": round(t1 - t0, 2),
                 "server_cpu_s": {k: round(v - c0.get(k, 0.0), 3) for k, v in c1.items()},
-                "engine_threads_cpu_s": {k: round(v - h0.get(k, 0.0), 3) for k, v in sorted(h1.items())
-                                         if v - h0.get(k, 0.0) > 0},
+                "engine_threads_cpu_s": {k: round(v, 3) for k, v in sorted(threads.items()) if v > 0},
                 "run_queue_s": {k: round(v - q0.get(k, 0.0), 3) for k, v in q1.items()}}
 
 

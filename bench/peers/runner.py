@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.peers.cpu import cpu_seconds, thread_cpu_seconds
+from bench.peers.cpu import cpu_seconds, thread_readings, threads_between
 from bench.peers.common import BenchMessage, Recorder, load_average, now_ms, percentiles, remove_tree
 from bench.peers.java_workloads import run_intake_ceiling, run_noop_consumer, run_steady_java
 from bench.peers.systems import (DAY_MS, Heap, PlainHop, Postgres, RedisZset, RocketMQLevels, RocketMQTimer, Sink,
@@ -409,7 +409,7 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             fn = workloads[phase]
             log(f"[{name}] {phase} ...")
             t0 = time.monotonic()
-            cpu0, threads0 = cpu_seconds(system), thread_cpu_seconds(system)
+            cpu0, threads0 = cpu_seconds(system), thread_readings(system)
             try:
                 result[phase] = fn()
             except Exception as e:  # noqa: BLE001 - one failed phase must not lose the others
@@ -418,10 +418,11 @@ def _run_system(name: str, cfg: RunConfig, work: Path, mq: object, producer: obj
             cpu1 = cpu_seconds(system)
             result[phase]["server_cpu_s"] = {k: round(v - cpu0.get(k, 0.0), 2)  # type: ignore[index]
                                              for k, v in cpu1.items()}
-            threads1 = thread_cpu_seconds(system)
-            if threads1:
+            # by thread id: a thread named during the phase is charged only what it did after
+            threads = threads_between(threads0, thread_readings(system))
+            if threads:
                 result[phase]["engine_threads_cpu_s"] = {  # type: ignore[index]
-                    k: round(v - threads0.get(k, 0.0), 3) for k, v in sorted(threads1.items()) if v - threads0.get(k, 0.0) > 0}
+                    k: round(v, 3) for k, v in sorted(threads.items()) if v > 0}
             try:
                 diag = system.diagnostics()
             except Exception as e:  # noqa: BLE001
