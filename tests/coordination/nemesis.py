@@ -31,6 +31,10 @@ Faults (one a round, in this order, round after round):
   must say so and exit with code 3; the round restarts them, as a supervisor does, and one holds
   with epochs from 1 again (the checker tells the two runs of epochs apart by when the copies were
   stored). Nothing may be stored from the fencing deadline until the first replica is started again.
+- `zookeeper_ahead`: the same, but ZooKeeper comes back on another ensemble's data, whose clients took
+  it past every transaction the replicas saw (a new ensemble, another cluster's backup) and which lacks
+  the shard's tree: it takes the replicas back in new sessions, so each must find the lease path it
+  joined gone, say so and exit with code 3; then as `zookeeper_wipe`.
 
 Checked (`Report.failures`): every acknowledged message not cancelled is delivered; no message
 whose cancel was acknowledged at least 1 s (plus any clock skew in force) before its due time is
@@ -62,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
+from kazoo.client import KazooClient
+
 from coordination import LocalZooKeeper
 from forwarder.local_rocketmq import LocalRocketMQ
 from tests.coordination.cluster import (Deliveries, Delivery, Replica, Sent, TcpProxy, Workload,
@@ -70,7 +76,7 @@ from tests.forwarder.dedupe_checker import TopicReader
 from tests.reliability.kill_loop import serve_env
 
 FAULTS = ("kill", "pause", "partition", "skew", "broker", "wipe", "wipe_takeover", "dupid", "zookeeper_restart",
-          "zookeeper_wipe")
+          "zookeeper_wipe", "zookeeper_ahead")
 SESSION_S = 4.0
 WATERMARK_S = 1.0
 FENCE_FRACTION = 0.6
@@ -82,8 +88,10 @@ TOKEN = "nemesis"
 #: from ZooKeeper back to a holder: a reconnect after kazoo's backoff (it doubles while ZooKeeper is
 #: down) and, when the holder's session expired meanwhile, the session timeout
 ZK_RESTART_BOUND_S = 20.0
-#: from an empty ZooKeeper back to a holder: two probes, the replicas' exits and starts
+#: from an empty ZooKeeper (or another ensemble's) back to a holder: two probes, the replicas' exits and starts
 ZK_WIPE_BOUND_S = 90.0
+#: another ensemble's data is this many transactions past the last the replicas could have seen
+AHEAD_BY = 1_000
 #: a wiped ZooKeeper numbers epochs from 1 again: the monitor and the checker add this per reset
 ERA = 1_000_000
 
@@ -513,13 +521,31 @@ class Cluster:
         self._all_ready(rnd)
 
     def _fault_zookeeper_wipe(self, rnd: Round, holder: str, epoch: int) -> None:
+        # the empty server refuses every client that saw a later transaction
+        self._zookeeper_replaced(rnd, epoch, lambda: shutil.rmtree(self.zk.run_dir / "data"), "back empty",
+                                 "ZooKeeperHistoryLostError")
+
+    def _fault_zookeeper_ahead(self, rnd: Round, holder: str, epoch: int) -> None:
+        other = LocalZooKeeper(self.work / f"zookeeper-other-{rnd.number}")
+        with other:  # another ensemble: its own clients took it past every transaction this one had
+            ahead = pump_transactions(other.connect_string, zookeeper_zxid(self.zk.connect_string) + AHEAD_BY)
+
+        def replace() -> None:
+            shutil.rmtree(self.zk.run_dir / "data")
+            shutil.copytree(other.run_dir / "data", self.zk.run_dir / "data")
+
+        # it takes the replicas back in new sessions, without the lease path each joined
+        self._zookeeper_replaced(rnd, epoch, replace, f"back on another ensemble's data (at 0x{ahead:x})",
+                                 "is gone or was created again")
+
+    def _zookeeper_replaced(self, rnd: Round, epoch: int, replace: Callable[[], None], how: str, said: str) -> None:
+        """ZooKeeper down past the session, its data replaced (`replace`), started again: each replica
+        must exit with code 3 saying `said`, and is started again, as a supervisor does."""
         fault_ms, deadline = self._zookeeper_down()
-        shutil.rmtree(self.zk.run_dir / "data")
+        replace()
         base = self.monitor.new_era()  # every holder's fence closed long ago: none reports holding now
         back_ms = rnd.epoch_reset_ms = now_ms()
         self.zk.start()
-        # the empty server refuses every client that saw a later transaction: each replica must say so and
-        # exit (3) for its supervisor, which this round plays
         for name in self.names:
             r = self.replicas[name]
             try:
@@ -527,16 +553,16 @@ class Cluster:
             except AssertionError as e:
                 rnd.problems.append(str(e)[:800])
                 r.stop()
-            said = r.log.read_text()[-30_000:]
-            if r.proc.returncode != 3 or "ZooKeeperHistoryLostError" not in said:
+            tail = r.log.read_text()[-30_000:]
+            if r.proc.returncode != 3 or said not in tail:
                 rnd.problems.append(f"{name} exited with {r.proc.returncode} without saying that ZooKeeper lost "
-                                    f"its history (its log ends {said[-300:]!r})")
+                                    f"its history ({said!r}; its log ends {tail[-300:]!r})")
         restarted_ms = now_ms()
         rnd.silent.append((deadline, restarted_ms))
         for name in self.names:
             self.restart_replica(name)
         name, new_epoch, seen = self.monitor.wait_epoch_above(base, 60)
-        rnd.notes.append(f"ZooKeeper down {(back_ms - fault_ms) / 1000:.1f} s, back empty; every replica exited "
+        rnd.notes.append(f"ZooKeeper down {(back_ms - fault_ms) / 1000:.1f} s, {how}; every replica exited "
                          f"and was started again; {name} holds epoch {new_epoch - base}")
         rnd.failovers.append(Failover(fault_ms, seen, epoch, new_epoch, int(FENCE_FRACTION * SESSION_S * 1000),
                                       healed_ms=back_ms, limit_s=ZK_WIPE_BOUND_S))
@@ -565,6 +591,38 @@ class Cluster:
             produced.setdefault(c.body, set()).add(c.msg_id)
         return check(self.rounds, self.workload.snapshot(), self.deliveries.snapshot(), self.monitor.epochs,
                      self.workload.unacked, {b: len(ids) for b, ids in produced.items()})
+
+
+def zookeeper_zxid(hosts: str) -> int:
+    """The last transaction of the ZooKeeper at `hosts` (that of a write made to learn it)."""
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=30)
+    try:
+        path = client.create("/nemesis-zxid-", ephemeral=True, sequence=True)
+        stat = client.exists(path)
+        assert stat is not None
+        return int(stat.czxid)
+    finally:
+        client.stop()
+        client.close()
+
+
+def pump_transactions(hosts: str, past: int, batch: int = 2_000) -> int:
+    """Write to the ZooKeeper at `hosts` (as another cluster's clients do) until its last transaction is
+    past `past`; returns that transaction."""
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=30)
+    try:
+        client.ensure_path("/other-cluster")
+        stat = client.set("/other-cluster", b"")
+        while stat.mzxid <= past:
+            for f in [client.set_async("/other-cluster", b"") for _ in range(min(batch, past - stat.mzxid + 1))]:
+                f.get(timeout=30)
+            stat = client.set("/other-cluster", b"")
+        return int(stat.mzxid)
+    finally:
+        client.stop()
+        client.close()
 
 
 def answers_as_standby(r: Replica) -> bool:
