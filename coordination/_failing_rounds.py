@@ -7,6 +7,11 @@ ensemble out of reach) keeps a replica from ever sending or taking over: its sta
 failure, since when and how many rounds, from the first failure on; once that has lasted longer
 than the session timeout ZooKeeper granted (a blip never does: the session survives it), the service
 is not ready, with `ZooKeeperFailingError`'s words. The first round that completes clears it.
+
+A run logs its first failure with its traceback, then again only when the error says something
+else or `REPEAT_S` went by (with how many rounds and for how long): a failure that lasts (an ACL
+that refuses the watermark, say) fails every round, one to six a second, and a traceback each would
+bury everything else in the log.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ log = logging.getLogger("timewheel.replica")
 ZOOKEEPER_ERRORS = (KazooException, KazooTimeoutError, ConnectionError, OSError)
 #: a failure's text is cut to this in `status` (the log has it whole)
 _ERROR_CHARS = 300
+#: a run's failure that says the same as the last one logged is logged again after this long
+REPEAT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -56,24 +63,31 @@ class FailingRounds:
         # replaced whole by the replica's thread, read whole by the admin's: no lock needed
         self._run: _Run | None = None
         self._this_round_failed = False
+        self._logged: tuple[str, float] | None = None  # the run's error last logged, and when
 
     def failed(self, why: BaseException | str) -> None:
-        """This round failed: a ZooKeeper error (logged here, with its traceback) or why no request was made."""
-        if isinstance(why, BaseException):
-            log.warning("lease of shard %s: ZooKeeper request failed; not sending until it answers", self._path,
-                        exc_info=why)
+        """This round failed: a ZooKeeper error (logged here, with its traceback, unless the run logged
+        the same error less than `REPEAT_S` ago) or why no request was made."""
         self._this_round_failed = True
         run = self._run
+        now = self._monotonic()
         if run is None:
-            self._run = _Run(self._monotonic(), self._now_ms(), 1, why)
+            run = self._run = _Run(now, self._now_ms(), 1, why)
         else:
-            self._run = _Run(run.since, run.since_ms, run.rounds + 1, why)
+            run = self._run = _Run(run.since, run.since_ms, run.rounds + 1, why)
+        if isinstance(why, BaseException):
+            text = one_line(why)
+            if self._logged is None or self._logged[0] != text or now - self._logged[1] >= REPEAT_S:
+                self._logged = (text, now)
+                more = "" if run.rounds == 1 else f" ({run.rounds} rounds in a row over {now - run.since:.0f} s)"
+                log.warning("lease of shard %s: ZooKeeper request failed%s; not sending until it answers", self._path,
+                            more, exc_info=why)
 
     def end_round(self) -> None:
         """A round ended: one that did not fail ends the run."""
         run, failed, self._this_round_failed = self._run, self._this_round_failed, False
         if run is not None and not failed:
-            self._run = None
+            self._run, self._logged = None, None
             log.info("lease of shard %s: ZooKeeper answers again after %d failed round(s) over %.1f s (the last: %s)",
                      self._path, run.rounds, self._monotonic() - run.since, _text(run.last))
 

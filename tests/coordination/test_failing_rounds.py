@@ -2,6 +2,7 @@
 timeout is only in the status; a run past it makes the service not ready; the next good round clears it."""
 from __future__ import annotations
 
+import pytest
 from kazoo.exceptions import ConnectionLoss, NoAuthError
 
 from coordination._failing_rounds import FailingRounds
@@ -96,3 +97,42 @@ def test_a_failure_line_in_status_is_one_line_and_cut() -> None:
     last = rounds.status()["zookeeper_last_error"]
     assert isinstance(last, str) and last.startswith("OSError: broken pipe x") and "\n" not in last
     assert len(last) == 300 and last.endswith("…")
+
+
+def test_a_lasting_failure_logs_its_traceback_once_then_when_it_changes_or_a_minute_went_by(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from coordination._failing_rounds import REPEAT_S
+
+    clock = _Clock()
+    rounds = _rounds(clock)
+
+    def logged() -> list[logging.LogRecord]:
+        out = [r for r in caplog.records if "ZooKeeper request failed" in r.getMessage()]
+        caplog.clear()
+        return out
+
+    with caplog.at_level(logging.WARNING, logger="timewheel.replica"):
+        for _ in range(30):  # an ACL refusing the watermark fails every round
+            _failed_round(rounds, NoAuthError())
+            clock.t += 1.0
+        first = logged()
+        assert len(first) == 1 and first[0].exc_info is not None, "the first with its traceback, then nothing"
+        _failed_round(rounds, ConnectionLoss())  # another error: at once
+        [changed] = logged()
+        assert "31 rounds in a row" in changed.getMessage()
+        clock.t += REPEAT_S - 1
+        _failed_round(rounds, ConnectionLoss())
+        assert logged() == []
+        clock.t += 1
+        _failed_round(rounds, ConnectionLoss())
+        [again] = logged()
+        assert "33 rounds in a row" in again.getMessage() and again.exc_info is not None
+        _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
+        assert logged() == [], "no request made: nothing to log here"
+        assert rounds.status()["zookeeper_failed_rounds"] == 34, "every round counted, logged or not"
+        rounds.end_round()  # a good round ends the run
+        _failed_round(rounds, ConnectionLoss())
+        [new_run] = logged()
+        assert "rounds in a row" not in new_run.getMessage(), "a new run logs its first failure at once"
