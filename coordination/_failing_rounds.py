@@ -11,7 +11,8 @@ is not ready, with `ZooKeeperFailingError`'s words. The first round that complet
 A run logs its first failure with its traceback, then again only when the error says something
 else or `REPEAT_S` went by (with how many rounds and for how long): a failure that lasts (an ACL
 that refuses the watermark, say) fails every round, one to six a second, and a traceback each would
-bury everything else in the log.
+bury everything else in the log. So would the lease taken and lost each round, which the replica
+then leaves to this run's lines (`transition_level`).
 """
 from __future__ import annotations
 
@@ -90,6 +91,14 @@ class FailingRounds:
             self._run, self._logged = None, None
             log.info("lease of shard %s: ZooKeeper answers again after %d failed round(s) over %.1f s (the last: %s)",
                      self._path, run.rounds, self._monotonic() - run.since, _text(run.last))
+
+    def transition_level(self) -> int:
+        """The level to log the lease taken or lost at: DEBUG from a run's second failed round on, while its
+        failure was logged less than `REPEAT_S` ago (a holder whose watermark write is refused takes the
+        lease and loses it every round; that line, with its count, says it for them), else WARNING."""
+        run, logged = self._run, self._logged
+        quiet = run is not None and run.rounds >= 2 and logged is not None and self._monotonic() - logged[1] < REPEAT_S
+        return logging.DEBUG if quiet else logging.WARNING
 
     def status(self) -> dict[str, object]:
         """Since when (epoch ms), how many rounds and the last failure, one line; None, 0, None while none fails."""

@@ -406,9 +406,9 @@ class ShardReplica:
                                       else NO_WATERMARK)
             self.counters.takeovers += 1
             self._active = True
-        log.warning("shard %s: this replica (%s) holds the lease, epoch %d; delivering what is due after %d "
-                    "(the last holder's watermark, epoch %d)", self.path, self.cfg.replica_id, epoch,
-                    self._peer_watermark, mark.epoch)
+        log.log(self.zookeeper_rounds.transition_level(), "shard %s: this replica (%s) holds the lease, epoch %d; "
+                "delivering what is due after %d (the last holder's watermark, epoch %d)", self.path,
+                self.cfg.replica_id, epoch, self._peer_watermark, mark.epoch)
 
     def _lose(self, why: str) -> bool:  # False: not holding, a round's answer
         self.fence.revoke()
@@ -416,8 +416,8 @@ class ShardReplica:
             with self._lock:
                 self._active = False
                 self.counters.losses += 1
-            log.warning("shard %s: this replica (%s) no longer holds the lease (%s); not sending", self.path,
-                        self.cfg.replica_id, why)
+            log.log(self.zookeeper_rounds.transition_level(), "shard %s: this replica (%s) no longer holds the "
+                    "lease (%s); not sending", self.path, self.cfg.replica_id, why)
         return False
 
     def _publish(self) -> None:

@@ -136,3 +136,26 @@ def test_a_lasting_failure_logs_its_traceback_once_then_when_it_changes_or_a_min
         _failed_round(rounds, ConnectionLoss())
         [new_run] = logged()
         assert "rounds in a row" not in new_run.getMessage(), "a new run logs its first failure at once"
+
+
+def test_the_lease_taken_and_lost_each_round_of_a_failing_run_is_logged_quietly_while_the_run_is() -> None:
+    import logging
+
+    from coordination._failing_rounds import REPEAT_S
+
+    clock = _Clock()
+    rounds = _rounds(clock)
+    assert rounds.transition_level() == logging.WARNING, "no failure: every take-over and loss is a warning"
+    _failed_round(rounds, NoAuthError())
+    assert rounds.transition_level() == logging.WARNING, "the loss after the first failure is still told"
+    _failed_round(rounds, NoAuthError())
+    assert rounds.transition_level() == logging.DEBUG, "from the second failed round: the run's own lines tell it"
+    clock.t += REPEAT_S
+    assert rounds.transition_level() == logging.WARNING, "a minute without a line about the run: told again"
+    _failed_round(rounds, NoAuthError())  # logged again, with its count
+    assert rounds.transition_level() == logging.DEBUG
+    rounds.end_round()
+    assert rounds.transition_level() == logging.WARNING, "the run over: told as ever"
+    _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
+    _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
+    assert rounds.transition_level() == logging.WARNING, "nothing logged of this run: nothing quiets it"
