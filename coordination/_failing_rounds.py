@@ -65,6 +65,7 @@ class FailingRounds:
         self._run: _Run | None = None
         self._this_round_failed = False
         self._logged: tuple[str, float] | None = None  # the run's error last logged, and when
+        self._transitions = 0  # the lease taken or lost during the run
 
     def failed(self, why: BaseException | str) -> None:
         """This round failed: a ZooKeeper error (logged here, with its traceback, unless the run logged
@@ -74,6 +75,7 @@ class FailingRounds:
         now = self._monotonic()
         if run is None:
             run = self._run = _Run(now, self._now_ms(), 1, why)
+            self._transitions = 0
         else:
             run = self._run = _Run(run.since, run.since_ms, run.rounds + 1, why)
         if isinstance(why, BaseException):
@@ -93,11 +95,15 @@ class FailingRounds:
                      self._path, run.rounds, self._monotonic() - run.since, _text(run.last))
 
     def transition_level(self) -> int:
-        """The level to log the lease taken or lost at: DEBUG from a run's second failed round on, while its
-        failure was logged less than `REPEAT_S` ago (a holder whose watermark write is refused takes the
-        lease and loses it every round; that line, with its count, says it for them), else WARNING."""
-        run, logged = self._run, self._logged
-        quiet = run is not None and run.rounds >= 2 and logged is not None and self._monotonic() - logged[1] < REPEAT_S
+        """The level to log the lease taken or lost at (ask once for each): WARNING, but DEBUG from the third
+        within one run of failed rounds while the run's failure was logged less than `REPEAT_S` ago (a
+        holder whose watermark write is refused takes the lease and loses it every round; the run's line,
+        with its count, says so for them). The loss at a run's start and the take-over at its end are told."""
+        if self._run is None:
+            return logging.WARNING
+        self._transitions += 1
+        logged = self._logged
+        quiet = self._transitions > 2 and logged is not None and self._monotonic() - logged[1] < REPEAT_S
         return logging.DEBUG if quiet else logging.WARNING
 
     def status(self) -> dict[str, object]:

@@ -146,16 +146,29 @@ def test_the_lease_taken_and_lost_each_round_of_a_failing_run_is_logged_quietly_
     clock = _Clock()
     rounds = _rounds(clock)
     assert rounds.transition_level() == logging.WARNING, "no failure: every take-over and loss is a warning"
+    # a holder whose watermark write is refused: each round takes the lease, fails, loses it
     _failed_round(rounds, NoAuthError())
-    assert rounds.transition_level() == logging.WARNING, "the loss after the first failure is still told"
+    assert rounds.transition_level() == logging.WARNING, "the loss at the run's start is told"
+    assert rounds.transition_level() == logging.WARNING, "and the first take-over in it"
     _failed_round(rounds, NoAuthError())
-    assert rounds.transition_level() == logging.DEBUG, "from the second failed round: the run's own lines tell it"
+    levels = [rounds.transition_level() for _ in range(10)]  # five more rounds of take and lose
+    assert levels == [logging.DEBUG] * 10, "from then on the run's own lines tell it"
     clock.t += REPEAT_S
     assert rounds.transition_level() == logging.WARNING, "a minute without a line about the run: told again"
     _failed_round(rounds, NoAuthError())  # logged again, with its count
     assert rounds.transition_level() == logging.DEBUG
     rounds.end_round()
     assert rounds.transition_level() == logging.WARNING, "the run over: told as ever"
-    _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
-    _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
-    assert rounds.transition_level() == logging.WARNING, "nothing logged of this run: nothing quiets it"
+
+
+def test_the_loss_and_the_take_over_around_a_zookeeper_outage_are_both_told() -> None:
+    import logging
+
+    clock = _Clock()
+    rounds = _rounds(clock)
+    _failed_round(rounds, ConnectionLoss())  # ZooKeeper goes away mid-round
+    assert rounds.transition_level() == logging.WARNING, "the holder loses the lease"
+    for _ in range(20):
+        _failed_round(rounds, "not connected to ZooKeeper (its client keeps reconnecting)")
+        clock.t += 1.0
+    assert rounds.transition_level() == logging.WARNING, "back: it takes the lease again, in the run's last round"
