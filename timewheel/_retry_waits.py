@@ -11,8 +11,9 @@ second after the failure, not an hour and a second. Due times stay on the wall c
 due at 12:00 waits for 12:00 however the clock stepped.
 
 A step back is a reading earlier than the one before. The readings come under the queue's lock, so
-they are in order, and one arrives at least every `MAX_WAIT_S` while a dispatch thread waits: a
-step is measured short by at most the time since the last reading. A step forward cannot be told
+they are in order, and one arrives at least every `MAX_WAIT_S` while a dispatch thread waits with
+entries here: a step is measured short by at most the time since the last reading (with none here,
+every `IDLE_WAIT_S`: a step measured short then moves no backoff, there being none). A step forward cannot be told
 apart from time passing: backoffs end early by it (at once at worst), as they always did.
 """
 from __future__ import annotations

@@ -70,9 +70,9 @@ BESIDE_AFTER_MS = 20
 FULL_LINGER_RATE = 10_000
 #: how long the due rate is counted over before the linger follows it
 RATE_WINDOW_MS = 500
-#: longest wait of a dispatch thread: what it was not woken for waits at most this long
-MAX_WAIT_S = 0.05
-
+#: longest wait of a dispatch thread: what it was not woken for waits at most this long; IDLE_WAIT_S with
+#: nothing waiting, retrying or held (what brings work wakes it: `nudge`, `hold_until_due`, `cancel`, `close`)
+MAX_WAIT_S, IDLE_WAIT_S = 0.05, 1.0
 
 
 def linger_for_rate(due_per_s: float, floor_ms: int, max_ms: int) -> int:
@@ -258,7 +258,7 @@ class DispatchQueue:
                 wake = self._retries.next_ms_min()
                 if held_wake_ms is not None:
                     wake = held_wake_ms if wake is None else min(wake, held_wake_ms)
-                timeout = seconds_until(self._clock, wake, MAX_WAIT_S)
+                timeout = seconds_until(self._clock, wake, MAX_WAIT_S if wake is not None else IDLE_WAIT_S)
                 if timeout > 0 and not self._retries.ready_by(now):
                     self._cv.wait(timeout)
                     return Turn.LOOK_AGAIN

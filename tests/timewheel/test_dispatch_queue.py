@@ -409,3 +409,24 @@ def test_steps_back_add_up_and_a_retry_queued_after_one_waits_its_backoff() -> N
     clock.set(T0 - 90_000 + 5000)
     e, _ = q.take(4) or (DueEntries.empty(), 0)
     assert e.refs.tolist() == [1] and q.idle()
+
+
+def test_an_idle_dispatch_thread_waits_to_be_woken_and_one_with_work_ahead_looks_every_max_wait() -> None:
+    from timewheel.dispatch_queue import IDLE_WAIT_S, MAX_WAIT_S
+
+    clock = ManualClock(T0)
+    q, _ = _queue(clock)
+    waits: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        return False
+
+    q._cv.wait = wait  # type: ignore[method-assign]
+    assert q.await_turn() is Turn.LOOK_AGAIN
+    assert waits.pop() == IDLE_WAIT_S, "nothing waiting, retrying or held: only a wake-up brings work"
+    assert q.await_turn(held_wake_ms=T0 + 5_000) is Turn.LOOK_AGAIN
+    assert waits.pop() == MAX_WAIT_S, "the shaper holds messages: it looks again every MAX_WAIT_S"
+    q.retry(np.array([T0 + 5_000], np.int64), _e(np.array([T0], np.int64), _refs(1)))
+    assert q.await_turn() is Turn.LOOK_AGAIN
+    assert waits.pop() == MAX_WAIT_S, "a retry waits: it looks again every MAX_WAIT_S (retry() wakes nobody)"
