@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from bench.peers.common import process_cpu_seconds, thread_usage
+from bench.peers.common import process_cpu_seconds, thread_usage, usage_between
 from forwarder import LocalRocketMQ
 from tests.ports import free_port
 from tests.reliability.kill_loop import serve_env, start_serve
@@ -57,11 +57,10 @@ def idle_threads(pid: int, seconds: float) -> list[tuple[str, float, float]]:
     before = thread_usage(pid)
     time.sleep(seconds)
     by_name: dict[str, tuple[float, int]] = {}
-    for tid, (name, cpu, sleeps) in thread_usage(pid).items():
-        _, cpu0, sleeps0 = before.get(tid, (name, 0.0, 0))  # one started meanwhile: all of it is new
-        if cpu > cpu0 or sleeps > sleeps0:
+    for name, cpu, sleeps in usage_between(before, thread_usage(pid)).values():
+        if cpu > 0 or sleeps > 0:
             c, n = by_name.get(name, (0.0, 0))
-            by_name[name] = (c + cpu - cpu0, n + sleeps - sleeps0)
+            by_name[name] = (c + cpu, n + sleeps)
     return sorted(((name, cpu / seconds * 1e3, n / seconds) for name, (cpu, n) in by_name.items()),
                   key=lambda r: (-r[1], -r[2], r[0]))
 

@@ -238,3 +238,15 @@ def thread_usage(pid: int) -> dict[int, tuple[str, float, int]]:
         sleeps = int(status.split("\nvoluntary_ctxt_switches:", 1)[1].split()[0])
         out[int(task.name)] = (name, cpu, sleeps)
     return out
+
+
+def usage_between(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[str, float, int]]
+                  ) -> dict[int, tuple[str, float, int]]:
+    """What each thread of `after` (a `thread_usage` reading) did since `before`, by id, under its name in
+    `after`: (name, CPU seconds, sleeps). One started in between counts whole; one ended in between is
+    not in `after`."""
+    out = {}
+    for tid, (name, cpu, sleeps) in after.items():
+        _, cpu0, sleeps0 = before.get(tid, (name, 0.0, 0))
+        out[tid] = (name, cpu - cpu0, sleeps - sleeps0)
+    return out

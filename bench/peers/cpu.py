@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.peers.common import thread_usage
+from bench.peers.common import thread_usage, usage_between
 
 if TYPE_CHECKING:
     from bench.peers.systems import System
@@ -69,23 +69,22 @@ def _process_tree(pid: int) -> list[int]:
     return out
 
 
-#: one reading of a process's threads: by thread id, (the name it gave the OS, CPU seconds so far)
-ThreadReadings = dict[int, tuple[str, float]]
+#: one reading of the engine's threads: by thread id, `thread_usage`'s (name, CPU seconds, sleeps)
+ThreadReadings = dict[int, tuple[str, float, int]]
 
 
 def thread_readings(system: System) -> ThreadReadings:
-    """Every thread of the engine's processes, by thread id: (its name, CPU seconds so far); empty for
-    other systems. Differences are taken by id (`threads_between`): a thread named between two
-    readings is charged only what it did after the first."""
+    """Every thread of the engine's processes, by thread id (`thread_usage`); empty for other systems.
+    Differences are taken by id (`threads_between`): a thread named between two readings is charged
+    only what it did after the first."""
     out: ThreadReadings = {}
     if system.name != "timewheel":
         return out
     for pid in system.process_pids():
         try:
-            threads = thread_usage(pid)
+            out.update(thread_usage(pid))
         except OSError:  # the process ended meanwhile
             continue
-        out.update((tid, (name, cpu)) for tid, (name, cpu, _) in threads.items())
     return out
 
 
@@ -98,24 +97,18 @@ def _group(name: str) -> str | None:
 
 
 def threads_between(before: ThreadReadings, after: ThreadReadings) -> dict[str, float]:
-    """CPU seconds each engine thread group spent from `before` to `after`, thread by thread (a thread
-    started in between counts whole; one ended in between is not in `after`: sample often enough)."""
+    """CPU seconds each engine thread group spent from `before` to `after`, thread by thread
+    (`usage_between`: one ended in between is not in `after`, so sample often enough)."""
     out: dict[str, float] = {}
-    for tid, (name, cpu) in after.items():
+    for name, cpu, _ in usage_between(before, after).values():
         group = _group(name)
         if group is not None:
-            out[group] = out.get(group, 0.0) + cpu - before.get(tid, ("", 0.0))[1]
+            out[group] = out.get(group, 0.0) + cpu
     return out
 
 
-def thread_cpu_seconds(system: System) -> dict[str, float]:
-    """CPU seconds so far of the engine's threads by the name they give the OS (`tw-dispatch-0` and its
-    siblings summed as `tw-dispatch`, every `tw-in-BROKER` as `tw-in`); empty for other systems."""
-    return threads_between({}, thread_readings(system))
-
-
 class CpuSampler:
-    """Samples `cpu_seconds` and `thread_cpu_seconds` of a system every `every_s` in a thread of its own,
+    """Samples `cpu_seconds` and `thread_readings` of a system every `every_s` in a thread of its own,
     so that a phase's steady part can be told from its ramp and drain (`window`)."""
 
     def __init__(self, system: System, every_s: float = 0.5) -> None:

@@ -15,7 +15,7 @@ class _Quiet:
 
 def _sampler(samples: list[tuple[float, float, float]]) -> CpuSampler:
     s = CpuSampler(_Quiet())  # type: ignore[arg-type]
-    s.samples = [(t, {"1 python": e, "2 broker": b}, {11: ("tw-dispatch-0", e / 2)},
+    s.samples = [(t, {"1 python": e, "2 broker": b}, {11: ("tw-dispatch-0", e / 2, 0)},
                   {"1 python": e / 10, "2 broker": b / 8}) for t, e, b in samples]
     return s
 
@@ -35,10 +35,10 @@ def test_threads_are_charged_by_id_what_they_did_inside_the_window() -> None:
     s = _sampler([(float(t), float(t), float(t)) for t in range(4)])
     # thread 21 runs unnamed for 5 s, then names itself tw-timer inside the window and spends 0.5 more;
     # thread 22 starts inside it; thread 23 ends inside it, after 0.25 s there
-    threads = [{21: ("python", 5.0), 23: ("tw-in-broker-a", 1.0)},
-               {21: ("python", 5.0), 23: ("tw-in-broker-a", 1.25)},
-               {21: ("tw-timer", 5.5), 22: ("tw-dispatch-1", 0.75)},
-               {21: ("tw-timer", 5.5), 22: ("tw-dispatch-1", 1.0)}]
+    threads = [{21: ("python", 5.0, 0), 23: ("tw-in-broker-a", 1.0, 0)},
+               {21: ("python", 5.0, 0), 23: ("tw-in-broker-a", 1.25, 0)},
+               {21: ("tw-timer", 5.5, 0), 22: ("tw-dispatch-1", 0.75, 0)},
+               {21: ("tw-timer", 5.5, 0), 22: ("tw-dispatch-1", 1.0, 0)}]
     s.samples = [(t, c, {**h, **threads[k]}, q) for k, (t, c, h, q) in enumerate(s.samples)]
     w = s.window(0.0, 3.0)
     assert w is not None
@@ -86,7 +86,7 @@ def test_the_engines_threads_are_read_by_the_name_they_gave_the_os_siblings_summ
     import threading
     import time
 
-    from bench.peers.cpu import thread_cpu_seconds
+    from bench.peers.cpu import thread_readings, threads_between
 
     class Me:
         name = "timewheel"
@@ -113,7 +113,7 @@ def test_the_engines_threads_are_read_by_the_name_they_gave_the_os_siblings_summ
         t.start()
     try:
         assert all(done.wait(10) for done in burnt)
-        got = thread_cpu_seconds(Me())  # type: ignore[arg-type]
+        got = threads_between({}, thread_readings(Me()))  # type: ignore[arg-type]
     finally:
         stop.set()
         for t in threads:
