@@ -25,6 +25,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from coordination.errors import ZooKeeperFailingError, one_line
 from coordination.fencing import FencingDeadline
+from timewheel.failure_log import REPEAT_S, RepeatedFailureLog
 
 __all__ = ["ZOOKEEPER_ERRORS", "FailingRounds"]
 
@@ -34,8 +35,6 @@ log = logging.getLogger("timewheel.replica")
 ZOOKEEPER_ERRORS = (KazooException, KazooTimeoutError, ConnectionError, OSError)
 #: a failure's text is cut to this in `status` (the log has it whole)
 _ERROR_CHARS = 300
-#: a run's failure that says the same as the last one logged is logged again after this long
-REPEAT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class FailingRounds:
         # replaced whole by the replica's thread, read whole by the admin's: no lock needed
         self._run: _Run | None = None
         self._this_round_failed = False
-        self._logged: tuple[str, float] | None = None  # the run's error last logged, and when
+        self._failures = RepeatedFailureLog(log, monotonic)  # the run's ZooKeeper errors, as logged
         self._transitions = 0  # the lease taken or lost during the run
 
     def failed(self, why: BaseException | str) -> None:
@@ -79,18 +78,16 @@ class FailingRounds:
         else:
             run = self._run = _Run(run.since, run.since_ms, run.rounds + 1, why)
         if isinstance(why, BaseException):
-            text = one_line(why)
-            if self._logged is None or self._logged[0] != text or now - self._logged[1] >= REPEAT_S:
-                self._logged = (text, now)
-                more = "" if run.rounds == 1 else f" ({run.rounds} rounds in a row over {now - run.since:.0f} s)"
-                log.warning("lease of shard %s: ZooKeeper request failed%s; not sending until it answers", self._path,
-                            more, exc_info=why)
+            more = "" if run.rounds == 1 else f" ({run.rounds} rounds in a row over {now - run.since:.0f} s)"
+            self._failures.failed(why, "lease of shard %s: ZooKeeper request failed; not sending until it answers",
+                                  self._path, note=more)
 
     def end_round(self) -> None:
         """A round ended: one that did not fail ends the run."""
         run, failed, self._this_round_failed = self._run, self._this_round_failed, False
         if run is not None and not failed:
-            self._run, self._logged = None, None
+            self._run = None
+            self._failures.end()
             log.info("lease of shard %s: ZooKeeper answers again after %d failed round(s) over %.1f s (the last: %s)",
                      self._path, run.rounds, self._monotonic() - run.since, _text(run.last))
 
@@ -102,8 +99,7 @@ class FailingRounds:
         if self._run is None:
             return logging.WARNING
         self._transitions += 1
-        logged = self._logged
-        quiet = self._transitions > 2 and logged is not None and self._monotonic() - logged[1] < REPEAT_S
+        quiet = self._transitions > 2 and self._failures.logged_within()
         return logging.DEBUG if quiet else logging.WARNING
 
     def status(self) -> dict[str, object]:

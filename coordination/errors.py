@@ -4,18 +4,14 @@ from __future__ import annotations
 from kazoo.exceptions import ConnectionLoss, NoAuthError, SessionExpiredError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from timewheel.failure_log import one_line  # kazoo's errors often carry no message: then the type alone
+
 __all__ = ["CoordinationError", "DedupeBrokersUnpublishedError", "LeasePathDeletedError", "LocalZooKeeperError",
            "ZooKeeperFailingError", "ZooKeeperHistoryLostError", "ZooKeeperJoinError", "ZooKeeperUnreachableError",
            "one_line"]
 
 #: what a NoAuthError means, at a replica's start as while it runs
 _NO_AUTH = "NoAuthError: a znode's ACL denies this client the request"
-
-
-def one_line(error: BaseException) -> str:
-    """`Type: message` on one line (kazoo's errors often carry no message: then the type alone)."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class CoordinationError(Exception):

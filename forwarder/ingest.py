@@ -16,11 +16,14 @@ it, every message is looked at here and the batch goes to `schedule()`. Dead let
 A store that fails is retried by pulling the batch again, unless no retry can succeed (`FOR_GOOD`:
 its meta store is corrupt, it is closed): then the callback raises `BatchesRefusedError`, which stops
 the pull thread (fail-stop: the service goes not ready and `serve` exits 3), the batch unacknowledged.
+A failure that passes is logged as a run (`timewheel.failure_log`): its traceback once, then once a
+minute with the count, not at every pull of every queue until `consume_refused_max_s`.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from forwarder.config import RocketMQConfig
@@ -33,6 +36,7 @@ from forwarder.errors import ForwarderError
 from forwarder.rocketmq import BatchesRefusedError, ReceivedMessage, RemotingProducer, RemotingPullConsumer
 from forwarder.rocketmq.consumer import BodyReader
 from timewheel.errors import InvalidMessageError
+from timewheel.failure_log import RepeatedFailureLog
 from storage import MetaStoreCorruptError, Origin, StoreClosedError
 from timewheel.message import CancelFn, EncodedScheduler, Message, ScheduleFn
 
@@ -82,9 +86,11 @@ class DelayTopicIngest:
     """A Source reading the delay topic; one per engine, all engines in one consumer group."""
 
     def __init__(self, cfg: RocketMQConfig, limits: ContractLimits, now_ms: Callable[[], int],
-                 dead_letters: RemotingProducer, *, queue_ids: Callable[[int], bool] | None = None) -> None:
+                 dead_letters: RemotingProducer, *, queue_ids: Callable[[int], bool] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """Configure (nothing connects until start()); dead letters go through `dead_letters`;
-        `queue_ids`: read only the delay topic's queues whose id it accepts (a replica's shard)."""
+        `queue_ids`: read only the delay topic's queues whose id it accepts (a replica's shard);
+        `monotonic`: the clock a run of store failures is logged by."""
         self.queue_ids = queue_ids
         self.cfg = cfg
         self.limits = limits
@@ -99,6 +105,8 @@ class DelayTopicIngest:
         self._idle = threading.Condition()
         #: why the store can take nothing more (a `FOR_GOOD` error met), once it was met
         self._failed: str | None = None
+        #: a store (or cancel) failure that passes: every pull thread's batch meets it, each retry
+        self._store_failures = RepeatedFailureLog(log, monotonic)
         #: a replica's own start offsets (`RemotingPullConsumer.start_offsets`); None: the group's
         self.start_offsets: dict[str, int] | None = None
         #: "one_pass": messages stored as the one pass encoded them (the rest of "ingested" took the general path)
@@ -223,10 +231,12 @@ class DelayTopicIngest:
             refusals = _schedule_refusing(self._schedule, [m for m, _ in todo], [r.origin for _, r in todo])
         except FOR_GOOD as e:
             raise self._failed_for_good(f"storing a batch of {len(batch)} delay messages", e) from e
-        except Exception:
-            log.exception("storing a batch of %d delay messages failed; it will be pulled again", len(batch))
+        except Exception as e:
+            self._store_failures.failed(e, "storing a batch of %d delay messages failed; it will be pulled again",
+                                        len(batch))
             self.counters["redelivered"] += len(batch)
             return False
+        self._stored()
         self.counters["ingested"] += refusals.count(None)
         # A dead letter that cannot be sent hands the batch back; what was stored is deduplicated then.
         return all(self._dead_letter(msg, refusal.reason)
@@ -250,11 +260,12 @@ class DelayTopicIngest:
         except FOR_GOOD as broken:
             n = sum(len(a) for a in answers)
             raise self._failed_for_good(f"storing a batch of {n} delay messages", broken) from broken
-        except Exception:
+        except Exception as failure:
             n = sum(len(a) for a in answers)
-            log.exception("storing a batch of %d delay messages failed; it will be pulled again", n)
+            self._store_failures.failed(failure, "storing a batch of %d delay messages failed; it will be pulled again", n)
             self.counters["redelivered"] += n
             return False
+        self._stored()
         self.counters["ingested"] += stored.count(None)
         refused = [(r, e.reason) for (_, r), e in zip(todo, refusals) if e is not None]
         one_pass = sum(len(a.rows) for a in answers)
@@ -284,11 +295,19 @@ class DelayTopicIngest:
                 self._cancel(requests)
             except FOR_GOOD as e:
                 raise self._failed_for_good(f"applying {len(requests)} cancels", e) from e
-            except Exception:
-                log.exception("applying %d cancels failed; the batch will be pulled again", len(requests))
+            except Exception as e:
+                self._store_failures.failed(e, "applying %d cancels failed; the batch will be pulled again",
+                                            len(requests))
                 return False
+            self._stored()
             self.counters["cancels_received"] += len(requests)
         return True
+
+    def _stored(self) -> None:
+        """A store (or cancel) went through: a run of failures before it ends, told once."""
+        run = self._store_failures.end()
+        if run is not None:
+            log.info("the store takes batches again after %d failed over %.1f s", *run)
 
     def _failed_for_good(self, what: str, error: Exception) -> BatchesRefusedError:
         """The error that stops the pull thread which met `error`; every later batch is refused with

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -132,3 +132,44 @@ def test_a_full_disk_is_still_a_passing_fault_whose_batch_is_pulled_again(caplog
     assert ing._on_batch([_cancel_message(1)]) is False
     assert len(_telling(caplog, "the batch will be pulled again")) == 1
     assert ing._on_batch([_cancel_message(1)]) is True and ing.counters["cancels_received"] == 1
+
+
+def test_a_lasting_full_disk_logs_its_traceback_once_a_minute_not_at_every_retry(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every pull thread's batch is pulled again about once a second while the disk stays full, until
+    `consume_refused_max_s`: the run's first failure is logged with its traceback, then its count a minute
+    later, and its end once."""
+    t = [100.0]
+    full = StorageWriteError("could not record 1 dispatch entries: No space left on device")
+    disk_full = [True]
+
+    def cancel(requests: Sequence[CancelRequest]) -> int:
+        if disk_full[0]:
+            raise full
+        return 0
+
+    ing = DelayTopicIngest(RocketMQConfig(namesrv="127.0.0.1:1"), ContractLimits(10**9, 1 << 20), lambda: 1000,
+                           None, monotonic=lambda: t[0])  # type: ignore[arg-type]  # no dead letter here
+    ing._schedule, ing._cancel = lambda messages, origins: [], cancel
+    ing._accepting.set()
+    with caplog.at_level(logging.INFO, logger="timewheel.ingest"):
+        for n in range(59):  # 59 s of retries
+            assert ing._on_batch([_cancel_message(n)]) is False
+            t[0] += 1.0
+        [first] = _telling(caplog, "pulled again")
+        assert first.exc_info is not None and "No space left on device" in (first.exc_text or "")
+        assert "in a row" not in first.getMessage()
+        caplog.clear()
+        t[0] += 1.0
+        assert ing._on_batch([_cancel_message(60)]) is False
+        [again] = _telling(caplog, "pulled again")
+        assert "(60 in a row over 60 s)" in again.getMessage() and again.exc_info is not None
+        caplog.clear()
+        disk_full[0] = False
+        assert ing._on_batch([_cancel_message(61)]) is True
+        assert [r.getMessage() for r in caplog.records] == ["the store takes batches again after 60 failed over 60.0 s"]
+        caplog.clear()
+        disk_full[0] = True
+        assert ing._on_batch([_cancel_message(62)]) is False
+        [new_run] = _telling(caplog, "pulled again")
+        assert "in a row" not in new_run.getMessage() and new_run.exc_info is not None, "a new run: at once"
