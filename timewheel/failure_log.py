@@ -5,11 +5,14 @@ once, so a failure that lasts (a full disk, an ACL changed under the shard) fail
 faster until something ends it. A traceback each time would fill the log with one story. A run of
 failures logs its first with the traceback, then again only when the error says something else or
 `REPEAT_S` went by since the line last logged, with how many failed and over how long; the caller
-tells the run's end once, from `end()`.
+tells the run's end once, from `end()`. Two errors that differ only in their numbers (a batch's
+size, an offset, how long a request waited) say the same: a value in the message would otherwise
+make every failure new.
 """
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Callable
@@ -18,6 +21,8 @@ __all__ = ["REPEAT_S", "RepeatedFailureLog", "one_line"]
 
 #: a run's failure that says the same as the line last logged is logged again after this long
 REPEAT_S = 60.0
+#: what two failures may differ in and still say the same: a count, an offset, a port, a timeout
+_NUMBER = re.compile(r"\d+")
 
 
 def one_line(error: BaseException) -> str:
@@ -40,11 +45,12 @@ class RepeatedFailureLog:
 
     def failed(self, error: BaseException, message: str, *args: object, note: str | None = None) -> bool:
         """Count a failure; log `message % args`, the run's note and `error`'s traceback at WARNING if it is
-        the run's first, says something else than the line last logged, or that was `repeat_s` ago (True).
+        the run's first, says something else than the line last logged (its numbers aside), or that was
+        `repeat_s` ago (True).
 
         The note is " (N in a row over S s)" from the second failure on; `note` replaces it (a caller that
         counts its failures otherwise)."""
-        text = one_line(error)
+        text = _NUMBER.sub("#", one_line(error))
         with self._lock:
             now = self._monotonic()
             if self._since is None:

@@ -55,3 +55,15 @@ def test_the_same_error_is_logged_again_only_after_repeat_s_and_another_at_once(
 def test_one_line_names_the_type_and_folds_the_message() -> None:
     assert one_line(OSError("a\n  b")) == "OSError: a b"
     assert one_line(KeyError()) == "KeyError"
+
+
+def test_errors_that_differ_only_in_their_numbers_say_the_same(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    failures = RepeatedFailureLog(log, clock)
+    caplog.set_level(logging.WARNING, logger=log.name)
+    assert failures.failed(TimeoutError("no answer in 3000 ms from 127.0.0.1:10911"), "a send failed")
+    clock.t += 1.0
+    assert not failures.failed(TimeoutError("no answer in 3001 ms from 127.0.0.1:10911"), "a send failed")
+    assert failures.failed(TimeoutError("no answer in 3001 ms from broker-b"), "a send failed"), "another broker"
+    assert failures.failed(OSError("no answer in 3001 ms from broker-b"), "a send failed"), "another type"
+    assert len(_lines(caplog)) == 3
