@@ -14,8 +14,9 @@ it, every message is looked at here and the batch goes to `schedule()`. Dead let
 `RemotingProducer`.
 
 A store that fails is retried by pulling the batch again, unless no retry can succeed (`FOR_GOOD`:
-its meta store is corrupt, it is closed): then the callback raises `BatchesRefusedError`, which stops
-the pull thread (fail-stop: the service goes not ready and `serve` exits 3), the batch unacknowledged.
+its meta store is corrupt or RocksDB stopped its writes, it is closed): then the callback raises
+`BatchesRefusedError`, which stops the pull thread (fail-stop: the service goes not ready and `serve`
+exits 3), the batch unacknowledged.
 A failure that passes is logged as a run (`timewheel.failure_log`): its traceback once, then once a
 minute with the count, not at every pull of every queue until `consume_refused_max_s`.
 """
@@ -37,14 +38,14 @@ from forwarder.rocketmq import BatchesRefusedError, ReceivedMessage, RemotingPro
 from forwarder.rocketmq.consumer import BodyReader
 from timewheel.errors import InvalidMessageError
 from timewheel.failure_log import RepeatedFailureLog
-from storage import MetaStoreCorruptError, Origin, StoreClosedError
+from storage import MetaStoreCorruptError, MetaStoreStoppedError, Origin, StoreClosedError
 from timewheel.message import CancelFn, EncodedScheduler, Message, ScheduleFn
 
 log = logging.getLogger("timewheel.ingest")
 
 #: store errors that every later write meets too, so a batch they refused is never pulled again here
-#: (a full disk, `StorageWriteError`, may clear: it is retried)
-FOR_GOOD: tuple[type[Exception], ...] = (MetaStoreCorruptError, StoreClosedError)
+#: (a full disk, `StorageWriteError`, may clear: it is retried, unless RocksDB's writes stopped on it)
+FOR_GOOD: tuple[type[Exception], ...] = (MetaStoreCorruptError, MetaStoreStoppedError, StoreClosedError)
 
 
 def _schedule_refusing(schedule: ScheduleFn, messages: list[Message],

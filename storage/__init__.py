@@ -17,7 +17,7 @@ from storage.dispatch import (ANSWER_DTYPE, CANCELLED, CORRUPT, DEAD_LETTERED, D
                               encode_frame, no_answers, read_dispatch_entries_of, read_dispatch_log)
 from storage.encoded import EncodedRecords
 from storage.errors import (CorruptRecordError, DelayTooLongError, InvalidRecordError, MetaStoreCorruptError,
-                            StorageError, SnapshotMovedError, StorageWriteError, StoreClosedError)
+                            MetaStoreStoppedError, StorageError, SnapshotMovedError, StorageWriteError, StoreClosedError)
 from storage.index import INDEX_DTYPE, read_index
 from storage.ingest_log import LOCATION_DTYPE, records_holding
 from storage.layout import SegmentLayout, parse_segment_name, segment_name
@@ -43,6 +43,7 @@ __all__ = [
     "AppendResult", "CANCELLED", "CORRUPT", "CheckReport", "CorruptRecordError", "DEAD_LETTERED", "DELIVERED",
     "DISPATCH_DTYPE", "DelayTooLongError", "EncodedRecords", "DispatchLogRead", "Finding", "FlushPolicy", "INDEX_DTYPE",
     "InvalidRecordError", "LOCATION_DTYPE", "Location", "MAX_BODY", "MAX_PROPERTIES", "MetaStore", "MetaStoreCorruptError",
+    "MetaStoreStoppedError",
     "LOST_QUEUE", "Leftover", "NO_QUEUE", "leftovers_of",
     "ORIGIN_DTYPE", "OUTCOME_NAMES", "Origin", "QueueTable",
     "PartStager", "REPLAYED", "Record", "RecordBytes", "RecoveryReport", "ScheduleStore", "SealedPartWriter", "SegmentIndex",

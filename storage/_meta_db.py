@@ -1,10 +1,17 @@
 """The meta store's RocksDB handle: every read, scan and write goes through `MetaDb`, which raises
-RocksDB's report of damage as `MetaStoreCorruptError` and lets every other error through unchanged.
+RocksDB's report of damage as `MetaStoreCorruptError`, a write refused on the disk as
+`MetaStoreStoppedError`, and lets every other error through unchanged.
 
 rocksdict raises a plain `Exception` carrying RocksDB's status text, which begins "Corruption:" for
 damage (a block whose checksum fails, a table or manifest that does not parse). Its scans do not
 raise at all: an iterator that meets an error is no longer valid, as at the end, and only its status
 says why, so `keys_from` reads the status where the keys end.
+
+A write (or flush) that fails on the disk ("IO error:", a full disk most often) sets RocksDB's
+background error: every later write is refused with the same words, even once space is freed,
+until the database is reopened (rocksdict offers neither `Resume()` nor the file manager that would
+recover it in place). So such a failure is no passing fault: ingest stops at once on it (fail-stop,
+`serve` exits 3, a restart recovers) instead of refusing every batch until `consume_refused_max_s`.
 """
 from __future__ import annotations
 
@@ -13,10 +20,12 @@ from typing import Any, Iterator, cast
 
 import rocksdict
 
-from storage.errors import MetaStoreCorruptError, StorageError
+from storage.errors import MetaStoreCorruptError, MetaStoreStoppedError, StorageError
 
 #: how RocksDB's status text of damage begins (`Status::Corruption`)
 CORRUPTION = "Corruption:"
+#: how RocksDB's status text of a failed file operation begins (`Status::IOError`)
+IO_ERROR = "IO error:"
 
 
 def corruption(e: Exception, meta_dir: str) -> MetaStoreCorruptError | None:
@@ -25,6 +34,14 @@ def corruption(e: Exception, meta_dir: str) -> MetaStoreCorruptError | None:
     if isinstance(e, StorageError) or not text.startswith(CORRUPTION):
         return None
     return MetaStoreCorruptError(meta_dir, damaged_file(text, meta_dir), text)
+
+
+def stopped(e: Exception, meta_dir: str) -> MetaStoreStoppedError | None:
+    """The typed error for a write RocksDB refused on the disk (its writes stop there); None for any other."""
+    text = str(e)
+    if isinstance(e, StorageError) or not text.startswith(IO_ERROR):
+        return None
+    return MetaStoreStoppedError(meta_dir, text)
 
 
 def damaged_file(text: str, meta_dir: str) -> str | None:
@@ -47,6 +64,13 @@ class MetaDb:
         if corrupt is not None:
             raise corrupt from e
 
+    def _raise_typed(self, e: Exception) -> None:
+        """Of a write's failure: raise the typed error for damage or for writes stopped (the caller re-raises any other)."""
+        self._raise_if_corrupt(e)
+        refused = stopped(e, self.meta_dir)
+        if refused is not None:
+            raise refused from e
+
     def get(self, key: bytes | list[bytes]) -> Any:
         """A value (None: no such key), or a list of them for a list of keys (one multi-get)."""
         try:
@@ -60,7 +84,7 @@ class MetaDb:
         try:
             self._db.put(key, value, options)
         except Exception as e:
-            self._raise_if_corrupt(e)
+            self._raise_typed(e)
             raise
 
     def delete(self, key: bytes, options: rocksdict.WriteOptions | None = None) -> None:
@@ -68,7 +92,7 @@ class MetaDb:
         try:
             self._db.delete(key, options)
         except Exception as e:
-            self._raise_if_corrupt(e)
+            self._raise_typed(e)
             raise
 
     def write(self, batch: rocksdict.WriteBatch, options: rocksdict.WriteOptions | None = None) -> None:
@@ -79,7 +103,7 @@ class MetaDb:
             else:
                 self._db.write(batch, options)
         except Exception as e:
-            self._raise_if_corrupt(e)
+            self._raise_typed(e)
             raise
 
     def keys_from(self, start: bytes, options: rocksdict.ReadOptions | None = None) -> Iterator[bytes]:
@@ -116,14 +140,14 @@ class MetaDb:
             self._db.flush()
             self._db.flush_wal(True)
         except Exception as e:
-            self._raise_if_corrupt(e)
+            self._raise_typed(e)
             raise
 
     def close(self) -> None:
         """Close the database; its files and lock go even when RocksDB reports an error (the flush of what
-        was written without its log may meet the damage a compaction found)."""
+        was written without its log may meet the damage a compaction found, or writes stopped on the disk)."""
         try:
             self._db.close()
         except Exception as e:
-            self._raise_if_corrupt(e)
+            self._raise_typed(e)
             raise

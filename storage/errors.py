@@ -72,3 +72,18 @@ class MetaStoreCorruptError(StorageError):
 
 class StorageWriteError(StorageError, OSError):
     """A write failed (disk full, I/O error); what the call wrote was cut back, nothing half-kept."""
+
+
+class MetaStoreStoppedError(StorageWriteError):
+    """RocksDB stopped taking the meta store's writes after one failed on the disk (full, or an I/O error):
+    it takes none again until the store is reopened, so no retry in this process can succeed. Names the
+    meta directory and RocksDB's words (`detail`), and says what to do."""
+
+    def __init__(self, meta_dir: str, detail: str) -> None:
+        super().__init__(
+            f"the meta store {meta_dir} takes no more writes: RocksDB stopped them when one failed ({detail}), and "
+            "takes them again only once the store is reopened. Free disk space, then restart the engine: nothing "
+            "acknowledged is lost (a restart replays the ingest log since the last checkpoint; what was not "
+            "acknowledged is read from the broker again)")
+        self.meta_dir = meta_dir
+        self.detail = detail

@@ -32,8 +32,8 @@ from storage._reader import RecordReader, SegmentIndex, segment_index
 from storage.record_bytes import RecordBytes
 from storage._writer import PartWriter, UndoPoint
 from storage.encoded import EncodedRecords
-from storage.errors import (CorruptRecordError, DelayTooLongError, MetaStoreCorruptError, StorageWriteError,
-                            StoreClosedError)
+from storage.errors import (CorruptRecordError, DelayTooLongError, MetaStoreCorruptError, MetaStoreStoppedError,
+                            StorageWriteError, StoreClosedError)
 from storage.index import MAX_PART_BYTES
 from storage.ingest_log import LOCATION_DTYPE, IngestLog
 from storage.layout import SegmentLayout, moving_out
@@ -240,8 +240,8 @@ class ScheduleStore:
                                       written["offset"].tolist(), new_of(rows.keys))
             except Exception as e:  # OSError from the files; the meta store's own error type
                 self._roll_back(undo)
-                if isinstance(e, MetaStoreCorruptError):  # damage, which no free space mends: its words say what does
-                    raise
+                if isinstance(e, (MetaStoreCorruptError, MetaStoreStoppedError)):  # no free space mends these alone:
+                    raise  # their words say what does
                 raise StorageWriteError(f"could not store {len(blobs)} records in {self.layout.root}: {e}; "
                                         "nothing of this batch was kept (free disk space, then retry)") from e
             self._listeners.tell(written)

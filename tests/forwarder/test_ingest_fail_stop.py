@@ -15,7 +15,7 @@ from forwarder.control import CANCEL_ID
 from forwarder.ingest import DelayTopicIngest
 from forwarder.local_rocketmq import LocalRocketMQ
 from forwarder.rocketmq import BatchesRefusedError, OutgoingMessage, ReceivedMessage, Receipt, RemotingProducer
-from storage import MetaStoreCorruptError, StorageWriteError, StoreClosedError
+from storage import MetaStoreCorruptError, MetaStoreStoppedError, StorageWriteError, StoreClosedError
 from timewheel.app.service import Service
 from timewheel.app.settings import Settings
 from timewheel.cancels import CancelRequest
@@ -100,7 +100,8 @@ def _cancel_message(n: int) -> ReceivedMessage:
     return ReceivedMessage("TW_DELAY", b"", "", "", f"C{n:031X}", {CANCEL_ID: f"{n:032X}"}, 0, 0, 0, n, 990, 1000)
 
 
-@pytest.mark.parametrize("error", [CORRUPT, StoreClosedError("the store is closed")])
+@pytest.mark.parametrize("error", [CORRUPT, StoreClosedError("the store is closed"),
+                                   MetaStoreStoppedError("/data/meta", "IO error: No space left on device")])
 def test_cancels_a_broken_store_can_never_apply_stop_the_pull_and_every_later_batch(
         error: Exception, caplog: pytest.LogCaptureFixture) -> None:
     calls: list[int] = []
