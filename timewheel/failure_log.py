@@ -35,16 +35,16 @@ class RepeatedFailureLog:
     """The log lines of one kind of failure that may repeat many times a second; safe across threads."""
 
     def __init__(self, log: logging.Logger, monotonic: Callable[[], float] = time.monotonic,
-                 repeat_s: float = REPEAT_S) -> None:
-        """Lines go to `log`; `monotonic` is the clock a run's span and `repeat_s` are read on."""
-        self._log, self._monotonic, self._repeat_s = log, monotonic, repeat_s
+                 repeat_s: float = REPEAT_S, level: int = logging.WARNING) -> None:
+        """Lines go to `log` at `level`; `monotonic` is the clock a run's span and `repeat_s` are read on."""
+        self._log, self._monotonic, self._repeat_s, self._level = log, monotonic, repeat_s, level
         self._lock = threading.Lock()
         self._since: float | None = None  # the run's first failure, None while none fails
         self._count = 0
         self._logged: tuple[str, float] | None = None  # the run's error last logged, and when
 
     def failed(self, error: BaseException, message: str, *args: object, note: str | None = None) -> bool:
-        """Count a failure; log `message % args`, the run's note and `error`'s traceback at WARNING if it is
+        """Count a failure; log `message % args`, the run's note and `error`'s traceback (at the level) if it is
         the run's first, says something else than the line last logged (its numbers aside), or that was
         `repeat_s` ago (True).
 
@@ -63,7 +63,7 @@ class RepeatedFailureLog:
             count, since = self._count, self._since
         if note is None:
             note = "" if count == 1 else f" ({count} in a row over {now - since:.0f} s)"
-        self._log.warning(message + "%s", *args, note, exc_info=error)
+        self._log.log(self._level, message + "%s", *args, note, exc_info=error)
         return True
 
     def end(self) -> tuple[int, float] | None:

@@ -23,6 +23,7 @@ from storage import ScheduleStore
 from timewheel.cancels import Tombstones
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
+from timewheel.failure_log import RepeatedFailureLog
 from timewheel._threads import guarded
 
 log = logging.getLogger("timewheel.housekeeping")
@@ -45,6 +46,8 @@ class Housekeeper:
         self.retired: set[int] = set()
         #: why the last checkpoint failed, None once one succeeds
         self.failure: str | None = None
+        # a disk that stays full fails every checkpoint: its traceback once, then once a minute
+        self._failures = RepeatedFailureLog(log, level=logging.ERROR)
         #: thread name -> the error that ended it
         self.failures: dict[str, str] = {}
         self._stopping = threading.Event()
@@ -90,9 +93,12 @@ class Housekeeper:
             self._look_for_reappeared()
         except Exception as e:
             self.failure = f"{type(e).__name__}: {e}"
-            log.exception("checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
+            self._failures.failed(e, "checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
             return
         self.failure = None
+        run = self._failures.end()
+        if run is not None:
+            log.info("checkpoints succeed again after %d failed over %.0f s", *run)
 
     def _look_for_reappeared(self) -> None:
         """Hand the retired segments whose directory is back (a part published into them) to

@@ -210,6 +210,35 @@ def test_the_service_is_not_ready_while_checkpoints_fail(tmp_path: Path, monkeyp
         e.stop()
 
 
+def test_checkpoints_that_keep_failing_log_their_traceback_once_then_their_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    clock = ManualClock(T0)
+    e = Engine(EngineConfig(tmp_path / "data"), RecordingSink(clock), clock).start(background=False)
+    try:
+        assert e._run is not None
+        real, full = e._run.store.checkpoint, [True]
+
+        def checkpoint() -> None:
+            if full[0]:
+                raise OSError(28, "No space left on device")
+            real()
+        monkeypatch.setattr(e._run.store, "checkpoint", checkpoint)
+        with caplog.at_level(logging.INFO, logger="timewheel.housekeeping"):
+            for _ in range(6):  # a minute of checkpoints every 10 s
+                e._run.housekeeper.run_once()
+            failed = [r for r in caplog.records if "checkpoint failed" in r.getMessage()]
+            assert len(failed) == 1 and failed[0].exc_info is not None and failed[0].levelno == logging.ERROR
+            full[0] = False
+            e._run.housekeeper.run_once()
+            assert any("checkpoints succeed again after 6 failed" in r.getMessage() for r in caplog.records)
+            assert e._run.housekeeper.failure is None
+    finally:
+        monkeypatch.undo()
+        e.stop()
+
+
 def test_a_failed_fsync_keeps_the_service_unready_until_a_restart_replays_what_it_held(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After an fsync fails the store stops checkpointing for good (the kernel may have dropped the
