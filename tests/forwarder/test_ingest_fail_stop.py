@@ -3,8 +3,11 @@ batch is not acknowledged, the service goes not ready naming the store's own err
 it once, instead of "it will be pulled again" at every retry until `consume_refused_max_s` ends it."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import uuid
+from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
@@ -174,3 +177,46 @@ def test_a_lasting_full_disk_logs_its_traceback_once_a_minute_not_at_every_retry
         assert ing._on_batch([_cancel_message(62)]) is False
         [new_run] = _telling(caplog, "pulled again")
         assert "in a row" not in new_run.getMessage() and new_run.exc_info is not None, "a new run: at once"
+
+
+@pytest.mark.rocketmq
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small disk needs root")
+def test_a_full_disk_that_stopped_rocksdb_stops_ingest_at_once_once_freed_and_a_restart_stores_it(
+        rocketmq: LocalRocketMQ, tmp_path: Path) -> None:
+    """RocksDB refuses every write after one failed on a full disk, even once space is freed, until the
+    store is reopened: ingest stops at once saying so (not after `consume_refused_max_s` of refusing
+    every batch, with the advice to free space that was freed), and the restart stores the message."""
+    from tests.storage.test_meta_stopped import _fill, _small_disk
+
+    run = uuid.uuid4().hex[:8]
+    cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_F{run}",
+                         dead_letter_topic=f"TW_DLQ_F{run}", consumer_group=f"tw_ingest_f{run}",
+                         producer_group=f"tw_delivery_f{run}", send_timeout_ms=2000)
+    target = f"FULL_{run}"
+    rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target], queues=2)
+    with _small_disk(tmp_path / "disk", 48) as disk:
+        settings = Settings(engine=EngineConfig(disk / "data"), rocketmq=cfg)
+        service = Service(settings).start()
+        try:
+            assert wait_for(service.ready, timeout=30)
+            engine = service.engine
+            assert engine is not None and engine.store is not None
+            _fill(disk)
+            with pytest.raises(MetaStoreStoppedError):  # what the next checkpoint's flush meets, sooner
+                for i in range(64):
+                    engine.store.meta.put_document(f"pad{i}", {"pad": "x" * 4096})
+                    engine.store.meta.flush()
+            with RemotingProducer(rocketmq.namesrv_addr, f"full_producer_{run}") as p:
+                [receipt] = p.send([OutgoingMessage(cfg.delay_topic, b"held", None, None,
+                                                    {"TW_TARGET_TOPIC": target, "TW_DELAY_MS": "100"})])
+            assert isinstance(receipt, Receipt)
+            (disk / "filler").unlink()  # the operator frees space: RocksDB still refuses
+            assert wait_for(lambda: not service.ready(), timeout=30), service.stats()["ingest"]
+            assert service.dead_threads() == ["ingest-pull-broker-a"] and _ingested(service) == 0
+            [why] = [w for w in service.not_ready_why() if "ingest-pull-broker-a" in w]
+            assert "MetaStoreStoppedError: the meta store" in why and "takes no more writes" in why, why
+        finally:
+            with contextlib.suppress(Exception):  # its last checkpoint cannot flush the stopped store either
+                service.stop()
+        _restart_delivers_the_one_message(settings)
