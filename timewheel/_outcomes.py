@@ -19,6 +19,7 @@ from timewheel._held import Batch
 from timewheel.config import EngineConfig
 from timewheel.dispatch_queue import DispatchQueue
 from timewheel.errors import NotSendingNowError
+from timewheel.failure_log import RepeatedFailureLog
 from timewheel.message import DeadLetterSink
 
 _MAX_ATTEMPTS_COUNTED = int(np.iinfo(np.int16).max)
@@ -51,6 +52,8 @@ class Outcomes:
         self._lock = lock
         self.dead_letter_sink = dead_letter_sink
         self._rng = np.random.default_rng(seed)
+        # a dead-letter path that stays down fails every retry of every batch: its traceback once a minute
+        self._dead_letter_failures = RepeatedFailureLog(log, level=logging.ERROR)
 
     def fail(self, bad: Batch, now: int, errors: list[str | None] | None = None) -> None:
         """Queue failed messages for another attempt with backoff, or dead-letter them after the last;
@@ -68,11 +71,14 @@ class Outcomes:
             if self.dead_letter_sink is not None:
                 try:
                     self.dead_letter_sink.dead_letter(dead.messages, reason)
+                    if (run := self._dead_letter_failures.end()) is not None:
+                        log.info("the dead-letter sink takes messages again after %d failed over %.0f s", *run)
                 except Exception as e:  # the dead-letter path is down too: keep retrying instead of losing it
                     if isinstance(e, NotSendingNowError):  # intended: kept for another attempt; no traceback to read
                         log.warning("dead-letter sink: %s", e)
                     else:
-                        log.exception("dead-letter sink failed; the messages stay in the retry queue")
+                        self._dead_letter_failures.failed(e, "dead-letter sink failed; the messages stay in the "
+                                                          "retry queue")
                     also = f"; dead letter failed too: {type(e).__name__}: {e}"  # only theirs: the rest were not due one
                     why = [f"{w}{also}" if last else w for w, last in zip(why, final.tolist())]
                     final[:] = False

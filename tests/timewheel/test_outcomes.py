@@ -47,8 +47,8 @@ def test_a_failed_dead_letter_is_noted_only_on_the_messages_that_were_due_one(tm
     assert DEAD_LETTERED not in {o for o, _ in rows.values()}
 
 
-def _fail_last_attempt(tmp_path: Path, dead_letters: DeadLetterSink) -> None:
-    """One message on its last attempt, failed: its dead letter goes to `dead_letters`."""
+def _fail_last_attempt(tmp_path: Path, dead_letters: DeadLetterSink, times: int = 1) -> None:
+    """One message on its last attempt, failed (`times` times over): its dead letter goes to `dead_letters`."""
     store = ScheduleStore(tmp_path)
     clock = ManualClock(T0)
     try:
@@ -59,7 +59,8 @@ def _fail_last_attempt(tmp_path: Path, dead_letters: DeadLetterSink) -> None:
         batch = Batch([Message("T", b"x", T0)], np.array([T0], np.int64), np.array([1], np.uint64),
                       np.array([0], np.int16), np.array([seg], np.int64), np.array([0], np.int64),
                       np.array([0], np.int64))
-        outcomes.fail(batch, T0, ["BrokerBusyError: busy"])
+        for _ in range(times):
+            outcomes.fail(batch, T0, ["BrokerBusyError: busy"])
     finally:
         store.close()
 
@@ -85,5 +86,13 @@ def test_a_dead_letter_path_that_fails_otherwise_is_logged_with_its_traceback(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="timewheel.dispatcher"):
         _fail_last_attempt(tmp_path, _DownDeadLetters())
+    [line] = [r for r in caplog.records if r.name == "timewheel.dispatcher"]
+    assert line.levelno == logging.ERROR and line.exc_info is not None
+
+
+def test_a_dead_letter_path_that_stays_down_is_logged_once_not_at_every_retry(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="timewheel.dispatcher"):
+        _fail_last_attempt(tmp_path, _DownDeadLetters(), times=20)
     [line] = [r for r in caplog.records if r.name == "timewheel.dispatcher"]
     assert line.levelno == logging.ERROR and line.exc_info is not None
