@@ -40,16 +40,22 @@ def _telling(caplog: pytest.LogCaptureFixture, words: str) -> list[logging.LogRe
     return [r for r in caplog.records if words in r.getMessage() or words in (r.exc_text or "")]
 
 
+def _topics(rocketmq: LocalRocketMQ, tag: str) -> tuple[str, RocketMQConfig, str]:
+    """A run id, an ingest config on topics and groups of its own, and its target topic (all created)."""
+    run = uuid.uuid4().hex[:8]
+    cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_{tag.upper()}{run}",
+                         dead_letter_topic=f"TW_DLQ_{tag.upper()}{run}", consumer_group=f"tw_ingest_{tag}{run}",
+                         producer_group=f"tw_delivery_{tag}{run}", send_timeout_ms=2000)
+    target = f"TARGET_{tag.upper()}{run}"
+    rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target], queues=2)
+    return run, cfg, target
+
+
 @pytest.mark.rocketmq
 @pytest.mark.slow
 def test_a_corrupt_meta_store_stops_ingest_at_once_unacknowledged_and_says_so_once(
         rocketmq: LocalRocketMQ, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture) -> None:
-    run = uuid.uuid4().hex[:8]
-    cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_C{run}",
-                         dead_letter_topic=f"TW_DLQ_C{run}", consumer_group=f"tw_ingest_c{run}",
-                         producer_group=f"tw_delivery_c{run}", send_timeout_ms=2000)
-    target = f"CORRUPT_{run}"
-    rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target], queues=2)
+    run, cfg, target = _topics(rocketmq, "c")
     settings = Settings(engine=EngineConfig(tmp_path_factory.mktemp("corruptmeta")), rocketmq=cfg)
     service = Service(settings).start()
     try:
@@ -189,12 +195,7 @@ def test_a_full_disk_that_stopped_rocksdb_stops_ingest_at_once_once_freed_and_a_
     every batch, with the advice to free space that was freed), and the restart stores the message."""
     from tests.storage.test_meta_stopped import _fill, _small_disk
 
-    run = uuid.uuid4().hex[:8]
-    cfg = RocketMQConfig(namesrv=rocketmq.namesrv_addr, delay_topic=f"TW_DELAY_F{run}",
-                         dead_letter_topic=f"TW_DLQ_F{run}", consumer_group=f"tw_ingest_f{run}",
-                         producer_group=f"tw_delivery_f{run}", send_timeout_ms=2000)
-    target = f"FULL_{run}"
-    rocketmq.create_topics([cfg.delay_topic, cfg.dead_letter_topic, target], queues=2)
+    run, cfg, target = _topics(rocketmq, "f")
     with _small_disk(tmp_path / "disk", 48) as disk:
         settings = Settings(engine=EngineConfig(disk / "data"), rocketmq=cfg)
         service = Service(settings).start()
