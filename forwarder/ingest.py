@@ -263,7 +263,8 @@ class DelayTopicIngest:
             raise self._failed_for_good(f"storing a batch of {n} delay messages", broken) from broken
         except Exception as failure:
             n = sum(len(a) for a in answers)
-            self._store_failures.failed(failure, "storing a batch of %d delay messages failed; it will be pulled again", n)
+            self._store_failures.failed(failure, "storing a batch of %d delay messages failed; it will be pulled "
+                                        "again", n)
             self.counters["redelivered"] += n
             return False
         self._stored()

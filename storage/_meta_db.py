@@ -65,7 +65,8 @@ class MetaDb:
             raise corrupt from e
 
     def _raise_typed(self, e: Exception) -> None:
-        """Of a write's failure: raise the typed error for damage or for writes stopped (the caller re-raises any other)."""
+        """Of a write's failure: raise the typed error for damage or for writes stopped (the caller re-raises
+        any other)."""
         self._raise_if_corrupt(e)
         refused = stopped(e, self.meta_dir)
         if refused is not None:

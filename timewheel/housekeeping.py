@@ -4,7 +4,8 @@ Both take the store's locks for a while (an fsync, deleting old segments): off t
 dispatch threads, they never hold up a release or a send. A checkpoint also fsyncs the tombstone
 log, in every durability mode. A checkpoint that fails is kept as `failure` until one succeeds:
 the service reports itself not ready meanwhile (the loss window of `flush = "async"` is bounded
-by one checkpoint only while checkpoints succeed).
+by one checkpoint only while checkpoints succeed). One that can never succeed in this process (RocksDB
+stopped the meta store's writes: `MetaStoreStoppedError`) ends the thread instead of retrying.
 
 A segment retention retired can come back: a backfill that planned before the retirement publishes
 its part into the segment made again (`storage.layout`). Nothing else would send that part before
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from storage import ScheduleStore
+from storage import MetaStoreStoppedError, ScheduleStore
 from timewheel.cancels import Tombstones
 from timewheel.clock import Clock
 from timewheel.config import EngineConfig
@@ -47,7 +48,7 @@ class Housekeeper:
         #: why the last checkpoint failed, None once one succeeds
         self.failure: str | None = None
         # a disk that stays full fails every checkpoint: its traceback once, then once a minute
-        self._failures = RepeatedFailureLog(log, level=logging.ERROR)
+        self._checkpoint_failures = RepeatedFailureLog(log, level=logging.ERROR)
         #: thread name -> the error that ended it
         self.failures: dict[str, str] = {}
         self._stopping = threading.Event()
@@ -91,12 +92,17 @@ class Housekeeper:
             if self.config.retention_hours > 0:
                 self.retired.update(self.store.retire(self.clock.now_ms(), int(self.config.retention_hours * 3_600_000)))
             self._look_for_reappeared()
+        except MetaStoreStoppedError as e:
+            # no checkpoint can succeed before the store is reopened: a retry every checkpoint_seconds would
+            # have no end, so the thread ends (`guarded`: /readyz names it, `serve` exits 3 for a restart)
+            self.failure = f"{type(e).__name__}: {e}"
+            raise
         except Exception as e:
             self.failure = f"{type(e).__name__}: {e}"
-            self._failures.failed(e, "checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
+            self._checkpoint_failures.failed(e, "checkpoint failed; retrying in %ss", self.config.checkpoint_seconds)
             return
         self.failure = None
-        run = self._failures.end()
+        run = self._checkpoint_failures.end()
         if run is not None:
             log.info("checkpoints succeed again after %d failed over %.0f s", *run)
 

@@ -214,7 +214,8 @@ def test_a_full_disk_that_stopped_rocksdb_stops_ingest_at_once_once_freed_and_a_
             assert isinstance(receipt, Receipt)
             (disk / "filler").unlink()  # the operator frees space: RocksDB still refuses
             assert wait_for(lambda: not service.ready(), timeout=30), service.stats()["ingest"]
-            assert service.dead_threads() == ["ingest-pull-broker-a"] and _ingested(service) == 0
+            # (a checkpoint meanwhile ends the housekeeping thread too, on the same error)
+            assert "ingest-pull-broker-a" in service.dead_threads() and _ingested(service) == 0
             [why] = [w for w in service.not_ready_why() if "ingest-pull-broker-a" in w]
             assert "MetaStoreStoppedError: the meta store" in why and "takes no more writes" in why, why
         finally:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,7 +135,6 @@ def _saturates(e: Engine, clock: ManualClock, dead_letters: Any) -> None:
 def test_a_thread_that_dies_is_reported_so_readiness_goes_down(tmp_path: Path) -> None:
     """An error escaping a worker loop (here a shaper whose token clock overflows, as a 1e-320 rate
     once did) leaves the engine unable to deliver: it must say so, not look healthy."""
-    import time
 
     from timewheel import SystemClock
 
@@ -407,7 +407,6 @@ def test_a_failed_timer_pass_stops_the_timer_and_a_restart_delivers_what_it_held
     records taken from the store's commits are in no list any more. Retried in place, the pass
     would go on without them (and could mark their segment done); so the timer stops at once, the
     engine says so, and the next start delivers them from the store."""
-    import time
 
     from timewheel import SystemClock
     from timewheel.loader import SegmentLoader
@@ -503,7 +502,6 @@ def test_records_the_timer_was_not_told_of_stop_the_timer_and_a_restart_delivers
     id was found stored (dedupe) and nothing was handed to the wheel, so a record of a part already
     loaded was never sent while the engine looked healthy. Now the append stands, the timer stops
     with the error (the engine not ready; the service exits), and the next start sends it."""
-    import time
 
     from timewheel import SystemClock
     from timewheel.timer import TimerDriver
@@ -616,4 +614,32 @@ def test_readiness_is_exported_as_timewheel_serving_beside_the_ready_queue_gauge
             names = {s.name: s.value for m in collector.collect() for s in m.samples}
             assert (names["timewheel_serving"], names["timewheel_ready"]) == (float(serving), 0.0)
     finally:
+        e.stop()
+
+
+def test_a_checkpoint_the_stopped_meta_store_refuses_ends_the_housekeeping_thread_not_retried_forever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RocksDB takes no write until reopened: a checkpoint every 10 s could never succeed, a retry without
+    end. The thread ends instead, and the engine reports it (the service goes not ready, serve exits 3)."""
+    from storage import MetaStoreStoppedError
+
+    clock = ManualClock(T0)
+    e = Engine(EngineConfig(tmp_path / "data", checkpoint_seconds=0.05), RecordingSink(clock), clock).start()
+    try:
+        assert e._run is not None
+        calls: list[int] = []
+
+        def stopped() -> None:
+            calls.append(1)
+            raise MetaStoreStoppedError(str(tmp_path / "data" / "meta"), "IO error: No space left on device")
+        monkeypatch.setattr(e._run.store, "checkpoint", stopped)
+        deadline = time.monotonic() + 10
+        while not e.dead_threads() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert e.dead_threads() == ["timewheel-housekeeping"], e.dead_threads()
+        assert "MetaStoreStoppedError" in (e.checkpoint_failure() or "")
+        time.sleep(0.2)
+        assert calls == [1], "tried once, not again"
+    finally:
+        monkeypatch.undo()
         e.stop()
